@@ -1,0 +1,210 @@
+//! `POST /orders` and `POST /orders/{id}/cancel`.
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::refunds::{self, REFUND_CREATED};
+use super::{json_response, AppContext, Command, CommandError, CommandInput};
+use crate::domain::order::{CancelPlan, NewOrder, Order, RawLineItem};
+use crate::domain::payment::PaymentStatus;
+use crate::idempotency::{Claim, Completed, STARTED};
+use crate::input::Obj;
+use crate::problem::Problem;
+use crate::store::refunds::NewRefund;
+use crate::store::{self, StoreError};
+
+/// Create an order. One step: the order and the stored response commit
+/// together, so a crash leaves either both or neither.
+pub struct CreateOrder(NewOrder);
+
+impl Command for CreateOrder {
+    const NAME: &'static str = "create_order";
+
+    fn parse(input: &CommandInput) -> Result<Self, Problem> {
+        let body = Obj::root(&input.body)?;
+        body.only(&["customer_id", "currency", "items", "metadata"])?;
+        let customer_id = body.string("customer_id")?;
+        let currency = body.string("currency")?;
+        let items = body.objects("items", |item| {
+            item.only(&["sku", "quantity", "unit_amount"])?;
+            Ok(RawLineItem {
+                sku: item.string("sku")?,
+                quantity: item.integer("quantity")?,
+                unit_amount: item.integer("unit_amount")?,
+            })
+        })?;
+        let metadata = body.string_map("metadata")?;
+        NewOrder::new(customer_id, &currency, items, metadata)
+            .map(CreateOrder)
+            .map_err(Problem::rule)
+    }
+
+    async fn execute(
+        &self,
+        ctx: &AppContext,
+        claim: &mut Claim,
+    ) -> Result<Completed, CommandError> {
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        let id = Uuid::now_v7();
+        let order =
+            store::orders::insert(&mut tx, claim.merchant_id(), id, &self.0, Utc::now()).await?;
+        let response = json_response(201, &order, Some(format!("/orders/{id}")))?;
+        let done = claim.complete(&mut tx, response).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(done)
+    }
+}
+
+/// Cancel an order: at once if unpaid; if paid, refund what is left and
+/// cancel when the refund succeeds (the refund's steps are recorded like a
+/// refund command's, so a crash resumes without refunding twice).
+pub struct CancelOrder {
+    order_id: Uuid,
+}
+
+fn order_response(
+    status: u16,
+    order: &Order,
+) -> Result<crate::store::idempotency::StoredResponse, CommandError> {
+    json_response(status, order, None)
+}
+
+impl Command for CancelOrder {
+    const NAME: &'static str = "cancel_order";
+
+    fn parse(input: &CommandInput) -> Result<Self, Problem> {
+        let order_id = input
+            .path_id
+            .ok_or_else(|| Problem::not_found("order_not_found", "order"))?;
+        Obj::root(&input.body)?.only(&[])?;
+        Ok(CancelOrder { order_id })
+    }
+
+    async fn execute(
+        &self,
+        ctx: &AppContext,
+        claim: &mut Claim,
+    ) -> Result<Completed, CommandError> {
+        let refund_id = match (claim.recovery_point(), claim.resource_id()) {
+            (STARTED, _) => match self.cancel_or_start_refund(ctx, claim).await? {
+                Ok(done) => return Ok(done),
+                Err(refund_id) => refund_id,
+            },
+            (REFUND_CREATED, Some(id)) => id,
+            (point, _) => {
+                return Err(
+                    StoreError::Corrupt(format!("cancel_order cannot resume at {point}")).into(),
+                )
+            }
+        };
+        let observed = refunds::send(ctx, refund_id).await?;
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        let refund = refunds::finish(&mut tx, ctx, refund_id, observed).await?;
+        let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", self.order_id)))?;
+        let response = match refund.status {
+            PaymentStatus::Succeeded => order_response(200, &order)?,
+            // The provider has not answered yet: accepted, the order turns
+            // `cancelled` when the refund settles.
+            PaymentStatus::Pending => order_response(202, &order)?,
+            PaymentStatus::Failed => {
+                let problem = Problem::new(
+                    409,
+                    "order_not_cancellable",
+                    "the provider declined the refund, so the paid order stays paid",
+                );
+                crate::store::idempotency::StoredResponse {
+                    status: problem.status,
+                    body: problem.body(),
+                    location: None,
+                }
+            }
+        };
+        let done = claim.complete(&mut tx, response).await?;
+        tx.commit().await.map_err(StoreError::from)?;
+        Ok(done)
+    }
+}
+
+impl CancelOrder {
+    /// Step 1. Returns the completed answer for an unpaid order, or the id
+    /// of the refund created for a paid one.
+    async fn cancel_or_start_refund(
+        &self,
+        ctx: &AppContext,
+        claim: &mut Claim,
+    ) -> Result<Result<Completed, Uuid>, CommandError> {
+        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+            .await?
+            .ok_or_else(|| CommandError::Reject(Problem::not_found("order_not_found", "order")))?;
+        match order.status.cancel_plan() {
+            CancelPlan::NotCancellable => Err(CommandError::Reject(Problem::new(
+                409,
+                "order_not_cancellable",
+                format!("the order is already {}", order.status.as_str()),
+            ))),
+            CancelPlan::CancelNow => {
+                if store::payments::live_attempt_status(&mut tx, order.id).await?
+                    == Some(PaymentStatus::Pending)
+                {
+                    return Err(CommandError::Reject(Problem::new(
+                        409,
+                        "payment_in_progress",
+                        "the order has a pending payment; cancel it once the payment settles",
+                    )));
+                }
+                let order = store::orders::set_status(
+                    &mut tx,
+                    order.id,
+                    crate::domain::order::OrderStatus::Cancelled,
+                )
+                .await?;
+                let done = claim
+                    .complete(&mut tx, order_response(200, &order)?)
+                    .await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                Ok(Ok(done))
+            }
+            CancelPlan::RefundThenCancel => {
+                let payment = store::payments::lock_succeeded_for_order(&mut tx, order.id)
+                    .await?
+                    .ok_or_else(|| {
+                        StoreError::Corrupt(format!(
+                            "paid order {} has no succeeded payment",
+                            order.id
+                        ))
+                    })?;
+                let left =
+                    payment.amount - store::refunds::committed_sum(&mut tx, payment.id).await?;
+                if left <= 0 {
+                    return Err(CommandError::Reject(Problem::new(
+                        409,
+                        "refund_in_progress",
+                        "refunds for the whole amount are already pending; the order settles with them",
+                    )));
+                }
+                let refund = store::refunds::insert(
+                    &mut tx,
+                    &NewRefund {
+                        id: Uuid::now_v7(),
+                        merchant_id: claim.merchant_id(),
+                        payment_id: payment.id,
+                        amount: left,
+                        reason: Some("order_cancelled"),
+                        cancels_order: true,
+                        now: Utc::now(),
+                        check_after: ctx.reconcile_after,
+                    },
+                )
+                .await?;
+                claim
+                    .record_step(&mut tx, REFUND_CREATED, refund.id)
+                    .await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                Ok(Err(refund.id))
+            }
+        }
+    }
+}

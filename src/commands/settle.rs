@@ -1,0 +1,152 @@
+//! Applying what the provider reported to our records: one place for the
+//! command's last step, the webhook handler and the reconciler, so all three
+//! move state the same way (forward only, order updated in the same
+//! transaction). Locks are taken order → payment → refund everywhere.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
+use crate::metrics::Metrics;
+use crate::provider::ProviderObject;
+use crate::store::{self, StoreError};
+
+/// Who observed the provider's state (a metrics label).
+#[derive(Debug, Clone, Copy)]
+pub enum Cause {
+    /// The command's own provider call.
+    Command,
+    /// A webhook.
+    Webhook,
+    /// The reconciler's look.
+    Reconciler,
+}
+
+impl Cause {
+    fn label(self) -> &'static str {
+        match self {
+            Cause::Command => "command",
+            Cause::Webhook => "webhook",
+            Cause::Reconciler => "reconciler",
+        }
+    }
+}
+
+fn missing(what: &str, id: Uuid) -> StoreError {
+    StoreError::Corrupt(format!("{what} {id} vanished during settlement"))
+}
+
+fn non_empty(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// Applies a charge's reported state to an attempt (and its order).
+pub async fn payment(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    attempt_id: Uuid,
+    observed: &ProviderObject,
+    cause: Cause,
+) -> Result<(Payment, Transition), StoreError> {
+    let order_id = store::payments::order_of(tx, attempt_id)
+        .await?
+        .ok_or_else(|| missing("payment", attempt_id))?;
+    let order = store::orders::lock_by_id(tx, order_id)
+        .await?
+        .ok_or_else(|| missing("order", order_id))?;
+    let current = store::payments::lock(tx, attempt_id)
+        .await?
+        .ok_or_else(|| missing("payment", attempt_id))?;
+    let transition = current.status.transition(observed.status);
+    let facts = store::payments::ChargeFacts {
+        charge_id: non_empty(&observed.id),
+        failure_code: observed.failure_code.as_deref(),
+        failure_message: observed.failure_message.as_deref(),
+    };
+    let updated = match transition {
+        Transition::Advance(status) => {
+            let p = store::payments::set_status(tx, attempt_id, status, &facts).await?;
+            if status == PaymentStatus::Succeeded {
+                let next = order.status.after_payment_succeeded();
+                if next != order.status {
+                    store::orders::set_status(tx, order_id, next).await?;
+                }
+            }
+            metrics
+                .payment_transitions
+                .with_label_values(&[status.as_str(), cause.label()])
+                .inc();
+            p
+        }
+        // Same state: keep the charge id if we learn it now.
+        Transition::Unchanged
+            if current.provider_charge_id.is_none() && facts.charge_id.is_some() =>
+        {
+            let no_failure = store::payments::ChargeFacts {
+                charge_id: facts.charge_id,
+                failure_code: None,
+                failure_message: None,
+            };
+            store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?
+        }
+        Transition::Unchanged | Transition::Ignored => current,
+    };
+    Ok((updated, transition))
+}
+
+/// Applies a refund's reported state to the refund (and its payment and order).
+pub async fn refund(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    refund_id: Uuid,
+    observed: &ProviderObject,
+    cause: Cause,
+) -> Result<(Refund, Transition), StoreError> {
+    let (payment_id, order_id) = store::refunds::owners_of(tx, refund_id)
+        .await?
+        .ok_or_else(|| missing("refund", refund_id))?;
+    let order = store::orders::lock_by_id(tx, order_id)
+        .await?
+        .ok_or_else(|| missing("order", order_id))?;
+    store::payments::lock(tx, payment_id)
+        .await?
+        .ok_or_else(|| missing("payment", payment_id))?;
+    let current = store::refunds::lock(tx, refund_id)
+        .await?
+        .ok_or_else(|| missing("refund", refund_id))?;
+    let transition = current.status.transition(observed.status);
+    let provider_id = non_empty(&observed.id);
+    let updated = match transition {
+        Transition::Advance(status) => {
+            let r = store::refunds::set_status(
+                tx,
+                refund_id,
+                status,
+                provider_id,
+                observed.failure_code.as_deref(),
+            )
+            .await?;
+            if status == PaymentStatus::Succeeded {
+                let payment = store::payments::add_refunded(tx, payment_id, r.amount).await?;
+                let next = order.status.after_refund(
+                    payment.refunded_amount,
+                    payment.amount,
+                    r.cancels_order,
+                );
+                if next != order.status {
+                    store::orders::set_status(tx, order_id, next).await?;
+                }
+            }
+            metrics
+                .refund_transitions
+                .with_label_values(&[status.as_str(), cause.label()])
+                .inc();
+            r
+        }
+        Transition::Unchanged if current.provider_refund_id.is_none() && provider_id.is_some() => {
+            store::refunds::set_status(tx, refund_id, current.status, provider_id, None).await?
+        }
+        Transition::Unchanged | Transition::Ignored => current,
+    };
+    Ok((updated, transition))
+}

@@ -1,0 +1,363 @@
+//! Configuration from environment variables.
+//!
+//! Every setting has a default that works on a developer machine with a local
+//! PostgreSQL; a bad value stops the process at start with an error naming the
+//! variable, rather than surfacing later as odd behaviour.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// The development webhook secret: `whsec_` + base64("oncepay-development-webhook-secret").
+/// It is public on purpose; production sets `ONCEPAY_WEBHOOK_SECRET`.
+pub const DEV_WEBHOOK_SECRET: &str = "whsec_b25jZXBheS1kZXZlbG9wbWVudC13ZWJob29rLXNlY3JldA==";
+
+/// Why a configuration value was refused, naming the variable.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {var}={value:?}: {reason}")]
+pub struct ConfigError {
+    /// The environment variable at fault.
+    pub var: &'static str,
+    /// The value it had.
+    pub value: String,
+    /// What was expected instead.
+    pub reason: String,
+}
+
+/// Reads variables through a lookup function so tests can supply their own
+/// environment without touching the process's.
+pub struct Env<F: Fn(&str) -> Option<String>> {
+    lookup: F,
+}
+
+impl Env<fn(&str) -> Option<String>> {
+    /// The process environment.
+    pub fn process() -> Self {
+        Env {
+            lookup: |name| std::env::var(name).ok(),
+        }
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    /// An environment backed by `lookup` (used by tests).
+    pub fn from_fn(lookup: F) -> Self {
+        Env { lookup }
+    }
+
+    fn get<T>(
+        &self,
+        var: &'static str,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        match (self.lookup)(var) {
+            None => Ok(default),
+            Some(value) if value.trim().is_empty() => Ok(default),
+            Some(value) => parse(value.trim()).map_err(|reason| ConfigError {
+                var,
+                // A secret, or a URL that may carry a password, is never echoed.
+                value: if var.contains("SECRET") || var == "DATABASE_URL" {
+                    "<redacted>".into()
+                } else {
+                    value
+                },
+                reason,
+            }),
+        }
+    }
+
+    fn string(&self, var: &'static str, default: &str) -> Result<String, ConfigError> {
+        self.get(var, default.to_string(), |v| Ok(v.to_string()))
+    }
+
+    fn duration(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+        self.get(var, default, parse_duration)
+    }
+
+    fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
+        let fallback = default.parse().map_err(|_| ConfigError {
+            var,
+            value: default.into(),
+            reason: "bad built-in default".into(),
+        })?;
+        self.get(var, fallback, |v| {
+            v.parse()
+                .map_err(|_| "expected host:port, e.g. 127.0.0.1:8080".to_string())
+        })
+    }
+
+    fn number<T: std::str::FromStr + PartialOrd + Copy + std::fmt::Display>(
+        &self,
+        var: &'static str,
+        default: T,
+        min: T,
+        max: T,
+    ) -> Result<T, ConfigError> {
+        self.get(var, default, |v| match v.parse::<T>() {
+            Ok(n) if n >= min && n <= max => Ok(n),
+            _ => Err(format!("expected a number from {min} to {max}")),
+        })
+    }
+
+    fn flag(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+        self.get(var, default, |v| match v.to_ascii_lowercase().as_str() {
+            "1" | "true" | "on" | "yes" => Ok(true),
+            "0" | "false" | "off" | "no" => Ok(false),
+            _ => Err("expected on/off (or true/false, 1/0)".into()),
+        })
+    }
+
+    fn url(&self, var: &'static str, default: &str) -> Result<String, ConfigError> {
+        self.get(var, default.to_string(), |v| {
+            if (v.starts_with("http://") || v.starts_with("https://")) && v.len() > 8 {
+                Ok(v.trim_end_matches('/').to_string())
+            } else {
+                Err("expected an http:// or https:// URL".into())
+            }
+        })
+    }
+
+    /// `DATABASE_URL`, used by every subcommand that touches the database.
+    pub fn database_url(&self) -> Result<String, ConfigError> {
+        self.get(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/oncepay".to_string(),
+            |v| {
+                if v.starts_with("postgres://") || v.starts_with("postgresql://") {
+                    Ok(v.to_string())
+                } else {
+                    Err("expected a postgres:// URL".into())
+                }
+            },
+        )
+    }
+
+    /// `ONCEPAY_WEBHOOK_SECRET`, checked to be `whsec_` + base64.
+    pub fn webhook_secret(&self) -> Result<crate::webhooks::WebhookSecret, ConfigError> {
+        self.get(
+            "ONCEPAY_WEBHOOK_SECRET",
+            crate::webhooks::WebhookSecret::dev(),
+            |v| crate::webhooks::WebhookSecret::parse(v).map_err(|e| e.to_string()),
+        )
+    }
+
+    /// Everything `oncepay serve` needs.
+    pub fn serve_config(&self) -> Result<ServeConfig, ConfigError> {
+        let idempotency_ttl =
+            self.duration("ONCEPAY_IDEMPOTENCY_TTL", Duration::from_secs(86_400))?;
+        let lease = self.duration("ONCEPAY_IDEMPOTENCY_LEASE", Duration::from_secs(30))?;
+        Ok(ServeConfig {
+            database_url: self.database_url()?,
+            bind: self.addr("ONCEPAY_BIND", "127.0.0.1:8080")?,
+            provider_url: self.url("ONCEPAY_PROVIDER_URL", "http://127.0.0.1:8081")?,
+            webhook_secret: self.webhook_secret()?,
+            idempotency_ttl,
+            idempotency_wait: self.duration("ONCEPAY_IDEMPOTENCY_WAIT", Duration::from_secs(2))?,
+            idempotency_lease: lease,
+            provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
+            db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 16u32, 1, 1000)?,
+            http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
+            max_body_bytes: self.number("ONCEPAY_MAX_BODY_BYTES", 65_536usize, 1_024, 16 << 20)?,
+            reconcile_interval: self
+                .duration("ONCEPAY_RECONCILE_INTERVAL", Duration::from_secs(2))?,
+            reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
+            sweep_interval: self.duration("ONCEPAY_SWEEP_INTERVAL", Duration::from_secs(60))?,
+            shutdown_timeout: self.duration("ONCEPAY_SHUTDOWN_TIMEOUT", Duration::from_secs(30))?,
+        })
+    }
+
+    /// Everything `oncepay sandbox` needs.
+    pub fn sandbox_config(&self) -> Result<SandboxConfig, ConfigError> {
+        let rate = |var| {
+            self.get(var, 0.0f64, |v| match v.parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+                _ => Err("expected a probability from 0 to 1".into()),
+            })
+        };
+        Ok(SandboxConfig {
+            bind: self.addr("ONCEPAY_SANDBOX_BIND", "127.0.0.1:8081")?,
+            webhook_url: self.url(
+                "ONCEPAY_SANDBOX_WEBHOOK_URL",
+                "http://127.0.0.1:8080/webhooks/sandbox",
+            )?,
+            webhook_secret: self.webhook_secret()?,
+            webhooks_enabled: self.flag("ONCEPAY_SANDBOX_WEBHOOKS", true)?,
+            async_delay: self.duration("ONCEPAY_SANDBOX_ASYNC_DELAY", Duration::from_secs(2))?,
+            faults: crate::sandbox::FaultRates {
+                delay: self.duration("ONCEPAY_SANDBOX_DELAY", Duration::ZERO)?,
+                delay_rate: rate("ONCEPAY_SANDBOX_DELAY_RATE")?,
+                error_rate: rate("ONCEPAY_SANDBOX_ERROR_RATE")?,
+                drop_rate: rate("ONCEPAY_SANDBOX_DROP_RATE")?,
+                duplicate_webhooks: self.number(
+                    "ONCEPAY_SANDBOX_DUPLICATE_WEBHOOKS",
+                    1u32,
+                    1,
+                    20,
+                )?,
+                reorder_webhooks: self.flag("ONCEPAY_SANDBOX_REORDER_WEBHOOKS", false)?,
+            },
+        })
+    }
+
+    /// `ONCEPAY_LOG` (an `EnvFilter` directive) and `ONCEPAY_LOG_FORMAT`.
+    pub fn log_config(&self) -> Result<(String, LogFormat), ConfigError> {
+        let filter = self.string("ONCEPAY_LOG", "info,sqlx=warn")?;
+        let format = self.get("ONCEPAY_LOG_FORMAT", LogFormat::Text, |v| match v {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err("expected text or json".into()),
+        })?;
+        Ok((filter, format))
+    }
+}
+
+fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable, one line per event.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Settings of `oncepay serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// PostgreSQL connection URL.
+    pub database_url: String,
+    /// Address the API listens on.
+    pub bind: SocketAddr,
+    /// Base URL of the payment provider (the sandbox by default).
+    pub provider_url: String,
+    /// Verifies inbound webhooks.
+    pub webhook_secret: crate::webhooks::WebhookSecret,
+    /// How long idempotency records are kept.
+    pub idempotency_ttl: Duration,
+    /// How long a duplicate waits for the first request before `409 in_flight`.
+    pub idempotency_wait: Duration,
+    /// How long an executing command owns its record before another process may resume it.
+    pub idempotency_lease: Duration,
+    /// Per-request timeout of provider calls.
+    pub provider_timeout: Duration,
+    /// Largest number of database connections per process.
+    pub db_pool_size: u32,
+    /// Number of HTTP worker threads.
+    pub http_workers: usize,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// How often the reconciler looks for work.
+    pub reconcile_interval: Duration,
+    /// How long a payment or refund stays pending before the reconciler asks the provider.
+    pub reconcile_after: Duration,
+    /// How often expired idempotency records are swept.
+    pub sweep_interval: Duration,
+    /// How long SIGTERM waits for in-flight requests.
+    pub shutdown_timeout: Duration,
+}
+
+/// Settings of `oncepay sandbox`.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Address the sandbox listens on.
+    pub bind: SocketAddr,
+    /// Where signed webhooks are posted.
+    pub webhook_url: String,
+    /// Signs outbound webhooks.
+    pub webhook_secret: crate::webhooks::WebhookSecret,
+    /// Off: no webhook is sent (the reconciler must settle everything).
+    pub webhooks_enabled: bool,
+    /// How long a `tok_async` charge stays pending.
+    pub async_delay: Duration,
+    /// Faults injected at random into every request.
+    pub faults: crate::sandbox::FaultRates,
+}
+
+/// Parses `500ms`, `2s`, `5m`, `24h`, `7d` (a bare number means seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("expected a duration like 500ms, 2s, 5m, 24h or 7d, got {text:?}");
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3_600.0,
+        "d" => 86_400.0,
+        _ => return Err(bad()),
+    };
+    let seconds = value * scale;
+    if !seconds.is_finite() || !(0.0..=1e9).contains(&seconds) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Env<impl Fn(&str) -> Option<String>> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Env::from_fn(move |k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn durations_parse_in_every_unit() {
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn defaults_work_without_any_variable() {
+        let cfg = env(&[]).serve_config().expect("defaults are valid");
+        assert_eq!(cfg.bind.to_string(), "127.0.0.1:8080");
+        assert_eq!(cfg.idempotency_ttl, Duration::from_secs(86_400));
+        assert_eq!(cfg.idempotency_wait, Duration::from_secs(2));
+        assert!(cfg.database_url.ends_with("/oncepay"));
+        let sandbox = env(&[]).sandbox_config().expect("defaults are valid");
+        assert_eq!(sandbox.bind.to_string(), "127.0.0.1:8081");
+        assert_eq!(
+            sandbox.webhook_url,
+            "http://127.0.0.1:8080/webhooks/sandbox"
+        );
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        let err = env(&[("ONCEPAY_IDEMPOTENCY_WAIT", "forever")])
+            .serve_config()
+            .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_IDEMPOTENCY_WAIT"));
+        let err = env(&[("ONCEPAY_BIND", "localhost")])
+            .serve_config()
+            .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_BIND"));
+        let err = env(&[("ONCEPAY_WEBHOOK_SECRET", "plain")])
+            .serve_config()
+            .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_WEBHOOK_SECRET"));
+        assert!(
+            !err.to_string().contains("plain"),
+            "a secret is never echoed"
+        );
+    }
+}

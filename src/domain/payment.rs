@@ -1,0 +1,158 @@
+//! The one-way state machine shared by payment attempts and refunds:
+//! `pending → succeeded | failed`, and nothing leaves a final state. No I/O.
+
+/// Status of a payment attempt or a refund.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PaymentStatus {
+    /// Sent to the provider, outcome not known yet.
+    Pending,
+    /// The provider confirmed it.
+    Succeeded,
+    /// The provider refused it.
+    Failed,
+}
+
+/// What applying an observed status to a stored one does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transition {
+    /// The status moves forward to the given one.
+    Advance(PaymentStatus),
+    /// The observation repeats what is stored: nothing to do.
+    Unchanged,
+    /// The observation would move backwards or between final states: it is
+    /// stale or contradictory and is ignored (and recorded by the caller).
+    Ignored,
+}
+
+impl PaymentStatus {
+    /// The name used in the API and the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PaymentStatus::Pending => "pending",
+            PaymentStatus::Succeeded => "succeeded",
+            PaymentStatus::Failed => "failed",
+        }
+    }
+
+    /// Parses a stored or provider-reported status.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(match text {
+            "pending" => PaymentStatus::Pending,
+            "succeeded" => PaymentStatus::Succeeded,
+            "failed" => PaymentStatus::Failed,
+            _ => return None,
+        })
+    }
+
+    /// True for `succeeded` and `failed`.
+    pub fn is_final(self) -> bool {
+        self != PaymentStatus::Pending
+    }
+
+    /// Decides what an observed status does to this one. Only
+    /// `pending → succeeded` and `pending → failed` move anything.
+    pub fn transition(self, observed: PaymentStatus) -> Transition {
+        use PaymentStatus::*;
+        match (self, observed) {
+            (Pending, Succeeded) | (Pending, Failed) => Transition::Advance(observed),
+            (a, b) if a == b => Transition::Unchanged,
+            _ => Transition::Ignored,
+        }
+    }
+}
+
+/// A payment attempt as the API shows it (contract section 3).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Payment {
+    /// UUID v7; also the provider idempotency key of its charge.
+    pub id: uuid::Uuid,
+    /// The order it pays.
+    pub order_id: uuid::Uuid,
+    /// The order's amount, in minor units.
+    pub amount: i64,
+    /// The order's currency.
+    pub currency: String,
+    /// Where it is in the one-way state machine.
+    pub status: PaymentStatus,
+    /// Which provider charged it.
+    pub provider: String,
+    /// The provider's id of the charge, once known.
+    pub provider_charge_id: Option<String>,
+    /// Why it failed (`card_declined`, ...).
+    pub failure_code: Option<String>,
+    /// A readable reason for the failure.
+    pub failure_message: Option<String>,
+    /// Sum of its succeeded refunds.
+    pub refunded_amount: i64,
+    /// When it was created.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it last changed.
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// The provider token, kept to repeat the charge with the same key; never shown.
+    #[serde(skip)]
+    pub payment_method: String,
+}
+
+/// A refund as the API shows it (contract section 3).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Refund {
+    /// UUID v7; also the provider idempotency key of the refund.
+    pub id: uuid::Uuid,
+    /// The payment it refunds.
+    pub payment_id: uuid::Uuid,
+    /// How much, in minor units.
+    pub amount: i64,
+    /// Same one-way state machine as payments.
+    pub status: PaymentStatus,
+    /// The merchant's reason, if given.
+    pub reason: Option<String>,
+    /// When it was created.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it last changed.
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+    /// The provider's id of the refund, once known; internal.
+    #[serde(skip)]
+    pub provider_refund_id: Option<String>,
+    /// True when settling it cancels its order; internal.
+    #[serde(skip)]
+    pub cancels_order: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PaymentStatus::*;
+    use super::*;
+
+    #[test]
+    fn every_transition_legal_and_illegal() {
+        let table = [
+            (Pending, Pending, Transition::Unchanged),
+            (Pending, Succeeded, Transition::Advance(Succeeded)),
+            (Pending, Failed, Transition::Advance(Failed)),
+            (Succeeded, Pending, Transition::Ignored),
+            (Succeeded, Succeeded, Transition::Unchanged),
+            (Succeeded, Failed, Transition::Ignored),
+            (Failed, Pending, Transition::Ignored),
+            (Failed, Succeeded, Transition::Ignored),
+            (Failed, Failed, Transition::Unchanged),
+        ];
+        for (from, observed, expected) in table {
+            assert_eq!(
+                from.transition(observed),
+                expected,
+                "{from:?} + {observed:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in [Pending, Succeeded, Failed] {
+            assert_eq!(PaymentStatus::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(PaymentStatus::parse("refunded"), None);
+        assert!(!Pending.is_final());
+        assert!(Succeeded.is_final() && Failed.is_final());
+    }
+}

@@ -1,0 +1,66 @@
+//! One middleware for what every request needs: an `X-Request-Id` (taken
+//! from the client when sane, generated otherwise) echoed on the response
+//! and carried by a tracing span onto every log line of the request, the
+//! request metrics, and one access log line. Headers and bodies are never
+//! logged, so no API key, card token or signature reaches the logs.
+
+use std::time::Instant;
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::middleware::Next;
+use actix_web::web;
+use tracing::Instrument;
+
+use super::AppState;
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// A client's request id is kept if it is 1–128 visible ASCII characters.
+fn client_request_id(req: &ServiceRequest) -> Option<String> {
+    let value = req.headers().get(&REQUEST_ID)?.to_str().ok()?;
+    let sane = !value.is_empty()
+        && value.len() <= 128
+        && value.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    sane.then(|| value.to_string())
+}
+
+/// The middleware function; see the module docs.
+pub async fn observe(
+    req: ServiceRequest,
+    next: Next<impl MessageBody>,
+) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    let started = Instant::now();
+    let request_id = client_request_id(&req).unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+    let method = req.method().to_string();
+    let metrics = req
+        .app_data::<web::Data<AppState>>()
+        .map(|s| s.ctx.metrics.clone());
+    let span = tracing::info_span!("request", request_id = %request_id, method = %method, path = %req.path());
+    let result = next.call(req).instrument(span.clone()).await;
+    let mut response = result?;
+    let route = response
+        .request()
+        .match_pattern()
+        .unwrap_or_else(|| "unmatched".to_string());
+    let status = response.status().as_u16();
+    if let Ok(value) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert(REQUEST_ID, value);
+    }
+    let elapsed = started.elapsed();
+    if let Some(metrics) = metrics {
+        metrics
+            .http_requests
+            .with_label_values(&[&route, &method, &status.to_string()])
+            .inc();
+        metrics
+            .http_latency
+            .with_label_values(&[&route, &method])
+            .observe(elapsed.as_secs_f64());
+    }
+    span.in_scope(|| {
+        tracing::info!(status, route = %route, latency_ms = elapsed.as_secs_f64() * 1e3, "request finished");
+    });
+    Ok(response)
+}

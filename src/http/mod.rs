@@ -1,0 +1,208 @@
+//! The HTTP surface: routes, and the few helpers every handler shares
+//! (authentication, the idempotency key, bounded body reading, turning
+//! problems and stored responses into HTTP). Handlers stay thin: parse,
+//! call a command or a store read, answer.
+
+mod middleware;
+mod ops;
+mod resources;
+mod webhooks;
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+pub use middleware::observe;
+
+use crate::commands::{Answer, AppContext};
+use crate::idempotency::IdempotencyKey;
+use crate::problem::Problem;
+use crate::store;
+
+/// Shared state of every worker.
+pub struct AppState {
+    /// Commands, engine, pool, provider, metrics.
+    pub ctx: std::sync::Arc<AppContext>,
+    /// Verifies inbound webhooks.
+    pub webhook_secret: crate::webhooks::WebhookSecret,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+}
+
+/// Every route of the API.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/orders").route(web::post().to(resources::create_order)))
+        .service(resource("/orders/{id}").route(web::get().to(resources::get_order)))
+        .service(resource("/orders/{id}/cancel").route(web::post().to(resources::cancel_order)))
+        .service(resource("/orders/{id}/payments").route(web::get().to(resources::list_payments)))
+        .service(resource("/payments").route(web::post().to(resources::create_payment)))
+        .service(resource("/payments/{id}").route(web::get().to(resources::get_payment)))
+        .service(resource("/payments/{id}/refunds").route(web::post().to(resources::create_refund)))
+        .service(resource("/refunds/{id}").route(web::get().to(resources::get_refund)))
+        .service(resource("/webhooks/{provider}").route(web::post().to(webhooks::receive)))
+        .service(resource("/healthz").route(web::get().to(ops::healthz)))
+        .service(resource("/readyz").route(web::get().to(ops::readyz)))
+        .service(resource("/metrics").route(web::get().to(ops::metrics)))
+        .service(resource("/openapi.yaml").route(web::get().to(ops::openapi)))
+        .default_service(web::to(not_found));
+}
+
+fn resource(path: &str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(method_not_allowed))
+}
+
+async fn not_found() -> Problem {
+    Problem::new(404, "not_found", "no such endpoint")
+}
+
+async fn method_not_allowed() -> Problem {
+    Problem::new(
+        405,
+        "method_not_allowed",
+        "this endpoint does not take that method",
+    )
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.code, self.detail)
+    }
+}
+
+impl ResponseError for Problem {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        response.content_type("application/problem+json");
+        if let Some(seconds) = self.retry_after {
+            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+        }
+        response.body(self.body())
+    }
+}
+
+impl actix_web::Responder for Problem {
+    type Body = actix_web::body::BoxBody;
+
+    fn respond_to(self, _req: &HttpRequest) -> HttpResponse {
+        self.error_response()
+    }
+}
+
+/// The answer of a money command: the stored status, body and `Location`,
+/// plus `Idempotent-Replayed: true` on a repeat.
+fn answer(answer: Answer) -> HttpResponse {
+    let status =
+        StatusCode::from_u16(answer.response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.content_type(if status.as_u16() >= 400 {
+        "application/problem+json"
+    } else {
+        "application/json"
+    });
+    if let Some(location) = answer.response.location.as_deref() {
+        if let Ok(value) = HeaderValue::from_str(location) {
+            response.insert_header((header::LOCATION, value));
+        }
+    }
+    if answer.replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(answer.response.body)
+}
+
+/// A JSON `200` for reads.
+fn ok_json<T: serde::Serialize>(value: &T) -> Result<HttpResponse, Problem> {
+    let body = serde_json::to_vec(value).map_err(|_| Problem::internal())?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(body))
+}
+
+/// The merchant behind `Authorization: Bearer <key>`; `401` otherwise.
+async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Problem> {
+    let unauthorized = || {
+        Problem::new(
+            401,
+            "unauthorized",
+            "send a valid API key as Authorization: Bearer <key>",
+        )
+    };
+    let key = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(unauthorized)?;
+    let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+    store::merchants::merchant_for_key(&state.ctx.pool, &hash)
+        .await
+        .map_err(crate::idempotency::store_problem)?
+        .ok_or_else(unauthorized)
+}
+
+/// The `Idempotency-Key` header; never read from the URL.
+fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, Problem> {
+    let mut values = req.headers().get_all("Idempotency-Key");
+    let first = values.next().ok_or_else(|| {
+        Problem::new(
+            400,
+            "idempotency_key_missing",
+            "this endpoint requires an Idempotency-Key header",
+        )
+    })?;
+    if values.next().is_some() {
+        return Err(Problem::new(
+            400,
+            "idempotency_key_invalid",
+            "send exactly one Idempotency-Key header",
+        ));
+    }
+    IdempotencyKey::try_from(first.as_bytes())
+        .map_err(|e| Problem::new(400, "idempotency_key_invalid", e.to_string()))
+}
+
+/// Reads the body, refusing more than `limit` bytes with `413` as soon as
+/// the declared length or the bytes read pass it.
+async fn read_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<web::Bytes, Problem> {
+    let too_large = || {
+        Problem::new(
+            413,
+            "payload_too_large",
+            format!("the body must be at most {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    match payload.to_bytes_limited(limit).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(too_large()),
+        Err(_) => Err(Problem::new(
+            400,
+            "malformed_json",
+            "the body could not be read",
+        )),
+    }
+}
+
+/// A path `{id}` as a UUID; anything else is a resource that does not exist.
+fn path_uuid(raw: &str, code: &'static str, what: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(raw).map_err(|_| Problem::not_found(code, what))
+}

@@ -1,0 +1,31 @@
+//! oncepay: a payments microservice whose one promise is *one intent, one
+//! effect*. See the README for the map of modules; in short:
+//!
+//! - [`http`] — routes and thin handlers;
+//! - [`commands`] — money commands as recorded steps, run through
+//! - [`idempotency`] — the engine that claims keys, replays and resumes;
+//! - [`domain`] — business rules and state machines, free of I/O;
+//! - [`store`] — all SQL;
+//! - [`provider`] — the payment provider trait and its HTTP client;
+//! - [`sandbox`] — the stand-alone sandbox provider;
+//! - [`workers`] — the reconciler and the sweeper;
+//! - [`events`] — inbound webhook events.
+
+pub mod api_keys;
+pub mod cli;
+pub mod commands;
+pub mod config;
+pub mod domain;
+pub mod events;
+pub mod http;
+pub mod idempotency;
+pub mod input;
+pub mod metrics;
+pub mod problem;
+pub mod provider;
+pub mod sandbox;
+pub mod startup;
+pub mod store;
+pub mod telemetry;
+pub mod webhooks;
+pub mod workers;

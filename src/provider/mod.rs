@@ -1,0 +1,94 @@
+//! The payment provider, behind a small trait: the sandbox speaks it over
+//! HTTP today, and a real provider is one more implementation.
+//!
+//! Every charge and refund carries our own id (attempt or refund) as the
+//! provider's idempotency key, so repeating a call never repeats its effect.
+//! A call whose outcome we cannot know (timeout, dropped connection) says so
+//! with [`CallOutcome::Unknown`]: it is never taken for a failure.
+
+pub mod http;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use serde::Deserialize;
+use uuid::Uuid;
+
+use crate::domain::payment::PaymentStatus;
+
+/// A boxed future, so the trait can be used as `dyn PaymentProvider`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A charge to make (or to repeat, with the same key).
+#[derive(Debug, Clone)]
+pub struct ChargeRequest {
+    /// Our payment attempt id: the provider's idempotency key.
+    pub idempotency_key: Uuid,
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// The client's provider token (`tok_…`).
+    pub payment_method: String,
+    /// The order paid, passed as metadata so provider records can be traced.
+    pub order_id: Uuid,
+}
+
+/// A refund to make (or to repeat, with the same key).
+#[derive(Debug, Clone)]
+pub struct RefundRequest {
+    /// Our refund id: the provider's idempotency key.
+    pub idempotency_key: Uuid,
+    /// The provider's charge id.
+    pub charge_id: String,
+    /// Minor units.
+    pub amount: i64,
+}
+
+/// What the provider reports about one charge or refund.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ProviderObject {
+    /// The provider's id (`ch_…`, `re_…`).
+    pub id: String,
+    /// Its status in the provider's books.
+    #[serde(deserialize_with = "status_from_str")]
+    pub status: PaymentStatus,
+    /// Why it failed.
+    #[serde(default)]
+    pub failure_code: Option<String>,
+    /// A readable reason.
+    #[serde(default)]
+    pub failure_message: Option<String>,
+}
+
+fn status_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PaymentStatus, D::Error> {
+    let text = String::deserialize(d)?;
+    PaymentStatus::parse(&text)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown status {text}")))
+}
+
+/// The result of a provider call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// The provider answered with the object's state.
+    Known(ProviderObject),
+    /// The provider has no such object (only for lookups).
+    NotFound,
+    /// We cannot know what happened (timeout, dropped connection, 5xx after
+    /// retries). The effect may or may not exist; only a later look can tell.
+    Unknown(String),
+}
+
+/// A payment provider.
+pub trait PaymentProvider: Send + Sync {
+    /// The provider's name, stored on attempts and used in webhook paths.
+    fn name(&self) -> &'static str;
+    /// Makes a charge, or returns the one already made with this key.
+    fn charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, CallOutcome>;
+    /// Makes a refund, or returns the one already made with this key.
+    fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, CallOutcome>;
+    /// Reads the charge made with this key (a safe, retried read).
+    fn find_charge(&self, idempotency_key: Uuid) -> BoxFuture<'_, CallOutcome>;
+    /// Reads the refund made with this key (a safe, retried read).
+    fn find_refund(&self, idempotency_key: Uuid) -> BoxFuture<'_, CallOutcome>;
+}

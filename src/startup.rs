@@ -1,0 +1,166 @@
+//! Wiring `oncepay serve`: migrate, open the pool, build the provider client
+//! and the engine, start the HTTP server and the background workers, and stop
+//! them all gracefully.
+
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+
+use actix_web::middleware::from_fn;
+use actix_web::{web, App, HttpServer};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::commands::AppContext;
+use crate::config::ServeConfig;
+use crate::http::{self, AppState};
+use crate::idempotency::{Engine, EngineConfig};
+use crate::metrics::Metrics;
+use crate::provider::http::HttpProvider;
+use crate::store;
+use crate::workers;
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Migrations failed.
+    #[error(transparent)]
+    Migrate(#[from] store::migrate::MigrateError),
+    /// The pool could not be configured.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
+    /// The address could not be bound.
+    #[error("cannot listen: {0}")]
+    Io(#[from] std::io::Error),
+    /// The provider client could not be built.
+    #[error(transparent)]
+    Provider(#[from] crate::provider::http::BuildError),
+}
+
+/// A built, not yet running, service.
+pub struct Application {
+    addr: SocketAddr,
+    server: actix_web::dev::Server,
+    ctx: Arc<AppContext>,
+    workers: Vec<JoinHandle<()>>,
+    stop_workers: watch::Sender<bool>,
+}
+
+impl Application {
+    /// Migrates, binds `config.bind` (port 0 picks a free port) and starts
+    /// the background workers.
+    pub async fn build(config: ServeConfig) -> Result<Application, StartError> {
+        let applied = store::prepare_database(&config.database_url).await?;
+        if !applied.is_empty() {
+            tracing::info!(migrations = ?applied, "applied migrations");
+        }
+        let pool = store::pool(&config.database_url, config.db_pool_size)?;
+        let metrics = Arc::new(Metrics::new());
+        let provider = HttpProvider::new(
+            &config.provider_url,
+            config.provider_timeout,
+            metrics.clone(),
+        )?;
+        let engine = Engine::new(
+            pool.clone(),
+            EngineConfig {
+                ttl: config.idempotency_ttl,
+                wait: config.idempotency_wait,
+                lease: config.idempotency_lease,
+            },
+            metrics.clone(),
+        );
+        let ctx = Arc::new(AppContext {
+            pool,
+            engine,
+            provider: Arc::new(provider),
+            metrics,
+            reconcile_after: config.reconcile_after,
+        });
+        let state = web::Data::new(AppState {
+            ctx: ctx.clone(),
+            webhook_secret: config.webhook_secret.clone(),
+            max_body_bytes: config.max_body_bytes,
+        });
+        let listener = TcpListener::bind(config.bind)?;
+        let addr = listener.local_addr()?;
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap(from_fn(http::observe))
+                .app_data(state.clone())
+                .configure(http::routes)
+        })
+        .workers(config.http_workers)
+        .shutdown_timeout(config.shutdown_timeout.as_secs().max(1))
+        .listen(listener)?
+        .run();
+
+        let (stop_workers, stopped) = watch::channel(false);
+        let reconciler_ctx = ctx.clone();
+        let sweeper_ctx = ctx.clone();
+        let workers = vec![
+            tokio::spawn(workers::every(
+                "reconciler",
+                config.reconcile_interval,
+                stopped.clone(),
+                move || {
+                    let ctx = reconciler_ctx.clone();
+                    async move {
+                        if let Err(e) = workers::reconciler::pass(&ctx).await {
+                            tracing::warn!(error = %e, "reconciler pass failed; retrying next interval");
+                        }
+                    }
+                },
+            )),
+            tokio::spawn(workers::every(
+                "sweeper",
+                config.sweep_interval,
+                stopped,
+                move || {
+                    let ctx = sweeper_ctx.clone();
+                    async move {
+                        match workers::sweeper::sweep(&ctx).await {
+                            Ok(0) => {}
+                            Ok(n) => {
+                                tracing::info!(deleted = n, "swept expired idempotency records")
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, "sweep failed; retrying next interval")
+                            }
+                        }
+                    }
+                },
+            )),
+        ];
+        Ok(Application {
+            addr,
+            server,
+            ctx,
+            workers,
+            stop_workers,
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Commands, pool and metrics (tests use it to drive workers directly).
+    pub fn context(&self) -> Arc<AppContext> {
+        self.ctx.clone()
+    }
+
+    /// Serves until SIGTERM/SIGINT: in-flight requests finish, then the
+    /// workers stop.
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        tracing::info!(addr = %self.addr, "oncepay serving");
+        let result = self.server.await;
+        let _ = self.stop_workers.send(true);
+        for worker in self.workers {
+            let _ = worker.await;
+        }
+        self.ctx.pool.close().await;
+        tracing::info!("oncepay stopped");
+        result
+    }
+}

@@ -1,0 +1,114 @@
+//! All SQL lives under this module: one file per table family, each exposing
+//! plain async functions over a pool or a transaction. Handlers and commands
+//! never write SQL themselves.
+
+pub mod idempotency;
+pub mod merchants;
+pub mod migrate;
+pub mod orders;
+pub mod payments;
+pub mod refunds;
+pub mod webhooks;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// A database failure, classified by what the caller can do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database is unreachable or the connection broke: retrying later may work.
+    #[error("database unavailable: {0}")]
+    Unavailable(sqlx::Error),
+    /// Anything else the database reported.
+    #[error("database error: {0}")]
+    Other(sqlx::Error),
+    /// Another process took over this command's idempotency lease: its
+    /// result will come from there, and nothing here may be committed.
+    #[error("the idempotency lease was taken over by another process")]
+    LeaseLost,
+    /// A stored value did not decode into its domain type.
+    #[error("corrupt stored value: {0}")]
+    Corrupt(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_) => StoreError::Unavailable(e),
+            sqlx::Error::Database(db)
+                if db.code().is_some_and(|c| {
+                    // admin_shutdown, crash_shutdown, cannot_connect_now,
+                    // connection failures (class 08)
+                    c == "57P01" || c == "57P02" || c == "57P03" || c.starts_with("08")
+                }) =>
+            {
+                StoreError::Unavailable(e)
+            }
+            _ => StoreError::Other(e),
+        }
+    }
+}
+
+/// The name of the constraint a database error violated, if any.
+pub fn violated_constraint(e: &sqlx::Error) -> Option<&str> {
+    match e {
+        sqlx::Error::Database(db) => db.constraint(),
+        _ => None,
+    }
+}
+
+/// Opens the shared pool. Connections open lazily, so a process starts even
+/// while the database is briefly away; `/readyz` tells when it is reachable.
+pub fn pool(database_url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+    let options = PgConnectOptions::from_str(database_url)
+        .map_err(StoreError::Other)?
+        .application_name("oncepay");
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(5))
+        .idle_timeout(Duration::from_secs(300))
+        .connect_lazy_with(options))
+}
+
+/// Connects one connection, creating the database first if it does not exist
+/// (so `make run` works on a fresh machine), then applies pending migrations.
+pub async fn prepare_database(database_url: &str) -> Result<Vec<String>, migrate::MigrateError> {
+    let options = PgConnectOptions::from_str(database_url)?.application_name("oncepay-migrate");
+    let mut conn = match PgConnection::connect_with(&options).await {
+        Ok(conn) => conn,
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("3D000") => {
+            create_database(&options).await?;
+            PgConnection::connect_with(&options).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let applied = migrate::run(&mut conn).await?;
+    conn.close().await?;
+    Ok(applied)
+}
+
+async fn create_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> {
+    let name = options.get_database().unwrap_or("oncepay").to_string();
+    let admin = options.clone().database("postgres");
+    let mut conn = PgConnection::connect_with(&admin).await?;
+    let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+    match sqlx::raw_sql(&format!("CREATE DATABASE {quoted}"))
+        .execute(&mut conn)
+        .await
+    {
+        Ok(_) => tracing::info!(database = %name, "created database"),
+        // Another process created it at the same moment: that is fine.
+        Err(sqlx::Error::Database(db))
+            if matches!(db.code().as_deref(), Some("42P04") | Some("23505")) => {}
+        Err(e) => return Err(e),
+    }
+    conn.close().await
+}

@@ -1,0 +1,124 @@
+//! SQL of orders. Every read is scoped by merchant: another merchant's order
+//! is indistinguishable from one that does not exist.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::order::{NewOrder, Order, OrderStatus};
+
+const COLUMNS: &str =
+    "id, customer_id, items, amount, currency, status, metadata, created_at, updated_at";
+
+fn from_row(row: &PgRow) -> Result<Order, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(Order {
+        id: row.try_get("id")?,
+        customer_id: row.try_get("customer_id")?,
+        items: serde_json::from_value(row.try_get("items")?)
+            .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?,
+        amount: row.try_get("amount")?,
+        currency: row.try_get("currency")?,
+        status: OrderStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("order status {status}")))?,
+        metadata: serde_json::from_value(row.try_get("metadata")?)
+            .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+/// Inserts a new order awaiting payment.
+pub async fn insert(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    id: Uuid,
+    order: &NewOrder,
+    now: DateTime<Utc>,
+) -> Result<Order, StoreError> {
+    let items = serde_json::to_value(&order.items)
+        .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
+    let metadata = serde_json::to_value(&order.metadata)
+        .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
+    let row = sqlx::query(&format!(
+        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
+                             metadata, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(merchant_id)
+    .bind(&order.customer_id)
+    .bind(items)
+    .bind(order.amount.minor_units())
+    .bind(order.currency.as_str())
+    .bind(metadata)
+    .bind(now)
+    .fetch_one(tx)
+    .await?;
+    from_row(&row)
+}
+
+/// Reads one of the merchant's orders.
+pub async fn get(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Order>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM orders WHERE id = $1 AND merchant_id = $2"
+    ))
+    .bind(id)
+    .bind(merchant_id)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Reads and row-locks one of the merchant's orders until the transaction
+/// ends: payments, refunds and cancels of one order go one at a time.
+pub async fn lock(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Order>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM orders WHERE id = $1 AND merchant_id = $2 FOR UPDATE"
+    ))
+    .bind(id)
+    .bind(merchant_id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Sets an order's status and returns it as it now is.
+pub async fn set_status(
+    tx: &mut PgConnection,
+    id: Uuid,
+    status: OrderStatus,
+) -> Result<Order, StoreError> {
+    let row = sqlx::query(&format!(
+        "UPDATE orders SET status = $2, updated_at = now() WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(status.as_str())
+    .fetch_one(tx)
+    .await?;
+    from_row(&row)
+}
+
+/// Row-locks an order by id alone, for internal settlement (the caller
+/// reached it through a payment it already scoped). Locks are always taken
+/// order first, then payment, then refund, so settlements never deadlock.
+pub async fn lock_by_id(tx: &mut PgConnection, id: Uuid) -> Result<Option<Order>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM orders WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}

@@ -1,0 +1,311 @@
+//! SQL of payment attempts. The table's constraints are the second and third
+//! lines of defence against a double charge (see the migration).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::payment::{Payment, PaymentStatus};
+
+const COLUMNS: &str = "id, order_id, amount, currency, status, provider, provider_charge_id,
+     failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method";
+
+fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(Payment {
+        id: row.try_get("id")?,
+        order_id: row.try_get("order_id")?,
+        amount: row.try_get("amount")?,
+        currency: row.try_get("currency")?,
+        status: PaymentStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("payment status {status}")))?,
+        provider: row.try_get("provider")?,
+        provider_charge_id: row.try_get("provider_charge_id")?,
+        failure_code: row.try_get("failure_code")?,
+        failure_message: row.try_get("failure_message")?,
+        refunded_amount: row.try_get("refunded_amount")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        payment_method: row.try_get("payment_method")?,
+    })
+}
+
+/// A new pending attempt.
+pub struct NewAttempt<'a> {
+    /// UUID v7, also the provider idempotency key.
+    pub id: Uuid,
+    /// Owner.
+    pub merchant_id: Uuid,
+    /// The order paid.
+    pub order_id: Uuid,
+    /// The client's idempotency key (second line of defence).
+    pub idempotency_key: &'a str,
+    /// Amount in minor units.
+    pub amount: i64,
+    /// Currency code.
+    pub currency: &'a str,
+    /// Provider name.
+    pub provider: &'a str,
+    /// Provider token.
+    pub payment_method: &'a str,
+    /// Creation time.
+    pub now: DateTime<Utc>,
+    /// When the reconciler should first look at it if it stays pending.
+    pub check_after: Duration,
+}
+
+/// Why an attempt could not be inserted.
+#[derive(Debug, thiserror::Error)]
+pub enum InsertAttemptError {
+    /// `UNIQUE (order_id, idempotency_key)`: this key already made an attempt.
+    #[error("this idempotency key already made an attempt for the order")]
+    KeyUsed,
+    /// The one-live-attempt index: a pending or succeeded attempt exists.
+    #[error("the order already has a pending or succeeded attempt")]
+    LiveAttemptExists,
+    /// Anything else.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Inserts a pending attempt; the constraints decide races.
+pub async fn insert(
+    tx: &mut PgConnection,
+    new: &NewAttempt<'_>,
+) -> Result<Payment, InsertAttemptError> {
+    let result = sqlx::query(&format!(
+        "INSERT INTO payment_attempt
+            (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
+             payment_method, next_check_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
+                 $9 + $10::bigint * interval '1 millisecond', $9, $9)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(new.id)
+    .bind(new.merchant_id)
+    .bind(new.order_id)
+    .bind(new.idempotency_key)
+    .bind(new.amount)
+    .bind(new.currency)
+    .bind(new.provider)
+    .bind(new.payment_method)
+    .bind(new.now)
+    .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
+    .fetch_one(tx)
+    .await;
+    match result {
+        Ok(row) => Ok(from_row(&row)?),
+        Err(e) => Err(match super::violated_constraint(&e) {
+            Some("payment_attempt_order_key_uniq") => InsertAttemptError::KeyUsed,
+            Some("payment_attempt_one_live_per_order") => InsertAttemptError::LiveAttemptExists,
+            _ => InsertAttemptError::Store(e.into()),
+        }),
+    }
+}
+
+/// The status of the order's pending or succeeded attempt, if it has one.
+pub async fn live_attempt_status(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<Option<PaymentStatus>, StoreError> {
+    let row = sqlx::query(
+        "SELECT status FROM payment_attempt
+          WHERE order_id = $1 AND status IN ('pending', 'succeeded')",
+    )
+    .bind(order_id)
+    .fetch_optional(tx)
+    .await?;
+    match row {
+        None => Ok(None),
+        Some(row) => {
+            let status: String = row.try_get("status")?;
+            Ok(PaymentStatus::parse(&status))
+        }
+    }
+}
+
+/// Reads one of the merchant's attempts.
+pub async fn get(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM payment_attempt WHERE id = $1 AND merchant_id = $2"
+    ))
+    .bind(id)
+    .bind(merchant_id)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Reads and row-locks an attempt (any merchant: callers already scoped it).
+pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM payment_attempt WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Finds the attempt a provider charge belongs to, by the charge id or by
+/// the provider idempotency key (our attempt id), whichever is known. No
+/// lock: settlement locks the order first, then the attempt.
+pub async fn find_by_charge(
+    tx: &mut PgConnection,
+    provider: &str,
+    charge_id: &str,
+    attempt_id: Option<Uuid>,
+) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM payment_attempt
+          WHERE provider = $1 AND (provider_charge_id = $2 OR id = $3)
+          LIMIT 1"
+    ))
+    .bind(provider)
+    .bind(charge_id)
+    .bind(attempt_id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// All attempts of one of the merchant's orders, oldest first.
+pub async fn list_for_order(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    order_id: Uuid,
+) -> Result<Vec<Payment>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM payment_attempt
+          WHERE order_id = $1 AND merchant_id = $2 ORDER BY created_at, id"
+    ))
+    .bind(order_id)
+    .bind(merchant_id)
+    .fetch_all(conn)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// What the provider said about a charge.
+pub struct ChargeFacts<'a> {
+    /// The provider's charge id, if it gave one.
+    pub charge_id: Option<&'a str>,
+    /// Failure code, for a failed charge.
+    pub failure_code: Option<&'a str>,
+    /// Failure message, for a failed charge.
+    pub failure_message: Option<&'a str>,
+}
+
+/// Writes a status the domain decided, with the provider's facts. The
+/// charge id is kept once known.
+pub async fn set_status(
+    tx: &mut PgConnection,
+    id: Uuid,
+    status: PaymentStatus,
+    facts: &ChargeFacts<'_>,
+) -> Result<Payment, StoreError> {
+    let row = sqlx::query(&format!(
+        "UPDATE payment_attempt
+            SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
+                failure_code = COALESCE($4, failure_code),
+                failure_message = COALESCE($5, failure_message), updated_at = now()
+          WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(status.as_str())
+    .bind(facts.charge_id)
+    .bind(facts.failure_code)
+    .bind(facts.failure_message)
+    .fetch_one(tx)
+    .await?;
+    from_row(&row)
+}
+
+/// Adds a succeeded refund's amount to the attempt.
+pub async fn add_refunded(
+    tx: &mut PgConnection,
+    id: Uuid,
+    amount: i64,
+) -> Result<Payment, StoreError> {
+    let row = sqlx::query(&format!(
+        "UPDATE payment_attempt SET refunded_amount = refunded_amount + $2, updated_at = now()
+          WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(amount)
+    .fetch_one(tx)
+    .await?;
+    from_row(&row)
+}
+
+/// Claims up to `limit` pending attempts due for a check, pushing their next
+/// check back (a lease), so that several reconcilers never work on the same
+/// attempt at once. Each further check waits longer, up to five minutes.
+pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "UPDATE payment_attempt p
+            SET next_check_at = now() + least(interval '5 minutes',
+                                interval '1 second' * power(2, least(p.check_count, 10))),
+                check_count = p.check_count + 1
+           FROM (SELECT id FROM payment_attempt
+                  WHERE status = 'pending' AND next_check_at <= now()
+                  ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
+          WHERE p.id = due.id
+         RETURNING {}, p.merchant_id",
+        COLUMNS
+            .split(',')
+            .map(|c| format!("p.{}", c.trim()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| Ok((from_row(row)?, row.try_get("merchant_id")?)))
+        .collect()
+}
+
+/// The order an attempt belongs to (no lock: used to lock the order first).
+pub async fn order_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<Uuid>, StoreError> {
+    let row = sqlx::query("SELECT order_id FROM payment_attempt WHERE id = $1")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(|r| r.try_get("order_id")).transpose()?)
+}
+
+/// The order's succeeded attempt, row-locked.
+pub async fn lock_succeeded_for_order(
+    tx: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM payment_attempt
+          WHERE order_id = $1 AND status = 'succeeded' FOR UPDATE"
+    ))
+    .bind(order_id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// The provider's charge id of an attempt, once known.
+pub async fn charge_id_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<String>, StoreError> {
+    let row = sqlx::query("SELECT provider_charge_id FROM payment_attempt WHERE id = $1")
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row
+        .map(|r| r.try_get::<Option<String>, _>("provider_charge_id"))
+        .transpose()?
+        .flatten())
+}

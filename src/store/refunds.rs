@@ -1,0 +1,203 @@
+//! SQL of refunds.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::StoreError;
+use crate::domain::payment::{PaymentStatus, Refund};
+
+const COLUMNS: &str = "id, payment_id, amount, status, reason, created_at, updated_at,
+     provider_refund_id, cancels_order";
+
+fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(Refund {
+        id: row.try_get("id")?,
+        payment_id: row.try_get("payment_id")?,
+        amount: row.try_get("amount")?,
+        status: PaymentStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("refund status {status}")))?,
+        reason: row.try_get("reason")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        provider_refund_id: row.try_get("provider_refund_id")?,
+        cancels_order: row.try_get("cancels_order")?,
+    })
+}
+
+/// A new pending refund.
+pub struct NewRefund<'a> {
+    /// UUID v7, also the provider idempotency key.
+    pub id: Uuid,
+    /// Owner.
+    pub merchant_id: Uuid,
+    /// The payment refunded.
+    pub payment_id: Uuid,
+    /// Amount in minor units.
+    pub amount: i64,
+    /// The merchant's reason.
+    pub reason: Option<&'a str>,
+    /// Whether settling it cancels the order.
+    pub cancels_order: bool,
+    /// Creation time.
+    pub now: DateTime<Utc>,
+    /// When the reconciler should first look at it if it stays pending.
+    pub check_after: Duration,
+}
+
+/// Inserts a pending refund.
+pub async fn insert(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refund, StoreError> {
+    let row = sqlx::query(&format!(
+        "INSERT INTO refund (id, merchant_id, payment_id, amount, status, reason, cancels_order,
+                             next_check_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6,
+                 $7 + $8::bigint * interval '1 millisecond', $7, $7)
+         RETURNING {COLUMNS}"
+    ))
+    .bind(new.id)
+    .bind(new.merchant_id)
+    .bind(new.payment_id)
+    .bind(new.amount)
+    .bind(new.reason)
+    .bind(new.cancels_order)
+    .bind(new.now)
+    .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
+    .fetch_one(tx)
+    .await?;
+    from_row(&row)
+}
+
+/// Sum of the payment's refunds that are not failed. Called with the payment
+/// row locked, so concurrent refunds of one payment are serialised.
+pub async fn committed_sum(tx: &mut PgConnection, payment_id: Uuid) -> Result<i64, StoreError> {
+    let row = sqlx::query(
+        "SELECT COALESCE(sum(amount), 0)::bigint AS total FROM refund
+          WHERE payment_id = $1 AND status <> 'failed'",
+    )
+    .bind(payment_id)
+    .fetch_one(tx)
+    .await?;
+    Ok(row.try_get("total")?)
+}
+
+/// Reads one of the merchant's refunds.
+pub async fn get(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Refund>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM refund WHERE id = $1 AND merchant_id = $2"
+    ))
+    .bind(id)
+    .bind(merchant_id)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Reads and row-locks a refund.
+pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM refund WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Finds a refund by the provider's id or our id (the provider key). No
+/// lock: settlement locks order, payment, refund in that order.
+pub async fn find_by_provider_id(
+    tx: &mut PgConnection,
+    provider_refund_id: &str,
+    refund_id: Option<Uuid>,
+) -> Result<Option<Refund>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {COLUMNS} FROM refund WHERE provider_refund_id = $1 OR id = $2 LIMIT 1"
+    ))
+    .bind(provider_refund_id)
+    .bind(refund_id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Writes a status the domain decided.
+pub async fn set_status(
+    tx: &mut PgConnection,
+    id: Uuid,
+    status: PaymentStatus,
+    provider_refund_id: Option<&str>,
+    failure_code: Option<&str>,
+) -> Result<Refund, StoreError> {
+    let row = sqlx::query(&format!(
+        "UPDATE refund SET status = $2, provider_refund_id = COALESCE(provider_refund_id, $3),
+                failure_code = COALESCE($4, failure_code), updated_at = now()
+          WHERE id = $1 RETURNING {COLUMNS}"
+    ))
+    .bind(id)
+    .bind(status.as_str())
+    .bind(provider_refund_id)
+    .bind(failure_code)
+    .fetch_one(tx)
+    .await?;
+    from_row(&row)
+}
+
+/// Claims up to `limit` pending refunds due for a check (see
+/// `payments::claim_due`). Returns each with its merchant.
+pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Refund, Uuid)>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "UPDATE refund r
+            SET next_check_at = now() + least(interval '5 minutes',
+                                interval '1 second' * power(2, least(r.check_count, 10))),
+                check_count = r.check_count + 1
+           FROM (SELECT id FROM refund
+                  WHERE status = 'pending' AND next_check_at <= now()
+                  ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
+          WHERE r.id = due.id
+         RETURNING {}, r.merchant_id",
+        COLUMNS
+            .split(',')
+            .map(|c| format!("r.{}", c.trim()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| Ok((from_row(row)?, row.try_get("merchant_id")?)))
+        .collect()
+}
+
+/// The payment and order a refund belongs to (no lock: used to lock those first).
+pub async fn owners_of(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<(Uuid, Uuid)>, StoreError> {
+    let row = sqlx::query(
+        "SELECT r.payment_id, p.order_id FROM refund r
+           JOIN payment_attempt p ON p.id = r.payment_id WHERE r.id = $1",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(|r| Ok((r.try_get("payment_id")?, r.try_get("order_id")?)))
+        .transpose()
+}
+
+/// Reads a refund by id alone (internal: the caller already scoped it).
+pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, StoreError> {
+    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM refund WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    row.as_ref().map(from_row).transpose()
+}

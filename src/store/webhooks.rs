@@ -1,0 +1,45 @@
+//! SQL of inbound webhook events (deduplication and the kept payload).
+
+use serde_json::Value;
+use sqlx::PgConnection;
+
+use super::StoreError;
+
+/// Records an event; returns `false` if `(provider, event id)` was already
+/// recorded (a duplicate delivery). Runs in the transaction that applies the
+/// event's effect, so the two commit together.
+pub async fn record(
+    tx: &mut PgConnection,
+    provider: &str,
+    event_id: &str,
+    event_type: &str,
+    payload: &Value,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
+         VALUES ($1, $2, $3, $4, 'received') ON CONFLICT DO NOTHING",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .bind(event_type)
+    .bind(payload)
+    .execute(tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Notes what the event did (processed, ignored, unknown_charge).
+pub async fn set_outcome(
+    tx: &mut PgConnection,
+    provider: &str,
+    event_id: &str,
+    outcome: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE webhook_event SET outcome = $3 WHERE provider = $1 AND event_id = $2")
+        .bind(provider)
+        .bind(event_id)
+        .bind(outcome)
+        .execute(tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,6 @@
+//! Black-box tests of oncepay: real PostgreSQL, real sandbox over HTTP, real
+//! server over TCP. One binary, one module per concern.
+
+mod helpers;
+mod idempotency;
+mod orders;

@@ -81,8 +81,6 @@ pub struct TestApp {
     pub base: String,
     /// `http://127.0.0.1:PORT` of the sandbox.
     pub sandbox: String,
-    /// The database URL.
-    pub db_url: String,
     /// A pool on the test database, for counting rows.
     pub db: PgPool,
     /// Merchant A's key.
@@ -133,7 +131,6 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     TestApp {
         base,
         sandbox,
-        db_url,
         db,
         key,
         http: reqwest::Client::builder()

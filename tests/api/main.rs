@@ -3,4 +3,9 @@
 
 mod helpers;
 mod idempotency;
+mod ops;
 mod orders;
+mod payments;
+mod processes;
+mod refunds;
+mod webhooks;

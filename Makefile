@@ -1,0 +1,95 @@
+# oncepay — every command a newcomer needs. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# The PostgreSQL server used by `make run` and the tests. If none answers
+# here, `make db` starts a private cluster under .pgdata/ on this port.
+PGHOST ?= 127.0.0.1
+PGPORT ?= 5432
+PG_SERVER ?= postgres://postgres@$(PGHOST):$(PGPORT)
+DATABASE_URL ?= $(PG_SERVER)/oncepay
+export DATABASE_URL
+# The tests create one database per test on this server (oncepay_test_*).
+export TEST_DATABASE_SERVER ?= $(PG_SERVER)
+
+BIN := target/debug/oncepay
+RUN_DIR := .run
+
+.PHONY: help run db build test test-dbs-drop lint fmt clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+
+db: ## make sure PostgreSQL answers on $(PGHOST):$(PGPORT) (starts a private cluster under .pgdata/ if not)
+	@if pg_isready -q -h $(PGHOST) -p $(PGPORT) 2>/dev/null; then \
+	  echo "PostgreSQL is up on $(PGHOST):$(PGPORT)"; \
+	elif command -v initdb >/dev/null && command -v pg_ctl >/dev/null; then \
+	  as=""; if [ "$$(id -u)" = 0 ]; then as="runuser -u postgres --"; fi; \
+	  if [ ! -d .pgdata ]; then \
+	    mkdir -p .pgdata && { [ -z "$$as" ] || chown postgres .pgdata; }; \
+	    $$as initdb -D .pgdata -U postgres -A trust >/dev/null; \
+	  fi; \
+	  $$as pg_ctl -D .pgdata -l .pgdata/server.log -w \
+	    -o "-p $(PGPORT) -c listen_addresses=$(PGHOST) -k /tmp" start; \
+	else \
+	  echo "No PostgreSQL on $(PGHOST):$(PGPORT), and initdb/pg_ctl are not on the PATH."; \
+	  echo "Start one (or use 'docker compose up'), or set PGHOST/PGPORT."; exit 1; \
+	fi
+
+build: ## compile the oncepay binary (debug)
+	cargo build --bin oncepay
+
+run: db build ## start the sandbox and oncepay with a dev API key, and print a curl that pays an order
+	@mkdir -p $(RUN_DIR)
+	@$(BIN) migrate >/dev/null
+	@$(BIN) sandbox > $(RUN_DIR)/sandbox.log 2>&1 & echo $$! > $(RUN_DIR)/sandbox.pid
+	@key=$$($(BIN) api-key create --merchant dev | tail -n 1); \
+	echo; \
+	echo "oncepay on http://127.0.0.1:8080, sandbox provider on http://127.0.0.1:8081 (log: $(RUN_DIR)/sandbox.log)"; \
+	echo "Development API key: $$key"; \
+	echo; \
+	echo "Create an order, then pay it (run in another terminal):"; \
+	echo; \
+	echo "  KEY=$$key"; \
+	echo "  ORDER=\$$(curl -s -X POST http://127.0.0.1:8080/orders -H \"Authorization: Bearer \$$KEY\" \\"; \
+	echo "    -H \"Idempotency-Key: order-\$$(date +%s%N)\" -H 'Content-Type: application/json' \\"; \
+	echo "    -d '{\"customer_id\":\"cus_1\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}]}' \\"; \
+	echo "    | sed -E 's/.*\"id\":\"([^\"]+)\".*/\\1/'); echo \"order \$$ORDER\""; \
+	echo "  curl -s -X POST http://127.0.0.1:8080/payments -H \"Authorization: Bearer \$$KEY\" \\"; \
+	echo "    -H \"Idempotency-Key: pay-\$$ORDER\" -H 'Content-Type: application/json' \\"; \
+	echo "    -d \"{\\\"order_id\\\":\\\"\$$ORDER\\\",\\\"payment_method\\\":\\\"tok_visa\\\"}\""; \
+	echo; \
+	echo "Send the payment again: the answer is the first one, replayed (Idempotent-Replayed: true),"; \
+	echo "and the card is charged once; check the provider's books at http://127.0.0.1:8081/v1/ledger."; \
+	echo "Ctrl-C stops both."; \
+	echo
+	@trap 'kill $$(cat $(RUN_DIR)/sandbox.pid) 2>/dev/null' EXIT INT TERM; $(BIN) serve
+
+test: ## run every test (unit, API, multi-process) against the real PostgreSQL
+	@$(MAKE) --no-print-directory test-dbs-drop
+	@status=0; \
+	if cargo nextest --version >/dev/null 2>&1; then \
+	  cargo nextest run --no-fail-fast || status=$$?; \
+	else \
+	  cargo test || status=$$?; \
+	fi; \
+	$(MAKE) --no-print-directory test-dbs-drop; \
+	exit $$status
+
+test-dbs-drop: ## drop the per-test databases (oncepay_test_*) left on the server
+	@if command -v psql >/dev/null; then \
+	  psql "$(TEST_DATABASE_SERVER)/postgres" -Atqc \
+	    "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE);', datname) FROM pg_database WHERE datname LIKE 'oncepay\_test\_%'" \
+	  | psql "$(TEST_DATABASE_SERVER)/postgres" -q >/dev/null; \
+	fi
+
+lint: ## formatting and clippy, as CI runs them
+	cargo fmt --all -- --check
+	cargo clippy --all-targets -- -D warnings
+
+fmt: ## format the code
+	cargo fmt --all
+
+clean: ## remove build output and the local run folder (not .pgdata/)
+	cargo clean
+	rm -rf $(RUN_DIR)

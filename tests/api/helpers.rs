@@ -325,3 +325,53 @@ pub fn serve_env(db_url: &str, sandbox: &str) -> Vec<(&'static str, String)> {
         ("ONCEPAY_DB_POOL_SIZE", "10".into()),
     ]
 }
+
+/// Fires `n` identical POSTs with one idempotency key at once, spread over
+/// `bases` in turn. Every answer must be a 2xx or `409 in_flight`; returns
+/// the 2xx bodies and the number of in-flight refusals.
+pub async fn storm(
+    bases: &[&str],
+    api_key: &str,
+    path: &str,
+    idem: &str,
+    body: &Value,
+    n: usize,
+) -> (Vec<Vec<u8>>, usize) {
+    let http = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let request = http
+            .post(format!("{}{path}", bases[i % bases.len()]))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", idem)
+            .json(body);
+        tasks.spawn(async move {
+            let r = request.send().await.expect("sent");
+            (r.status(), r.bytes().await.expect("body").to_vec())
+        });
+    }
+    let (mut ok, mut in_flight) = (Vec::new(), 0);
+    while let Some(done) = tasks.join_next().await {
+        let (status, body) = done.expect("task");
+        if status.is_success() {
+            ok.push(body);
+        } else {
+            assert_eq!(
+                status,
+                StatusCode::CONFLICT,
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+            let v: Value = serde_json::from_slice(&body).expect("json");
+            assert_eq!(v["code"], "idempotency_key_in_flight");
+            in_flight += 1;
+        }
+    }
+    assert_eq!(ok.len() + in_flight, n);
+    assert!(!ok.is_empty(), "at least the executing request answers 2xx");
+    assert!(
+        ok.iter().all(|b| *b == ok[0]),
+        "every 2xx body is identical"
+    );
+    (ok, in_flight)
+}

@@ -169,39 +169,15 @@ async fn business_rejections_are_kept_and_replayed() {
 #[tokio::test]
 async fn a_storm_of_concurrent_duplicates_executes_once() {
     let app = spawn_app().await;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..100 {
-        let http = app.http.clone();
-        let url = format!("{}/orders", app.base);
-        let key = app.key.clone();
-        tasks.spawn(async move {
-            let r = http
-                .post(url)
-                .bearer_auth(key)
-                .header("Idempotency-Key", "storm")
-                .json(&order_body())
-                .send()
-                .await
-                .expect("sent");
-            (r.status(), r.bytes().await.expect("body"))
-        });
-    }
-    let mut bodies = Vec::new();
-    while let Some(result) = tasks.join_next().await {
-        let (status, body) = result.expect("task");
-        if status.is_success() {
-            bodies.push(body);
-        } else {
-            assert_eq!(status, StatusCode::CONFLICT);
-            let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
-            assert_eq!(v["code"], "idempotency_key_in_flight");
-        }
-    }
-    assert!(!bodies.is_empty());
-    assert!(
-        bodies.iter().all(|b| *b == bodies[0]),
-        "every 2xx body is identical"
-    );
+    storm(
+        &[&app.base],
+        &app.key,
+        "/orders",
+        "storm",
+        &order_body(),
+        100,
+    )
+    .await;
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
 }
 

@@ -224,39 +224,7 @@ async fn a_storm_of_identical_payments_makes_one_attempt_and_one_charge() {
     let app = spawn_app().await;
     let order_id = app.create_order().await;
     let body = json!({"order_id": order_id, "payment_method": "tok_visa"});
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..100 {
-        let (http, url, key, body) = (
-            app.http.clone(),
-            format!("{}/payments", app.base),
-            app.key.clone(),
-            body.clone(),
-        );
-        tasks.spawn(async move {
-            let r = http
-                .post(url)
-                .bearer_auth(key)
-                .header("Idempotency-Key", "pay-storm")
-                .json(&body)
-                .send()
-                .await
-                .expect("sent");
-            (r.status(), r.bytes().await.expect("body"))
-        });
-    }
-    let mut ok = Vec::new();
-    while let Some(done) = tasks.join_next().await {
-        let (status, body) = done.expect("task");
-        match status {
-            StatusCode::CREATED => ok.push(body),
-            StatusCode::CONFLICT => {
-                let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
-                assert_eq!(v["code"], "idempotency_key_in_flight");
-            }
-            other => panic!("unexpected {other}"),
-        }
-    }
-    assert!(ok.iter().all(|b| *b == ok[0]));
+    storm(&[&app.base], &app.key, "/payments", "pay-storm", &body, 100).await;
     assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 1);
     assert_eq!(app.ledger().await["totals"]["charges"], 1);
 }
@@ -308,4 +276,52 @@ async fn an_unknown_token_fails_cleanly() {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(payment["status"], "failed");
     assert_eq!(payment["failure_code"], "invalid_payment_method");
+}
+
+#[tokio::test]
+async fn reconcilers_running_at_once_settle_each_payment_once() {
+    let app = spawn_app_with(
+        Options::default()
+            .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")
+            .serve("ONCEPAY_RECONCILE_AFTER", "0s"),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        let order_id = app.create_order().await;
+        let (status, payment) = app.pay(&order_id, "tok_async").await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        ids.push(payment["id"].as_str().expect("id").to_string());
+    }
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Four passes at once, as four processes would run them.
+    let passes = futures_join4(&app).await;
+    let settled: u32 = passes.iter().map(|p| p.payments_settled).sum();
+    assert_eq!(
+        settled, 30,
+        "every payment settled exactly once across the passes"
+    );
+    let metrics = app.ctx.metrics.render();
+    assert!(
+        metrics.contains(
+            "oncepay_payment_transitions_total{cause=\"reconciler\",status=\"succeeded\"} 30"
+        ),
+        "{metrics}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'")
+            .await,
+        30
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders WHERE status = 'paid'")
+            .await,
+        30
+    );
+}
+
+async fn futures_join4(app: &TestApp) -> Vec<oncepay::workers::reconciler::Pass> {
+    let pass = || oncepay::workers::reconciler::pass(&app.ctx);
+    let (a, b, c, d) = tokio::join!(pass(), pass(), pass(), pass());
+    [a, b, c, d].into_iter().map(|p| p.expect("pass")).collect()
 }

@@ -83,17 +83,8 @@ pub struct NewRecord<'a> {
     pub ttl: Duration,
 }
 
-/// Tries to claim a key: inserts a fresh record, or reuses an expired one
-/// that is completed or never recorded an effect, and returns our lease.
-/// Returns `None` when a live record exists; the caller then reads it with
-/// [`load_live`].
-pub async fn insert_or_reclaim(
-    pool: &PgPool,
-    new: &NewRecord<'_>,
-) -> Result<Option<Lease>, StoreError> {
-    let token = Uuid::new_v4();
-    let row = sqlx::query(
-        "INSERT INTO idempotency_record
+/// Claims a key (see `insert_or_reclaim`).
+pub const INSERT_OR_RECLAIM: &str = "INSERT INTO idempotency_record
             (merchant_id, idempotency_key, fingerprint, command, request, state, recovery_point,
              lease_token, lease_expires_at, expires_at)
          VALUES ($1, $2, $3, $4, $5, 'executing', 'started', $6,
@@ -110,18 +101,28 @@ pub async fn insert_or_reclaim(
            AND (idempotency_record.state = 'completed'
                 OR (idempotency_record.recovery_point = 'started'
                     AND idempotency_record.lease_expires_at < now()))
-         RETURNING lease_token",
-    )
-    .bind(new.id.merchant_id)
-    .bind(&new.id.key)
-    .bind(new.fingerprint)
-    .bind(new.command)
-    .bind(new.request)
-    .bind(token)
-    .bind(millis(new.lease))
-    .bind(millis(new.ttl))
-    .fetch_optional(pool)
-    .await?;
+         RETURNING lease_token";
+
+/// Tries to claim a key: inserts a fresh record, or reuses an expired one
+/// that is completed or never recorded an effect, and returns our lease.
+/// Returns `None` when a live record exists; the caller then reads it with
+/// [`load_live`].
+pub async fn insert_or_reclaim(
+    pool: &PgPool,
+    new: &NewRecord<'_>,
+) -> Result<Option<Lease>, StoreError> {
+    let token = Uuid::new_v4();
+    let row = sqlx::query(INSERT_OR_RECLAIM)
+        .bind(new.id.merchant_id)
+        .bind(&new.id.key)
+        .bind(new.fingerprint)
+        .bind(new.command)
+        .bind(new.request)
+        .bind(token)
+        .bind(millis(new.lease))
+        .bind(millis(new.ttl))
+        .fetch_optional(pool)
+        .await?;
     Ok(row.map(|_| Lease {
         token,
         recovery_point: STARTED.into(),
@@ -130,6 +131,12 @@ pub async fn insert_or_reclaim(
         request: new.request.clone(),
     }))
 }
+
+/// Reads a live record (see `load_live`).
+pub const LOAD_LIVE: &str =
+    "SELECT fingerprint, state, response_status, response_body, response_location,
+                lease_expires_at < now() AS lease_expired
+         FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2";
 
 /// Reads a live record and, if its lease has expired and the fingerprint
 /// matches, takes the lease over. Returns `None` if the record vanished
@@ -140,15 +147,11 @@ pub async fn load_live(
     fingerprint: &[u8],
     lease: Duration,
 ) -> Result<Option<ClaimOutcome>, StoreError> {
-    let Some(row) = sqlx::query(
-        "SELECT fingerprint, state, response_status, response_body, response_location,
-                lease_expires_at < now() AS lease_expired
-         FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2",
-    )
-    .bind(id.merchant_id)
-    .bind(&id.key)
-    .fetch_optional(pool)
-    .await?
+    let Some(row) = sqlx::query(LOAD_LIVE)
+        .bind(id.merchant_id)
+        .bind(&id.key)
+        .fetch_optional(pool)
+        .await?
     else {
         return Ok(None);
     };
@@ -254,6 +257,12 @@ pub async fn take_over_expired(
         .collect()
 }
 
+/// Records a finished step under the lease.
+pub const RECORD_STEP: &str = "UPDATE idempotency_record
+            SET recovery_point = $4, resource_id = COALESCE($5, resource_id), updated_at = now()
+          WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
+            AND state = 'executing'";
+
 /// Records that a step finished, in the same transaction as the step's own
 /// writes. Fails with `LeaseLost` if another process holds the lease now.
 pub async fn record_step(
@@ -263,25 +272,28 @@ pub async fn record_step(
     recovery_point: &str,
     resource_id: Option<Uuid>,
 ) -> Result<(), StoreError> {
-    let done = sqlx::query(
-        "UPDATE idempotency_record
-            SET recovery_point = $4, resource_id = COALESCE($5, resource_id), updated_at = now()
-          WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
-            AND state = 'executing'",
-    )
-    .bind(id.merchant_id)
-    .bind(&id.key)
-    .bind(token)
-    .bind(recovery_point)
-    .bind(resource_id)
-    .execute(tx)
-    .await?;
+    let done = sqlx::query(RECORD_STEP)
+        .bind(id.merchant_id)
+        .bind(&id.key)
+        .bind(token)
+        .bind(recovery_point)
+        .bind(resource_id)
+        .execute(tx)
+        .await?;
     if done.rows_affected() == 1 {
         Ok(())
     } else {
         Err(StoreError::LeaseLost)
     }
 }
+
+/// Completes a record with its response under the lease.
+pub const COMPLETE: &str = "UPDATE idempotency_record
+            SET state = 'completed', recovery_point = 'finished', lease_token = NULL,
+                lease_expires_at = NULL, response_status = $4, response_body = $5,
+                response_location = $6, updated_at = now()
+          WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
+            AND state = 'executing'";
 
 /// Stores the response and completes the record, in the same transaction as
 /// the command's last writes.
@@ -293,22 +305,15 @@ pub async fn complete(
 ) -> Result<(), StoreError> {
     let status =
         i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
-    let done = sqlx::query(
-        "UPDATE idempotency_record
-            SET state = 'completed', recovery_point = 'finished', lease_token = NULL,
-                lease_expires_at = NULL, response_status = $4, response_body = $5,
-                response_location = $6, updated_at = now()
-          WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
-            AND state = 'executing'",
-    )
-    .bind(id.merchant_id)
-    .bind(&id.key)
-    .bind(token)
-    .bind(status)
-    .bind(&response.body)
-    .bind(&response.location)
-    .execute(tx)
-    .await?;
+    let done = sqlx::query(COMPLETE)
+        .bind(id.merchant_id)
+        .bind(&id.key)
+        .bind(token)
+        .bind(status)
+        .bind(&response.body)
+        .bind(&response.location)
+        .execute(tx)
+        .await?;
     if done.rows_affected() == 1 {
         Ok(())
     } else {

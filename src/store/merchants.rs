@@ -34,15 +34,18 @@ pub async fn add_api_key(
     Ok(merchant_id)
 }
 
+/// Finds the merchant of a key hash.
+pub const MERCHANT_FOR_KEY: &str =
+    "SELECT merchant_id FROM api_key WHERE key_hash = $1 AND revoked_at IS NULL";
+
 /// The merchant owning a key hash, if the key exists and is not revoked.
 pub async fn merchant_for_key(
     pool: &PgPool,
     key_hash: &[u8; 32],
 ) -> Result<Option<Uuid>, StoreError> {
-    let row =
-        sqlx::query("SELECT merchant_id FROM api_key WHERE key_hash = $1 AND revoked_at IS NULL")
-            .bind(&key_hash[..])
-            .fetch_optional(pool)
-            .await?;
+    let row = sqlx::query(MERCHANT_FOR_KEY)
+        .bind(&key_hash[..])
+        .fetch_optional(pool)
+        .await?;
     Ok(row.map(|r| r.try_get("merchant_id")).transpose()?)
 }

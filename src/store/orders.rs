@@ -9,8 +9,12 @@ use uuid::Uuid;
 use super::StoreError;
 use crate::domain::order::{NewOrder, Order, OrderStatus};
 
-const COLUMNS: &str =
-    "id, customer_id, items, amount, currency, status, metadata, created_at, updated_at";
+/// The columns every read of a order returns, in `from_row`'s order.
+macro_rules! order_columns {
+    () => {
+        "id, customer_id, items, amount, currency, status, metadata, created_at, updated_at"
+    };
+}
 
 fn from_row(row: &PgRow) -> Result<Order, StoreError> {
     let status: String = row.try_get("status")?;
@@ -30,6 +34,15 @@ fn from_row(row: &PgRow) -> Result<Order, StoreError> {
     })
 }
 
+/// Inserts an order awaiting payment.
+pub const INSERT: &str = concat!(
+    "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
+                             metadata, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8)
+         RETURNING ",
+    order_columns!()
+);
+
 /// Inserts a new order awaiting payment.
 pub async fn insert(
     tx: &mut PgConnection,
@@ -42,22 +55,17 @@ pub async fn insert(
         .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
     let metadata = serde_json::to_value(&order.metadata)
         .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
-    let row = sqlx::query(&format!(
-        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
-                             metadata, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8)
-         RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(merchant_id)
-    .bind(&order.customer_id)
-    .bind(items)
-    .bind(order.amount.minor_units())
-    .bind(order.currency.as_str())
-    .bind(metadata)
-    .bind(now)
-    .fetch_one(tx)
-    .await?;
+    let row = sqlx::query(INSERT)
+        .bind(id)
+        .bind(merchant_id)
+        .bind(&order.customer_id)
+        .bind(items)
+        .bind(order.amount.minor_units())
+        .bind(order.currency.as_str())
+        .bind(metadata)
+        .bind(now)
+        .fetch_one(tx)
+        .await?;
     from_row(&row)
 }
 
@@ -67,8 +75,10 @@ pub async fn get(
     merchant_id: Uuid,
     id: Uuid,
 ) -> Result<Option<Order>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM orders WHERE id = $1 AND merchant_id = $2"
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE id = $1 AND merchant_id = $2"
     ))
     .bind(id)
     .bind(merchant_id)
@@ -77,6 +87,13 @@ pub async fn get(
     row.as_ref().map(from_row).transpose()
 }
 
+/// Locks one of a merchant's orders.
+pub const LOCK: &str = concat!(
+    "SELECT ",
+    order_columns!(),
+    " FROM orders WHERE id = $1 AND merchant_id = $2 FOR UPDATE"
+);
+
 /// Reads and row-locks one of the merchant's orders until the transaction
 /// ends: payments, refunds and cancels of one order go one at a time.
 pub async fn lock(
@@ -84,15 +101,19 @@ pub async fn lock(
     merchant_id: Uuid,
     id: Uuid,
 ) -> Result<Option<Order>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM orders WHERE id = $1 AND merchant_id = $2 FOR UPDATE"
-    ))
-    .bind(id)
-    .bind(merchant_id)
-    .fetch_optional(tx)
-    .await?;
+    let row = sqlx::query(LOCK)
+        .bind(id)
+        .bind(merchant_id)
+        .fetch_optional(tx)
+        .await?;
     row.as_ref().map(from_row).transpose()
 }
+
+/// Sets an order's status.
+pub const SET_STATUS: &str = concat!(
+    "UPDATE orders SET status = $2, updated_at = now() WHERE id = $1 RETURNING ",
+    order_columns!()
+);
 
 /// Sets an order's status and returns it as it now is.
 pub async fn set_status(
@@ -100,25 +121,25 @@ pub async fn set_status(
     id: Uuid,
     status: OrderStatus,
 ) -> Result<Order, StoreError> {
-    let row = sqlx::query(&format!(
-        "UPDATE orders SET status = $2, updated_at = now() WHERE id = $1 RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(status.as_str())
-    .fetch_one(tx)
-    .await?;
+    let row = sqlx::query(SET_STATUS)
+        .bind(id)
+        .bind(status.as_str())
+        .fetch_one(tx)
+        .await?;
     from_row(&row)
 }
+
+/// Locks an order by id.
+pub const LOCK_BY_ID: &str = concat!(
+    "SELECT ",
+    order_columns!(),
+    " FROM orders WHERE id = $1 FOR UPDATE"
+);
 
 /// Row-locks an order by id alone, for internal settlement (the caller
 /// reached it through a payment it already scoped). Locks are always taken
 /// order first, then payment, then refund, so settlements never deadlock.
 pub async fn lock_by_id(tx: &mut PgConnection, id: Uuid) -> Result<Option<Order>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM orders WHERE id = $1 FOR UPDATE"
-    ))
-    .bind(id)
-    .fetch_optional(tx)
-    .await?;
+    let row = sqlx::query(LOCK_BY_ID).bind(id).fetch_optional(tx).await?;
     row.as_ref().map(from_row).transpose()
 }

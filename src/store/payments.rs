@@ -11,8 +11,19 @@ use uuid::Uuid;
 use super::StoreError;
 use crate::domain::payment::{Payment, PaymentStatus};
 
-const COLUMNS: &str = "id, order_id, amount, currency, status, provider, provider_charge_id,
-     failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method";
+/// The columns every read of a payment attempt returns, in `from_row`'s order.
+macro_rules! payment_columns {
+    () => {
+        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method"
+    };
+}
+
+/// The same columns qualified with the alias `p`, for joins and updates.
+macro_rules! payment_columns_p {
+    () => {
+        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method"
+    };
+}
 
 fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
     let status: String = row.try_get("status")?;
@@ -72,31 +83,35 @@ pub enum InsertAttemptError {
     Store(#[from] StoreError),
 }
 
+/// Inserts a pending attempt.
+pub const INSERT: &str = concat!(
+    "INSERT INTO payment_attempt
+            (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
+             payment_method, next_check_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
+                 $9 + $10::bigint * interval '1 millisecond', $9, $9)
+         RETURNING ",
+    payment_columns!()
+);
+
 /// Inserts a pending attempt; the constraints decide races.
 pub async fn insert(
     tx: &mut PgConnection,
     new: &NewAttempt<'_>,
 ) -> Result<Payment, InsertAttemptError> {
-    let result = sqlx::query(&format!(
-        "INSERT INTO payment_attempt
-            (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-             payment_method, next_check_at, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
-                 $9 + $10::bigint * interval '1 millisecond', $9, $9)
-         RETURNING {COLUMNS}"
-    ))
-    .bind(new.id)
-    .bind(new.merchant_id)
-    .bind(new.order_id)
-    .bind(new.idempotency_key)
-    .bind(new.amount)
-    .bind(new.currency)
-    .bind(new.provider)
-    .bind(new.payment_method)
-    .bind(new.now)
-    .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
-    .fetch_one(tx)
-    .await;
+    let result = sqlx::query(INSERT)
+        .bind(new.id)
+        .bind(new.merchant_id)
+        .bind(new.order_id)
+        .bind(new.idempotency_key)
+        .bind(new.amount)
+        .bind(new.currency)
+        .bind(new.provider)
+        .bind(new.payment_method)
+        .bind(new.now)
+        .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
+        .fetch_one(tx)
+        .await;
     match result {
         Ok(row) => Ok(from_row(&row)?),
         Err(e) => Err(match super::violated_constraint(&e) {
@@ -107,18 +122,19 @@ pub async fn insert(
     }
 }
 
+/// The order's live attempt, if any.
+pub const LIVE_ATTEMPT_STATUS: &str = "SELECT status FROM payment_attempt
+          WHERE order_id = $1 AND status IN ('pending', 'succeeded')";
+
 /// The status of the order's pending or succeeded attempt, if it has one.
 pub async fn live_attempt_status(
     tx: &mut PgConnection,
     order_id: Uuid,
 ) -> Result<Option<PaymentStatus>, StoreError> {
-    let row = sqlx::query(
-        "SELECT status FROM payment_attempt
-          WHERE order_id = $1 AND status IN ('pending', 'succeeded')",
-    )
-    .bind(order_id)
-    .fetch_optional(tx)
-    .await?;
+    let row = sqlx::query(LIVE_ATTEMPT_STATUS)
+        .bind(order_id)
+        .fetch_optional(tx)
+        .await?;
     match row {
         None => Ok(None),
         Some(row) => {
@@ -128,32 +144,48 @@ pub async fn live_attempt_status(
     }
 }
 
+/// Reads one of a merchant's attempts.
+pub const GET: &str = concat!(
+    "SELECT ",
+    payment_columns!(),
+    " FROM payment_attempt WHERE id = $1 AND merchant_id = $2"
+);
+
 /// Reads one of the merchant's attempts.
 pub async fn get(
     conn: &mut PgConnection,
     merchant_id: Uuid,
     id: Uuid,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM payment_attempt WHERE id = $1 AND merchant_id = $2"
-    ))
-    .bind(id)
-    .bind(merchant_id)
-    .fetch_optional(conn)
-    .await?;
+    let row = sqlx::query(GET)
+        .bind(id)
+        .bind(merchant_id)
+        .fetch_optional(conn)
+        .await?;
     row.as_ref().map(from_row).transpose()
 }
 
+/// Locks an attempt.
+pub const LOCK: &str = concat!(
+    "SELECT ",
+    payment_columns!(),
+    " FROM payment_attempt WHERE id = $1 FOR UPDATE"
+);
+
 /// Reads and row-locks an attempt (any merchant: callers already scoped it).
 pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM payment_attempt WHERE id = $1 FOR UPDATE"
-    ))
-    .bind(id)
-    .fetch_optional(tx)
-    .await?;
+    let row = sqlx::query(LOCK).bind(id).fetch_optional(tx).await?;
     row.as_ref().map(from_row).transpose()
 }
+
+/// Finds an attempt by charge id or key.
+pub const FIND_BY_CHARGE: &str = concat!(
+    "SELECT ",
+    payment_columns!(),
+    " FROM payment_attempt
+          WHERE provider = $1 AND (provider_charge_id = $2 OR id = $3)
+          LIMIT 1"
+);
 
 /// Finds the attempt a provider charge belongs to, by the charge id or by
 /// the provider idempotency key (our attempt id), whichever is known. No
@@ -164,16 +196,12 @@ pub async fn find_by_charge(
     charge_id: &str,
     attempt_id: Option<Uuid>,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM payment_attempt
-          WHERE provider = $1 AND (provider_charge_id = $2 OR id = $3)
-          LIMIT 1"
-    ))
-    .bind(provider)
-    .bind(charge_id)
-    .bind(attempt_id)
-    .fetch_optional(tx)
-    .await?;
+    let row = sqlx::query(FIND_BY_CHARGE)
+        .bind(provider)
+        .bind(charge_id)
+        .bind(attempt_id)
+        .fetch_optional(tx)
+        .await?;
     row.as_ref().map(from_row).transpose()
 }
 
@@ -183,8 +211,10 @@ pub async fn list_for_order(
     merchant_id: Uuid,
     order_id: Uuid,
 ) -> Result<Vec<Payment>, StoreError> {
-    let rows = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM payment_attempt
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        payment_columns!(),
+        " FROM payment_attempt
           WHERE order_id = $1 AND merchant_id = $2 ORDER BY created_at, id"
     ))
     .bind(order_id)
@@ -204,6 +234,16 @@ pub struct ChargeFacts<'a> {
     pub failure_message: Option<&'a str>,
 }
 
+/// Writes an attempt's status and provider facts.
+pub const SET_STATUS: &str = concat!(
+    "UPDATE payment_attempt
+            SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
+                failure_code = COALESCE($4, failure_code),
+                failure_message = COALESCE($5, failure_message), updated_at = now()
+          WHERE id = $1 RETURNING ",
+    payment_columns!()
+);
+
 /// Writes a status the domain decided, with the provider's facts. The
 /// charge id is kept once known.
 pub async fn set_status(
@@ -212,20 +252,14 @@ pub async fn set_status(
     status: PaymentStatus,
     facts: &ChargeFacts<'_>,
 ) -> Result<Payment, StoreError> {
-    let row = sqlx::query(&format!(
-        "UPDATE payment_attempt
-            SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
-                failure_code = COALESCE($4, failure_code),
-                failure_message = COALESCE($5, failure_message), updated_at = now()
-          WHERE id = $1 RETURNING {COLUMNS}"
-    ))
-    .bind(id)
-    .bind(status.as_str())
-    .bind(facts.charge_id)
-    .bind(facts.failure_code)
-    .bind(facts.failure_message)
-    .fetch_one(tx)
-    .await?;
+    let row = sqlx::query(SET_STATUS)
+        .bind(id)
+        .bind(status.as_str())
+        .bind(facts.charge_id)
+        .bind(facts.failure_code)
+        .bind(facts.failure_message)
+        .fetch_one(tx)
+        .await?;
     from_row(&row)
 }
 
@@ -235,9 +269,10 @@ pub async fn add_refunded(
     id: Uuid,
     amount: i64,
 ) -> Result<Payment, StoreError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(concat!(
         "UPDATE payment_attempt SET refunded_amount = refunded_amount + $2, updated_at = now()
-          WHERE id = $1 RETURNING {COLUMNS}"
+          WHERE id = $1 RETURNING ",
+        payment_columns!()
     ))
     .bind(id)
     .bind(amount)
@@ -250,7 +285,7 @@ pub async fn add_refunded(
 /// check back (a lease), so that several reconcilers never work on the same
 /// attempt at once. Each further check waits longer, up to five minutes.
 pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>, StoreError> {
-    let rows = sqlx::query(&format!(
+    let rows = sqlx::query(concat!(
         "UPDATE payment_attempt p
             SET next_check_at = now() + least(interval '5 minutes',
                                 interval '1 second' * power(2, least(p.check_count, 10))),
@@ -259,12 +294,9 @@ pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>
                   WHERE status = 'pending' AND next_check_at <= now()
                   ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
           WHERE p.id = due.id
-         RETURNING {}, p.merchant_id",
-        COLUMNS
-            .split(',')
-            .map(|c| format!("p.{}", c.trim()))
-            .collect::<Vec<_>>()
-            .join(", ")
+         RETURNING ",
+        payment_columns_p!(),
+        ", p.merchant_id"
     ))
     .bind(limit)
     .fetch_all(pool)
@@ -274,12 +306,12 @@ pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>
         .collect()
 }
 
+/// The order of an attempt.
+pub const ORDER_OF: &str = "SELECT order_id FROM payment_attempt WHERE id = $1";
+
 /// The order an attempt belongs to (no lock: used to lock the order first).
 pub async fn order_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<Uuid>, StoreError> {
-    let row = sqlx::query("SELECT order_id FROM payment_attempt WHERE id = $1")
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
+    let row = sqlx::query(ORDER_OF).bind(id).fetch_optional(conn).await?;
     Ok(row.map(|r| r.try_get("order_id")).transpose()?)
 }
 
@@ -288,8 +320,10 @@ pub async fn lock_succeeded_for_order(
     tx: &mut PgConnection,
     order_id: Uuid,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM payment_attempt
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        payment_columns!(),
+        " FROM payment_attempt
           WHERE order_id = $1 AND status = 'succeeded' FOR UPDATE"
     ))
     .bind(order_id)

@@ -10,8 +10,19 @@ use uuid::Uuid;
 use super::StoreError;
 use crate::domain::payment::{PaymentStatus, Refund};
 
-const COLUMNS: &str = "id, payment_id, amount, status, reason, created_at, updated_at,
-     provider_refund_id, cancels_order";
+/// The columns every read of a refund returns, in `from_row`'s order.
+macro_rules! refund_columns {
+    () => {
+        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order"
+    };
+}
+
+/// The same columns qualified with the alias `r`, for joins and updates.
+macro_rules! refund_columns_r {
+    () => {
+        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order"
+    };
+}
 
 fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
     let status: String = row.try_get("status")?;
@@ -51,12 +62,13 @@ pub struct NewRefund<'a> {
 
 /// Inserts a pending refund.
 pub async fn insert(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refund, StoreError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(concat!(
         "INSERT INTO refund (id, merchant_id, payment_id, amount, status, reason, cancels_order,
                              next_check_at, created_at, updated_at)
          VALUES ($1, $2, $3, $4, 'pending', $5, $6,
                  $7 + $8::bigint * interval '1 millisecond', $7, $7)
-         RETURNING {COLUMNS}"
+         RETURNING ",
+        refund_columns!()
     ))
     .bind(new.id)
     .bind(new.merchant_id)
@@ -90,8 +102,10 @@ pub async fn get(
     merchant_id: Uuid,
     id: Uuid,
 ) -> Result<Option<Refund>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM refund WHERE id = $1 AND merchant_id = $2"
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        refund_columns!(),
+        " FROM refund WHERE id = $1 AND merchant_id = $2"
     ))
     .bind(id)
     .bind(merchant_id)
@@ -102,8 +116,10 @@ pub async fn get(
 
 /// Reads and row-locks a refund.
 pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM refund WHERE id = $1 FOR UPDATE"
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        refund_columns!(),
+        " FROM refund WHERE id = $1 FOR UPDATE"
     ))
     .bind(id)
     .fetch_optional(tx)
@@ -118,8 +134,10 @@ pub async fn find_by_provider_id(
     provider_refund_id: &str,
     refund_id: Option<Uuid>,
 ) -> Result<Option<Refund>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {COLUMNS} FROM refund WHERE provider_refund_id = $1 OR id = $2 LIMIT 1"
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        refund_columns!(),
+        " FROM refund WHERE provider_refund_id = $1 OR id = $2 LIMIT 1"
     ))
     .bind(provider_refund_id)
     .bind(refund_id)
@@ -136,10 +154,11 @@ pub async fn set_status(
     provider_refund_id: Option<&str>,
     failure_code: Option<&str>,
 ) -> Result<Refund, StoreError> {
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(concat!(
         "UPDATE refund SET status = $2, provider_refund_id = COALESCE(provider_refund_id, $3),
                 failure_code = COALESCE($4, failure_code), updated_at = now()
-          WHERE id = $1 RETURNING {COLUMNS}"
+          WHERE id = $1 RETURNING ",
+        refund_columns!()
     ))
     .bind(id)
     .bind(status.as_str())
@@ -153,7 +172,7 @@ pub async fn set_status(
 /// Claims up to `limit` pending refunds due for a check (see
 /// `payments::claim_due`). Returns each with its merchant.
 pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Refund, Uuid)>, StoreError> {
-    let rows = sqlx::query(&format!(
+    let rows = sqlx::query(concat!(
         "UPDATE refund r
             SET next_check_at = now() + least(interval '5 minutes',
                                 interval '1 second' * power(2, least(r.check_count, 10))),
@@ -162,12 +181,9 @@ pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Refund, Uuid)>,
                   WHERE status = 'pending' AND next_check_at <= now()
                   ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
           WHERE r.id = due.id
-         RETURNING {}, r.merchant_id",
-        COLUMNS
-            .split(',')
-            .map(|c| format!("r.{}", c.trim()))
-            .collect::<Vec<_>>()
-            .join(", ")
+         RETURNING ",
+        refund_columns_r!(),
+        ", r.merchant_id"
     ))
     .bind(limit)
     .fetch_all(pool)
@@ -195,9 +211,13 @@ pub async fn owners_of(
 
 /// Reads a refund by id alone (internal: the caller already scoped it).
 pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, StoreError> {
-    let row = sqlx::query(&format!("SELECT {COLUMNS} FROM refund WHERE id = $1"))
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        refund_columns!(),
+        " FROM refund WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
     row.as_ref().map(from_row).transpose()
 }

@@ -5,6 +5,11 @@ use sqlx::PgConnection;
 
 use super::StoreError;
 
+/// Records an event unless already recorded.
+pub const RECORD: &str =
+    "INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
+         VALUES ($1, $2, $3, $4, 'received') ON CONFLICT DO NOTHING";
+
 /// Records an event; returns `false` if `(provider, event id)` was already
 /// recorded (a duplicate delivery). Runs in the transaction that applies the
 /// event's effect, so the two commit together.
@@ -15,18 +20,19 @@ pub async fn record(
     event_type: &str,
     payload: &Value,
 ) -> Result<bool, StoreError> {
-    let done = sqlx::query(
-        "INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
-         VALUES ($1, $2, $3, $4, 'received') ON CONFLICT DO NOTHING",
-    )
-    .bind(provider)
-    .bind(event_id)
-    .bind(event_type)
-    .bind(payload)
-    .execute(tx)
-    .await?;
+    let done = sqlx::query(RECORD)
+        .bind(provider)
+        .bind(event_id)
+        .bind(event_type)
+        .bind(payload)
+        .execute(tx)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// Notes what an event did.
+pub const SET_OUTCOME: &str =
+    "UPDATE webhook_event SET outcome = $3 WHERE provider = $1 AND event_id = $2";
 
 /// Notes what the event did (processed, ignored, unknown_charge).
 pub async fn set_outcome(
@@ -35,7 +41,7 @@ pub async fn set_outcome(
     event_id: &str,
     outcome: &str,
 ) -> Result<(), StoreError> {
-    sqlx::query("UPDATE webhook_event SET outcome = $3 WHERE provider = $1 AND event_id = $2")
+    sqlx::query(SET_OUTCOME)
         .bind(provider)
         .bind(event_id)
         .bind(outcome)

@@ -1,0 +1,95 @@
+//! The closed-loop load driver: `connections` tasks, each sending its next
+//! request as soon as the previous answer arrived, for `duration`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+
+/// What a run measured.
+pub struct Outcome {
+    /// Answers by status code.
+    pub statuses: BTreeMap<u16, u64>,
+    /// Transport errors (no answer).
+    pub errors: u64,
+    /// Latency of every answered request, in microseconds.
+    pub latency: Histogram<u64>,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+}
+
+impl Outcome {
+    /// Answers per second.
+    pub fn rate(&self) -> f64 {
+        self.latency.len() as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Answers with this status.
+    pub fn count(&self, status: u16) -> u64 {
+        self.statuses.get(&status).copied().unwrap_or(0)
+    }
+
+    /// A latency quantile in milliseconds.
+    pub fn ms(&self, q: f64) -> f64 {
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+}
+
+/// Builds request number `n` of connection `c`.
+pub type MakeRequest = Arc<dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync>;
+
+fn histogram() -> Histogram<u64> {
+    // 1 µs to 60 s, 3 significant digits; these bounds are valid constants.
+    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
+}
+
+/// Runs the load and merges every connection's measurements.
+pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> Outcome {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(connections)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_default();
+    let started = Instant::now();
+    let deadline = started + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..connections {
+        let (client, make) = (client.clone(), make.clone());
+        tasks.spawn(async move {
+            let mut latency = histogram();
+            let mut statuses = BTreeMap::new();
+            let mut errors = 0u64;
+            let mut n = 0u64;
+            while Instant::now() < deadline {
+                let sent = Instant::now();
+                match make(&client, c, n).send().await {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let _ = response.bytes().await;
+                        let _ = latency.record(sent.elapsed().as_micros() as u64);
+                        *statuses.entry(status).or_insert(0) += 1;
+                    }
+                    Err(_) => errors += 1,
+                }
+                n += 1;
+            }
+            (latency, statuses, errors)
+        });
+    }
+    let mut outcome = Outcome {
+        statuses: BTreeMap::new(),
+        errors: 0,
+        latency: histogram(),
+        elapsed: Duration::ZERO,
+    };
+    while let Some(Ok((latency, statuses, errors))) = tasks.join_next().await {
+        let _ = outcome.latency.add(&latency);
+        for (status, n) in statuses {
+            *outcome.statuses.entry(status).or_insert(0) += n;
+        }
+        outcome.errors += errors;
+    }
+    outcome.elapsed = started.elapsed();
+    outcome
+}

@@ -1,0 +1,127 @@
+//! The stack under test: a fresh database, the sandbox and `oncepay serve`,
+//! started from the release binaries next to this one.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+/// A running sandbox and service on a fresh database.
+pub struct Stack {
+    /// `http://127.0.0.1:PORT` of oncepay.
+    pub base: String,
+    /// `http://127.0.0.1:PORT` of the sandbox.
+    pub sandbox: String,
+    /// The fresh database's URL.
+    pub db_url: String,
+    /// The bench merchant's API key.
+    pub api_key: String,
+    /// The `oncepay serve` process.
+    pub serve: Child,
+    _sandbox: Child,
+}
+
+fn free_port() -> Result<u16, String> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+/// The `oncepay` binary built beside this one.
+pub fn oncepay_binary() -> Result<PathBuf, String> {
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let bin = me.with_file_name("oncepay");
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!("{} not found: build it with `cargo build --release --bins`", bin.display()))
+    }
+}
+
+async fn wait_ready(url: &str) -> Result<(), String> {
+    let client = reqwest::Client::new();
+    for _ in 0..300 {
+        if client.get(url).send().await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("{url} never became ready"))
+}
+
+impl Stack {
+    /// Creates `database` on `pg_server`, a merchant and key, and starts both servers.
+    pub async fn start(pg_server: &str, database: &str, serve_env: &[(String, String)]) -> Result<Stack, String> {
+        let bin = oncepay_binary()?;
+        let db_url = format!("{pg_server}/{database}");
+        let out = Command::new(&bin)
+            .args(["api-key", "create", "--merchant", "bench"])
+            .env("DATABASE_URL", &db_url)
+            .env("ONCEPAY_LOG", "warn")
+            .output()
+            .await
+            .map_err(|e| format!("running oncepay api-key: {e}"))?;
+        if !out.status.success() {
+            return Err(format!("oncepay api-key failed: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        let api_key = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .trim()
+            .to_string();
+        let (serve_port, sandbox_port) = (free_port()?, free_port()?);
+        let base = format!("http://127.0.0.1:{serve_port}");
+        let sandbox = format!("http://127.0.0.1:{sandbox_port}");
+        let sandbox_child = Command::new(&bin)
+            .arg("sandbox")
+            .env("ONCEPAY_SANDBOX_BIND", format!("127.0.0.1:{sandbox_port}"))
+            .env("ONCEPAY_SANDBOX_WEBHOOK_URL", format!("{base}/webhooks/sandbox"))
+            .env("ONCEPAY_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting the sandbox: {e}"))?;
+        let mut serve = Command::new(&bin);
+        serve
+            .arg("serve")
+            .env("DATABASE_URL", &db_url)
+            .env("ONCEPAY_BIND", format!("127.0.0.1:{serve_port}"))
+            .env("ONCEPAY_PROVIDER_URL", &sandbox)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in serve_env {
+            serve.env(k, v);
+        }
+        let serve = serve.spawn().map_err(|e| format!("starting oncepay serve: {e}"))?;
+        wait_ready(&format!("{sandbox}/healthz")).await?;
+        wait_ready(&format!("{base}/readyz")).await?;
+        Ok(Stack {
+            base,
+            sandbox,
+            db_url,
+            api_key,
+            serve,
+            _sandbox: sandbox_child,
+        })
+    }
+
+    /// Current and peak resident memory of `oncepay serve`, in KiB.
+    pub fn memory_kib(&self) -> Option<(u64, u64)> {
+        let pid = self.serve.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        Some((field("VmRSS:")?, field("VmHWM:")?))
+    }
+}

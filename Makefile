@@ -15,7 +15,7 @@ export TEST_DATABASE_SERVER ?= $(PG_SERVER)
 BIN := target/debug/oncepay
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -93,3 +93,8 @@ fmt: ## format the code
 clean: ## remove build output and the local run folder (not .pgdata/)
 	cargo clean
 	rm -rf $(RUN_DIR)
+
+BENCH_ARGS ?=
+bench: db ## release build, then load oncepay next to the pgbench floor; prints the table and writes BENCHMARKS.md
+	cargo build --release --bins
+	target/release/oncepay-bench $(BENCH_ARGS)

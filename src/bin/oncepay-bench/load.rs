@@ -13,6 +13,8 @@ pub struct Outcome {
     pub statuses: BTreeMap<u16, u64>,
     /// Transport errors (no answer).
     pub errors: u64,
+    /// Answers marked `Idempotent-Replayed: true`; the rest executed.
+    pub replayed: u64,
     /// Latency of every answered request, in microseconds.
     pub latency: Histogram<u64>,
     /// Wall time of the run.
@@ -60,12 +62,14 @@ pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> O
             let mut latency = histogram();
             let mut statuses = BTreeMap::new();
             let mut errors = 0u64;
+            let mut replayed = 0u64;
             let mut n = 0u64;
             while Instant::now() < deadline {
                 let sent = Instant::now();
                 match make(&client, c, n).send().await {
                     Ok(response) => {
                         let status = response.status().as_u16();
+                        replayed += u64::from(response.headers().contains_key("idempotent-replayed"));
                         let _ = response.bytes().await;
                         let _ = latency.record(sent.elapsed().as_micros() as u64);
                         *statuses.entry(status).or_insert(0) += 1;
@@ -74,16 +78,18 @@ pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> O
                 }
                 n += 1;
             }
-            (latency, statuses, errors)
+            (latency, statuses, errors, replayed)
         });
     }
     let mut outcome = Outcome {
         statuses: BTreeMap::new(),
         errors: 0,
+        replayed: 0,
         latency: histogram(),
         elapsed: Duration::ZERO,
     };
-    while let Some(Ok((latency, statuses, errors))) = tasks.join_next().await {
+    while let Some(Ok((latency, statuses, errors, replayed))) = tasks.join_next().await {
+        outcome.replayed += replayed;
         let _ = outcome.latency.add(&latency);
         for (status, n) in statuses {
             *outcome.statuses.entry(status).or_insert(0) += n;

@@ -32,6 +32,49 @@ pub async fn create(pool: &PgPool, merchant: &str) -> Result<String, StoreError>
     Ok(key)
 }
 
+/// Verified keys remembered for a short time, so that a request does not
+/// pay a database round trip to authenticate. Unknown keys are never
+/// remembered; a revoked key keeps working for at most the TTL.
+pub struct KeyCache {
+    ttl: std::time::Duration,
+    entries:
+        std::sync::Mutex<std::collections::HashMap<[u8; 32], (uuid::Uuid, std::time::Instant)>>,
+}
+
+/// Keys remembered at most; past that the cache starts over.
+const KEY_CACHE_MAX: usize = 10_000;
+
+impl KeyCache {
+    /// A cache trusting a verified key for `ttl` (zero: always ask the database).
+    pub fn new(ttl: std::time::Duration) -> KeyCache {
+        KeyCache {
+            ttl,
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    /// The merchant of a key hash, if verified within the TTL.
+    pub fn get(&self, hash: &[u8; 32]) -> Option<uuid::Uuid> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(hash)
+            .filter(|(_, at)| at.elapsed() < self.ttl)
+            .map(|(merchant, _)| *merchant)
+    }
+
+    /// Remembers a verified key.
+    pub fn put(&self, hash: [u8; 32], merchant: uuid::Uuid) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= KEY_CACHE_MAX {
+            entries.clear();
+        }
+        entries.insert(hash, (merchant, std::time::Instant::now()));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -154,6 +154,13 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             idempotency_ttl,
             idempotency_wait: self.duration("ONCEPAY_IDEMPOTENCY_WAIT", Duration::from_secs(2))?,
             idempotency_lease: lease,
+            replay_cache_entries: self.number(
+                "ONCEPAY_REPLAY_CACHE_ENTRIES",
+                10_000usize,
+                0,
+                10_000_000,
+            )?,
+            auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
             provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
             db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 16u32, 1, 1000)?,
             http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
@@ -243,6 +250,10 @@ pub struct ServeConfig {
     pub idempotency_wait: Duration,
     /// How long an executing command owns its record before another process may resume it.
     pub idempotency_lease: Duration,
+    /// How many completed records each process answers from memory.
+    pub replay_cache_entries: usize,
+    /// How long a verified API key is trusted without asking the database.
+    pub auth_cache_ttl: Duration,
     /// Per-request timeout of provider calls.
     pub provider_timeout: Duration,
     /// Largest number of database connections per process.

@@ -54,6 +54,7 @@ impl Application {
             tracing::info!(migrations = ?applied, "applied migrations");
         }
         let pool = store::pool(&config.database_url, config.db_pool_size)?;
+        let claims = store::claims_pool(&config.database_url, (config.db_pool_size / 2).max(2))?;
         let metrics = Arc::new(Metrics::new());
         let provider = HttpProvider::new(
             &config.provider_url,
@@ -62,10 +63,12 @@ impl Application {
         )?;
         let engine = Engine::new(
             pool.clone(),
+            claims,
             EngineConfig {
                 ttl: config.idempotency_ttl,
                 wait: config.idempotency_wait,
                 lease: config.idempotency_lease,
+                replay_cache_entries: config.replay_cache_entries,
             },
             metrics.clone(),
         );
@@ -80,6 +83,7 @@ impl Application {
             ctx: ctx.clone(),
             webhook_secret: config.webhook_secret.clone(),
             max_body_bytes: config.max_body_bytes,
+            keys: crate::api_keys::KeyCache::new(config.auth_cache_ttl),
         });
         let listener = TcpListener::bind(config.bind)?;
         let addr = listener.local_addr()?;

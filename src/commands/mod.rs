@@ -117,10 +117,11 @@ pub async fn run<C: Command>(
             }
             NextAction::Execute(mut claim) => match drive(ctx, &mut claim, command).await {
                 Ok(response) => {
+                    ctx.engine.remember(&claim, request.fingerprint, &response);
                     return Ok(Answer {
                         response,
                         replayed: false,
-                    })
+                    });
                 }
                 Err(Drive::LeaseLost) => continue,
                 Err(Drive::Failed(problem)) => return Err(problem),

@@ -1,6 +1,6 @@
 //! `POST /orders` and `POST /orders/{id}/cancel`.
 
-use chrono::Utc;
+use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
 use super::refunds::{self, REFUND_CREATED};
@@ -14,7 +14,7 @@ use crate::store::refunds::NewRefund;
 use crate::store::{self, StoreError};
 
 /// Create an order. One step: the order and the stored response commit
-/// together, so a crash leaves either both or neither.
+/// together, in one statement, so a crash leaves either both or neither.
 pub struct CreateOrder(NewOrder);
 
 impl Command for CreateOrder {
@@ -44,14 +44,13 @@ impl Command for CreateOrder {
         ctx: &AppContext,
         claim: &mut Claim,
     ) -> Result<Completed, CommandError> {
-        let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
-        let id = Uuid::now_v7();
-        let order =
-            store::orders::insert(&mut tx, claim.merchant_id(), id, &self.0, Utc::now()).await?;
-        let response = json_response(201, &order, Some(format!("/orders/{id}")))?;
-        let done = claim.complete(&mut tx, response).await?;
-        tx.commit().await.map_err(StoreError::from)?;
-        Ok(done)
+        // The database keeps microseconds: round now so the answer and a
+        // later read show the same timestamps.
+        let order = Order::awaiting_payment(Uuid::now_v7(), &self.0, Utc::now().trunc_subsecs(6));
+        let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
+        let (record, token) = claim.fence();
+        store::orders::insert_completing(&ctx.pool, record, token, &order, &response).await?;
+        Ok(Completed(response))
     }
 }
 

@@ -176,6 +176,28 @@ pub struct Order {
     pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
+impl Order {
+    /// A new order awaiting payment, as it will be stored: the response can
+    /// be written before the row, and both commit together.
+    pub fn awaiting_payment(
+        id: uuid::Uuid,
+        new: &NewOrder,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Order {
+        Order {
+            id,
+            customer_id: new.customer_id.clone(),
+            items: new.items.clone(),
+            amount: new.amount.minor_units(),
+            currency: new.currency.to_string(),
+            status: OrderStatus::AwaitingPayment,
+            metadata: new.metadata.clone(),
+            created_at: now,
+            updated_at: now,
+        }
+    }
+}
+
 /// Where an order is in its life (contract section 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -11,7 +11,6 @@ mod webhooks;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
-use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 pub use middleware::observe;
@@ -29,6 +28,8 @@ pub struct AppState {
     pub webhook_secret: crate::webhooks::WebhookSecret,
     /// Largest accepted body.
     pub max_body_bytes: usize,
+    /// Recently verified API keys.
+    pub keys: crate::api_keys::KeyCache,
 }
 
 /// Every route of the API.
@@ -141,11 +142,16 @@ async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Probl
         .map(str::trim)
         .filter(|k| !k.is_empty())
         .ok_or_else(unauthorized)?;
-    let hash: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-    store::merchants::merchant_for_key(&state.ctx.pool, &hash)
+    let hash = crate::api_keys::hash(key);
+    if let Some(merchant) = state.keys.get(&hash) {
+        return Ok(merchant);
+    }
+    let merchant = store::merchants::merchant_for_key(&state.ctx.pool, &hash)
         .await
         .map_err(crate::idempotency::store_problem)?
-        .ok_or_else(unauthorized)
+        .ok_or_else(unauthorized)?;
+    state.keys.put(hash, merchant);
+    Ok(merchant)
 }
 
 /// The `Idempotency-Key` header; never read from the URL.

@@ -18,6 +18,7 @@
 
 pub mod fingerprint;
 pub mod key;
+pub mod replay_cache;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,7 @@ use crate::problem::Problem;
 use crate::store::idempotency::{self as records, ClaimOutcome, Lease, NewRecord};
 pub use crate::store::idempotency::{RecordId, StoredResponse, STARTED};
 use crate::store::StoreError;
+use replay_cache::{Cached, ReplayCache};
 
 /// Settings of the engine.
 #[derive(Debug, Clone, Copy)]
@@ -45,14 +47,20 @@ pub struct EngineConfig {
     pub wait: Duration,
     /// How long an executing command owns its record (`ONCEPAY_IDEMPOTENCY_LEASE`).
     pub lease: Duration,
+    /// Completed records answered from memory (`ONCEPAY_REPLAY_CACHE_ENTRIES`, 0: off).
+    pub replay_cache_entries: usize,
 }
 
 /// Claims keys, replays responses and hands out leases.
 #[derive(Clone)]
 pub struct Engine {
+    /// Effects: the rejections the engine stores itself.
     pool: PgPool,
+    /// Claims, lease takeovers and releases (see `store::claims_pool`).
+    claims: PgPool,
     config: EngineConfig,
     metrics: Arc<Metrics>,
+    cache: Arc<ReplayCache>,
 }
 
 /// One money command as the engine sees it.
@@ -82,6 +90,9 @@ pub struct Claim {
     id: RecordId,
     lease: Lease,
     resumed: bool,
+    /// When a fresh record was claimed (before the insert, so no later than
+    /// the database's own clock): its expiry is at least this plus the TTL.
+    fresh_since: Option<Instant>,
 }
 
 /// Proof that a command's response was stored with its last writes.
@@ -95,6 +106,7 @@ impl Claim {
             id,
             lease,
             resumed: true,
+            fresh_since: None,
         }
     }
 
@@ -138,6 +150,13 @@ impl Claim {
         self.lease.recovery_point == STARTED
     }
 
+    /// The record and lease token that a single statement completing this
+    /// claim together with its own writes must match (see
+    /// `store::orders::insert_completing`).
+    pub fn fence(&self) -> (&RecordId, Uuid) {
+        (&self.id, self.lease.token)
+    }
+
     /// Records that a step finished, inside the step's own transaction.
     pub async fn record_step(
         &mut self,
@@ -164,9 +183,16 @@ impl Claim {
 
 impl Engine {
     /// An engine over the shared pool.
-    pub fn new(pool: PgPool, config: EngineConfig, metrics: Arc<Metrics>) -> Engine {
+    pub fn new(
+        pool: PgPool,
+        claims: PgPool,
+        config: EngineConfig,
+        metrics: Arc<Metrics>,
+    ) -> Engine {
         Engine {
             pool,
+            claims,
+            cache: Arc::new(ReplayCache::new(config.replay_cache_entries)),
             config,
             metrics,
         }
@@ -179,6 +205,17 @@ impl Engine {
 
     /// Claims the request's key and says what to do; see the module docs.
     pub async fn begin(&self, request: &IdempotentRequest) -> Result<NextAction, Problem> {
+        match self.cache.get(&request.id, &request.fingerprint) {
+            Cached::Replay(response) => {
+                self.metrics.idempotency("replayed");
+                return Ok(NextAction::Replay(StoredResponse::clone(&response)));
+            }
+            Cached::Mismatch => {
+                self.metrics.idempotency("key_reused");
+                return Err(key_reused());
+            }
+            Cached::Unknown => {}
+        }
         let deadline = Instant::now() + self.config.wait;
         let mut pause = Duration::from_millis(5);
         let new = NewRecord {
@@ -190,7 +227,8 @@ impl Engine {
             ttl: self.config.ttl,
         };
         loop {
-            if let Some(lease) = records::insert_or_reclaim(&self.pool, &new)
+            let claimed_at = Instant::now();
+            if let Some(lease) = records::insert_or_reclaim(&self.claims, &new)
                 .await
                 .map_err(store_problem)?
             {
@@ -199,10 +237,11 @@ impl Engine {
                     id: request.id.clone(),
                     lease,
                     resumed: false,
+                    fresh_since: Some(claimed_at),
                 }));
             }
             let outcome = records::load_live(
-                &self.pool,
+                &self.claims,
                 &request.id,
                 request.fingerprint.as_bytes(),
                 self.config.lease,
@@ -214,14 +253,16 @@ impl Engine {
                 None => continue,
                 Some(ClaimOutcome::Mismatch) => {
                     self.metrics.idempotency("key_reused");
-                    return Err(Problem::new(
-                        409,
-                        "idempotency_key_reused",
-                        "this Idempotency-Key was used with another request (other body or endpoint); use a new key for a new intent",
-                    ));
+                    return Err(key_reused());
                 }
-                Some(ClaimOutcome::Completed(response)) => {
+                Some(ClaimOutcome::Completed(response, lives_on)) => {
                     self.metrics.idempotency("replayed");
+                    self.cache.put(
+                        request.id.clone(),
+                        request.fingerprint,
+                        Arc::new(response.clone()),
+                        lives_on,
+                    );
                     return Ok(NextAction::Replay(response));
                 }
                 Some(ClaimOutcome::TookOver(lease)) => {
@@ -234,6 +275,7 @@ impl Engine {
                         id: request.id.clone(),
                         lease,
                         resumed: true,
+                        fresh_since: None,
                     }));
                 }
                 Some(ClaimOutcome::Executing) => {
@@ -251,6 +293,21 @@ impl Engine {
         }
     }
 
+    /// Remembers a command's stored response for the repeats that will
+    /// follow. Only for records this process created: their expiry is
+    /// known to be no earlier than the claim time plus the TTL.
+    pub fn remember(&self, claim: &Claim, fingerprint: Fingerprint, response: &StoredResponse) {
+        if let Some(since) = claim.fresh_since {
+            let lives_on = self.config.ttl.saturating_sub(since.elapsed());
+            self.cache.put(
+                claim.id.clone(),
+                fingerprint,
+                Arc::new(response.clone()),
+                lives_on,
+            );
+        }
+    }
+
     /// Frees the key of a command that failed before recording any effect,
     /// so that a retry executes it again. Best effort: if the database is
     /// away, the lease expiring frees it too.
@@ -258,7 +315,7 @@ impl Engine {
         if !claim.is_effect_free() {
             return;
         }
-        match records::release(&self.pool, &claim.id, claim.lease.token).await {
+        match records::release(&self.claims, &claim.id, claim.lease.token).await {
             Ok(true) => self.metrics.idempotency("released"),
             Ok(false) => {}
             Err(e) => {
@@ -284,6 +341,15 @@ impl Engine {
         tx.commit().await?;
         Ok(done.0)
     }
+}
+
+/// `409 idempotency_key_reused`.
+fn key_reused() -> Problem {
+    Problem::new(
+        409,
+        "idempotency_key_reused",
+        "this Idempotency-Key was used with another request (other body or endpoint); use a new key for a new intent",
+    )
 }
 
 /// `409 idempotency_key_in_flight` with `Retry-After`.

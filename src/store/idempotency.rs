@@ -27,7 +27,7 @@ pub struct StoredResponse {
 }
 
 /// The identity of a record: its merchant scope and key.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct RecordId {
     /// The merchant the key belongs to.
     pub merchant_id: Uuid,
@@ -55,8 +55,9 @@ pub struct Lease {
 pub enum ClaimOutcome {
     /// A record was executing under an expired lease: we took the lease over.
     TookOver(Lease),
-    /// The record is completed: this is the response to replay.
-    Completed(StoredResponse),
+    /// The record is completed: this is the response to replay, and how
+    /// long the record lives on.
+    Completed(StoredResponse, Duration),
     /// Another request holds a live lease on the record.
     Executing,
     /// The record was made by a request with another fingerprint.
@@ -135,7 +136,8 @@ pub async fn insert_or_reclaim(
 /// Reads a live record (see `load_live`).
 pub const LOAD_LIVE: &str =
     "SELECT fingerprint, state, response_status, response_body, response_location,
-                lease_expires_at < now() AS lease_expired
+                lease_expires_at < now() AS lease_expired,
+                (extract(epoch FROM expires_at - now()) * 1000)::bigint AS ttl_left_ms
          FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2";
 
 /// Reads a live record and, if its lease has expired and the fingerprint
@@ -161,7 +163,12 @@ pub async fn load_live(
     }
     let state: String = row.try_get("state")?;
     if state == "completed" {
-        return Ok(Some(ClaimOutcome::Completed(response_from_row(&row)?)));
+        let left: i64 = row.try_get("ttl_left_ms")?;
+        let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+        return Ok(Some(ClaimOutcome::Completed(
+            response_from_row(&row)?,
+            left,
+        )));
     }
     let expired: Option<bool> = row.try_get("lease_expired")?;
     if expired != Some(true) {

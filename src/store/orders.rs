@@ -1,13 +1,13 @@
 //! SQL of orders. Every read is scoped by merchant: another merchant's order
 //! is indistinguishable from one that does not exist.
 
-use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
+use super::idempotency::{RecordId, StoredResponse};
 use super::StoreError;
-use crate::domain::order::{NewOrder, Order, OrderStatus};
+use crate::domain::order::{Order, OrderStatus};
 
 /// The columns every read of a order returns, in `from_row`'s order.
 macro_rules! order_columns {
@@ -34,39 +34,58 @@ fn from_row(row: &PgRow) -> Result<Order, StoreError> {
     })
 }
 
-/// Inserts an order awaiting payment.
-pub const INSERT: &str = concat!(
-    "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
-                             metadata, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8)
-         RETURNING ",
-    order_columns!()
-);
+/// Inserts an order and completes its idempotency record in one statement,
+/// which PostgreSQL runs atomically: the order exists exactly when the record
+/// holds its response, and only if the lease was still ours. One round trip
+/// where a transaction would take four (BEGIN, INSERT, UPDATE, COMMIT).
+pub const INSERT_COMPLETING: &str = "WITH done AS (
+        UPDATE idempotency_record
+           SET state = 'completed', recovery_point = 'finished', lease_token = NULL,
+               lease_expires_at = NULL, response_status = $9, response_body = $10,
+               response_location = $11, updated_at = now()
+         WHERE merchant_id = $2 AND idempotency_key = $12 AND lease_token = $13
+           AND state = 'executing'
+        RETURNING 1)
+     INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
+                         metadata, created_at, updated_at)
+     SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM done)";
 
-/// Inserts a new order awaiting payment.
-pub async fn insert(
-    tx: &mut PgConnection,
-    merchant_id: Uuid,
-    id: Uuid,
-    order: &NewOrder,
-    now: DateTime<Utc>,
-) -> Result<Order, StoreError> {
+/// See [`INSERT_COMPLETING`]. Fails with `LeaseLost` (and writes nothing)
+/// if another process took the command over.
+pub async fn insert_completing(
+    pool: &PgPool,
+    record: &RecordId,
+    lease_token: Uuid,
+    order: &Order,
+    response: &StoredResponse,
+) -> Result<(), StoreError> {
     let items = serde_json::to_value(&order.items)
         .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
     let metadata = serde_json::to_value(&order.metadata)
         .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
-    let row = sqlx::query(INSERT)
-        .bind(id)
-        .bind(merchant_id)
+    let status =
+        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
+    let done = sqlx::query(INSERT_COMPLETING)
+        .bind(order.id)
+        .bind(record.merchant_id)
         .bind(&order.customer_id)
         .bind(items)
-        .bind(order.amount.minor_units())
-        .bind(order.currency.as_str())
+        .bind(order.amount)
+        .bind(&order.currency)
         .bind(metadata)
-        .bind(now)
-        .fetch_one(tx)
+        .bind(order.created_at)
+        .bind(status)
+        .bind(&response.body)
+        .bind(&response.location)
+        .bind(&record.key)
+        .bind(lease_token)
+        .execute(pool)
         .await?;
-    from_row(&row)
+    if done.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost)
+    }
 }
 
 /// Reads one of the merchant's orders.

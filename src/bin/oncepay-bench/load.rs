@@ -39,11 +39,13 @@ impl Outcome {
 }
 
 /// Builds request number `n` of connection `c`.
-pub type MakeRequest = Arc<dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync>;
+pub type MakeRequest =
+    Arc<dyn Fn(&reqwest::Client, usize, u64) -> reqwest::RequestBuilder + Send + Sync>;
 
 fn histogram() -> Histogram<u64> {
     // 1 µs to 60 s, 3 significant digits; these bounds are valid constants.
-    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
+    Histogram::new_with_bounds(1, 60_000_000, 3)
+        .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
 }
 
 /// Runs the load and merges every connection's measurements.
@@ -69,7 +71,8 @@ pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> O
                 match make(&client, c, n).send().await {
                     Ok(response) => {
                         let status = response.status().as_u16();
-                        replayed += u64::from(response.headers().contains_key("idempotent-replayed"));
+                        replayed +=
+                            u64::from(response.headers().contains_key("idempotent-replayed"));
                         let _ = response.bytes().await;
                         let _ = latency.record(sent.elapsed().as_micros() as u64);
                         *statuses.entry(status).or_insert(0) += 1;

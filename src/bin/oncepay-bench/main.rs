@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -52,12 +51,21 @@ fn parse_args() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value\n\n{USAGE}"));
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value\n\n{USAGE}"))
+        };
         match flag.as_str() {
             "--duration" => args.duration = oncepay::config::parse_duration(&value()?)?,
-            "--connections" => args.connections = value()?.parse().map_err(|_| "--connections takes a number")?,
+            "--connections" => {
+                args.connections = value()?
+                    .parse()
+                    .map_err(|_| "--connections takes a number")?
+            }
             "--replay-connections" => {
-                args.replay_connections = value()?.parse().map_err(|_| "--replay-connections takes a number")?
+                args.replay_connections = value()?
+                    .parse()
+                    .map_err(|_| "--replay-connections takes a number")?
             }
             "--out" => args.out = PathBuf::from(value()?),
             "--no-floor" => args.floor = false,
@@ -102,7 +110,10 @@ fn order_body() -> Value {
 }
 
 async fn count(db: &PgPool, sql: &str) -> Result<i64, String> {
-    sqlx::query_scalar::<_, i64>(sql).fetch_one(db).await.map_err(|e| e.to_string())
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(db)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn ledger_charges(stack: &Stack) -> Result<i64, String> {
@@ -112,10 +123,18 @@ async fn ledger_charges(stack: &Stack) -> Result<i64, String> {
         .json()
         .await
         .map_err(|e| e.to_string())?;
-    ledger["totals"]["charges"].as_i64().ok_or_else(|| "ledger without totals".to_string())
+    ledger["totals"]["charges"]
+        .as_i64()
+        .ok_or_else(|| "ledger without totals".to_string())
 }
 
-fn post(client: &reqwest::Client, stack: &Stack, path: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {
+fn post(
+    client: &reqwest::Client,
+    stack: &Stack,
+    path: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::RequestBuilder {
     client
         .post(format!("{}{path}", stack.base))
         .bearer_auth(&stack.api_key)
@@ -132,12 +151,17 @@ fn verdict(ok: bool, what: String) -> String {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let pg_server = std::env::var("BENCH_DATABASE_SERVER").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let pg_server = std::env::var("BENCH_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
     let database = format!("oncepay_bench_{}", Uuid::new_v4().simple());
-    let serve_env: Vec<(String, String)> = std::env::vars().filter(|(k, _)| k.starts_with("ONCEPAY_")).collect();
+    let serve_env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("ONCEPAY_"))
+        .collect();
     eprintln!("starting the stack on database {database} ...");
     let stack = Stack::start(&pg_server, &database, &serve_env).await?;
-    let db = PgPool::connect(&stack.db_url).await.map_err(|e| e.to_string())?;
+    let db = PgPool::connect(&stack.db_url)
+        .await
+        .map_err(|e| e.to_string())?;
     let merchant: Uuid = sqlx::query_scalar("SELECT id FROM merchant WHERE name = 'bench'")
         .fetch_one(&db)
         .await
@@ -146,7 +170,6 @@ async fn run(args: Args) -> Result<(), String> {
     let (c, d) = (args.connections, args.duration);
     let fixture = floor::Fixture {
         merchant: merchant.to_string(),
-        key_hash_hex: Sha256::digest(stack.api_key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect(),
         order_request: json!({"path_id": null, "body": order_body()}).to_string(),
         order_response: "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"customer_id\":\"cus_42\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}],\"amount\":2500,\"currency\":\"EUR\",\"status\":\"awaiting_payment\",\"metadata\":{},\"created_at\":\"2026-11-22T03:19:08.986862Z\",\"updated_at\":\"2026-11-22T03:19:08.986862Z\"}".into(),
     };
@@ -174,15 +197,33 @@ async fn run(args: Args) -> Result<(), String> {
     peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
     let check = verdict(
         created as u64 == outcome.count(201),
-        format!("{created} order rows for {} answers 201", outcome.count(201)),
+        format!(
+            "{created} order rows for {} answers 201",
+            outcome.count(201)
+        ),
     );
     let floor = if args.floor {
         eprintln!("  floor (pgbench) ...");
-        Some((floor_clients(c), floor::run(&stack.db_url, &floor::create_order_script(&fixture, true), floor_clients(c), d).await?))
+        Some((
+            floor_clients(c),
+            floor::run(
+                &stack.db_url,
+                &floor::create_order_script(&fixture),
+                floor_clients(c),
+                d,
+            )
+            .await?,
+        ))
     } else {
         None
     };
-    rows.push(Row { scenario: "create-order", connections: c, outcome, floor, check });
+    rows.push(Row {
+        scenario: "create-order",
+        connections: c,
+        outcome,
+        floor,
+        check,
+    });
 
     // 2. pay: orders made beforehand; every request a new key, tok_visa.
     eprintln!("pay: preparing orders ...");
@@ -200,10 +241,19 @@ async fn run(args: Args) -> Result<(), String> {
     let prepared = Arc::new(prepared);
     let next = Arc::new(AtomicUsize::new(0));
     let charges_before = ledger_charges(&stack).await?;
-    let attempts_before = count(&db, "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'").await?;
+    let attempts_before = count(
+        &db,
+        "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+    )
+    .await?;
     eprintln!("pay: {c} connections, {d:?} ...");
     let make: MakeRequest = {
-        let (base, key, prepared, next) = (stack.base.clone(), stack.api_key.clone(), prepared.clone(), next.clone());
+        let (base, key, prepared, next) = (
+            stack.base.clone(),
+            stack.api_key.clone(),
+            prepared.clone(),
+            next.clone(),
+        );
         Arc::new(move |client, conn, n| {
             let i = next.fetch_add(1, Ordering::Relaxed) % prepared.len();
             client
@@ -216,7 +266,12 @@ async fn run(args: Args) -> Result<(), String> {
     let outcome = load::run(c, d, make).await;
     peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
     let charges = ledger_charges(&stack).await? - charges_before;
-    let attempts = count(&db, "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'").await? - attempts_before;
+    let attempts = count(
+        &db,
+        "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+    )
+    .await?
+        - attempts_before;
     let ok = outcome.count(201) as i64;
     let check = verdict(
         charges == ok && attempts == ok,
@@ -243,18 +298,36 @@ async fn run(args: Args) -> Result<(), String> {
         .execute(&db)
         .await
         .map_err(|e| e.to_string())?;
-        Some((floor_clients(c), floor::run(&stack.db_url, &floor::pay_script(&fixture, true), floor_clients(c), d).await?))
+        Some((
+            floor_clients(c),
+            floor::run(
+                &stack.db_url,
+                &floor::pay_script(&fixture),
+                floor_clients(c),
+                d,
+            )
+            .await?,
+        ))
     } else {
         None
     };
-    rows.push(Row { scenario: "pay", connections: c, outcome, floor, check });
+    rows.push(Row {
+        scenario: "pay",
+        connections: c,
+        outcome,
+        floor,
+        check,
+    });
 
     // 3. replay: one key, many connections.
     let rc = args.replay_connections;
     eprintln!("replay: {rc} connections, {d:?} ...");
     let before = count(&db, "SELECT count(*) FROM orders").await?;
     let client = reqwest::Client::new();
-    post(&client, &stack, "/orders", "replay-key", &order_body()).send().await.map_err(|e| e.to_string())?;
+    post(&client, &stack, "/orders", "replay-key", &order_body())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
     let make: MakeRequest = {
         let (base, key) = (stack.base.clone(), stack.api_key.clone());
         Arc::new(move |client, _, _| {
@@ -270,7 +343,11 @@ async fn run(args: Args) -> Result<(), String> {
     let executions = count(&db, "SELECT count(*) FROM orders").await? - before;
     let check = verdict(
         executions == 1 && outcome.replayed == outcome.latency.len(),
-        format!("{executions} execution(s); {} of {} answers replayed", outcome.replayed, outcome.latency.len()),
+        format!(
+            "{executions} execution(s); {} of {} answers replayed",
+            outcome.replayed,
+            outcome.latency.len()
+        ),
     );
     let floor = if args.floor {
         eprintln!("  floor (pgbench) ...");
@@ -284,11 +361,26 @@ async fn run(args: Args) -> Result<(), String> {
         .execute(&db)
         .await
         .map_err(|e| e.to_string())?;
-        Some((floor_clients(rc), floor::run(&stack.db_url, &floor::replay_script(&fixture, true), floor_clients(rc), d).await?))
+        Some((
+            floor_clients(rc),
+            floor::run(
+                &stack.db_url,
+                &floor::replay_script(&fixture),
+                floor_clients(rc),
+                d,
+            )
+            .await?,
+        ))
     } else {
         None
     };
-    rows.push(Row { scenario: "replay", connections: rc, outcome, floor, check });
+    rows.push(Row {
+        scenario: "replay",
+        connections: rc,
+        outcome,
+        floor,
+        check,
+    });
 
     // 4. mixed: 90 % replays over a pool of 1,000 keys, 10 % new keys.
     eprintln!("mixed: warming 1,000 keys ...");
@@ -331,12 +423,28 @@ async fn run(args: Args) -> Result<(), String> {
     let expected = outcome.count(201) as i64 - outcome.replayed as i64;
     let check = verdict(
         executed == expected,
-        format!("{executed} new orders for {expected} non-replayed answers; {} replayed", outcome.replayed),
+        format!(
+            "{executed} new orders for {expected} non-replayed answers; {} replayed",
+            outcome.replayed
+        ),
     );
-    rows.push(Row { scenario: "mixed", connections: c, outcome, floor: None, check });
+    rows.push(Row {
+        scenario: "mixed",
+        connections: c,
+        outcome,
+        floor: None,
+        check,
+    });
 
     let (_, peak_rss) = stack.memory_kib().unwrap_or((0, 0));
-    let report = report(&db, &args, &rows, idle_rss, peak_rss_under_load.max(peak_rss)).await;
+    let report = report(
+        &db,
+        &args,
+        &rows,
+        idle_rss,
+        peak_rss_under_load.max(peak_rss),
+    )
+    .await;
     println!("{report}");
     write_report(&args.out, &report)?;
     eprintln!("written to {}", args.out.display());
@@ -344,7 +452,9 @@ async fn run(args: Args) -> Result<(), String> {
     db.close().await;
     // The bench database is disposable; drop it so runs do not pile up.
     if let Ok(admin) = PgPool::connect(&format!("{pg_server}/postgres")).await {
-        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)")).execute(&admin).await;
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+            .execute(&admin)
+            .await;
     }
     if rows.iter().any(|r| r.check.starts_with("BREACH")) {
         return Err("an effect check failed: see the table".into());
@@ -353,22 +463,35 @@ async fn run(args: Args) -> Result<(), String> {
 }
 
 fn machine() -> (String, String) {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string()))
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
         .and_then(|kb| kb.parse::<u64>().ok())
         .map(|kb| format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0))
         .unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     (format!("{cores} cores ({cpu})"), mem)
 }
 
 async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss: u64) -> String {
-    let version: String = sqlx::query_scalar("SHOW server_version").fetch_one(db).await.unwrap_or_default();
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(db)
+        .await
+        .unwrap_or_default();
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .output()
@@ -386,7 +509,12 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
     out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     for r in rows {
         let o = &r.outcome;
-        let non_2xx: u64 = o.statuses.iter().filter(|(s, _)| !(200..300).contains(*s)).map(|(_, n)| n).sum();
+        let non_2xx: u64 = o
+            .statuses
+            .iter()
+            .filter(|(s, _)| !(200..300).contains(*s))
+            .map(|(_, n)| n)
+            .sum();
         let (floor, ratio) = match r.floor {
             Some((clients, f)) => (
                 format!("{:.0} ({clients}, {:.1} ms mean)", f.tps, f.latency_ms),

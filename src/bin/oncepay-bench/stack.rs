@@ -37,14 +37,22 @@ pub fn oncepay_binary() -> Result<PathBuf, String> {
     if bin.exists() {
         Ok(bin)
     } else {
-        Err(format!("{} not found: build it with `cargo build --release --bins`", bin.display()))
+        Err(format!(
+            "{} not found: build it with `cargo build --release --bins`",
+            bin.display()
+        ))
     }
 }
 
 async fn wait_ready(url: &str) -> Result<(), String> {
     let client = reqwest::Client::new();
     for _ in 0..300 {
-        if client.get(url).send().await.is_ok_and(|r| r.status().is_success()) {
+        if client
+            .get(url)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -54,7 +62,11 @@ async fn wait_ready(url: &str) -> Result<(), String> {
 
 impl Stack {
     /// Creates `database` on `pg_server`, a merchant and key, and starts both servers.
-    pub async fn start(pg_server: &str, database: &str, serve_env: &[(String, String)]) -> Result<Stack, String> {
+    pub async fn start(
+        pg_server: &str,
+        database: &str,
+        serve_env: &[(String, String)],
+    ) -> Result<Stack, String> {
         let bin = oncepay_binary()?;
         let db_url = format!("{pg_server}/{database}");
         let out = Command::new(&bin)
@@ -65,7 +77,10 @@ impl Stack {
             .await
             .map_err(|e| format!("running oncepay api-key: {e}"))?;
         if !out.status.success() {
-            return Err(format!("oncepay api-key failed: {}", String::from_utf8_lossy(&out.stderr)));
+            return Err(format!(
+                "oncepay api-key failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
         }
         let api_key = String::from_utf8_lossy(&out.stdout)
             .lines()
@@ -79,7 +94,10 @@ impl Stack {
         let sandbox_child = Command::new(&bin)
             .arg("sandbox")
             .env("ONCEPAY_SANDBOX_BIND", format!("127.0.0.1:{sandbox_port}"))
-            .env("ONCEPAY_SANDBOX_WEBHOOK_URL", format!("{base}/webhooks/sandbox"))
+            .env(
+                "ONCEPAY_SANDBOX_WEBHOOK_URL",
+                format!("{base}/webhooks/sandbox"),
+            )
             .env("ONCEPAY_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -98,7 +116,9 @@ impl Stack {
         for (k, v) in serve_env {
             serve.env(k, v);
         }
-        let serve = serve.spawn().map_err(|e| format!("starting oncepay serve: {e}"))?;
+        let serve = serve
+            .spawn()
+            .map_err(|e| format!("starting oncepay serve: {e}"))?;
         wait_ready(&format!("{sandbox}/healthz")).await?;
         wait_ready(&format!("{base}/readyz")).await?;
         Ok(Stack {

@@ -162,7 +162,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             )?,
             auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
             provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
-            db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 16u32, 1, 1000)?,
+            db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 8u32, 1, 1000)?,
             http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
             max_body_bytes: self.number("ONCEPAY_MAX_BODY_BYTES", 65_536usize, 1_024, 16 << 20)?,
             reconcile_interval: self

@@ -28,7 +28,7 @@ const USAGE: &str = "\
 oncepay-bench — load the service and compare it with the database's own ceiling
 
 USAGE: oncepay-bench [--duration 10s] [--connections 64] [--replay-connections 200]
-                     [--out BENCHMARKS.md] [--no-floor]
+                     [--scenarios create-order,pay,replay,mixed] [--out BENCHMARKS.md] [--no-floor]
 
 Environment: BENCH_DATABASE_SERVER (default postgres://postgres@127.0.0.1:5432);
 ONCEPAY_* variables are passed to `oncepay serve` unchanged.";
@@ -39,6 +39,13 @@ struct Args {
     replay_connections: usize,
     out: PathBuf,
     floor: bool,
+    scenarios: Vec<String>,
+}
+
+impl Args {
+    fn wants(&self, scenario: &str) -> bool {
+        self.scenarios.iter().any(|s| s == scenario)
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -48,6 +55,9 @@ fn parse_args() -> Result<Args, String> {
         replay_connections: 200,
         out: PathBuf::from("BENCHMARKS.md"),
         floor: true,
+        scenarios: ["create-order", "pay", "replay", "mixed"]
+            .map(String::from)
+            .to_vec(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -69,6 +79,9 @@ fn parse_args() -> Result<Args, String> {
             }
             "--out" => args.out = PathBuf::from(value()?),
             "--no-floor" => args.floor = false,
+            "--scenarios" => {
+                args.scenarios = value()?.split(',').map(|s| s.trim().to_string()).collect()
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown option {other}\n\n{USAGE}")),
         }
@@ -178,263 +191,273 @@ async fn run(args: Args) -> Result<(), String> {
     // PostgreSQL allows 100 connections by default, and the service and this
     // program hold some: the floor uses at most 64.
     let floor_clients = |n: usize| n.min(64);
-
-    // 1. create-order: every request a new key.
-    eprintln!("create-order: {c} connections, {d:?} ...");
-    let before = count(&db, "SELECT count(*) FROM orders").await?;
-    let make: MakeRequest = {
-        let stack_base = (stack.base.clone(), stack.api_key.clone());
-        Arc::new(move |client, conn, n| {
-            client
-                .post(format!("{}/orders", stack_base.0))
-                .bearer_auth(&stack_base.1)
-                .header("Idempotency-Key", format!("create-{conn}-{n}"))
-                .json(&order_body())
-        })
-    };
-    let outcome = load::run(c, d, make).await;
-    let created = count(&db, "SELECT count(*) FROM orders").await? - before;
-    peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-    let check = verdict(
-        created as u64 == outcome.count(201),
-        format!(
-            "{created} order rows for {} answers 201",
-            outcome.count(201)
-        ),
-    );
-    let floor = if args.floor {
-        eprintln!("  floor (pgbench) ...");
-        Some((
-            floor_clients(c),
-            floor::run(
-                &stack.db_url,
-                &floor::create_order_script(&fixture),
-                floor_clients(c),
-                d,
-            )
-            .await?,
-        ))
-    } else {
-        None
-    };
-    rows.push(Row {
-        scenario: "create-order",
-        connections: c,
-        outcome,
-        floor,
-        check,
-    });
-
-    // 2. pay: orders made beforehand; every request a new key, tok_visa.
-    eprintln!("pay: preparing orders ...");
-    let prepared: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
-         SELECT gen_random_uuid(), $1, 'cus_bench', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1400}]', 2800, 'EUR',
-                'awaiting_payment', '{}', now(), now()
-           FROM generate_series(1, $2) RETURNING id",
-    )
-    .bind(merchant)
-    .bind(40_000i32)
-    .fetch_all(&db)
-    .await
-    .map_err(|e| e.to_string())?;
-    let prepared = Arc::new(prepared);
-    let next = Arc::new(AtomicUsize::new(0));
-    let charges_before = ledger_charges(&stack).await?;
-    let attempts_before = count(
-        &db,
-        "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
-    )
-    .await?;
-    eprintln!("pay: {c} connections, {d:?} ...");
-    let make: MakeRequest = {
-        let (base, key, prepared, next) = (
-            stack.base.clone(),
-            stack.api_key.clone(),
-            prepared.clone(),
-            next.clone(),
-        );
-        Arc::new(move |client, conn, n| {
-            let i = next.fetch_add(1, Ordering::Relaxed) % prepared.len();
-            client
-                .post(format!("{base}/payments"))
-                .bearer_auth(&key)
-                .header("Idempotency-Key", format!("pay-{conn}-{n}"))
-                .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
-        })
-    };
-    let outcome = load::run(c, d, make).await;
-    peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-    let charges = ledger_charges(&stack).await? - charges_before;
-    let attempts = count(
-        &db,
-        "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
-    )
-    .await?
-        - attempts_before;
-    let ok = outcome.count(201) as i64;
-    let check = verdict(
-        charges == ok && attempts == ok,
-        format!("{charges} sandbox charges, {attempts} succeeded attempts for {ok} answers 201"),
-    );
-    let floor = if args.floor {
-        eprintln!("  floor (pgbench) ...");
-        sqlx::raw_sql(
-            "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
-             CREATE SEQUENCE bench_floor_seq;",
-        )
-        .execute(&db)
-        .await
-        .map_err(|e| e.to_string())?;
-        sqlx::query(
-            "WITH o AS (
-               INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
-               SELECT gen_random_uuid(), $1, 'cus_floor', '[]', 2800, 'EUR', 'awaiting_payment', '{}', now(), now()
-                 FROM generate_series(1, $2) RETURNING id)
-             INSERT INTO bench_floor_orders SELECT row_number() OVER (), id FROM o",
-        )
-        .bind(merchant)
-        .bind(60_000i32)
-        .execute(&db)
-        .await
-        .map_err(|e| e.to_string())?;
-        Some((
-            floor_clients(c),
-            floor::run(
-                &stack.db_url,
-                &floor::pay_script(&fixture),
-                floor_clients(c),
-                d,
-            )
-            .await?,
-        ))
-    } else {
-        None
-    };
-    rows.push(Row {
-        scenario: "pay",
-        connections: c,
-        outcome,
-        floor,
-        check,
-    });
-
-    // 3. replay: one key, many connections.
-    let rc = args.replay_connections;
-    eprintln!("replay: {rc} connections, {d:?} ...");
-    let before = count(&db, "SELECT count(*) FROM orders").await?;
     let client = reqwest::Client::new();
-    post(&client, &stack, "/orders", "replay-key", &order_body())
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
-    let make: MakeRequest = {
-        let (base, key) = (stack.base.clone(), stack.api_key.clone());
-        Arc::new(move |client, _, _| {
-            client
-                .post(format!("{base}/orders"))
-                .bearer_auth(&key)
-                .header("Idempotency-Key", "replay-key")
-                .json(&order_body())
-        })
-    };
-    let outcome = load::run(rc, d, make).await;
-    peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-    let executions = count(&db, "SELECT count(*) FROM orders").await? - before;
-    let check = verdict(
-        executions == 1 && outcome.replayed == outcome.latency.len(),
-        format!(
-            "{executions} execution(s); {} of {} answers replayed",
-            outcome.replayed,
-            outcome.latency.len()
-        ),
-    );
-    let floor = if args.floor {
-        eprintln!("  floor (pgbench) ...");
-        // The floor's key exists and is completed, as the service's is.
-        sqlx::raw_sql(&format!(
-            "INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
-                recovery_point, response_status, response_body, expires_at)
-             VALUES ('{merchant}', 'floor-replay', sha256('fp'), 'create_order', '{{}}', 'completed', 'finished',
-                201, convert_to('{{}}', 'UTF8'), now() + interval '1 day')"
-        ))
-        .execute(&db)
-        .await
-        .map_err(|e| e.to_string())?;
-        Some((
-            floor_clients(rc),
-            floor::run(
-                &stack.db_url,
-                &floor::replay_script(&fixture),
-                floor_clients(rc),
-                d,
-            )
-            .await?,
-        ))
-    } else {
-        None
-    };
-    rows.push(Row {
-        scenario: "replay",
-        connections: rc,
-        outcome,
-        floor,
-        check,
-    });
 
-    // 4. mixed: 90 % replays over a pool of 1,000 keys, 10 % new keys.
-    eprintln!("mixed: warming 1,000 keys ...");
-    let mut warm = tokio::task::JoinSet::new();
-    for chunk in 0..16 {
-        let (client, base, key) = (client.clone(), stack.base.clone(), stack.api_key.clone());
-        warm.spawn(async move {
-            for i in (chunk..1000).step_by(16) {
-                let _ = client
-                    .post(format!("{base}/orders"))
-                    .bearer_auth(&key)
-                    .header("Idempotency-Key", format!("pool-{i}"))
+    if args.wants("create-order") {
+        // 1. create-order: every request a new key.
+        eprintln!("create-order: {c} connections, {d:?} ...");
+        let before = count(&db, "SELECT count(*) FROM orders").await?;
+        let make: MakeRequest = {
+            let stack_base = (stack.base.clone(), stack.api_key.clone());
+            Arc::new(move |client, conn, n| {
+                client
+                    .post(format!("{}/orders", stack_base.0))
+                    .bearer_auth(&stack_base.1)
+                    .header("Idempotency-Key", format!("create-{conn}-{n}"))
                     .json(&order_body())
-                    .send()
-                    .await;
-            }
+            })
+        };
+        let outcome = load::run(c, d, make).await;
+        let created = count(&db, "SELECT count(*) FROM orders").await? - before;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let check = verdict(
+            created as u64 == outcome.count(201),
+            format!(
+                "{created} order rows for {} answers 201",
+                outcome.count(201)
+            ),
+        );
+        let floor = if args.floor {
+            eprintln!("  floor (pgbench) ...");
+            Some((
+                floor_clients(c),
+                floor::run(
+                    &stack.db_url,
+                    &floor::create_order_script(&fixture),
+                    floor_clients(c),
+                    d,
+                )
+                .await?,
+            ))
+        } else {
+            None
+        };
+        rows.push(Row {
+            scenario: "create-order",
+            connections: c,
+            outcome,
+            floor,
+            check,
         });
     }
-    while warm.join_next().await.is_some() {}
-    let before = count(&db, "SELECT count(*) FROM orders").await?;
-    eprintln!("mixed: {c} connections, {d:?} ...");
-    let make: MakeRequest = {
-        let (base, key) = (stack.base.clone(), stack.api_key.clone());
-        Arc::new(move |client, conn, n| {
-            let idem = if fastrand::u8(0..10) == 0 {
-                format!("mixed-new-{conn}-{n}")
-            } else {
-                format!("pool-{}", fastrand::usize(0..1000))
-            };
-            client
-                .post(format!("{base}/orders"))
-                .bearer_auth(&key)
-                .header("Idempotency-Key", idem)
-                .json(&order_body())
-        })
-    };
-    let outcome = load::run(c, d, make).await;
-    peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-    let executed = count(&db, "SELECT count(*) FROM orders").await? - before;
-    let expected = outcome.count(201) as i64 - outcome.replayed as i64;
-    let check = verdict(
-        executed == expected,
-        format!(
-            "{executed} new orders for {expected} non-replayed answers; {} replayed",
-            outcome.replayed
-        ),
-    );
-    rows.push(Row {
-        scenario: "mixed",
-        connections: c,
-        outcome,
-        floor: None,
-        check,
-    });
+
+    if args.wants("pay") {
+        // 2. pay: orders made beforehand; every request a new key, tok_visa.
+        eprintln!("pay: preparing orders ...");
+        let prepared: Vec<Uuid> = sqlx::query_scalar(
+            "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+             SELECT gen_random_uuid(), $1, 'cus_bench', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1400}]', 2800, 'EUR',
+                    'awaiting_payment', '{}', now(), now()
+               FROM generate_series(1, $2) RETURNING id",
+        )
+        .bind(merchant)
+        .bind(40_000i32)
+        .fetch_all(&db)
+        .await
+        .map_err(|e| e.to_string())?;
+        let prepared = Arc::new(prepared);
+        let next = Arc::new(AtomicUsize::new(0));
+        let charges_before = ledger_charges(&stack).await?;
+        let attempts_before = count(
+            &db,
+            "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+        )
+        .await?;
+        eprintln!("pay: {c} connections, {d:?} ...");
+        let make: MakeRequest = {
+            let (base, key, prepared, next) = (
+                stack.base.clone(),
+                stack.api_key.clone(),
+                prepared.clone(),
+                next.clone(),
+            );
+            Arc::new(move |client, conn, n| {
+                let i = next.fetch_add(1, Ordering::Relaxed) % prepared.len();
+                client
+                    .post(format!("{base}/payments"))
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", format!("pay-{conn}-{n}"))
+                    .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
+            })
+        };
+        let outcome = load::run(c, d, make).await;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let charges = ledger_charges(&stack).await? - charges_before;
+        let attempts = count(
+            &db,
+            "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+        )
+        .await?
+            - attempts_before;
+        let ok = outcome.count(201) as i64;
+        let check = verdict(
+            charges == ok && attempts == ok,
+            format!(
+                "{charges} sandbox charges, {attempts} succeeded attempts for {ok} answers 201"
+            ),
+        );
+        let floor = if args.floor {
+            eprintln!("  floor (pgbench) ...");
+            sqlx::raw_sql(
+                "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
+                 CREATE SEQUENCE bench_floor_seq;",
+            )
+            .execute(&db)
+            .await
+            .map_err(|e| e.to_string())?;
+            sqlx::query(
+                "WITH o AS (
+                   INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+                   SELECT gen_random_uuid(), $1, 'cus_floor', '[]', 2800, 'EUR', 'awaiting_payment', '{}', now(), now()
+                     FROM generate_series(1, $2) RETURNING id)
+                 INSERT INTO bench_floor_orders SELECT row_number() OVER (), id FROM o",
+            )
+            .bind(merchant)
+            .bind(60_000i32)
+            .execute(&db)
+            .await
+            .map_err(|e| e.to_string())?;
+            Some((
+                floor_clients(c),
+                floor::run(
+                    &stack.db_url,
+                    &floor::pay_script(&fixture),
+                    floor_clients(c),
+                    d,
+                )
+                .await?,
+            ))
+        } else {
+            None
+        };
+        rows.push(Row {
+            scenario: "pay",
+            connections: c,
+            outcome,
+            floor,
+            check,
+        });
+    }
+
+    if args.wants("replay") {
+        // 3. replay: one key, many connections.
+        let rc = args.replay_connections;
+        eprintln!("replay: {rc} connections, {d:?} ...");
+        let before = count(&db, "SELECT count(*) FROM orders").await?;
+        post(&client, &stack, "/orders", "replay-key", &order_body())
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let make: MakeRequest = {
+            let (base, key) = (stack.base.clone(), stack.api_key.clone());
+            Arc::new(move |client, _, _| {
+                client
+                    .post(format!("{base}/orders"))
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", "replay-key")
+                    .json(&order_body())
+            })
+        };
+        let outcome = load::run(rc, d, make).await;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let executions = count(&db, "SELECT count(*) FROM orders").await? - before;
+        let check = verdict(
+            executions == 1 && outcome.replayed == outcome.latency.len(),
+            format!(
+                "{executions} execution(s); {} of {} answers replayed",
+                outcome.replayed,
+                outcome.latency.len()
+            ),
+        );
+        let floor = if args.floor {
+            eprintln!("  floor (pgbench) ...");
+            // The floor's key exists and is completed, as the service's is.
+            sqlx::raw_sql(&format!(
+                "INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
+                    recovery_point, response_status, response_body, expires_at)
+                 VALUES ('{merchant}', 'floor-replay', sha256('fp'), 'create_order', '{{}}', 'completed', 'finished',
+                    201, convert_to('{{}}', 'UTF8'), now() + interval '1 day')"
+            ))
+            .execute(&db)
+            .await
+            .map_err(|e| e.to_string())?;
+            Some((
+                floor_clients(rc),
+                floor::run(
+                    &stack.db_url,
+                    &floor::replay_script(&fixture),
+                    floor_clients(rc),
+                    d,
+                )
+                .await?,
+            ))
+        } else {
+            None
+        };
+        rows.push(Row {
+            scenario: "replay",
+            connections: rc,
+            outcome,
+            floor,
+            check,
+        });
+    }
+
+    if args.wants("mixed") {
+        // 4. mixed: 90 % replays over a pool of 1,000 keys, 10 % new keys.
+        eprintln!("mixed: warming 1,000 keys ...");
+        let mut warm = tokio::task::JoinSet::new();
+        for chunk in 0..16 {
+            let (client, base, key) = (client.clone(), stack.base.clone(), stack.api_key.clone());
+            warm.spawn(async move {
+                for i in (chunk..1000).step_by(16) {
+                    let _ = client
+                        .post(format!("{base}/orders"))
+                        .bearer_auth(&key)
+                        .header("Idempotency-Key", format!("pool-{i}"))
+                        .json(&order_body())
+                        .send()
+                        .await;
+                }
+            });
+        }
+        while warm.join_next().await.is_some() {}
+        let before = count(&db, "SELECT count(*) FROM orders").await?;
+        eprintln!("mixed: {c} connections, {d:?} ...");
+        let make: MakeRequest = {
+            let (base, key) = (stack.base.clone(), stack.api_key.clone());
+            Arc::new(move |client, conn, n| {
+                let idem = if fastrand::u8(0..10) == 0 {
+                    format!("mixed-new-{conn}-{n}")
+                } else {
+                    format!("pool-{}", fastrand::usize(0..1000))
+                };
+                client
+                    .post(format!("{base}/orders"))
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", idem)
+                    .json(&order_body())
+            })
+        };
+        let outcome = load::run(c, d, make).await;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let executed = count(&db, "SELECT count(*) FROM orders").await? - before;
+        let expected = outcome.count(201) as i64 - outcome.replayed as i64;
+        let check = verdict(
+            executed == expected,
+            format!(
+                "{executed} new orders for {expected} non-replayed answers; {} replayed",
+                outcome.replayed
+            ),
+        );
+        rows.push(Row {
+            scenario: "mixed",
+            connections: c,
+            outcome,
+            floor: None,
+            check,
+        });
+    }
 
     let (_, peak_rss) = stack.memory_kib().unwrap_or((0, 0));
     let report = report(

@@ -15,7 +15,7 @@ export TEST_DATABASE_SERVER ?= $(PG_SERVER)
 BIN := target/debug/oncepay
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean bench
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -98,3 +98,8 @@ BENCH_ARGS ?=
 bench: db ## release build, then load oncepay next to the pgbench floor; prints the table and writes BENCHMARKS.md
 	cargo build --release --bins
 	target/release/oncepay-bench $(BENCH_ARGS)
+
+CHAOS_ARGS ?=
+chaos: ## release build, then the fault soak: 2,000 intents, 3 serve processes, crashes; prints the invariants
+	cargo build --release --bins
+	target/release/oncepay-chaos $(CHAOS_ARGS)

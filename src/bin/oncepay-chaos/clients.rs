@@ -1,0 +1,237 @@
+//! Clients that behave as the seeds recommend: one key per intent, the same
+//! key on every retry, retries on timeouts, `5xx`, `409 in_flight` and
+//! dropped connections, with exponential backoff and full jitter.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+
+/// Why requests were retried, counted.
+#[derive(Default)]
+pub struct Retries {
+    /// Reason → count.
+    pub by_reason: BTreeMap<&'static str, u64>,
+}
+
+/// What one intent saw.
+#[derive(Debug, Default, Clone)]
+pub struct Intent {
+    /// The order's id from the create answer.
+    pub order_id: Option<String>,
+    /// The amount the create answer showed.
+    pub amount: Option<i64>,
+    /// Every 2xx body received for the payment key (repeats included).
+    pub payment_answers: Vec<Value>,
+    /// Statuses seen for the payment, in order (answers, then polling).
+    pub payment_statuses: Vec<String>,
+    /// Every 2xx body received for the refund key.
+    pub refund_answers: Vec<Value>,
+    /// A request that never got a final answer, and why.
+    pub gave_up: Option<String>,
+}
+
+/// What the clients share.
+pub struct Clients {
+    /// The serve processes' base URLs.
+    pub bases: Vec<String>,
+    /// The merchant's key.
+    pub api_key: String,
+    /// How long one request is retried before giving up.
+    pub patience: Duration,
+    /// Shared retry counts.
+    pub retries: Mutex<Retries>,
+    http: reqwest::Client,
+}
+
+impl Clients {
+    /// Clients of `bases`.
+    pub fn new(
+        bases: Vec<String>,
+        api_key: String,
+        timeout: Duration,
+        patience: Duration,
+    ) -> Clients {
+        Clients {
+            bases,
+            api_key,
+            patience,
+            retries: Mutex::new(Retries::default()),
+            http: reqwest::Client::builder()
+                .timeout(timeout)
+                .build()
+                .unwrap_or_default(),
+        }
+    }
+
+    async fn retried(&self, reason: &'static str) {
+        *self
+            .retries
+            .lock()
+            .await
+            .by_reason
+            .entry(reason)
+            .or_insert(0) += 1;
+    }
+
+    /// POSTs until a final answer (2xx or a 4xx other than in-flight),
+    /// retrying with the same key. Each try goes to a random process.
+    async fn post(&self, path: &str, key: &str, body: &Value) -> Result<(u16, Value), String> {
+        let started = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            let base = &self.bases[fastrand::usize(0..self.bases.len())];
+            let sent = self
+                .http
+                .post(format!("{base}{path}"))
+                .bearer_auth(&self.api_key)
+                .header("Idempotency-Key", key)
+                .json(body)
+                .send()
+                .await;
+            let reason = match sent {
+                Err(e) if e.is_timeout() => "timeout",
+                Err(_) => "connection",
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    match r.bytes().await {
+                        Err(_) => "connection",
+                        Ok(bytes) => {
+                            let value: Value =
+                                serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                            if status >= 500 {
+                                "5xx"
+                            } else if status == 409 && value["code"] == "idempotency_key_in_flight"
+                            {
+                                "409_in_flight"
+                            } else {
+                                return Ok((status, value));
+                            }
+                        }
+                    }
+                }
+            };
+            self.retried(reason).await;
+            if started.elapsed() > self.patience {
+                return Err(format!(
+                    "{path}: no final answer after {:?} (last: {reason})",
+                    self.patience
+                ));
+            }
+            let ceiling = Duration::from_millis(50)
+                .saturating_mul(1 << attempt.min(6))
+                .min(Duration::from_secs(2));
+            tokio::time::sleep(ceiling.mul_f64(fastrand::f64())).await;
+            attempt += 1;
+        }
+    }
+
+    async fn get(&self, path: &str) -> Option<Value> {
+        let base = &self.bases[fastrand::usize(0..self.bases.len())];
+        let r = self
+            .http
+            .get(format!("{base}{path}"))
+            .bearer_auth(&self.api_key)
+            .send()
+            .await
+            .ok()?;
+        if !r.status().is_success() {
+            return None;
+        }
+        r.json().await.ok()
+    }
+
+    /// One intent: create an order, pay it, follow a pending payment, and
+    /// refund half of some succeeded ones.
+    pub async fn run_intent(self: Arc<Self>, run: &str, i: usize) -> Intent {
+        let mut intent = Intent::default();
+        let token = match i % 10 {
+            7 => "tok_declined",
+            8 => "tok_async",
+            _ => "tok_visa",
+        };
+        let order = json!({
+            "customer_id": format!("chaos-{i}"),
+            "currency": "EUR",
+            "items": [{"sku": "item", "quantity": 1 + (i % 3), "unit_amount": 1000 + (i % 7) * 100}],
+        });
+        match self
+            .post("/orders", &format!("order-{run}-{i}"), &order)
+            .await
+        {
+            Ok((201, body)) => {
+                intent.order_id = body["id"].as_str().map(str::to_string);
+                intent.amount = body["amount"].as_i64();
+            }
+            Ok((status, body)) => {
+                intent.gave_up = Some(format!("create order answered {status}: {body}"));
+                return intent;
+            }
+            Err(e) => {
+                intent.gave_up = Some(e);
+                return intent;
+            }
+        }
+        let Some(order_id) = intent.order_id.clone() else {
+            return intent;
+        };
+        let pay = json!({"order_id": order_id, "payment_method": token});
+        let pay_key = format!("pay-{run}-{i}");
+        // Repeat the payment a second time sometimes, as a double click would.
+        for _ in 0..(1 + usize::from(i.is_multiple_of(5))) {
+            match self.post("/payments", &pay_key, &pay).await {
+                Ok((201 | 202, body)) => {
+                    intent
+                        .payment_statuses
+                        .push(body["status"].as_str().unwrap_or("?").to_string());
+                    intent.payment_answers.push(body);
+                }
+                Ok((status, body)) => {
+                    intent.gave_up = Some(format!("payment answered {status}: {body}"));
+                    return intent;
+                }
+                Err(e) => {
+                    intent.gave_up = Some(e);
+                    return intent;
+                }
+            }
+        }
+        let Some(payment_id) = intent.payment_answers[0]["id"].as_str().map(str::to_string) else {
+            return intent;
+        };
+        // Poll a pending payment for a while, as a checkout page would.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while intent.payment_statuses.last().map(String::as_str) == Some("pending")
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if let Some(p) = self.get(&format!("/payments/{payment_id}")).await {
+                intent
+                    .payment_statuses
+                    .push(p["status"].as_str().unwrap_or("?").to_string());
+            }
+        }
+        if intent.payment_statuses.last().map(String::as_str) == Some("succeeded")
+            && i.is_multiple_of(4)
+        {
+            let half = intent.amount.unwrap_or(2) / 2;
+            match self
+                .post(
+                    &format!("/payments/{payment_id}/refunds"),
+                    &format!("refund-{run}-{i}"),
+                    &json!({"amount": half}),
+                )
+                .await
+            {
+                Ok((201 | 202, body)) => intent.refund_answers.push(body),
+                Ok((status, body)) => {
+                    intent.gave_up = Some(format!("refund answered {status}: {body}"))
+                }
+                Err(e) => intent.gave_up = Some(e),
+            }
+        }
+        intent
+    }
+}

@@ -327,7 +327,14 @@ async fn sigterm_finishes_in_flight_requests_then_exits() {
                 .await
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // In flight for sure: the sandbox holds the charge and delays its answer.
+    for _ in 0..200 {
+        if cluster.ledger().await["totals"]["requests"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(cluster.ledger().await["totals"]["requests"], 1);
     let pid = a.process.id().expect("pid").to_string();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid])

@@ -65,7 +65,8 @@ run: db build ## start the sandbox and oncepay with a dev API key, and print a c
 	echo
 	@trap 'kill $$(cat $(RUN_DIR)/sandbox.pid) 2>/dev/null' EXIT INT TERM; $(BIN) serve
 
-test: ## run every test (unit, API, multi-process) against the real PostgreSQL
+test: ## run every test (unit, properties, API, multi-process, schemathesis, a short chaos soak)
+	@command -v schemathesis >/dev/null || python3 -m pip install --quiet schemathesis
 	@$(MAKE) --no-print-directory test-dbs-drop
 	@status=0; \
 	if cargo nextest --version >/dev/null 2>&1; then \

@@ -47,6 +47,9 @@ impl Command for CreateRefund {
             })
             .transpose()?;
         let reason = body.opt_string("reason")?;
+        if let Some(r) = &reason {
+            crate::domain::order::no_nul("reason", r).map_err(Problem::rule)?;
+        }
         if reason
             .as_ref()
             .is_some_and(|r| r.chars().count() > REASON_MAX)

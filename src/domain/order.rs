@@ -61,11 +61,24 @@ pub struct NewOrder {
 }
 
 fn chars_between(field: &str, value: &str, min: usize, max: usize) -> Result<(), RuleViolation> {
+    no_nul(field, value)?;
     let n = value.chars().count();
     if n < min || n > max {
         return Err(RuleViolation::new(
             field,
             format!("must be {min} to {max} characters long"),
+        ));
+    }
+    Ok(())
+}
+
+/// PostgreSQL cannot store U+0000 in text or JSON, so no stored string may
+/// hold it: refused here as a rule, never discovered as a database error.
+pub fn no_nul(field: &str, value: &str) -> Result<(), RuleViolation> {
+    if value.contains('\0') {
+        return Err(RuleViolation::new(
+            field,
+            "must not contain the NUL character (U+0000)",
         ));
     }
     Ok(())
@@ -334,6 +347,26 @@ mod tests {
                 vec![]
             )),
             "currency"
+        );
+        assert_eq!(
+            field(NewOrder::new(
+                "c\0".into(),
+                "EUR",
+                vec![item("a", 1, 1)],
+                vec![]
+            )),
+            "customer_id"
+        );
+        assert_eq!(field(order(vec![item("a\0", 1, 1)])), "items[0].sku");
+        let nul_value = vec![("k".to_string(), "v\0".to_string())];
+        assert_eq!(
+            field(NewOrder::new(
+                "c".into(),
+                "EUR",
+                vec![item("a", 1, 1)],
+                nul_value
+            )),
+            "metadata.k"
         );
         let pairs = (0..21).map(|i| (format!("k{i}"), "v".into())).collect();
         assert_eq!(

@@ -34,36 +34,47 @@ pub struct AppState {
 
 /// Every route of the API.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource("/orders").route(web::post().to(resources::create_order)))
-        .service(resource("/orders/{id}").route(web::get().to(resources::get_order)))
-        .service(resource("/orders/{id}/cancel").route(web::post().to(resources::cancel_order)))
-        .service(resource("/orders/{id}/payments").route(web::get().to(resources::list_payments)))
-        .service(resource("/payments").route(web::post().to(resources::create_payment)))
-        .service(resource("/payments/{id}").route(web::get().to(resources::get_payment)))
-        .service(resource("/payments/{id}/refunds").route(web::post().to(resources::create_refund)))
-        .service(resource("/refunds/{id}").route(web::get().to(resources::get_refund)))
-        .service(resource("/webhooks/{provider}").route(web::post().to(webhooks::receive)))
-        .service(resource("/healthz").route(web::get().to(ops::healthz)))
-        .service(resource("/readyz").route(web::get().to(ops::readyz)))
-        .service(resource("/metrics").route(web::get().to(ops::metrics)))
-        .service(resource("/openapi.yaml").route(web::get().to(ops::openapi)))
+    cfg.service(resource("/orders", "POST").route(web::post().to(resources::create_order)))
+        .service(resource("/orders/{id}", "GET").route(web::get().to(resources::get_order)))
+        .service(
+            resource("/orders/{id}/cancel", "POST").route(web::post().to(resources::cancel_order)),
+        )
+        .service(
+            resource("/orders/{id}/payments", "GET").route(web::get().to(resources::list_payments)),
+        )
+        .service(resource("/payments", "POST").route(web::post().to(resources::create_payment)))
+        .service(resource("/payments/{id}", "GET").route(web::get().to(resources::get_payment)))
+        .service(
+            resource("/payments/{id}/refunds", "POST")
+                .route(web::post().to(resources::create_refund)),
+        )
+        .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
+        .service(resource("/webhooks/{provider}", "POST").route(web::post().to(webhooks::receive)))
+        .service(resource("/healthz", "GET").route(web::get().to(ops::healthz)))
+        .service(resource("/readyz", "GET").route(web::get().to(ops::readyz)))
+        .service(resource("/metrics", "GET").route(web::get().to(ops::metrics)))
+        .service(resource("/openapi.yaml", "GET").route(web::get().to(ops::openapi)))
         .default_service(web::to(not_found));
 }
 
-fn resource(path: &str) -> actix_web::Resource {
-    web::resource(path).default_service(web::to(method_not_allowed))
+/// A resource whose other methods get `405` with the `Allow` header RFC 9110 asks for.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move || async move {
+        let mut response = Problem::new(
+            405,
+            "method_not_allowed",
+            "this endpoint does not take that method",
+        )
+        .error_response();
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allow));
+        response
+    }))
 }
 
 async fn not_found() -> Problem {
     Problem::new(404, "not_found", "no such endpoint")
-}
-
-async fn method_not_allowed() -> Problem {
-    Problem::new(
-        405,
-        "method_not_allowed",
-        "this endpoint does not take that method",
-    )
 }
 
 impl std::fmt::Display for Problem {

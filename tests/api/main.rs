@@ -9,4 +9,5 @@ mod orders;
 mod payments;
 mod processes;
 mod refunds;
+mod schema;
 mod webhooks;

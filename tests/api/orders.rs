@@ -275,6 +275,9 @@ async fn hostile_input_never_panics_or_500s() {
         b"{\"customer_id\":\"c\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"a\",\"quantity\":99999999999999999999999999,\"unit_amount\":99999999999999999999}]}".to_vec(),
         b"{\"customer_id\":\"c\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"a\",\"quantity\":-9223372036854775808,\"unit_amount\":1}]}".to_vec(),
         b"{\"customer_id\":\"\\u0000\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"\\ud800\",\"quantity\":1,\"unit_amount\":1}]}".to_vec(),
+        // U+0000 alone in an otherwise valid order: PostgreSQL cannot store it.
+        b"{\"customer_id\":\"c\\u0000\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"a\",\"quantity\":1,\"unit_amount\":1}]}".to_vec(),
+        b"{\"customer_id\":\"c\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"a\\u0000\",\"quantity\":1,\"unit_amount\":1}],\"metadata\":{\"k\":\"\\u0000\"}}".to_vec(),
         huge_string.into_bytes(),
         deep.into_bytes(),
         vec![b'{'; 70_000],

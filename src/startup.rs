@@ -84,6 +84,7 @@ impl Application {
             webhook_secret: config.webhook_secret.clone(),
             max_body_bytes: config.max_body_bytes,
             keys: crate::api_keys::KeyCache::new(config.auth_cache_ttl),
+            runtime: tokio::runtime::Handle::current(),
         });
         let listener = TcpListener::bind(config.bind)?;
         let addr = listener.local_addr()?;

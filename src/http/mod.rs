@@ -30,6 +30,27 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Recently verified API keys.
     pub keys: crate::api_keys::KeyCache,
+    /// The process's main runtime, where all database work runs (see
+    /// [`on_service_runtime`]).
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// Runs database work on the process's main runtime. actix-web gives each
+/// HTTP worker its own runtime, and a connection belongs to the runtime that
+/// opened it; on SIGTERM actix stops idle workers first, so a pooled
+/// connection opened by one of them would be dead for requests still
+/// draining elsewhere. Opened on the main runtime, every connection lives
+/// as long as the process.
+async fn on_service_runtime<T, F>(state: &AppState, work: F) -> Result<T, Problem>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, Problem>> + Send + 'static,
+{
+    state
+        .runtime
+        .spawn(work)
+        .await
+        .map_err(|_| Problem::internal())?
 }
 
 /// Every route of the API.
@@ -157,10 +178,14 @@ async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Probl
     if let Some(merchant) = state.keys.get(&hash) {
         return Ok(merchant);
     }
-    let merchant = store::merchants::merchant_for_key(&state.ctx.pool, &hash)
-        .await
-        .map_err(crate::idempotency::store_problem)?
-        .ok_or_else(unauthorized)?;
+    let pool = state.ctx.pool.clone();
+    let found = on_service_runtime(state, async move {
+        store::merchants::merchant_for_key(&pool, &hash)
+            .await
+            .map_err(crate::idempotency::store_problem)
+    })
+    .await?;
+    let merchant = found.ok_or_else(unauthorized)?;
     state.keys.put(hash, merchant);
     Ok(merchant)
 }

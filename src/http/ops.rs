@@ -14,10 +14,14 @@ pub async fn healthz() -> HttpResponse {
 }
 
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
-    sqlx::query("SELECT 1")
-        .execute(&state.ctx.pool)
-        .await
-        .map_err(|_| Problem::unavailable("the database"))?;
+    let pool = state.ctx.pool.clone();
+    super::on_service_runtime(&state, async move {
+        sqlx::query("SELECT 1")
+            .execute(&pool)
+            .await
+            .map_err(|_| Problem::unavailable("the database"))
+    })
+    .await?;
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
 }
 

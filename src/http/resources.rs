@@ -3,7 +3,10 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
-use super::{answer, authenticate, idempotency_key, ok_json, path_uuid, read_body, AppState};
+use super::{
+    answer, authenticate, idempotency_key, ok_json, on_service_runtime, path_uuid, read_body,
+    AppState,
+};
 use crate::commands::orders::{CancelOrder, CreateOrder};
 use crate::commands::payments::CreatePayment;
 use crate::commands::refunds::CreateRefund;
@@ -18,7 +21,7 @@ type Reply = Result<HttpResponse, Problem>;
 /// Every money command, in one order of checks: `401` auth, `400` key,
 /// `413` size, `400` JSON and shape, `422` rules (none of which touch the
 /// key), then the idempotency engine.
-async fn money_command<C: Command>(
+async fn money_command<C: Command + 'static>(
     state: &AppState,
     req: &HttpRequest,
     payload: web::Payload,
@@ -39,7 +42,11 @@ async fn money_command<C: Command>(
         merchant_id,
         key: key.as_str().to_string(),
     };
-    let reply = commands::run(&state.ctx, id, fingerprint, &input, &command).await?;
+    let ctx = state.ctx.clone();
+    let reply = on_service_runtime(state, async move {
+        commands::run(&ctx, id, fingerprint, &input, &command).await
+    })
+    .await?;
     Ok(answer(reply))
 }
 
@@ -79,34 +86,28 @@ pub async fn create_refund(
     money_command::<CreateRefund>(&state, &req, payload, id, true).await
 }
 
-/// Runs a scoped read with a pooled connection.
-async fn read<T, F>(
+/// Runs a scoped read on the service runtime.
+async fn read<T, F, Fut>(
     state: &AppState,
     req: &HttpRequest,
     raw_id: &str,
     code: &'static str,
-    what: &str,
-    f: F,
+    what: &'static str,
+    query: F,
 ) -> Reply
 where
-    T: serde::Serialize,
-    F: for<'c> FnOnce(
-        &'c mut sqlx::PgConnection,
-        uuid::Uuid,
-        uuid::Uuid,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<Option<T>, store::StoreError>> + 'c>,
-    >,
+    T: serde::Serialize + Send + 'static,
+    F: FnOnce(sqlx::PgPool, uuid::Uuid, uuid::Uuid) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Option<T>, store::StoreError>> + Send + 'static,
 {
     let merchant_id = authenticate(state, req).await?;
     let id = path_uuid(raw_id, code, what)?;
-    let mut conn = state
-        .ctx
-        .pool
-        .acquire()
-        .await
-        .map_err(|e| store_problem(e.into()))?;
-    match f(&mut conn, merchant_id, id).await.map_err(store_problem)? {
+    let pool = state.ctx.pool.clone();
+    let found = on_service_runtime(state, async move {
+        query(pool, merchant_id, id).await.map_err(store_problem)
+    })
+    .await?;
+    match found {
         Some(value) => ok_json(&value),
         None => Err(Problem::not_found(code, what)),
     }
@@ -123,7 +124,7 @@ pub async fn get_order(
         &path,
         "order_not_found",
         "order",
-        |c, m, id| Box::pin(store::orders::get(c, m, id)),
+        |pool, m, id| async move { store::orders::get(&mut *pool.acquire().await?, m, id).await },
     )
     .await
 }
@@ -139,7 +140,7 @@ pub async fn get_payment(
         &path,
         "payment_not_found",
         "payment",
-        |c, m, id| Box::pin(store::payments::get(c, m, id)),
+        |pool, m, id| async move { store::payments::get(&mut *pool.acquire().await?, m, id).await },
     )
     .await
 }
@@ -155,7 +156,7 @@ pub async fn get_refund(
         &path,
         "refund_not_found",
         "refund",
-        |c, m, id| Box::pin(store::refunds::get(c, m, id)),
+        |pool, m, id| async move { store::refunds::get(&mut *pool.acquire().await?, m, id).await },
     )
     .await
 }
@@ -172,14 +173,13 @@ pub async fn list_payments(
         &path,
         "order_not_found",
         "order",
-        |c, m, id| {
-            Box::pin(async move {
-                if store::orders::get(c, m, id).await?.is_none() {
-                    return Ok(None);
-                }
-                let data = store::payments::list_for_order(c, m, id).await?;
-                Ok(Some(serde_json::json!({ "data": data })))
-            })
+        |pool, m, id| async move {
+            let mut conn = pool.acquire().await?;
+            if store::orders::get(&mut conn, m, id).await?.is_none() {
+                return Ok(None);
+            }
+            let data = store::payments::list_for_order(&mut conn, m, id).await?;
+            Ok(Some(serde_json::json!({ "data": data })))
         },
     )
     .await

@@ -42,7 +42,11 @@ pub async fn receive(
             e.to_string(),
         ));
     }
-    let outcome = crate::events::apply(&state.ctx, &provider, header("webhook-id"), &body).await?;
+    let (ctx, event_id) = (state.ctx.clone(), header("webhook-id").map(str::to_string));
+    let outcome = super::on_service_runtime(&state, async move {
+        crate::events::apply(&ctx, &provider, event_id.as_deref(), &body).await
+    })
+    .await?;
     state
         .ctx
         .metrics

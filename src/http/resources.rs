@@ -42,6 +42,12 @@ async fn money_command<C: Command + 'static>(
         merchant_id,
         key: key.as_str().to_string(),
     };
+    if let Some(response) = state.ctx.engine.replay_from_memory(&id, &fingerprint)? {
+        return Ok(answer(commands::Answer {
+            response,
+            replayed: true,
+        }));
+    }
     let ctx = state.ctx.clone();
     let reply = on_service_runtime(state, async move {
         commands::run(&ctx, id, fingerprint, &input, &command).await

@@ -203,18 +203,31 @@ impl Engine {
         self.config
     }
 
-    /// Claims the request's key and says what to do; see the module docs.
-    pub async fn begin(&self, request: &IdempotentRequest) -> Result<NextAction, Problem> {
-        match self.cache.get(&request.id, &request.fingerprint) {
+    /// Answers a repeat of a completed command from memory, touching no
+    /// database: `Ok(Some)` replays, `Err` is a key reused with another
+    /// request, `Ok(None)` means the database must decide ([`Engine::begin`]).
+    pub fn replay_from_memory(
+        &self,
+        id: &RecordId,
+        fingerprint: &Fingerprint,
+    ) -> Result<Option<StoredResponse>, Problem> {
+        match self.cache.get(id, fingerprint) {
             Cached::Replay(response) => {
                 self.metrics.idempotency("replayed");
-                return Ok(NextAction::Replay(StoredResponse::clone(&response)));
+                Ok(Some(StoredResponse::clone(&response)))
             }
             Cached::Mismatch => {
                 self.metrics.idempotency("key_reused");
-                return Err(key_reused());
+                Err(key_reused())
             }
-            Cached::Unknown => {}
+            Cached::Unknown => Ok(None),
+        }
+    }
+
+    /// Claims the request's key and says what to do; see the module docs.
+    pub async fn begin(&self, request: &IdempotentRequest) -> Result<NextAction, Problem> {
+        if let Some(response) = self.replay_from_memory(&request.id, &request.fingerprint)? {
+            return Ok(NextAction::Replay(response));
         }
         let deadline = Instant::now() + self.config.wait;
         let mut pause = Duration::from_millis(5);

@@ -89,7 +89,6 @@ pub enum NextAction {
 pub struct Claim {
     id: RecordId,
     lease: Lease,
-    resumed: bool,
     /// When a fresh record was claimed (before the insert, so no later than
     /// the database's own clock): its expiry is at least this plus the TTL.
     fresh_since: Option<Instant>,
@@ -105,7 +104,6 @@ impl Claim {
         Claim {
             id,
             lease,
-            resumed: true,
             fresh_since: None,
         }
     }
@@ -138,11 +136,6 @@ impl Claim {
     /// The command's input as stored.
     pub fn input(&self) -> &Value {
         &self.lease.request
-    }
-
-    /// True when this claim continues a command a dead process started.
-    pub fn is_resumed(&self) -> bool {
-        self.resumed
     }
 
     /// True while no effect has been recorded: failing now frees the key.
@@ -249,7 +242,6 @@ impl Engine {
                 return Ok(NextAction::Execute(Claim {
                     id: request.id.clone(),
                     lease,
-                    resumed: false,
                     fresh_since: Some(claimed_at),
                 }));
             }
@@ -287,7 +279,6 @@ impl Engine {
                     return Ok(NextAction::Execute(Claim {
                         id: request.id.clone(),
                         lease,
-                        resumed: true,
                         fresh_since: None,
                     }));
                 }

@@ -236,14 +236,7 @@ impl TestApp {
 
     /// The sandbox ledger.
     pub async fn ledger(&self) -> Value {
-        json_of(
-            self.http
-                .get(format!("{}/v1/ledger", self.sandbox))
-                .send()
-                .await
-                .expect("ledger"),
-        )
-        .await
+        ledger(&self.http, &self.sandbox).await
     }
 
     /// Polls `GET path` until `done(body)` or ~10 s pass.
@@ -258,6 +251,17 @@ impl TestApp {
         }
         panic!("condition not reached on {path}; last: {last}");
     }
+}
+
+/// The ledger of the sandbox at `base`: requests and effects per key.
+pub async fn ledger(http: &reqwest::Client, base: &str) -> Value {
+    json_of(
+        http.get(format!("{base}/v1/ledger"))
+            .send()
+            .await
+            .expect("ledger"),
+    )
+    .await
 }
 
 /// Parses a response body as JSON.

@@ -85,14 +85,38 @@ impl Cluster {
     }
 
     async fn ledger(&self) -> Value {
-        json_of(
-            self.http
-                .get(format!("{}/v1/ledger", self.sandbox))
-                .send()
-                .await
-                .expect("ledger"),
-        )
-        .await
+        ledger(&self.http, &self.sandbox).await
+    }
+
+    /// Sends a payment in the background, to be killed or drained mid-flight.
+    fn spawn_payment(
+        &self,
+        base: &str,
+        idem: &str,
+        body: &Value,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let request = self
+            .http
+            .post(format!("{base}/payments"))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", idem)
+            .json(body);
+        tokio::spawn(request.send())
+    }
+
+    /// Waits until the sandbox ledger's total `name` reaches `value`.
+    async fn wait_for_ledger(&self, name: &str, value: u64) {
+        for _ in 0..200 {
+            if self.ledger().await["totals"][name] == value {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            self.ledger().await["totals"][name],
+            value,
+            "sandbox ledger total {name}"
+        );
     }
 }
 
@@ -159,30 +183,8 @@ async fn kill_between_charge_and_commit(cluster: &Cluster, idem: &str) -> Value 
     )
     .await;
     let body = json!({"order_id": order["id"], "payment_method": "tok_visa+delay=3000"});
-    let pending = {
-        let (base, body, idem) = (a.base.clone(), body.clone(), idem.to_string());
-        let http = cluster.http.clone();
-        let key = cluster.key.clone();
-        tokio::spawn(async move {
-            http.post(format!("{base}/payments"))
-                .bearer_auth(key)
-                .header("Idempotency-Key", idem)
-                .json(&body)
-                .send()
-                .await
-        })
-    };
-    for _ in 0..100 {
-        if cluster.ledger().await["totals"]["charges"] == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(
-        cluster.ledger().await["totals"]["charges"],
-        1,
-        "the sandbox charged"
-    );
+    let pending = cluster.spawn_payment(&a.base, idem, &body);
+    cluster.wait_for_ledger("charges", 1).await;
     a.process.start_kill().expect("SIGKILL");
     a.process.wait().await.expect("reaped");
     assert!(
@@ -311,30 +313,9 @@ async fn sigterm_finishes_in_flight_requests_then_exits() {
     )
     .await;
     let body = json!({"order_id": order["id"], "payment_method": "tok_visa+delay=1000"});
-    let in_flight = {
-        let (http, key, url, body) = (
-            cluster.http.clone(),
-            cluster.key.clone(),
-            format!("{}/payments", a.base),
-            body,
-        );
-        tokio::spawn(async move {
-            http.post(url)
-                .bearer_auth(key)
-                .header("Idempotency-Key", "p")
-                .json(&body)
-                .send()
-                .await
-        })
-    };
+    let in_flight = cluster.spawn_payment(&a.base, "p", &body);
     // In flight for sure: the sandbox holds the charge and delays its answer.
-    for _ in 0..200 {
-        if cluster.ledger().await["totals"]["requests"] == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(cluster.ledger().await["totals"]["requests"], 1);
+    cluster.wait_for_ledger("requests", 1).await;
     let pid = a.process.id().expect("pid").to_string();
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &pid])

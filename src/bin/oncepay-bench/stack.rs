@@ -69,25 +69,14 @@ impl Stack {
     ) -> Result<Stack, String> {
         let bin = oncepay_binary()?;
         let db_url = format!("{pg_server}/{database}");
-        let out = Command::new(&bin)
-            .args(["api-key", "create", "--merchant", "bench"])
-            .env("DATABASE_URL", &db_url)
-            .env("ONCEPAY_LOG", "warn")
-            .output()
+        oncepay::store::prepare_database(&db_url)
             .await
-            .map_err(|e| format!("running oncepay api-key: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "oncepay api-key failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        let api_key = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .last()
-            .unwrap_or_default()
-            .trim()
-            .to_string();
+            .map_err(|e| e.to_string())?;
+        let pool = oncepay::store::pool(&db_url, 1).map_err(|e| e.to_string())?;
+        let api_key = oncepay::api_keys::create(&pool, "bench")
+            .await
+            .map_err(|e| e.to_string())?;
+        pool.close().await;
         let (serve_port, sandbox_port) = (free_port()?, free_port()?);
         let base = format!("http://127.0.0.1:{serve_port}");
         let sandbox = format!("http://127.0.0.1:{sandbox_port}");

@@ -114,25 +114,14 @@ async fn soak(
     bin: &std::path::Path,
 ) -> Result<bool, String> {
     let db_url = pg.url("oncepay");
-    let out = tokio::process::Command::new(bin)
-        .args(["api-key", "create", "--merchant", "chaos"])
-        .env("DATABASE_URL", &db_url)
-        .env("ONCEPAY_LOG", "warn")
-        .output()
+    oncepay::store::prepare_database(&db_url)
         .await
-        .map_err(|e| format!("oncepay api-key: {e}"))?;
-    let api_key = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    if !out.status.success() || api_key.is_empty() {
-        return Err(format!(
-            "oncepay api-key failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
+        .map_err(|e| e.to_string())?;
+    let setup = oncepay::store::pool(&db_url, 1).map_err(|e| e.to_string())?;
+    let api_key = oncepay::api_keys::create(&setup, "chaos")
+        .await
+        .map_err(|e| e.to_string())?;
+    setup.close().await;
     let ports: Vec<u16> = (0..args.processes)
         .map(|_| free_port())
         .collect::<Result<_, _>>()?;

@@ -46,9 +46,10 @@ where
     T: Send + 'static,
     F: std::future::Future<Output = Result<T, Problem>> + Send + 'static,
 {
+    // The request's span (and so its request id) goes along.
     state
         .runtime
-        .spawn(work)
+        .spawn(tracing::Instrument::in_current_span(work))
         .await
         .map_err(|_| Problem::internal())?
 }

@@ -179,6 +179,13 @@ async fn secrets_never_reach_the_logs() {
         logs.contains("request finished"),
         "logs were captured: {logs}"
     );
+    // Log lines from inside a command carry the request's id too (the
+    // dropped charge made the provider client log a retry).
+    let retry_line = logs
+        .lines()
+        .find(|l| l.contains("retrying with the same key"))
+        .expect("a retry was logged");
+    assert!(retry_line.contains("request_id="), "{retry_line}");
     let secret_b64 = oncepay::config::DEV_WEBHOOK_SECRET.trim_start_matches("whsec_");
     for secret in [
         api_key.as_str(),

@@ -17,7 +17,6 @@ use crate::store::{self, StoreError};
 
 #[derive(Deserialize)]
 struct Envelope {
-    id: Option<String>,
     #[serde(rename = "type")]
     event_type: String,
     data: Data,
@@ -47,16 +46,18 @@ pub async fn apply(
 ) -> Result<&'static str, Problem> {
     let payload: Value = serde_json::from_slice(body)
         .map_err(|_| Problem::new(400, "malformed_json", "the event is not JSON"))?;
-    let envelope: Envelope = serde_json::from_value(payload.clone()).map_err(|e| {
-        Problem::new(
-            400,
-            "invalid_field",
-            format!("the event is not a provider event: {e}"),
-        )
-    })?;
-    let event_id = envelope
-        .id
-        .clone()
+    // A signed event of a shape we do not know is still kept and answered
+    // 200 (never lost): it is recorded as ignored, for a person to look at.
+    let envelope: Envelope = serde_json::from_value(payload.clone()).unwrap_or(Envelope {
+        event_type: "unrecognised".into(),
+        data: Data {
+            object: Value::Null,
+        },
+    });
+    let event_id = payload
+        .get("id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
         .or_else(|| header_id.map(str::to_string))
         .ok_or_else(|| Problem::invalid_field("id", "is required"))?;
     apply_parsed(ctx, provider, &event_id, &envelope, &payload)

@@ -167,7 +167,7 @@ pub async fn get_refund(
     .await
 }
 
-/// `GET /orders/{id}/payments`: `{"data": [Payment, ...]}`, oldest first.
+/// `GET /orders/{id}/payments`: a JSON array of the order's attempts, oldest first.
 pub async fn list_payments(
     state: web::Data<AppState>,
     req: HttpRequest,
@@ -184,8 +184,9 @@ pub async fn list_payments(
             if store::orders::get(&mut conn, m, id).await?.is_none() {
                 return Ok(None);
             }
-            let data = store::payments::list_for_order(&mut conn, m, id).await?;
-            Ok(Some(serde_json::json!({ "data": data })))
+            Ok(Some(
+                store::payments::list_for_order(&mut conn, m, id).await?,
+            ))
         },
     )
     .await

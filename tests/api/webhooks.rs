@@ -196,3 +196,16 @@ async fn duplicated_and_reordered_sandbox_webhooks_end_in_the_right_state() {
         "paid"
     );
 }
+
+#[tokio::test]
+async fn a_signed_event_of_an_unknown_shape_is_kept_not_refused() {
+    let app = spawn_app().await;
+    let event = json!({"id": "evt_odd", "kind": "something.else", "payload": [1, 2]});
+    let r = deliver_signed(&app, &event).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(json_of(r).await["outcome"], "ignored");
+    let kept = app
+        .count("SELECT count(*) FROM webhook_event WHERE event_id = 'evt_odd' AND payload->>'kind' = 'something.else'")
+        .await;
+    assert_eq!(kept, 1);
+}

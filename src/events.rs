@@ -91,7 +91,7 @@ async fn apply_parsed(
                     let (_, t) = settle::payment(
                         &mut tx,
                         &ctx.metrics,
-                        attempt.id,
+                        (attempt.id, attempt.order_id),
                         &object.state,
                         Cause::Webhook,
                     )

@@ -64,20 +64,23 @@ impl Command for CreatePayment {
         ctx: &AppContext,
         claim: &mut Claim,
     ) -> Result<Completed, CommandError> {
-        let attempt_id = match (claim.recovery_point(), claim.resource_id()) {
+        let attempt = match (claim.recovery_point(), claim.resource_id()) {
             (STARTED, _) => self.create_attempt(ctx, claim).await?,
-            (ATTEMPT_CREATED, Some(id)) => id,
+            // Resumed after a crash: the attempt as it is now (a webhook or
+            // the reconciler may have settled it meanwhile).
+            (ATTEMPT_CREATED, Some(id)) => {
+                let mut conn = ctx.pool.acquire().await.map_err(StoreError::from)?;
+                store::payments::get(&mut conn, claim.merchant_id(), id)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt(format!("attempt {id} vanished")))?
+            }
             (point, _) => {
                 return Err(
                     StoreError::Corrupt(format!("create_payment cannot resume at {point}")).into(),
                 )
             }
         };
-        let mut conn = ctx.pool.acquire().await.map_err(StoreError::from)?;
-        let attempt = store::payments::get(&mut conn, claim.merchant_id(), attempt_id)
-            .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("attempt {attempt_id} vanished")))?;
-        drop(conn);
+        let attempt_id = attempt.id;
 
         // Step 2, outside any transaction: no connection is held while the
         // provider answers. Skipped if a webhook or the reconciler already
@@ -92,9 +95,15 @@ impl Command for CreatePayment {
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let payment = match observed {
             Some(object) => {
-                settle::payment(&mut tx, &ctx.metrics, attempt_id, &object, Cause::Command)
-                    .await?
-                    .0
+                settle::payment(
+                    &mut tx,
+                    &ctx.metrics,
+                    (attempt_id, attempt.order_id),
+                    &object,
+                    Cause::Command,
+                )
+                .await?
+                .0
             }
             None => store::payments::lock(&mut tx, attempt_id)
                 .await?
@@ -114,7 +123,7 @@ impl CreatePayment {
         &self,
         ctx: &AppContext,
         claim: &mut Claim,
-    ) -> Result<Uuid, CommandError> {
+    ) -> Result<Payment, CommandError> {
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
             .await?
@@ -168,7 +177,7 @@ impl CreatePayment {
             .payment_transitions
             .with_label_values(&["pending", "command"])
             .inc();
-        Ok(attempt.id)
+        Ok(attempt)
     }
 }
 

@@ -40,17 +40,16 @@ fn non_empty(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
-/// Applies a charge's reported state to an attempt (and its order).
+/// Applies a charge's reported state to an attempt (and its order). The
+/// caller names the attempt and its order (an attempt never changes order),
+/// so both rows are locked, order first, without a lookup.
 pub async fn payment(
     tx: &mut PgConnection,
     metrics: &Metrics,
-    attempt_id: Uuid,
+    (attempt_id, order_id): (Uuid, Uuid),
     observed: &ProviderObject,
     cause: Cause,
 ) -> Result<(Payment, Transition), StoreError> {
-    let order_id = store::payments::order_of(tx, attempt_id)
-        .await?
-        .ok_or_else(|| missing("payment", attempt_id))?;
     let order = store::orders::lock_by_id(tx, order_id)
         .await?
         .ok_or_else(|| missing("order", order_id))?;

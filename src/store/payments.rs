@@ -306,15 +306,6 @@ pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>
         .collect()
 }
 
-/// The order of an attempt.
-pub const ORDER_OF: &str = "SELECT order_id FROM payment_attempt WHERE id = $1";
-
-/// The order an attempt belongs to (no lock: used to lock the order first).
-pub async fn order_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<Uuid>, StoreError> {
-    let row = sqlx::query(ORDER_OF).bind(id).fetch_optional(conn).await?;
-    Ok(row.map(|r| r.try_get("order_id")).transpose()?)
-}
-
 /// The order's succeeded attempt, row-locked.
 pub async fn lock_succeeded_for_order(
     tx: &mut PgConnection,

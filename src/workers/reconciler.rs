@@ -70,7 +70,7 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
             let (p, _) = settle::payment(
                 &mut tx,
                 &ctx.metrics,
-                payment.id,
+                (payment.id, payment.order_id),
                 &object,
                 Cause::Reconciler,
             )

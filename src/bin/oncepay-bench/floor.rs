@@ -116,7 +116,7 @@ pub fn replay_script(f: &Fixture) -> String {
 }
 
 /// One payment's statements without the provider call: claim, step 1,
-/// the read before the call, step 3, and the sandbox's webhook for it. The
+/// step 3, and the sandbox's webhook for it. The
 /// first line (taking the next prepared order) is the floor's own overhead.
 pub fn pay_script(f: &Fixture) -> String {
     let merchant = quote(&f.merchant);
@@ -163,9 +163,7 @@ pub fn pay_script(f: &Fixture) -> String {
         &[&merchant, key, token, "'attempt_created'", attempt],
     );
     s += "COMMIT;\n";
-    s += &inline(payments::GET, &[attempt, &merchant]);
     s += "BEGIN;\n";
-    s += &inline(payments::ORDER_OF, &[attempt]);
     s += &inline(orders::LOCK_BY_ID, &[order]);
     s += &inline(payments::LOCK, &[attempt]);
     s += &inline(
@@ -196,7 +194,6 @@ pub fn pay_script(f: &Fixture) -> String {
         ],
     );
     s += &inline(payments::FIND_BY_CHARGE, &["'sandbox'", charge, attempt]);
-    s += &inline(payments::ORDER_OF, &[attempt]);
     s += &inline(orders::LOCK_BY_ID, &[order]);
     s += &inline(payments::LOCK, &[attempt]);
     s += &inline(

@@ -11,6 +11,9 @@
 //! - [`workers`] — the reconciler and the sweeper;
 //! - [`events`] — inbound webhook events.
 
+// Every public item says why it exists.
+#![warn(missing_docs)]
+
 pub mod api_keys;
 pub mod cli;
 pub mod commands;

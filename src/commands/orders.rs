@@ -84,19 +84,22 @@ impl Command for CancelOrder {
         ctx: &AppContext,
         claim: &mut Claim,
     ) -> Result<Completed, CommandError> {
-        let refund_id = match (claim.recovery_point(), claim.resource_id()) {
+        let (refund_id, request) = match (claim.recovery_point(), claim.resource_id()) {
             (STARTED, _) => match self.cancel_or_start_refund(ctx, claim).await? {
                 Ok(done) => return Ok(done),
-                Err(refund_id) => refund_id,
+                Err(request) => (request.idempotency_key, Some(request)),
             },
-            (REFUND_CREATED, Some(id)) => id,
+            (REFUND_CREATED, Some(id)) => (id, refunds::pending_request(ctx, id).await?),
             (point, _) => {
                 return Err(
                     StoreError::Corrupt(format!("cancel_order cannot resume at {point}")).into(),
                 )
             }
         };
-        let observed = refunds::send(ctx, refund_id).await?;
+        let observed = match &request {
+            Some(request) => refunds::send(ctx, request).await,
+            None => None,
+        };
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let refund = refunds::finish(&mut tx, ctx, refund_id, observed).await?;
         let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
@@ -133,7 +136,7 @@ impl CancelOrder {
         &self,
         ctx: &AppContext,
         claim: &mut Claim,
-    ) -> Result<Result<Completed, Uuid>, CommandError> {
+    ) -> Result<Result<Completed, crate::provider::RefundRequest>, CommandError> {
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
             .await?
@@ -202,7 +205,10 @@ impl CancelOrder {
                     .record_step(&mut tx, REFUND_CREATED, refund.id)
                     .await?;
                 tx.commit().await.map_err(StoreError::from)?;
-                Ok(Err(refund.id))
+                Ok(Err(refunds::refund_request(
+                    &refund,
+                    payment.provider_charge_id,
+                )?))
             }
         }
     }

@@ -71,16 +71,22 @@ impl Command for CreateRefund {
         ctx: &AppContext,
         claim: &mut Claim,
     ) -> Result<Completed, CommandError> {
-        let refund_id = match (claim.recovery_point(), claim.resource_id()) {
-            (STARTED, _) => self.create_refund(ctx, claim).await?,
-            (REFUND_CREATED, Some(id)) => id,
+        let (refund_id, request) = match (claim.recovery_point(), claim.resource_id()) {
+            (STARTED, _) => {
+                let request = self.create_refund(ctx, claim).await?;
+                (request.idempotency_key, Some(request))
+            }
+            (REFUND_CREATED, Some(id)) => (id, pending_request(ctx, id).await?),
             (point, _) => {
                 return Err(
                     StoreError::Corrupt(format!("create_refund cannot resume at {point}")).into(),
                 )
             }
         };
-        let observed = send(ctx, refund_id).await?;
+        let observed = match &request {
+            Some(request) => send(ctx, request).await,
+            None => None,
+        };
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let refund = finish(&mut tx, ctx, refund_id, observed).await?;
         let status = if refund.status.is_final() { 201 } else { 202 };
@@ -97,7 +103,7 @@ impl CreateRefund {
         &self,
         ctx: &AppContext,
         claim: &mut Claim,
-    ) -> Result<Uuid, CommandError> {
+    ) -> Result<RefundRequest, CommandError> {
         let not_found = || CommandError::Reject(Problem::not_found("payment_not_found", "payment"));
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let payment = store::payments::get(&mut tx, claim.merchant_id(), self.payment_id)
@@ -147,41 +153,58 @@ impl CreateRefund {
             .record_step(&mut tx, REFUND_CREATED, refund.id)
             .await?;
         tx.commit().await.map_err(StoreError::from)?;
-        Ok(refund.id)
+        Ok(refund_request(&refund, payment.provider_charge_id)?)
     }
 }
 
-/// Step 2 of any refund (also used by cancelling a paid order): sends it to
-/// the provider with the refund id as key, unless it is already settled.
-/// Holds no connection during the call. `None`: nothing new was learned.
-pub async fn send(ctx: &AppContext, refund_id: Uuid) -> Result<Option<ProviderObject>, StoreError> {
-    let vanished = || StoreError::Corrupt(format!("refund {refund_id} vanished"));
-    let mut conn = ctx.pool.acquire().await?;
-    let refund = store::refunds::by_id(&mut conn, refund_id)
-        .await?
-        .ok_or_else(vanished)?;
-    if refund.status.is_final() {
-        return Ok(None);
-    }
-    let charge_id = store::payments::charge_id_of(&mut conn, refund.payment_id)
-        .await?
-        .ok_or_else(|| {
-            StoreError::Corrupt(format!("payment {} has no charge id", refund.payment_id))
-        })?;
-    drop(conn);
-    let request = RefundRequest {
+/// What step 2 sends for a refund step 1 created: the refund id as the
+/// provider key, against the payment's charge.
+pub fn refund_request(
+    refund: &Refund,
+    charge_id: Option<String>,
+) -> Result<RefundRequest, StoreError> {
+    let charge_id = charge_id.ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "payment {} succeeded without a charge id",
+            refund.payment_id
+        ))
+    })?;
+    Ok(RefundRequest {
         idempotency_key: refund.id,
         charge_id,
         amount: refund.amount,
-    };
-    Ok(match ctx.provider.refund(&request).await {
+    })
+}
+
+/// The request of a refund created earlier (a resumed command, or the
+/// reconciler), or `None` if it is already settled.
+pub async fn pending_request(
+    ctx: &AppContext,
+    refund_id: Uuid,
+) -> Result<Option<RefundRequest>, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let refund = store::refunds::by_id(&mut conn, refund_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("refund {refund_id} vanished")))?;
+    if refund.status.is_final() {
+        return Ok(None);
+    }
+    let charge_id = store::payments::charge_id_of(&mut conn, refund.payment_id).await?;
+    refund_request(&refund, charge_id).map(Some)
+}
+
+/// Step 2 of any refund (also used by cancelling a paid order): sends it to
+/// the provider with the refund id as key, holding no connection. `None`:
+/// nothing new was learned (the outcome is unknown).
+pub async fn send(ctx: &AppContext, request: &RefundRequest) -> Option<ProviderObject> {
+    match ctx.provider.refund(request).await {
         CallOutcome::Known(object) => Some(object),
         CallOutcome::NotFound => None,
         CallOutcome::Unknown(reason) => {
-            tracing::warn!(refund_id = %refund.id, %reason, "refund outcome unknown; leaving it pending");
+            tracing::warn!(refund_id = %request.idempotency_key, %reason, "refund outcome unknown; leaving it pending");
             None
         }
-    })
+    }
 }
 
 /// Step 3 of any refund: applies what step 2 learned, inside `tx`.

@@ -88,7 +88,10 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
     for (refund, _merchant) in store::refunds::claim_due(&ctx.pool, BATCH).await? {
         let observed = match ctx.provider.find_refund(refund.id).await {
             CallOutcome::Known(object) => Some(object),
-            CallOutcome::NotFound => refunds::send(ctx, refund.id).await?,
+            CallOutcome::NotFound => match refunds::pending_request(ctx, refund.id).await? {
+                Some(request) => refunds::send(ctx, &request).await,
+                None => None,
+            },
             CallOutcome::Unknown(_) => None,
         };
         let mut settled = false;

@@ -117,6 +117,20 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         })
     }
 
+    /// `ONCEPAY_PROVIDER_URL`; `https://` needs a build with the `tls` feature,
+    /// which is checked here rather than failing on the first charge.
+    fn provider_url(&self) -> Result<String, ConfigError> {
+        let url = self.url("ONCEPAY_PROVIDER_URL", "http://127.0.0.1:8081")?;
+        if url.starts_with("https://") && !cfg!(feature = "tls") {
+            return Err(ConfigError {
+                var: "ONCEPAY_PROVIDER_URL",
+                value: url,
+                reason: "https:// needs oncepay built with `--features tls`".into(),
+            });
+        }
+        Ok(url)
+    }
+
     /// `DATABASE_URL`, used by every subcommand that touches the database.
     pub fn database_url(&self) -> Result<String, ConfigError> {
         self.get(
@@ -149,7 +163,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Ok(ServeConfig {
             database_url: self.database_url()?,
             bind: self.addr("ONCEPAY_BIND", "127.0.0.1:8080")?,
-            provider_url: self.url("ONCEPAY_PROVIDER_URL", "http://127.0.0.1:8081")?,
+            provider_url: self.provider_url()?,
             webhook_secret: self.webhook_secret()?,
             idempotency_ttl,
             idempotency_wait: self.duration("ONCEPAY_IDEMPOTENCY_WAIT", Duration::from_secs(2))?,
@@ -362,6 +376,12 @@ mod tests {
             .serve_config()
             .expect_err("must be refused");
         assert!(err.to_string().contains("ONCEPAY_BIND"));
+        if !cfg!(feature = "tls") {
+            let err = env(&[("ONCEPAY_PROVIDER_URL", "https://psp.example")])
+                .serve_config()
+                .expect_err("no TLS in this build");
+            assert!(err.to_string().contains("--features tls"));
+        }
         let err = env(&[("ONCEPAY_WEBHOOK_SECRET", "plain")])
             .serve_config()
             .expect_err("must be refused");

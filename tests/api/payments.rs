@@ -8,6 +8,18 @@ use serde_json::json;
 
 use crate::helpers::*;
 
+/// Waits until the sandbox has settled `n` charges as succeeded (async
+/// tokens settle there after a delay, whatever the machine's load).
+async fn wait_for_sandbox_successes(app: &TestApp, n: u64) {
+    for _ in 0..200 {
+        if app.ledger().await["totals"]["charges_succeeded"] == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(app.ledger().await["totals"]["charges_succeeded"], n);
+}
+
 #[tokio::test]
 async fn a_visa_payment_succeeds_and_pays_the_order() {
     let app = spawn_app().await;
@@ -126,7 +138,7 @@ async fn an_async_payment_succeeds_through_the_reconciler_alone() {
     let id = payment["id"].as_str().expect("id").to_string();
     // The sandbox settles the charge after 300 ms; nothing tells us but the
     // reconciler asking.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_for_sandbox_successes(&app, 1).await;
     assert_eq!(
         json_of(app.get(&format!("/payments/{id}")).await).await["status"],
         "pending"
@@ -293,7 +305,7 @@ async fn reconcilers_running_at_once_settle_each_payment_once() {
         assert_eq!(status, StatusCode::ACCEPTED);
         ids.push(payment["id"].as_str().expect("id").to_string());
     }
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    wait_for_sandbox_successes(&app, 30).await;
     // Four passes at once, as four processes would run them.
     let passes = futures_join4(&app).await;
     let settled: u32 = passes.iter().map(|p| p.payments_settled).sum();

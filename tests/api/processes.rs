@@ -88,6 +88,16 @@ impl Cluster {
         ledger(&self.http, &self.sandbox).await
     }
 
+    /// Creates an order through `base` and returns it.
+    async fn create_order(&self, base: &str, idem: &str) -> Value {
+        json_of(
+            self.post(base, "/orders", idem, &order_body())
+                .await
+                .expect("order"),
+        )
+        .await
+    }
+
     /// Sends a payment in the background, to be killed or drained mid-flight.
     fn spawn_payment(
         &self,
@@ -144,13 +154,7 @@ async fn a_storm_over_two_processes_creates_one_order() {
 async fn a_payment_storm_over_two_processes_charges_once() {
     let cluster = Cluster::new().await;
     let (a, b) = (cluster.serve(&[]).await, cluster.serve(&[]).await);
-    let order = json_of(
-        cluster
-            .post(&a.base, "/orders", "o", &order_body())
-            .await
-            .expect("order"),
-    )
-    .await;
+    let order = cluster.create_order(&a.base, "o").await;
     let body = json!({"order_id": order["id"], "payment_method": "tok_visa"});
     storm(
         &[&a.base, &b.base],
@@ -175,13 +179,9 @@ async fn a_payment_storm_over_two_processes_charges_once() {
 /// after the provider call and before step 3 commits.
 async fn kill_between_charge_and_commit(cluster: &Cluster, idem: &str) -> Value {
     let mut a = cluster.serve(&[("ONCEPAY_IDEMPOTENCY_LEASE", "1s")]).await;
-    let order = json_of(
-        cluster
-            .post(&a.base, "/orders", &format!("order-{idem}"), &order_body())
-            .await
-            .expect("order"),
-    )
-    .await;
+    let order = cluster
+        .create_order(&a.base, &format!("order-{idem}"))
+        .await;
     let body = json!({"order_id": order["id"], "payment_method": "tok_visa+delay=3000"});
     let pending = cluster.spawn_payment(&a.base, idem, &body);
     cluster.wait_for_ledger("charges", 1).await;
@@ -305,13 +305,7 @@ async fn three_processes_migrate_a_fresh_database_at_once() {
 async fn sigterm_finishes_in_flight_requests_then_exits() {
     let cluster = Cluster::new().await;
     let mut a = cluster.serve(&[]).await;
-    let order = json_of(
-        cluster
-            .post(&a.base, "/orders", "o", &order_body())
-            .await
-            .expect("order"),
-    )
-    .await;
+    let order = cluster.create_order(&a.base, "o").await;
     let body = json!({"order_id": order["id"], "payment_method": "tok_visa+delay=1000"});
     let in_flight = cluster.spawn_payment(&a.base, "p", &body);
     // In flight for sure: the sandbox holds the charge and delays its answer.

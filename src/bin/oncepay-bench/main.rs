@@ -188,9 +188,6 @@ async fn run(args: Args) -> Result<(), String> {
     };
     let mut rows = Vec::new();
     let mut peak_rss_under_load = 0;
-    // PostgreSQL allows 100 connections by default, and the service and this
-    // program hold some: the floor uses at most 64.
-    let floor_clients = |n: usize| n.min(64);
     let client = reqwest::Client::new();
 
     if args.wants("create-order") {
@@ -219,16 +216,7 @@ async fn run(args: Args) -> Result<(), String> {
         );
         let floor = if args.floor {
             eprintln!("  floor (pgbench) ...");
-            Some((
-                floor_clients(c),
-                floor::run(
-                    &stack.db_url,
-                    &floor::create_order_script(&fixture),
-                    floor_clients(c),
-                    d,
-                )
-                .await?,
-            ))
+            Some(measure_floor(&stack, &floor::create_order_script(&fixture), c, d).await?)
         } else {
             None
         };
@@ -317,16 +305,7 @@ async fn run(args: Args) -> Result<(), String> {
             .execute(&db)
             .await
             .map_err(|e| e.to_string())?;
-            Some((
-                floor_clients(c),
-                floor::run(
-                    &stack.db_url,
-                    &floor::pay_script(&fixture),
-                    floor_clients(c),
-                    d,
-                )
-                .await?,
-            ))
+            Some(measure_floor(&stack, &floor::pay_script(&fixture), c, d).await?)
         } else {
             None
         };
@@ -381,16 +360,7 @@ async fn run(args: Args) -> Result<(), String> {
             .execute(&db)
             .await
             .map_err(|e| e.to_string())?;
-            Some((
-                floor_clients(rc),
-                floor::run(
-                    &stack.db_url,
-                    &floor::replay_script(&fixture),
-                    floor_clients(rc),
-                    d,
-                )
-                .await?,
-            ))
+            Some(measure_floor(&stack, &floor::replay_script(&fixture), rc, d).await?)
         } else {
             None
         };
@@ -483,6 +453,21 @@ async fn run(args: Args) -> Result<(), String> {
         return Err("an effect check failed: see the table".into());
     }
     Ok(())
+}
+
+/// The floor of a scenario run on `connections` (capped: PostgreSQL allows
+/// 100 connections by default, and the service and this program hold some).
+async fn measure_floor(
+    stack: &Stack,
+    script: &str,
+    connections: usize,
+    d: Duration,
+) -> Result<(usize, floor::Floor), String> {
+    let clients = connections.min(64);
+    Ok((
+        clients,
+        floor::run(&stack.db_url, script, clients, d).await?,
+    ))
 }
 
 fn machine() -> (String, String) {

@@ -545,39 +545,36 @@ async fn check(
     let f = &ledger["totals"]["faults"];
     let events = open("SELECT count(*) FROM webhook_event").await;
     let delivered = ledger["totals"]["webhooks_delivered"].as_i64().unwrap_or(0);
+    let provider = |name: &str| f[name].as_u64().unwrap_or(0);
+    let fault_rows = [
+        ("serve process SIGKILLed and restarted", faults.kills),
+        (
+            "PostgreSQL crashed (immediate stop) and restarted",
+            faults.pg_crashes,
+        ),
+        ("PostgreSQL restarted (fast stop)", faults.pg_restarts),
+        (
+            "service connections terminated (pg_terminate_backend)",
+            faults.terminations,
+        ),
+        ("provider 5xx before charging", provider("error_5xx")),
+        (
+            "provider charged, answer lost",
+            provider("dropped_response"),
+        ),
+        (
+            "provider answered past the client timeout",
+            provider("delayed_response"),
+        ),
+        (
+            "webhook deliveries beyond the first (duplicates)",
+            (delivered - events).max(0) as u64,
+        ),
+    ];
     text += "\n| fault injected | count |\n|---|---:|\n";
-    text += &format!(
-        "| serve process SIGKILLed and restarted | {} |\n",
-        faults.kills
-    );
-    text += &format!(
-        "| PostgreSQL crashed (immediate stop) and restarted | {} |\n",
-        faults.pg_crashes
-    );
-    text += &format!(
-        "| PostgreSQL restarted (fast stop) | {} |\n",
-        faults.pg_restarts
-    );
-    text += &format!(
-        "| service connections terminated (pg_terminate_backend) | {} |\n",
-        faults.terminations
-    );
-    text += &format!(
-        "| provider 5xx before charging | {} |\n",
-        f["error_5xx"].as_u64().unwrap_or(0)
-    );
-    text += &format!(
-        "| provider charged, answer lost | {} |\n",
-        f["dropped_response"].as_u64().unwrap_or(0)
-    );
-    text += &format!(
-        "| provider answered past the client timeout | {} |\n",
-        f["delayed_response"].as_u64().unwrap_or(0)
-    );
-    text += &format!(
-        "| webhook deliveries beyond the first (duplicates) | {} |\n",
-        (delivered - events).max(0)
-    );
+    for (name, count) in fault_rows {
+        text += &format!("| {name} | {count} |\n");
+    }
     text += "\n| client retry (same key) | count |\n|---|---:|\n";
     for (reason, n) in &clients.retries.lock().await.by_reason {
         text += &format!("| {reason} | {n} |\n");

@@ -155,16 +155,54 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         )
     }
 
+    /// `ONCEPAY_WEBHOOK_SECRET` for a process listening on `bind`: the public
+    /// development secret is refused anywhere but on a loopback address,
+    /// because anyone who has read the source could sign events with it.
+    fn webhook_secret_for(
+        &self,
+        bind: SocketAddr,
+        bind_var: &'static str,
+    ) -> Result<crate::webhooks::WebhookSecret, ConfigError> {
+        let secret = self.webhook_secret()?;
+        if secret.is_development() && !bind.ip().is_loopback() {
+            return Err(ConfigError {
+                var: "ONCEPAY_WEBHOOK_SECRET",
+                value: "<the public development secret>".into(),
+                reason: format!(
+                    "{bind_var} is {bind}, which is not a loopback address; set ONCEPAY_WEBHOOK_SECRET \
+                     to a secret of your own (whsec_ followed by the base64 of at least 16 random \
+                     bytes, e.g. \"whsec_$(head -c 32 /dev/urandom | base64)\")"
+                ),
+            });
+        }
+        Ok(secret)
+    }
+
     /// Everything `oncepay serve` needs.
     pub fn serve_config(&self) -> Result<ServeConfig, ConfigError> {
         let idempotency_ttl =
             self.duration("ONCEPAY_IDEMPOTENCY_TTL", Duration::from_secs(86_400))?;
         let lease = self.duration("ONCEPAY_IDEMPOTENCY_LEASE", Duration::from_secs(30))?;
+        for (var, value) in [
+            ("ONCEPAY_IDEMPOTENCY_TTL", idempotency_ttl),
+            ("ONCEPAY_IDEMPOTENCY_LEASE", lease),
+        ] {
+            // Zero would break "exactly one of N duplicates executes": every
+            // record would be expired (or its lease lost) as it is written.
+            if value < Duration::from_millis(100) {
+                return Err(ConfigError {
+                    var,
+                    value: format!("{value:?}"),
+                    reason: "must be at least 100ms".into(),
+                });
+            }
+        }
+        let bind = self.addr("ONCEPAY_BIND", "127.0.0.1:8080")?;
         Ok(ServeConfig {
             database_url: self.database_url()?,
-            bind: self.addr("ONCEPAY_BIND", "127.0.0.1:8080")?,
+            bind,
             provider_url: self.provider_url()?,
-            webhook_secret: self.webhook_secret()?,
+            webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_BIND")?,
             idempotency_ttl,
             idempotency_wait: self.duration("ONCEPAY_IDEMPOTENCY_WAIT", Duration::from_secs(2))?,
             idempotency_lease: lease,
@@ -182,6 +220,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             reconcile_interval: self
                 .duration("ONCEPAY_RECONCILE_INTERVAL", Duration::from_secs(2))?,
             reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
+            pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
             sweep_interval: self.duration("ONCEPAY_SWEEP_INTERVAL", Duration::from_secs(60))?,
             shutdown_timeout: self.duration("ONCEPAY_SHUTDOWN_TIMEOUT", Duration::from_secs(30))?,
         })
@@ -195,13 +234,14 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 _ => Err("expected a probability from 0 to 1".into()),
             })
         };
+        let bind = self.addr("ONCEPAY_SANDBOX_BIND", "127.0.0.1:8081")?;
         Ok(SandboxConfig {
-            bind: self.addr("ONCEPAY_SANDBOX_BIND", "127.0.0.1:8081")?,
+            bind,
             webhook_url: self.url(
                 "ONCEPAY_SANDBOX_WEBHOOK_URL",
                 "http://127.0.0.1:8080/webhooks/sandbox",
             )?,
-            webhook_secret: self.webhook_secret()?,
+            webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_SANDBOX_BIND")?,
             webhooks_enabled: self.flag("ONCEPAY_SANDBOX_WEBHOOKS", true)?,
             async_delay: self.duration("ONCEPAY_SANDBOX_ASYNC_DELAY", Duration::from_secs(2))?,
             faults: crate::sandbox::FaultRates {
@@ -280,6 +320,9 @@ pub struct ServeConfig {
     pub reconcile_interval: Duration,
     /// How long a payment or refund stays pending before the reconciler asks the provider.
     pub reconcile_after: Duration,
+    /// How long a payment or refund may stay pending before an alarm (error
+    /// log, counter) is raised for it.
+    pub pending_alarm: Duration,
     /// How often expired idempotency records are swept.
     pub sweep_interval: Duration,
     /// How long SIGTERM waits for in-flight requests.
@@ -390,5 +433,46 @@ mod tests {
             !err.to_string().contains("plain"),
             "a secret is never echoed"
         );
+        for zero in ["ONCEPAY_IDEMPOTENCY_TTL", "ONCEPAY_IDEMPOTENCY_LEASE"] {
+            let err = env(&[(zero, "0")])
+                .serve_config()
+                .expect_err("zero is refused");
+            assert!(err.to_string().contains(zero), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_development_secret_stays_on_loopback() {
+        let ok = env(&[("ONCEPAY_BIND", "127.0.0.1:8080")]).serve_config();
+        assert!(ok.is_ok());
+        let ok = env(&[("ONCEPAY_BIND", "[::1]:8080")]).serve_config();
+        assert!(ok.is_ok());
+        for (var, config) in [
+            ("ONCEPAY_BIND", env(&[("ONCEPAY_BIND", "0.0.0.0:8080")]).serve_config().err()),
+            (
+                "ONCEPAY_SANDBOX_BIND",
+                env(&[("ONCEPAY_SANDBOX_BIND", "0.0.0.0:8081")])
+                    .sandbox_config()
+                    .err(),
+            ),
+            (
+                "ONCEPAY_BIND",
+                env(&[
+                    ("ONCEPAY_BIND", "10.1.2.3:8080"),
+                    ("ONCEPAY_WEBHOOK_SECRET", DEV_WEBHOOK_SECRET),
+                ])
+                .serve_config()
+                .err(),
+            ),
+        ] {
+            let err = config.expect("refused").to_string();
+            assert!(err.contains("ONCEPAY_WEBHOOK_SECRET"), "{err}");
+            assert!(err.contains(var), "{err}");
+            assert!(!err.contains(DEV_WEBHOOK_SECRET), "never echoed: {err}");
+        }
+        let own = "whsec_c29tZW90aGVyc2VjcmV0a2V5MTIz";
+        let cfg = env(&[("ONCEPAY_BIND", "0.0.0.0:8080"), ("ONCEPAY_WEBHOOK_SECRET", own)])
+            .serve_config();
+        assert!(cfg.is_ok());
     }
 }

@@ -2,7 +2,8 @@
 //! passed explicitly so that two servers in one test binary never mix counts.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Every metric oncepay exports.
@@ -28,6 +29,16 @@ pub struct Metrics {
     pub reconciler: IntCounterVec,
     /// Expired idempotency records deleted by the sweeper.
     pub swept: IntCounter,
+    /// Money the provider moved that our books did not expect, by kind.
+    pub incidents: IntCounterVec,
+    /// Payments and refunds that stayed pending past the alarm threshold, by kind.
+    pub pending_alarms: IntCounterVec,
+    /// Age in seconds of the oldest pending payment or refund, by kind
+    /// (0 when none is pending), as of the last reconciler pass.
+    pub oldest_pending: GaugeVec,
+    /// Provider reads made to confirm an inbound event, by result
+    /// (confirmed, unconfirmed, mismatch).
+    pub webhook_confirmations: IntCounterVec,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -60,7 +71,32 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(swept.clone()));
+        let oldest_pending = GaugeVec::new(
+            Opts::new(
+                "oncepay_oldest_pending_seconds",
+                "Age of the oldest pending payment or refund, by kind",
+            ),
+            &["kind"],
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(oldest_pending.clone()));
         Metrics {
+            incidents: counter(
+                "oncepay_incidents_total",
+                "Money the provider moved that oncepay did not expect, by kind",
+                &["kind"],
+            ),
+            pending_alarms: counter(
+                "oncepay_pending_alarms_total",
+                "Payments and refunds pending past ONCEPAY_PENDING_ALARM, by kind",
+                &["kind"],
+            ),
+            oldest_pending,
+            webhook_confirmations: counter(
+                "oncepay_webhook_confirmations_total",
+                "Provider reads confirming inbound events, by result",
+                &["result"],
+            ),
             http_requests: counter(
                 "oncepay_http_requests_total",
                 "HTTP requests by route, method and status",

@@ -78,6 +78,7 @@ impl Application {
             provider: Arc::new(provider),
             metrics,
             reconcile_after: config.reconcile_after,
+            pending_alarm: config.pending_alarm,
         });
         let state = web::Data::new(AppState {
             ctx: ctx.clone(),

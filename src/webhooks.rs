@@ -56,6 +56,12 @@ impl WebhookSecret {
         }
     }
 
+    /// True for the public development secret, which anyone with the source
+    /// can sign with.
+    pub fn is_development(&self) -> bool {
+        self.key == Self::dev().key
+    }
+
     fn mac(&self, id: &str, timestamp: &str, body: &[u8]) -> HmacSha256 {
         // HMAC accepts keys of any length, so this cannot fail.
         let mut mac = match HmacSha256::new_from_slice(&self.key) {
@@ -93,7 +99,9 @@ impl WebhookSecret {
             return Err(SignatureError::Missing);
         };
         let sent: i64 = timestamp.parse().map_err(|_| SignatureError::Stale)?;
-        if (now_unix - sent).abs() > TIMESTAMP_TOLERANCE_SECS {
+        // abs_diff: a timestamp near i64::MIN or MAX (unauthenticated input)
+        // cannot overflow.
+        if now_unix.abs_diff(sent) > TIMESTAMP_TOLERANCE_SECS.unsigned_abs() {
             return Err(SignatureError::Stale);
         }
         let expected = self.mac(id, timestamp, body);
@@ -185,6 +193,17 @@ mod tests {
             secret.verify(None, Some("1"), Some(&sig), b"b", NOW),
             Err(SignatureError::Missing)
         );
+        for extreme in [i64::MIN, i64::MAX] {
+            let ts = extreme.to_string();
+            assert_eq!(
+                secret.verify(Some("evt_1"), Some(&ts), Some(&sig), b"b", NOW),
+                Err(SignatureError::Stale)
+            );
+            assert_eq!(
+                secret.verify(Some("evt_1"), Some("0"), Some(&sig), b"b", extreme),
+                Err(SignatureError::Stale)
+            );
+        }
     }
 
     #[test]

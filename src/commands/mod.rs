@@ -36,6 +36,8 @@ pub struct AppContext {
     pub metrics: Arc<Metrics>,
     /// How long a payment or refund stays pending before the reconciler asks.
     pub reconcile_after: Duration,
+    /// How long a payment or refund may stay pending before it raises an alarm.
+    pub pending_alarm: Duration,
 }
 
 /// A command's input as stored in its idempotency record: the id from the

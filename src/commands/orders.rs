@@ -10,7 +10,6 @@ use crate::domain::payment::PaymentStatus;
 use crate::idempotency::{Claim, Completed, STARTED};
 use crate::input::Obj;
 use crate::problem::Problem;
-use crate::store::refunds::NewRefund;
 use crate::store::{self, StoreError};
 
 /// Create an order. One step: the order and the stored response commit
@@ -87,7 +86,7 @@ impl Command for CancelOrder {
         let (refund_id, request) = match (claim.recovery_point(), claim.resource_id()) {
             (STARTED, _) => match self.cancel_or_start_refund(ctx, claim).await? {
                 Ok(done) => return Ok(done),
-                Err(request) => (request.idempotency_key, Some(request)),
+                Err(started) => started,
             },
             (REFUND_CREATED, Some(id)) => (id, refunds::pending_request(ctx, id).await?),
             (point, _) => {
@@ -96,11 +95,12 @@ impl Command for CancelOrder {
                 )
             }
         };
-        let observed = match &request {
-            Some(request) => refunds::send(ctx, request).await,
-            None => None,
-        };
+        let observed = refunds::step_2(ctx, request.as_ref()).await;
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
+        // Locks in the one order used everywhere: order, payment, refund.
+        store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", self.order_id)))?;
         let refund = refunds::finish(&mut tx, ctx, refund_id, observed).await?;
         let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
             .await?
@@ -136,7 +136,7 @@ impl CancelOrder {
         &self,
         ctx: &AppContext,
         claim: &mut Claim,
-    ) -> Result<Result<Completed, crate::provider::RefundRequest>, CommandError> {
+    ) -> Result<Result<Completed, (Uuid, Option<refunds::Outstanding>)>, CommandError> {
         let mut tx = ctx.pool.begin().await.map_err(StoreError::from)?;
         let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
             .await?
@@ -178,37 +178,28 @@ impl CancelOrder {
                             order.id
                         ))
                     })?;
-                let left =
-                    payment.amount - store::refunds::committed_sum(&mut tx, payment.id).await?;
-                if left <= 0 {
+                let plan = refunds::Plan {
+                    amount: None,
+                    reason: Some("order_cancelled"),
+                    // Its own namespace, so a refund command and a cancel
+                    // that happen to share a client key never meet.
+                    key: format!("cancel:{}", claim.key()),
+                    cancels_order: true,
+                };
+                // All or nothing: while another refund of the payment is
+                // pending its outcome decides how much is left, so cancelling
+                // now could leave a cancelled order with money captured.
+                let own = store::refunds::by_key(&mut tx, payment.id, &plan.key).await?;
+                if own.is_none() && store::refunds::any_pending(&mut tx, payment.id).await? {
                     return Err(CommandError::Reject(Problem::new(
                         409,
                         "refund_in_progress",
-                        "refunds for the whole amount are already pending; the order settles with them",
+                        "a refund of this order's payment is still pending; cancel once it settles",
                     )));
                 }
-                let refund = store::refunds::insert(
-                    &mut tx,
-                    &NewRefund {
-                        id: Uuid::now_v7(),
-                        merchant_id: claim.merchant_id(),
-                        payment_id: payment.id,
-                        amount: left,
-                        reason: Some("order_cancelled"),
-                        cancels_order: true,
-                        now: Utc::now(),
-                        check_after: ctx.reconcile_after,
-                    },
-                )
-                .await?;
-                claim
-                    .record_step(&mut tx, REFUND_CREATED, refund.id)
-                    .await?;
+                let started = refunds::start(&mut tx, ctx, claim, &payment, &plan).await?;
                 tx.commit().await.map_err(StoreError::from)?;
-                Ok(Err(refunds::refund_request(
-                    &refund,
-                    payment.provider_charge_id,
-                )?))
+                Ok(Err(started))
             }
         }
     }

@@ -64,6 +64,7 @@ impl Command for CreatePayment {
         ctx: &AppContext,
         claim: &mut Claim,
     ) -> Result<Completed, CommandError> {
+        let resumed = claim.recovery_point() != STARTED;
         let attempt = match (claim.recovery_point(), claim.resource_id()) {
             (STARTED, _) => self.create_attempt(ctx, claim).await?,
             // Resumed after a crash: the attempt as it is now (a webhook or
@@ -87,6 +88,10 @@ impl Command for CreatePayment {
         // settled the attempt.
         let observed = if attempt.status.is_final() {
             None
+        } else if resumed {
+            // The charge may have reached the provider before the crash:
+            // look first, so a provider whose keys expire cannot charge twice.
+            look_up_or_charge(ctx, &attempt).await
         } else {
             charge(ctx, &attempt).await
         };
@@ -207,6 +212,23 @@ pub async fn charge(
         CallOutcome::NotFound => None,
         CallOutcome::Unknown(reason) => {
             tracing::warn!(payment_id = %attempt.id, %reason, "charge outcome unknown; leaving it pending");
+            None
+        }
+    }
+}
+
+/// Learns a pending attempt's outcome after a crash or for the reconciler:
+/// asks the provider first and charges again (same key) only if the
+/// provider has no record of the charge. `None`: nothing new was learned.
+pub async fn look_up_or_charge(
+    ctx: &AppContext,
+    attempt: &Payment,
+) -> Option<crate::provider::ProviderObject> {
+    match ctx.provider.find_charge(attempt.id).await {
+        CallOutcome::Known(object) => Some(object),
+        CallOutcome::NotFound => charge(ctx, attempt).await,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(payment_id = %attempt.id, %reason, "charge status unknown; leaving it pending");
             None
         }
     }

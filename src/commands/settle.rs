@@ -23,7 +23,8 @@ pub enum Cause {
 }
 
 impl Cause {
-    fn label(self) -> &'static str {
+    /// The metrics label and the stored `detected_by`.
+    pub fn label(self) -> &'static str {
         match self {
             Cause::Command => "command",
             Cause::Webhook => "webhook",
@@ -88,6 +89,44 @@ pub async fn payment(
             };
             store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?
         }
+        Transition::Contradicted => {
+            let charge_id = facts.charge_id.or(current.provider_charge_id.as_deref());
+            let updated = match (&current.provider_charge_id, facts.charge_id) {
+                (None, Some(_)) => {
+                    let keep_failure = store::payments::ChargeFacts {
+                        charge_id: facts.charge_id,
+                        failure_code: None,
+                        failure_message: None,
+                    };
+                    store::payments::set_status(tx, attempt_id, current.status, &keep_failure)
+                        .await?
+                }
+                _ => current.clone(),
+            };
+            let recorded = store::incidents::charge_on_failed_attempt(
+                tx,
+                attempt_id,
+                charge_id,
+                cause.label(),
+            )
+            .await?;
+            if let Some(incident) = recorded {
+                metrics
+                    .incidents
+                    .with_label_values(&["charge_on_failed_attempt"])
+                    .inc();
+                tracing::error!(
+                    incident_id = %incident.id,
+                    payment_id = %attempt_id,
+                    %order_id,
+                    charge_id = charge_id.unwrap_or_default(),
+                    refund_id = %incident.refund_id,
+                    cause = cause.label(),
+                    "INCIDENT: the provider charged a payment held as failed; refunding the charge"
+                );
+            }
+            updated
+        }
         Transition::Unchanged | Transition::Ignored => current,
     };
     Ok((updated, transition))
@@ -127,11 +166,17 @@ pub async fn refund(
             .await?;
             if status == PaymentStatus::Succeeded {
                 let payment = store::payments::add_refunded(tx, payment_id, r.amount).await?;
-                let next = order.status.after_refund(
-                    payment.refunded_amount,
-                    payment.amount,
-                    r.cancels_order,
-                );
+                // An incident refund returns money for an attempt that never
+                // paid the order: the order's state is not its business.
+                let next = if r.incident {
+                    order.status
+                } else {
+                    order.status.after_refund(
+                        payment.refunded_amount,
+                        payment.amount,
+                        r.cancels_order,
+                    )
+                };
                 if next != order.status {
                     store::orders::set_status(tx, order_id, next).await?;
                 }
@@ -144,6 +189,24 @@ pub async fn refund(
         }
         Transition::Unchanged if current.provider_refund_id.is_none() && provider_id.is_some() => {
             store::refunds::set_status(tx, refund_id, current.status, provider_id, None).await?
+        }
+        Transition::Contradicted => {
+            if store::incidents::refund_on_failed_refund(tx, refund_id, provider_id, cause.label())
+                .await?
+            {
+                metrics
+                    .incidents
+                    .with_label_values(&["refund_on_failed_refund"])
+                    .inc();
+                tracing::error!(
+                    %refund_id,
+                    %payment_id,
+                    %order_id,
+                    cause = cause.label(),
+                    "INCIDENT: the provider paid out a refund held as failed"
+                );
+            }
+            current
         }
         Transition::Unchanged | Transition::Ignored => current,
     };

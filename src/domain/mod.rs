@@ -5,6 +5,7 @@
 pub mod money;
 pub mod order;
 pub mod payment;
+pub mod refund;
 
 /// A request that is well formed but breaks a business rule (answered `422`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -23,6 +23,10 @@ pub enum Transition {
     /// The observation would move backwards or between final states: it is
     /// stale or contradictory and is ignored (and recorded by the caller).
     Ignored,
+    /// The provider reports `succeeded` for what we hold as `failed`: money
+    /// moved that our books do not account for. Never ignored: the caller
+    /// records an incident (and, for a charge, returns the money).
+    Contradicted,
 }
 
 impl PaymentStatus {
@@ -56,6 +60,7 @@ impl PaymentStatus {
         use PaymentStatus::*;
         match (self, observed) {
             (Pending, Succeeded) | (Pending, Failed) => Transition::Advance(observed),
+            (Failed, Succeeded) => Transition::Contradicted,
             (a, b) if a == b => Transition::Unchanged,
             _ => Transition::Ignored,
         }
@@ -117,6 +122,10 @@ pub struct Refund {
     /// True when settling it cancels its order; internal.
     #[serde(skip)]
     pub cancels_order: bool,
+    /// True for a refund oncepay made on its own to return money taken for
+    /// a failed attempt; settling it never moves the order. Internal.
+    #[serde(skip)]
+    pub incident: bool,
 }
 
 #[cfg(test)]
@@ -134,7 +143,7 @@ mod tests {
             (Succeeded, Succeeded, Transition::Unchanged),
             (Succeeded, Failed, Transition::Ignored),
             (Failed, Pending, Transition::Ignored),
-            (Failed, Succeeded, Transition::Ignored),
+            (Failed, Succeeded, Transition::Contradicted),
             (Failed, Failed, Transition::Unchanged),
         ];
         for (from, observed, expected) in table {

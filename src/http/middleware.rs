@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceRequest, ServiceResponse};
-use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::middleware::Next;
 use actix_web::web;
 use tracing::Instrument;
@@ -26,6 +26,23 @@ fn client_request_id(req: &ServiceRequest) -> Option<String> {
     sane.then(|| value.to_string())
 }
 
+/// The `method` label: the methods HTTP defines, and `other` for anything
+/// a client invents, so a label cannot grow without bound.
+fn method_label(method: &actix_web::http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "TRACE" => "TRACE",
+        "CONNECT" => "CONNECT",
+        _ => "other",
+    }
+}
+
 /// The middleware function; see the module docs.
 pub async fn observe(
     req: ServiceRequest,
@@ -33,7 +50,7 @@ pub async fn observe(
 ) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
     let started = Instant::now();
     let request_id = client_request_id(&req).unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-    let method = req.method().to_string();
+    let method = method_label(req.method());
     let metrics = req
         .app_data::<web::Data<AppState>>()
         .map(|s| s.ctx.metrics.clone());
@@ -45,18 +62,28 @@ pub async fn observe(
         .match_pattern()
         .unwrap_or_else(|| "unmatched".to_string());
     let status = response.status().as_u16();
+    let headers = response.headers_mut();
     if let Ok(value) = HeaderValue::from_str(&request_id) {
-        response.headers_mut().insert(REQUEST_ID, value);
+        headers.insert(REQUEST_ID, value);
+    }
+    // Answers carry payment data: no browser sniffs them into something
+    // else, and no cache along the way keeps a copy.
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     }
     let elapsed = started.elapsed();
     if let Some(metrics) = metrics {
         metrics
             .http_requests
-            .with_label_values(&[&route, &method, &status.to_string()])
+            .with_label_values(&[&route, method, &status.to_string()])
             .inc();
         metrics
             .http_latency
-            .with_label_values(&[&route, &method])
+            .with_label_values(&[&route, method])
             .observe(elapsed.as_secs_f64());
     }
     span.in_scope(|| {

@@ -234,14 +234,16 @@ async fn read_body(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
+    // The outer error is the limit (a chunked body carries no length to
+    // check up front); the inner one is a body that could not be read.
     match payload.to_bytes_limited(limit).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(too_large()),
-        Err(_) => Err(Problem::new(
+        Ok(Err(_)) => Err(Problem::new(
             400,
             "malformed_json",
             "the body could not be read",
         )),
+        Err(_) => Err(too_large()),
     }
 }
 

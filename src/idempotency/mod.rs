@@ -250,6 +250,7 @@ impl Engine {
                 &request.id,
                 request.fingerprint.as_bytes(),
                 self.config.lease,
+                self.config.ttl,
             )
             .await
             .map_err(store_problem)?;

@@ -4,13 +4,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use reqwest::{Client, StatusCode};
+use reqwest::Client;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{
-    BoxFuture, CallOutcome, ChargeRequest, PaymentProvider, ProviderObject, RefundRequest,
-};
+use super::classify::{classify, CallKind, Verdict};
+use super::{BoxFuture, CallOutcome, ChargeRequest, PaymentProvider, RefundRequest};
 use crate::metrics::Metrics;
 
 /// Retry policy: exponential backoff with full jitter, bounded by a count and
@@ -48,11 +47,6 @@ pub struct HttpProvider {
 #[error("cannot build the provider HTTP client: {0}")]
 pub struct BuildError(#[from] reqwest::Error);
 
-enum Attempt {
-    Done(CallOutcome),
-    Retry(String),
-}
-
 impl HttpProvider {
     /// A client for `base_url` with per-request `timeout`.
     pub fn new(
@@ -78,45 +72,19 @@ impl HttpProvider {
         })
     }
 
-    /// One try: classify the answer.
-    async fn once(&self, request: reqwest::RequestBuilder, lookup: bool) -> Attempt {
+    /// One try: send, then classify the answer (see [`super::classify`]).
+    async fn once(&self, request: reqwest::RequestBuilder, kind: CallKind) -> Verdict {
         let response = match request.send().await {
             Ok(r) => r,
             // Timeouts, refused and dropped connections: nothing tells us
-            // whether the provider acted, so the outcome is unknown.
-            Err(e) => return Attempt::Retry(describe(&e)),
+            // whether the provider acted, so the outcome is unknown; the same
+            // key makes trying again safe.
+            Err(e) => return Verdict::Retry(describe(&e)),
         };
-        let status = response.status();
-        if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-            return Attempt::Retry(format!("provider answered {status}"));
-        }
-        if lookup && status == StatusCode::NOT_FOUND {
-            return Attempt::Done(CallOutcome::NotFound);
-        }
+        let status = response.status().as_u16();
         match response.bytes().await {
-            Err(e) => Attempt::Retry(describe(&e)),
-            Ok(body) if status.is_success() => {
-                match serde_json::from_slice::<ProviderObject>(&body) {
-                    Ok(object) => Attempt::Done(CallOutcome::Known(object)),
-                    Err(e) => Attempt::Done(CallOutcome::Unknown(format!(
-                        "unreadable provider answer: {e}"
-                    ))),
-                }
-            }
-            // A 4xx is the provider refusing the request itself: nothing was
-            // made, which for a charge or refund is a definite failure.
-            Ok(body) => {
-                let code = serde_json::from_slice::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| v["code"].as_str().map(str::to_string))
-                    .unwrap_or_else(|| "provider_rejected".into());
-                Attempt::Done(CallOutcome::Known(ProviderObject {
-                    id: String::new(),
-                    status: crate::domain::payment::PaymentStatus::Failed,
-                    failure_code: Some(code),
-                    failure_message: Some(format!("the provider refused the request ({status})")),
-                }))
-            }
+            Err(e) => Verdict::Retry(describe(&e)),
+            Ok(body) => classify(kind, status, &body),
         }
     }
 
@@ -125,7 +93,7 @@ impl HttpProvider {
     async fn call(
         &self,
         operation: &'static str,
-        lookup: bool,
+        kind: CallKind,
         build: impl Fn(&Client) -> reqwest::RequestBuilder,
     ) -> CallOutcome {
         let started = Instant::now();
@@ -138,12 +106,12 @@ impl HttpProvider {
                 }
                 tokio::time::sleep(pause).await;
             }
-            match self.once(build(&self.client), lookup).await {
-                Attempt::Done(outcome) => {
+            match self.once(build(&self.client), kind).await {
+                Verdict::Done(outcome) => {
                     self.observe(operation, &outcome, started);
                     return outcome;
                 }
-                Attempt::Retry(reason) => {
+                Verdict::Retry(reason) => {
                     tracing::warn!(operation, attempt = n + 1, %reason, "provider call failed; retrying with the same key");
                     last = reason;
                 }
@@ -187,7 +155,7 @@ impl PaymentProvider for HttpProvider {
     }
 
     fn charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(self.call("charge", false, move |client| {
+        Box::pin(self.call("charge", CallKind::Write, move |client| {
             client
                 .post(format!("{}/v1/charges", self.base_url))
                 .header("Idempotency-Key", r.idempotency_key.to_string())
@@ -201,7 +169,7 @@ impl PaymentProvider for HttpProvider {
     }
 
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(self.call("refund", false, move |client| {
+        Box::pin(self.call("refund", CallKind::Write, move |client| {
             client
                 .post(format!("{}/v1/refunds", self.base_url))
                 .header("Idempotency-Key", r.idempotency_key.to_string())
@@ -210,7 +178,7 @@ impl PaymentProvider for HttpProvider {
     }
 
     fn find_charge(&self, key: Uuid) -> BoxFuture<'_, CallOutcome> {
-        Box::pin(self.call("find_charge", true, move |client| {
+        Box::pin(self.call("find_charge", CallKind::Read, move |client| {
             client.get(format!(
                 "{}/v1/charges?idempotency_key={key}",
                 self.base_url
@@ -219,7 +187,7 @@ impl PaymentProvider for HttpProvider {
     }
 
     fn find_refund(&self, key: Uuid) -> BoxFuture<'_, CallOutcome> {
-        Box::pin(self.call("find_refund", true, move |client| {
+        Box::pin(self.call("find_refund", CallKind::Read, move |client| {
             client.get(format!(
                 "{}/v1/refunds?idempotency_key={key}",
                 self.base_url

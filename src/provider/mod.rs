@@ -6,6 +6,7 @@
 //! A call whose outcome we cannot know (timeout, dropped connection) says so
 //! with [`CallOutcome::Unknown`]: it is never taken for a failure.
 
+pub mod classify;
 pub mod http;
 
 use std::future::Future;
@@ -67,7 +68,8 @@ fn status_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PaymentStat
         .ok_or_else(|| serde::de::Error::custom(format!("unknown status {text}")))
 }
 
-/// The result of a provider call.
+/// The result of a provider call, after [`classify`] decided what the
+/// answer proves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallOutcome {
     /// The provider answered with the object's state.
@@ -75,7 +77,8 @@ pub enum CallOutcome {
     /// The provider has no such object (only for lookups).
     NotFound,
     /// We cannot know what happened (timeout, dropped connection, 5xx after
-    /// retries). The effect may or may not exist; only a later look can tell.
+    /// retries, a refused or unreadable answer). The effect may or may not
+    /// exist; only a later look can tell.
     Unknown(String),
 }
 

@@ -148,6 +148,7 @@ pub async fn load_live(
     id: &RecordId,
     fingerprint: &[u8],
     lease: Duration,
+    ttl: Duration,
 ) -> Result<Option<ClaimOutcome>, StoreError> {
     let Some(row) = sqlx::query(LOAD_LIVE)
         .bind(id.merchant_id)
@@ -174,7 +175,7 @@ pub async fn load_live(
     if expired != Some(true) {
         return Ok(Some(ClaimOutcome::Executing));
     }
-    Ok(Some(match take_over(pool, id, lease).await? {
+    Ok(Some(match take_over(pool, id, lease, ttl).await? {
         Some(lease) => ClaimOutcome::TookOver(lease),
         None => ClaimOutcome::Executing,
     }))
@@ -205,15 +206,19 @@ fn lease_from_row(row: &PgRow) -> Result<Lease, StoreError> {
 }
 
 /// Takes over the lease of an executing record whose lease has expired.
-/// Exactly one of any number of concurrent callers gets it.
+/// Exactly one of any number of concurrent callers gets it. The record's
+/// life is extended to at least a TTL from now, so that the retries the
+/// resumed command's client will send still find it.
 async fn take_over(
     pool: &PgPool,
     id: &RecordId,
     lease: Duration,
+    ttl: Duration,
 ) -> Result<Option<Lease>, StoreError> {
     let row = sqlx::query(
         "UPDATE idempotency_record
             SET lease_token = $3, lease_expires_at = now() + $4::bigint * interval '1 millisecond',
+                expires_at = greatest(expires_at, now() + $5::bigint * interval '1 millisecond'),
                 updated_at = now()
           WHERE merchant_id = $1 AND idempotency_key = $2
             AND state = 'executing' AND lease_expires_at < now()
@@ -223,22 +228,26 @@ async fn take_over(
     .bind(&id.key)
     .bind(Uuid::new_v4())
     .bind(millis(lease))
+    .bind(millis(ttl))
     .fetch_optional(pool)
     .await?;
     row.as_ref().map(lease_from_row).transpose()
 }
 
-/// Takes over up to `limit` records whose lease expired, for the reconciler.
-/// `SKIP LOCKED` lets several processes do this at once without overlap.
+/// Takes over up to `limit` records whose lease expired, for the reconciler
+/// (extending their life as [`take_over`] does). `SKIP LOCKED` lets several
+/// processes do this at once without overlap.
 pub async fn take_over_expired(
     pool: &PgPool,
     limit: i64,
     lease: Duration,
+    ttl: Duration,
 ) -> Result<Vec<(RecordId, Lease)>, StoreError> {
     let rows = sqlx::query(
         "UPDATE idempotency_record r
             SET lease_token = gen_random_uuid(),
                 lease_expires_at = now() + $2::bigint * interval '1 millisecond',
+                expires_at = greatest(r.expires_at, now() + $3::bigint * interval '1 millisecond'),
                 updated_at = now()
            FROM (SELECT merchant_id, idempotency_key FROM idempotency_record
                   WHERE state = 'executing' AND lease_expires_at < now()
@@ -249,6 +258,7 @@ pub async fn take_over_expired(
     )
     .bind(limit)
     .bind(millis(lease))
+    .bind(millis(ttl))
     .fetch_all(pool)
     .await?;
     rows.iter()

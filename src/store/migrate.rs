@@ -14,10 +14,16 @@ use time::OffsetDateTime;
 
 /// The migrations, in order. A unit test checks that every file in
 /// `migrations/` is listed here, so none can be forgotten.
-pub const MIGRATIONS: &[(&str, &str)] = &[(
-    "V1__initial",
-    include_str!("../../migrations/V1__initial.sql"),
-)];
+pub const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "V1__initial",
+        include_str!("../../migrations/V1__initial.sql"),
+    ),
+    (
+        "V2__money_safety",
+        include_str!("../../migrations/V2__money_safety.sql"),
+    ),
+];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.
 const MIGRATION_LOCK: i64 = 0x6f6e_6365_7061_7901;

@@ -2,7 +2,9 @@
 //! plain async functions over a pool or a transaction. Handlers and commands
 //! never write SQL themselves.
 
+pub mod alarms;
 pub mod idempotency;
+pub mod incidents;
 pub mod merchants;
 pub mod migrate;
 pub mod orders;

@@ -89,7 +89,7 @@ pub const INSERT: &str = concat!(
             (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
              payment_method, next_check_at, created_at, updated_at)
          VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
-                 $9 + $10::bigint * interval '1 millisecond', $9, $9)
+                 now() + $10::bigint * interval '1 millisecond', $9, $9)
          RETURNING ",
     payment_columns!()
 );
@@ -184,12 +184,14 @@ pub const FIND_BY_CHARGE: &str = concat!(
     payment_columns!(),
     " FROM payment_attempt
           WHERE provider = $1 AND (provider_charge_id = $2 OR id = $3)
-          LIMIT 1"
+          ORDER BY id = $3 DESC LIMIT 1"
 );
 
 /// Finds the attempt a provider charge belongs to, by the charge id or by
-/// the provider idempotency key (our attempt id), whichever is known. No
-/// lock: settlement locks the order first, then the attempt.
+/// the provider idempotency key (our attempt id), whichever is known; the
+/// key wins when they name different attempts, so that the event's charge
+/// id is then checked against the attempt's own. No lock: settlement locks
+/// the order first, then the attempt.
 pub async fn find_by_charge(
     tx: &mut PgConnection,
     provider: &str,

@@ -13,14 +13,14 @@ use crate::domain::payment::{PaymentStatus, Refund};
 /// The columns every read of a refund returns, in `from_row`'s order.
 macro_rules! refund_columns {
     () => {
-        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order"
+        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order, incident"
     };
 }
 
 /// The same columns qualified with the alias `r`, for joins and updates.
 macro_rules! refund_columns_r {
     () => {
-        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order"
+        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident"
     };
 }
 
@@ -37,6 +37,7 @@ fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
         updated_at: row.try_get("updated_at")?,
         provider_refund_id: row.try_get("provider_refund_id")?,
         cancels_order: row.try_get("cancels_order")?,
+        incident: row.try_get("incident")?,
     })
 }
 
@@ -52,21 +53,42 @@ pub struct NewRefund<'a> {
     pub amount: i64,
     /// The merchant's reason.
     pub reason: Option<&'a str>,
+    /// The key of the command that made it (the second line of defence);
+    /// `None` for a refund oncepay made on its own.
+    pub idempotency_key: Option<&'a str>,
     /// Whether settling it cancels the order.
     pub cancels_order: bool,
+    /// Whether it returns money taken for a failed attempt (an incident).
+    pub incident: bool,
     /// Creation time.
     pub now: DateTime<Utc>,
     /// When the reconciler should first look at it if it stays pending.
     pub check_after: Duration,
 }
 
-/// Inserts a pending refund.
-pub async fn insert(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refund, StoreError> {
-    let row = sqlx::query(concat!(
+/// Why a refund could not be inserted.
+#[derive(Debug, thiserror::Error)]
+pub enum InsertRefundError {
+    /// `UNIQUE (payment_id, idempotency_key)`: this key already made a refund.
+    #[error("this idempotency key already made a refund of the payment")]
+    KeyUsed,
+    /// Anything else.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Inserts a pending refund; the key constraint decides races. The first
+/// check is due `check_after` from now by the database's clock, the one
+/// `claim_due` compares it with.
+pub async fn insert(
+    tx: &mut PgConnection,
+    new: &NewRefund<'_>,
+) -> Result<Refund, InsertRefundError> {
+    let result = sqlx::query(concat!(
         "INSERT INTO refund (id, merchant_id, payment_id, amount, status, reason, cancels_order,
-                             next_check_at, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, 'pending', $5, $6,
-                 $7 + $8::bigint * interval '1 millisecond', $7, $7)
+                             incident, idempotency_key, next_check_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8,
+                 now() + $10::bigint * interval '1 millisecond', $9, $9)
          RETURNING ",
         refund_columns!()
     ))
@@ -76,11 +98,49 @@ pub async fn insert(tx: &mut PgConnection, new: &NewRefund<'_>) -> Result<Refund
     .bind(new.amount)
     .bind(new.reason)
     .bind(new.cancels_order)
+    .bind(new.incident)
+    .bind(new.idempotency_key)
     .bind(new.now)
     .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
     .fetch_one(tx)
+    .await;
+    match result {
+        Ok(row) => Ok(from_row(&row)?),
+        Err(e) if super::violated_constraint(&e) == Some("refund_payment_key_uniq") => {
+            Err(InsertRefundError::KeyUsed)
+        }
+        Err(e) => Err(InsertRefundError::Store(e.into())),
+    }
+}
+
+/// The refund a key made of a payment, if any: how a retry after the
+/// idempotency record expired finds it instead of refunding again.
+pub async fn by_key(
+    tx: &mut PgConnection,
+    payment_id: Uuid,
+    key: &str,
+) -> Result<Option<Refund>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        refund_columns!(),
+        " FROM refund WHERE payment_id = $1 AND idempotency_key = $2"
+    ))
+    .bind(payment_id)
+    .bind(key)
+    .fetch_optional(tx)
     .await?;
-    from_row(&row)
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Whether any refund of the payment is still pending.
+pub async fn any_pending(tx: &mut PgConnection, payment_id: Uuid) -> Result<bool, StoreError> {
+    let row = sqlx::query(
+        "SELECT EXISTS (SELECT 1 FROM refund WHERE payment_id = $1 AND status = 'pending')",
+    )
+    .bind(payment_id)
+    .fetch_one(tx)
+    .await?;
+    Ok(row.try_get(0)?)
 }
 
 /// Sum of the payment's refunds that are not failed. Called with the payment
@@ -137,7 +197,7 @@ pub async fn find_by_provider_id(
     let row = sqlx::query(concat!(
         "SELECT ",
         refund_columns!(),
-        " FROM refund WHERE provider_refund_id = $1 OR id = $2 LIMIT 1"
+        " FROM refund WHERE provider_refund_id = $1 OR id = $2 ORDER BY id = $2 DESC LIMIT 1"
     ))
     .bind(provider_refund_id)
     .bind(refund_id)

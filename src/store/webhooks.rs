@@ -31,21 +31,45 @@ pub async fn record(
 }
 
 /// Notes what an event did.
-pub const SET_OUTCOME: &str =
-    "UPDATE webhook_event SET outcome = $3 WHERE provider = $1 AND event_id = $2";
+pub const SET_OUTCOME: &str = "UPDATE webhook_event
+        SET outcome = $3, confirmed_at = CASE WHEN $4 THEN now() END, detail = $5
+      WHERE provider = $1 AND event_id = $2";
 
-/// Notes what the event did (processed, ignored, unknown_charge).
+/// Notes what the event did (processed, ignored, unknown_charge,
+/// unconfirmed, mismatch), whether a provider read confirmed it, and why
+/// it was not applied.
 pub async fn set_outcome(
     tx: &mut PgConnection,
     provider: &str,
     event_id: &str,
     outcome: &str,
+    confirmed: bool,
+    detail: Option<&str>,
 ) -> Result<(), StoreError> {
     sqlx::query(SET_OUTCOME)
         .bind(provider)
         .bind(event_id)
         .bind(outcome)
+        .bind(confirmed)
+        .bind(detail)
         .execute(tx)
         .await?;
     Ok(())
+}
+
+/// Whether `(provider, event id)` was recorded already: a duplicate costs
+/// no provider read.
+pub async fn exists(
+    conn: &mut PgConnection,
+    provider: &str,
+    event_id: &str,
+) -> Result<bool, StoreError> {
+    let found: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM webhook_event WHERE provider = $1 AND event_id = $2)",
+    )
+    .bind(provider)
+    .bind(event_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(found)
 }

@@ -4,15 +4,20 @@
 //! - payments and refunds still `pending` past a threshold are looked up at
 //!   the provider (a safe read) and settled; one the provider never received
 //!   is sent again with the same provider key, which charges at most once.
+//!   A read that proves nothing (see `provider::classify`) settles nothing;
+//! - payments and refunds pending past the alarm threshold are logged at
+//!   error level and counted, once each, and the age of the oldest is kept
+//!   in a gauge, so an unknown outcome never ends in silence.
 //!
 //! Rows are claimed with `FOR UPDATE SKIP LOCKED` and a lease (the next
 //! check time), so several processes share the work without overlap, and no
-//! connection is held while the provider answers.
+//! connection is held while the provider answers. One row that fails is
+//! logged, counted and retried at its next check; it never stops the pass.
 
 use crate::commands::settle::{self, Cause};
 use crate::commands::{self, payments, refunds, AppContext};
+use crate::domain::payment::{Payment, Refund};
 use crate::idempotency::Claim;
-use crate::provider::CallOutcome;
 use crate::store::{self, StoreError};
 
 /// Rows claimed per kind and pass.
@@ -29,13 +34,18 @@ pub struct Pass {
     pub payments_settled: u32,
     /// Refunds moved to a final state.
     pub refunds_settled: u32,
+    /// Rows that failed and wait for their next check.
+    pub errors: u32,
+    /// Payments and refunds newly past the alarm threshold.
+    pub alarms: u32,
 }
 
-/// One pass over all three kinds of work.
+/// One pass over all kinds of work.
 pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
     let mut done = Pass::default();
     let lease = ctx.engine.config().lease;
-    for (id, record) in store::idempotency::take_over_expired(&ctx.pool, BATCH, lease).await? {
+    let ttl = ctx.engine.config().ttl;
+    for (id, record) in store::idempotency::take_over_expired(&ctx.pool, BATCH, lease, ttl).await? {
         let claim = Claim::resumed(id.clone(), record.clone());
         if claim.is_effect_free() {
             ctx.engine.release(&claim).await;
@@ -54,63 +64,101 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
                     code = problem.code,
                     "resuming a command failed; it will be retried"
                 );
+                done.errors += 1;
                 count(ctx, "command", "error");
             }
         }
     }
     for (payment, _merchant) in store::payments::claim_due(&ctx.pool, BATCH).await? {
-        let observed = match ctx.provider.find_charge(payment.id).await {
-            CallOutcome::Known(object) => Some(object),
-            CallOutcome::NotFound => payments::charge(ctx, &payment).await,
-            CallOutcome::Unknown(_) => None,
-        };
-        let mut settled = false;
-        if let Some(object) = observed {
-            let mut tx = ctx.pool.begin().await?;
-            let (p, _) = settle::payment(
-                &mut tx,
-                &ctx.metrics,
-                (payment.id, payment.order_id),
-                &object,
-                Cause::Reconciler,
-            )
-            .await?;
-            tx.commit().await?;
-            settled = p.status.is_final();
+        match settle_payment(ctx, &payment).await {
+            Ok(settled) => {
+                done.payments_settled += u32::from(settled);
+                count(
+                    ctx,
+                    "payment",
+                    if settled { "settled" } else { "still_pending" },
+                );
+            }
+            Err(e) => {
+                tracing::warn!(payment_id = %payment.id, error = %e, "settling a payment failed; it is retried at its next check");
+                done.errors += 1;
+                count(ctx, "payment", "error");
+            }
         }
-        done.payments_settled += u32::from(settled);
-        count(
-            ctx,
-            "payment",
-            if settled { "settled" } else { "still_pending" },
-        );
     }
     for (refund, _merchant) in store::refunds::claim_due(&ctx.pool, BATCH).await? {
-        let observed = match ctx.provider.find_refund(refund.id).await {
-            CallOutcome::Known(object) => Some(object),
-            CallOutcome::NotFound => match refunds::pending_request(ctx, refund.id).await? {
-                Some(request) => refunds::send(ctx, &request).await,
-                None => None,
-            },
-            CallOutcome::Unknown(_) => None,
-        };
-        let mut settled = false;
-        if let Some(object) = observed {
-            let mut tx = ctx.pool.begin().await?;
-            let (r, _) =
-                settle::refund(&mut tx, &ctx.metrics, refund.id, &object, Cause::Reconciler)
-                    .await?;
-            tx.commit().await?;
-            settled = r.status.is_final();
+        match settle_refund(ctx, &refund).await {
+            Ok(settled) => {
+                done.refunds_settled += u32::from(settled);
+                count(
+                    ctx,
+                    "refund",
+                    if settled { "settled" } else { "still_pending" },
+                );
+            }
+            Err(e) => {
+                tracing::warn!(refund_id = %refund.id, error = %e, "settling a refund failed; it is retried at its next check");
+                done.errors += 1;
+                count(ctx, "refund", "error");
+            }
         }
-        done.refunds_settled += u32::from(settled);
-        count(
-            ctx,
-            "refund",
-            if settled { "settled" } else { "still_pending" },
-        );
     }
+    done.alarms = raise_alarms(ctx).await?;
     Ok(done)
+}
+
+/// Looks a pending payment up (or charges it again, same key, if the
+/// provider never saw it) and applies what was learned. True if now final.
+async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, StoreError> {
+    let Some(object) = payments::look_up_or_charge(ctx, payment).await else {
+        return Ok(false);
+    };
+    let mut tx = ctx.pool.begin().await?;
+    let (p, _) = settle::payment(
+        &mut tx,
+        &ctx.metrics,
+        (payment.id, payment.order_id),
+        &object,
+        Cause::Reconciler,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(p.status.is_final())
+}
+
+/// The same for a pending refund.
+async fn settle_refund(ctx: &AppContext, refund: &Refund) -> Result<bool, StoreError> {
+    let outstanding = refunds::pending_request(ctx, refund.id).await?;
+    let Some(object) = refunds::step_2(ctx, outstanding.as_ref()).await else {
+        return Ok(false);
+    };
+    let mut tx = ctx.pool.begin().await?;
+    let (r, _) =
+        settle::refund(&mut tx, &ctx.metrics, refund.id, &object, Cause::Reconciler).await?;
+    tx.commit().await?;
+    Ok(r.status.is_final())
+}
+
+/// Logs and counts, once each, payments and refunds pending for longer than
+/// the alarm threshold, and updates the oldest-pending gauge.
+async fn raise_alarms(ctx: &AppContext) -> Result<u32, StoreError> {
+    let alarmed = store::alarms::raise(&ctx.pool, ctx.pending_alarm).await?;
+    for row in &alarmed {
+        tracing::error!(
+            kind = row.kind,
+            id = %row.id,
+            pending_seconds = row.pending_seconds,
+            "ALARM: outcome still unknown past ONCEPAY_PENDING_ALARM; the reconciler keeps asking the provider"
+        );
+        ctx.metrics.pending_alarms.with_label_values(&[row.kind]).inc();
+    }
+    for (kind, seconds) in store::alarms::oldest_pending(&ctx.pool).await? {
+        ctx.metrics
+            .oldest_pending
+            .with_label_values(&[kind])
+            .set(seconds);
+    }
+    Ok(u32::try_from(alarmed.len()).unwrap_or(u32::MAX))
 }
 
 fn count(ctx: &AppContext, kind: &str, outcome: &str) {

@@ -7,6 +7,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::fault_proxy::FaultProxy;
 use oncepay::commands::AppContext;
 use oncepay::config::{Env, SandboxConfig, ServeConfig};
 use oncepay::startup::Application;
@@ -33,6 +34,8 @@ pub struct Options {
     pub serve_env: Vec<(&'static str, String)>,
     /// Extra environment for the sandbox.
     pub sandbox_env: Vec<(&'static str, String)>,
+    /// Put a fault proxy between oncepay and the sandbox.
+    pub fault_proxy: bool,
 }
 
 impl Default for Options {
@@ -46,6 +49,7 @@ impl Default for Options {
                 ("ONCEPAY_DB_POOL_SIZE", "10".into()),
             ],
             sandbox_env: vec![("ONCEPAY_SANDBOX_ASYNC_DELAY", "300ms".into())],
+            fault_proxy: false,
         }
     }
 }
@@ -55,6 +59,12 @@ impl Options {
     pub fn serve(mut self, name: &'static str, value: &str) -> Self {
         self.serve_env.retain(|(n, _)| *n != name);
         self.serve_env.push((name, value.to_string()));
+        self
+    }
+
+    /// Routes oncepay's provider calls through a [`FaultProxy`].
+    pub fn with_fault_proxy(mut self) -> Self {
+        self.fault_proxy = true;
         self
     }
 
@@ -89,6 +99,8 @@ pub struct TestApp {
     pub http: reqwest::Client,
     /// The service's context (to run worker passes directly).
     pub ctx: Arc<AppContext>,
+    /// The fault proxy in front of the sandbox, if the test asked for one.
+    pub proxy: Option<FaultProxy>,
 }
 
 /// Starts a fresh database, sandbox and service with default options.
@@ -102,10 +114,16 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     let sandbox_listener = TcpListener::bind("127.0.0.1:0").expect("bind sandbox");
     let sandbox = format!("http://{}", sandbox_listener.local_addr().expect("addr"));
 
+    let proxy = options
+        .fault_proxy
+        .then(|| FaultProxy::start(&sandbox).expect("fault proxy starts"));
+    let provider_url = proxy
+        .as_ref()
+        .map_or(sandbox.clone(), |p| p.url().to_string());
     let mut serve_env = options.serve_env.clone();
     serve_env.push(("DATABASE_URL", db_url.clone()));
     serve_env.push(("ONCEPAY_BIND", "127.0.0.1:0".into()));
-    serve_env.push(("ONCEPAY_PROVIDER_URL", sandbox.clone()));
+    serve_env.push(("ONCEPAY_PROVIDER_URL", provider_url));
     let config: ServeConfig = env_of(serve_env).serve_config().expect("serve config");
     let app = Application::build(config).await.expect("service starts");
     let base = format!("http://{}", app.addr());
@@ -138,6 +156,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
             .build()
             .expect("client"),
         ctx,
+        proxy,
     }
 }
 
@@ -222,6 +241,14 @@ impl TestApp {
             .await;
         let status = r.status();
         (status, json_of(r).await)
+    }
+
+    /// The `status` of the resource at `path`.
+    pub async fn status_of(&self, path: &str) -> String {
+        json_of(self.get(path).await).await["status"]
+            .as_str()
+            .expect("status")
+            .to_string()
     }
 
     /// Counts rows with a query returning one bigint.
@@ -378,4 +405,24 @@ pub async fn storm(
         "every 2xx body is identical"
     );
     (ok, in_flight)
+}
+
+/// Waits (up to ~10 s) until the sandbox holds the charge made with
+/// `payment_id` as its key in `status`; returns the ledger's charge entry.
+pub async fn wait_for_charge_status(app: &TestApp, payment_id: &str, status: &str) -> Value {
+    let mut last = Value::Null;
+    for _ in 0..200 {
+        let ledger = app.ledger().await;
+        if let Some(charge) = ledger["charges"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["idempotency_key"] == payment_id))
+        {
+            if charge["status"] == status {
+                return charge.clone();
+            }
+            last = charge.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the sandbox never held charge {payment_id} as {status}; last: {last}");
 }

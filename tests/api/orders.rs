@@ -323,6 +323,46 @@ async fn a_body_over_the_limit_is_413() {
 }
 
 #[tokio::test]
+async fn a_chunked_body_over_the_limit_is_413_too() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app().await;
+    let addr = app.base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\n\
+         Idempotency-Key: chunked\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
+        app.key
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    // No Content-Length: the limit can only be found while reading.
+    let chunk = vec![b' '; 16_384];
+    for _ in 0..5 {
+        let sent = async {
+            stream
+                .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                .await?;
+            stream.write_all(&chunk).await?;
+            stream.write_all(b"\r\n").await
+        };
+        if sent.await.is_err() {
+            break; // the server answered and closed early: fine
+        }
+    }
+    let _ = stream.write_all(b"0\r\n\r\n").await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("payload_too_large"), "{answer}");
+    // The key stays free.
+    assert_eq!(
+        app.post("/orders", "chunked", &order_body()).await.status(),
+        StatusCode::CREATED
+    );
+}
+
+#[tokio::test]
 async fn unknown_routes_and_methods_are_problems() {
     let app = spawn_app().await;
     let r = app.get("/nowhere").await;

@@ -67,6 +67,21 @@ fn quiet_sandbox() -> Options {
         .sandbox("ONCEPAY_SANDBOX_ASYNC_DELAY", "1h")
 }
 
+/// A sandbox that sends no webhook (the test does) and settles `tok_async`
+/// charges at once, so that the provider confirms the test's events.
+fn settling_quiet_sandbox() -> Options {
+    Options::default()
+        .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")
+        .sandbox("ONCEPAY_SANDBOX_ASYNC_DELAY", "100ms")
+}
+
+/// A pending payment whose charge the sandbox has settled (no webhook sent).
+async fn settled_at_provider(app: &TestApp) -> Value {
+    let payment = pending_payment(app).await;
+    wait_for_charge_status(app, payment["id"].as_str().expect("id"), "succeeded").await;
+    payment
+}
+
 #[tokio::test]
 async fn bad_missing_and_stale_signatures_are_401_and_change_nothing() {
     let app = spawn_app_with(quiet_sandbox()).await;
@@ -111,8 +126,8 @@ async fn bad_missing_and_stale_signatures_are_401_and_change_nothing() {
 
 #[tokio::test]
 async fn the_same_event_ten_times_changes_state_once() {
-    let app = spawn_app_with(quiet_sandbox()).await;
-    let payment = pending_payment(&app).await;
+    let app = spawn_app_with(settling_quiet_sandbox()).await;
+    let payment = settled_at_provider(&app).await;
     let event = charge_event("evt_dup", &payment, "succeeded");
     for _ in 0..10 {
         assert_eq!(deliver_signed(&app, &event).await.status(), StatusCode::OK);
@@ -135,8 +150,8 @@ async fn the_same_event_ten_times_changes_state_once() {
 
 #[tokio::test]
 async fn a_late_pending_after_succeeded_is_recorded_and_ignored() {
-    let app = spawn_app_with(quiet_sandbox()).await;
-    let payment = pending_payment(&app).await;
+    let app = spawn_app_with(settling_quiet_sandbox()).await;
+    let payment = settled_at_provider(&app).await;
     deliver_signed(&app, &charge_event("evt_a", &payment, "succeeded")).await;
     let r = deliver_signed(&app, &charge_event("evt_b", &payment, "pending")).await;
     assert_eq!(r.status(), StatusCode::OK);

@@ -198,7 +198,13 @@ pub fn pay_script(f: &Fixture) -> String {
     s += &inline(payments::LOCK, &[attempt]);
     s += &inline(
         webhooks::SET_OUTCOME,
-        &["'sandbox'", "'evt-:client_id-:k'", "'processed'"],
+        &[
+            "'sandbox'",
+            "'evt-:client_id-:k'",
+            "'processed'",
+            "true",
+            "NULL",
+        ],
     );
     s += "COMMIT;\n";
     s

@@ -1,0 +1,87 @@
+//! SQL of incidents: money the provider moved that our books did not
+//! expect. Each statement records an incident at most once (a partial
+//! unique index backs the `NOT EXISTS`, which the caller's row lock on the
+//! attempt or refund already serialises).
+
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// What was recorded for a charge on a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChargeIncident {
+    /// The incident's id.
+    pub id: Uuid,
+    /// The pending refund that returns the money.
+    pub refund_id: Uuid,
+}
+
+/// Records a charge the provider took for a failed attempt, with the
+/// pending refund that returns it (due for the reconciler at once), in one
+/// statement. `None` if this attempt's incident was recorded before.
+pub async fn charge_on_failed_attempt(
+    tx: &mut PgConnection,
+    payment_id: Uuid,
+    charge_id: Option<&str>,
+    detected_by: &str,
+) -> Result<Option<ChargeIncident>, StoreError> {
+    let row = sqlx::query(
+        "WITH refund_row AS (
+            INSERT INTO refund (id, merchant_id, payment_id, amount, status, reason, incident,
+                                next_check_at, created_at, updated_at)
+            SELECT $1, p.merchant_id, p.id, p.amount - p.refunded_amount, 'pending',
+                   'incident: the provider charged a payment held as failed', true,
+                   now(), now(), now()
+              FROM payment_attempt p
+             WHERE p.id = $3 AND p.amount > p.refunded_amount
+               AND NOT EXISTS (SELECT 1 FROM incident
+                                WHERE kind = 'charge_on_failed_attempt' AND payment_id = $3)
+            RETURNING id, merchant_id, amount)
+         INSERT INTO incident (id, kind, merchant_id, payment_id, refund_id, provider_object_id,
+                               amount, detected_by)
+         SELECT $2, 'charge_on_failed_attempt', merchant_id, $3, id, $4, amount, $5
+           FROM refund_row
+         RETURNING id, refund_id",
+    )
+    .bind(Uuid::now_v7())
+    .bind(Uuid::now_v7())
+    .bind(payment_id)
+    .bind(charge_id)
+    .bind(detected_by)
+    .fetch_optional(tx)
+    .await?;
+    row.map(|r| {
+        Ok(ChargeIncident {
+            id: r.try_get("id")?,
+            refund_id: r.try_get("refund_id")?,
+        })
+    })
+    .transpose()
+}
+
+/// Records a refund the provider paid out that we hold as failed. Returns
+/// whether it is new.
+pub async fn refund_on_failed_refund(
+    tx: &mut PgConnection,
+    refund_id: Uuid,
+    provider_refund_id: Option<&str>,
+    detected_by: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "INSERT INTO incident (id, kind, merchant_id, payment_id, refund_id, provider_object_id,
+                               amount, detected_by)
+         SELECT $1, 'refund_on_failed_refund', r.merchant_id, r.payment_id, r.id, $3, r.amount, $4
+           FROM refund r
+          WHERE r.id = $2
+            AND NOT EXISTS (SELECT 1 FROM incident
+                             WHERE kind = 'refund_on_failed_refund' AND refund_id = $2)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(refund_id)
+    .bind(provider_refund_id)
+    .bind(detected_by)
+    .execute(tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -14,6 +14,12 @@
 //! would make the order payable again while the provider may still take the
 //! money, which is as costly as a forged success.
 //!
+//! When the provider cannot be asked right now (a timeout, an outage, a
+//! refused read: an *unknown* answer), the event is not recorded and is
+//! answered `503` with `Retry-After`, so the provider delivers it again
+//! later: for a payment we hold as failed, that redelivery is the only
+//! report of money taken, so it must not be spent on an outage.
+//!
 //! Events are deduplicated by `(provider, event id)` with the payload kept;
 //! the dedup row and the effect commit in one transaction. Duplicates,
 //! stale events and events that change nothing cost no provider read.
@@ -145,9 +151,27 @@ pub async fn apply(
         .map(str::to_string)
         .or_else(|| header_id.map(str::to_string))
         .ok_or_else(|| Problem::invalid_field("id", "is required"))?;
-    apply_parsed(ctx, provider, &event_id, &envelope, &payload)
-        .await
-        .map_err(store_problem)
+    match apply_parsed(ctx, provider, &event_id, &envelope, &payload).await {
+        Ok(Applied::Done(label)) => Ok(label),
+        Ok(Applied::Deferred(reason)) => {
+            tracing::warn!(event_id, %reason, "webhook deferred: the provider could not confirm it now");
+            Err(Problem::new(
+                503,
+                "confirmation_unavailable",
+                "the provider could not be asked to confirm this event now; deliver it again later",
+            )
+            .retry_after(30))
+        }
+        Err(e) => Err(store_problem(e)),
+    }
+}
+
+/// What handling an event came to.
+enum Applied {
+    /// Recorded, with this outcome.
+    Done(&'static str),
+    /// Not recorded: the provider could not be asked; deliver it again.
+    Deferred(String),
 }
 
 async fn apply_parsed(
@@ -156,10 +180,10 @@ async fn apply_parsed(
     event_id: &str,
     envelope: &Envelope,
     payload: &Value,
-) -> Result<&'static str, StoreError> {
+) -> Result<Applied, StoreError> {
     let mut conn = ctx.pool.acquire().await?;
     if store::webhooks::exists(&mut conn, provider, event_id).await? {
-        return Ok("duplicate");
+        return Ok(Applied::Done("duplicate"));
     }
     let kind = envelope.event_type.split('.').next().unwrap_or_default();
     let object: Option<Object> = serde_json::from_value(envelope.data.object.clone()).ok();
@@ -180,13 +204,16 @@ async fn apply_parsed(
         (None, Some(_)) if matches!(kind, "charge" | "refund") => {
             (Outcome::plain("unknown_charge"), None)
         }
-        (Some(target), Some(event)) => judge(ctx, target, event).await,
+        (Some(target), Some(event)) => match judge(ctx, target, event).await {
+            Judged::Apply(outcome, truth) => (outcome, truth),
+            Judged::Defer(reason) => return Ok(Applied::Deferred(reason)),
+        },
         _ => (Outcome::plain("ignored"), None),
     };
     let mut tx = ctx.pool.begin().await?;
     if !store::webhooks::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
         tx.commit().await?;
-        return Ok("duplicate");
+        return Ok(Applied::Done("duplicate"));
     }
     let label = match (&target, truth) {
         (Some(Target::Charge(p)), Some(truth)) => {
@@ -230,21 +257,25 @@ async fn apply_parsed(
         ),
         _ => {}
     }
-    Ok(label)
+    Ok(Applied::Done(label))
+}
+
+/// What an event about a known object may do.
+enum Judged {
+    /// Record it with this outcome, applying the provider's object if any.
+    Apply(Outcome, Option<ProviderObject>),
+    /// The provider could not be asked: record nothing, ask for redelivery.
+    Defer(String),
 }
 
 /// Decides what an event about a known object may do. Returns the outcome
 /// and, when the provider confirmed the event, the provider's own object to
 /// apply (never the event's).
-async fn judge(
-    ctx: &AppContext,
-    target: &Target,
-    event: &Object,
-) -> (Outcome, Option<ProviderObject>) {
+async fn judge(ctx: &AppContext, target: &Target, event: &Object) -> Judged {
     match target.status().transition(event.state.status) {
         // Nothing would move: no read needed, nothing applied.
-        Transition::Unchanged => return (Outcome::plain("processed"), None),
-        Transition::Ignored => return (Outcome::plain("ignored"), None),
+        Transition::Unchanged => return Judged::Apply(Outcome::plain("processed"), None),
+        Transition::Ignored => return Judged::Apply(Outcome::plain("ignored"), None),
         Transition::Advance(_) | Transition::Contradicted => {}
     }
     if let Some(detail) = target.mismatch(event) {
@@ -268,7 +299,7 @@ async fn judge(
                 confirmed: true,
                 detail: None,
             };
-            (outcome, Some(truth))
+            Judged::Apply(outcome, Some(truth))
         }
         CallOutcome::Known(truth) if truth.id != event.state.id && !event.state.id.is_empty() => {
             let detail = format!(
@@ -290,20 +321,18 @@ async fn judge(
             "unconfirmed",
             "the provider has no such object".into(),
         ),
-        CallOutcome::Unknown(reason) => confirmation(
-            ctx,
-            "unconfirmed",
-            format!("the provider could not confirm it: {reason}"),
-        ),
+        CallOutcome::Unknown(reason) => {
+            ctx.metrics
+                .webhook_confirmations
+                .with_label_values(&["deferred"])
+                .inc();
+            Judged::Defer(reason)
+        }
     }
 }
 
 /// An event the provider did not confirm: counted, and nothing to apply.
-fn confirmation(
-    ctx: &AppContext,
-    label: &'static str,
-    detail: String,
-) -> (Outcome, Option<ProviderObject>) {
+fn confirmation(ctx: &AppContext, label: &'static str, detail: String) -> Judged {
     ctx.metrics
         .webhook_confirmations
         .with_label_values(&[label])
@@ -313,7 +342,7 @@ fn confirmation(
         confirmed: false,
         detail: Some(detail),
     };
-    (outcome, None)
+    Judged::Apply(outcome, None)
 }
 
 fn label(t: Transition) -> &'static str {

@@ -245,22 +245,33 @@ async fn money_taken_for_a_payment_held_as_failed_is_refunded_as_an_incident() {
             "status": "succeeded", "amount": charge["amount"], "currency": "EUR",
         }},
     });
-    let body = event.to_string();
-    let ts = chrono::Utc::now().timestamp();
-    let id = event["id"].as_str().expect("id");
-    let r = app
-        .http
-        .post(format!("{}/webhooks/sandbox", app.base))
-        .header("webhook-id", id)
-        .header("webhook-timestamp", ts.to_string())
-        .header(
-            "webhook-signature",
-            WebhookSecret::dev().sign(id, ts, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .expect("sent");
+    let deliver = || async {
+        let body = event.to_string();
+        let ts = chrono::Utc::now().timestamp();
+        let id = event["id"].as_str().expect("id");
+        app.http
+            .post(format!("{}/webhooks/sandbox", app.base))
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts.to_string())
+            .header(
+                "webhook-signature",
+                WebhookSecret::dev().sign(id, ts, body.as_bytes()),
+            )
+            .body(body)
+            .send()
+            .await
+            .expect("sent")
+    };
+    // While the provider cannot be asked, the report is not spent: it is
+    // refused with 503 so the provider delivers it again.
+    app.proxy().set(Route::StatusRead, Fault::Down);
+    let r = deliver().await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(app.count("SELECT count(*) FROM webhook_event").await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+    app.proxy().heal();
+    let r = deliver().await;
     assert_eq!(r.status(), StatusCode::OK);
 
     assert_eq!(

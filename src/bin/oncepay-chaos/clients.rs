@@ -29,6 +29,11 @@ pub struct Intent {
     pub payment_statuses: Vec<String>,
     /// Every 2xx body received for the refund key.
     pub refund_answers: Vec<Value>,
+    /// Every answer to a cancel, in order (status, body).
+    pub cancel_answers: Vec<(u16, Value)>,
+    /// The money commands this intent sent (path, key, body), to send again
+    /// after their keys expired.
+    pub sent: Vec<(String, String, Value)>,
     /// A request that never got a final answer, and why.
     pub gave_up: Option<String>,
 }
@@ -59,8 +64,11 @@ impl Clients {
             api_key,
             patience,
             retries: Mutex::new(Retries::default()),
+            // A connection per request, so that the lossy proxy's share of
+            // connections is a share of requests.
             http: reqwest::Client::builder()
                 .timeout(timeout)
+                .pool_max_idle_per_host(0)
                 .build()
                 .unwrap_or_default(),
         }
@@ -78,7 +86,12 @@ impl Clients {
 
     /// POSTs until a final answer (2xx or a 4xx other than in-flight),
     /// retrying with the same key. Each try goes to a random process.
-    async fn post(&self, path: &str, key: &str, body: &Value) -> Result<(u16, Value), String> {
+    pub async fn post(
+        &self,
+        path: &str,
+        key: &str,
+        body: &Value,
+    ) -> Result<(u16, Value), String> {
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
@@ -179,6 +192,9 @@ impl Clients {
         };
         let pay = json!({"order_id": order_id, "payment_method": token});
         let pay_key = format!("pay-{run}-{i}");
+        intent
+            .sent
+            .push(("/payments".into(), pay_key.clone(), pay.clone()));
         // Repeat the payment a second time sometimes, as a double click would.
         for _ in 0..(1 + usize::from(i.is_multiple_of(5))) {
             match self.post("/payments", &pay_key, &pay).await {
@@ -213,25 +229,97 @@ impl Clients {
                     .push(p["status"].as_str().unwrap_or("?").to_string());
             }
         }
-        if intent.payment_statuses.last().map(String::as_str) == Some("succeeded")
-            && i.is_multiple_of(4)
-        {
-            let half = intent.amount.unwrap_or(2) / 2;
-            match self
-                .post(
-                    &format!("/payments/{payment_id}/refunds"),
-                    &format!("refund-{run}-{i}"),
-                    &json!({"amount": half}),
-                )
-                .await
-            {
+        if intent.payment_statuses.last().map(String::as_str) != Some("succeeded") {
+            return intent;
+        }
+        let refunds = format!("/payments/{payment_id}/refunds");
+        if i.is_multiple_of(4) {
+            let half = json!({"amount": intent.amount.unwrap_or(2) / 2});
+            let key = format!("refund-{run}-{i}");
+            intent.sent.push((refunds.clone(), key.clone(), half.clone()));
+            match self.post(&refunds, &key, &half).await {
                 Ok((201 | 202, body)) => intent.refund_answers.push(body),
                 Ok((status, body)) => {
                     intent.gave_up = Some(format!("refund answered {status}: {body}"))
                 }
                 Err(e) => intent.gave_up = Some(e),
             }
+        } else if i % 8 == 2 {
+            self.race_refund_and_cancel(run, i, &mut intent, &refunds, &order_id)
+                .await;
         }
         intent
+    }
+
+    /// A partial refund and a cancel of the same paid order sent at once.
+    /// Whichever way they interleave, the order must end cancelled with all
+    /// its money returned, or paid with the partial refund alone.
+    async fn race_refund_and_cancel(
+        &self,
+        run: &str,
+        i: usize,
+        intent: &mut Intent,
+        refunds: &str,
+        order_id: &str,
+    ) {
+        let third = json!({"amount": (intent.amount.unwrap_or(3) / 3).max(1)});
+        let (refund_key, cancel_key) = (format!("refund-{run}-{i}"), format!("cancel-{run}-{i}"));
+        let cancel_path = format!("/orders/{order_id}/cancel");
+        intent
+            .sent
+            .push((refunds.to_string(), refund_key.clone(), third.clone()));
+        intent
+            .sent
+            .push((cancel_path.clone(), cancel_key.clone(), json!({})));
+        let empty = json!({});
+        let (refund, cancel) = tokio::join!(
+            self.post(refunds, &refund_key, &third),
+            self.post(&cancel_path, &cancel_key, &empty)
+        );
+        match refund {
+            Ok((201 | 202, body)) => intent.refund_answers.push(body),
+            // The cancel planned the whole rest first.
+            Ok((422, body)) if body["code"] == "refund_exceeds_payment" => {}
+            Ok((status, body)) => {
+                intent.gave_up = Some(format!("raced refund answered {status}: {body}"))
+            }
+            Err(e) => intent.gave_up = Some(e),
+        }
+        let mut cancel = cancel;
+        for attempt in 0..2 {
+            match cancel {
+                Ok((status, body)) => {
+                    let retry = status == 409 && body["code"] == "refund_in_progress";
+                    intent.cancel_answers.push((status, body));
+                    if !retry || attempt == 1 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    intent.gave_up = Some(e);
+                    return;
+                }
+            }
+            // Refused while the refund was pending: wait for it to settle,
+            // then cancel as a new intent with a new key.
+            if let Some(id) = intent.refund_answers.first().and_then(|r| r["id"].as_str()) {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while Instant::now() < deadline {
+                    let settled = self
+                        .get(&format!("/refunds/{id}"))
+                        .await
+                        .is_some_and(|r| r["status"] != "pending");
+                    if settled {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
+            let again = format!("cancel-again-{run}-{i}");
+            intent
+                .sent
+                .push((cancel_path.clone(), again.clone(), json!({})));
+            cancel = self.post(&cancel_path, &again, &empty).await;
+        }
     }
 }

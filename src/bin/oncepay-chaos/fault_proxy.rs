@@ -235,6 +235,24 @@ impl FaultProxy {
         self.shared.rules().faults.insert(route, fault);
     }
 
+    /// Applies `fault` to `routes` for `duration`, then passes them again
+    /// (unless another fault was set on a route meanwhile).
+    pub fn spell(&self, routes: &[Route], fault: Fault, duration: Duration) {
+        for route in routes {
+            self.set(*route, fault.clone());
+        }
+        let (proxy, routes) = (self.clone(), routes.to_vec());
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            let mut rules = proxy.shared.rules();
+            for route in routes {
+                if rules.faults.get(&route) == Some(&fault) {
+                    rules.faults.remove(&route);
+                }
+            }
+        });
+    }
+
     /// Passes every call again.
     pub fn heal(&self) {
         self.shared.rules().faults.clear();

@@ -9,25 +9,35 @@
 
 mod clients;
 mod cluster;
+mod fault_proxy;
+mod invariants;
+mod lossy_tcp;
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use sqlx::{PgPool, Row};
+use sqlx::PgPool;
 
 use clients::{Clients, Intent};
 use cluster::{free_port, PgCluster, Service};
+use fault_proxy::{Fault, FaultProxy, Route};
+use lossy_tcp::LossyTcp;
 
 const USAGE: &str = "\
 oncepay-chaos — break the stack on purpose, then prove nothing was charged twice or lost
 
-USAGE: oncepay-chaos [--intents 2000] [--concurrency 32] [--max-duration 8m] [--processes 3]";
+USAGE: oncepay-chaos [--intents 2000] [--duration 10m] [--concurrency 32] [--max-duration 8m] [--processes 3]
+
+  --intents N       how many intents to run (default 2000)
+  --duration D      instead: start new intents until D has passed (a soak), e.g. 10m
+  --concurrency N   intents in flight at once (default 32)
+  --max-duration D  stop starting intents after D in --intents mode (default 8m)
+  --processes N     oncepay serve processes (default 3)";
 
 struct Args {
     intents: usize,
+    duration: Option<Duration>,
     concurrency: usize,
     max_duration: Duration,
     processes: usize,
@@ -36,6 +46,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         intents: 2000,
+        duration: None,
         concurrency: 32,
         max_duration: Duration::from_secs(480),
         processes: 3,
@@ -55,6 +66,12 @@ fn parse_args() -> Result<Args, String> {
             "--concurrency" => args.concurrency = number(value()?)?.max(1),
             "--processes" => args.processes = number(value()?)?.max(1),
             "--max-duration" => args.max_duration = oncepay::config::parse_duration(&value()?)?,
+            "--duration" => {
+                args.duration = Some(
+                    oncepay::config::parse_duration(&value()?)
+                        .map_err(|e| format!("--duration: {e}"))?,
+                )
+            }
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown option {other}\n\n{USAGE}")),
         }
@@ -87,12 +104,17 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Faults the driver injected, counted.
 #[derive(Default)]
-struct Faults {
+pub struct Faults {
     kills: u64,
     pg_crashes: u64,
     pg_restarts: u64,
     terminations: u64,
+    /// Provider-side spells by kind (through the fault proxy).
+    provider: std::collections::BTreeMap<&'static str, u64>,
+    /// Client answers lost after the request committed.
+    lost_answers: u64,
 }
 
 async fn run(args: &Args, root: &std::path::Path) -> Result<bool, String> {
@@ -161,6 +183,8 @@ async fn soak(
         root.join("sandbox.log"),
     );
     sandbox.start("/healthz").await?;
+    // The faults the sandbox cannot make come from a proxy in front of it.
+    let proxy = FaultProxy::start(&sandbox_base).map_err(|e| format!("fault proxy: {e}"))?;
     let mut services: Vec<Service> = ports
         .iter()
         .enumerate()
@@ -171,11 +195,12 @@ async fn soak(
                 env(&[
                     ("DATABASE_URL", db_url.clone()),
                     ("ONCEPAY_BIND", format!("127.0.0.1:{port}")),
-                    ("ONCEPAY_PROVIDER_URL", sandbox_base.clone()),
+                    ("ONCEPAY_PROVIDER_URL", proxy.url().to_string()),
                     ("ONCEPAY_PROVIDER_TIMEOUT", "1s".into()),
                     ("ONCEPAY_IDEMPOTENCY_LEASE", "3s".into()),
                     ("ONCEPAY_RECONCILE_INTERVAL", "500ms".into()),
                     ("ONCEPAY_RECONCILE_AFTER", "2s".into()),
+                    ("ONCEPAY_SWEEP_INTERVAL", "1s".into()),
                     ("ONCEPAY_HTTP_WORKERS", "2".into()),
                     ("ONCEPAY_LOG", "warn".into()),
                 ]),
@@ -187,6 +212,15 @@ async fn soak(
     for s in services.iter_mut() {
         s.start("/readyz").await?;
     }
+    // Clients reach each process through a proxy that loses some answers.
+    let mut lossy = Vec::new();
+    for port in &ports {
+        lossy.push(
+            LossyTcp::start(*port, 20)
+                .await
+                .map_err(|e| format!("lossy proxy: {e}"))?,
+        );
+    }
     let db = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect(&db_url)
@@ -195,59 +229,46 @@ async fn soak(
 
     let run_id = format!("{}", std::process::id());
     let clients = Arc::new(Clients::new(
-        bases.clone(),
+        lossy.iter().map(|l| l.url.clone()).collect(),
         api_key,
         Duration::from_secs(3),
         Duration::from_secs(90),
     ));
     let started = Instant::now();
-    let deadline = started + args.max_duration;
-    let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
-    let mut work = tokio::task::JoinSet::new();
-    for i in 0..args.intents {
-        let (clients, gate, run_id) = (clients.clone(), gate.clone(), run_id.clone());
-        work.spawn(async move {
-            let _permit = gate.acquire_owned().await;
-            if Instant::now() > deadline {
-                return (i, None);
-            }
-            (i, Some(clients.run_intent(&run_id, i).await))
-        });
+    match args.duration {
+        Some(d) => eprintln!(
+            "intents for {d:?} through {} serve processes, with faults ...",
+            args.processes
+        ),
+        None => eprintln!(
+            "{} intents through {} serve processes, with faults ...",
+            args.intents, args.processes
+        ),
     }
-    eprintln!(
-        "{} intents through {} serve processes, with faults ...",
-        args.intents, args.processes
-    );
     let mut faults = Faults::default();
-    let mut intents: Vec<Option<Intent>> = vec![None; args.intents];
-    let mut done = 0;
-    let mut next_fault = Instant::now() + Duration::from_millis(500);
-    while done < args.intents {
-        tokio::select! {
-            finished = work.join_next() => match finished {
-                Some(Ok((i, intent))) => { intents[i] = intent; done += 1; }
-                Some(Err(e)) => return Err(format!("a client task failed: {e}")),
-                None => break,
-            },
-            _ = tokio::time::sleep_until(next_fault.into()) => {
-                inject(&mut faults, pg, &mut services, &db).await?;
-                next_fault = Instant::now() + Duration::from_millis(fastrand::u64(150..700));
-            }
-        }
+    let intents = drive(args, &clients, &run_id, &mut faults, pg, &mut services, &proxy, &db).await?;
+    proxy.heal();
+    for l in &lossy {
+        l.stop_losing();
     }
+    faults.lost_answers = lossy.iter().map(LossyTcp::lost).sum();
     let soak_time = started.elapsed();
     eprintln!(
-        "faults stopped after {soak_time:.0?}; waiting for the reconciler to settle everything ..."
+        "{} intents; faults stopped after {soak_time:.0?}; waiting for the reconciler to settle everything ...",
+        intents.len()
     );
-    let settled = settle(&db, Duration::from_secs(120)).await?;
-    let report = check(
+    let settled = settle(&db, Duration::from_secs(180)).await?;
+    eprintln!("settled in {settled:.1?}; expiring every key and sending every intent again ...");
+    let expiry = invariants::after_expiry(&db, &clients, &intents).await?;
+    settle(&db, Duration::from_secs(60)).await?;
+    let report = invariants::check(
         &db,
         &sandbox_base,
         &intents,
         &faults,
         &clients,
-        soak_time,
-        settled,
+        &expiry,
+        (soak_time, settled),
     )
     .await?;
     println!("{}", report.text);
@@ -259,19 +280,78 @@ async fn soak(
     Ok(report.ok)
 }
 
-/// One random fault; every kill is followed by a restart.
+/// Runs the intents while injecting faults; returns what each intent saw.
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    args: &Args,
+    clients: &Arc<Clients>,
+    run_id: &str,
+    faults: &mut Faults,
+    pg: &PgCluster,
+    services: &mut [Service],
+    proxy: &FaultProxy,
+    db: &PgPool,
+) -> Result<Vec<Intent>, String> {
+    let started = Instant::now();
+    let more = |spawned: usize| match args.duration {
+        Some(d) => started.elapsed() < d,
+        None => spawned < args.intents && started.elapsed() < args.max_duration,
+    };
+    let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency));
+    let mut work = tokio::task::JoinSet::new();
+    let mut intents = Vec::new();
+    let mut spawned = 0usize;
+    let mut next_fault = Instant::now() + Duration::from_millis(500);
+    loop {
+        let room = more(spawned) && gate.available_permits() > 0;
+        if room {
+            let permit = gate.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+            let (clients, run_id, i) = (clients.clone(), run_id.to_string(), spawned);
+            work.spawn(async move {
+                let _permit = permit;
+                clients.run_intent(&run_id, i).await
+            });
+            spawned += 1;
+            continue;
+        }
+        if work.is_empty() && !more(spawned) {
+            break;
+        }
+        tokio::select! {
+            finished = work.join_next(), if !work.is_empty() => match finished {
+                Some(Ok(intent)) => intents.push(intent),
+                Some(Err(e)) => return Err(format!("a client task failed: {e}")),
+                None => {}
+            },
+            _ = tokio::time::sleep_until(next_fault.into()) => {
+                inject(faults, pg, services, proxy, db).await?;
+                next_fault = Instant::now() + Duration::from_millis(fastrand::u64(150..700));
+            }
+        }
+    }
+    Ok(intents)
+}
+
+/// One random fault; every kill is followed by a restart, every provider
+/// fault lasts a spell and heals by itself.
 async fn inject(
     faults: &mut Faults,
     pg: &PgCluster,
     services: &mut [Service],
+    proxy: &FaultProxy,
     db: &PgPool,
 ) -> Result<(), String> {
-    match fastrand::u8(0..10) {
+    let ms = |lo, hi| Duration::from_millis(fastrand::u64(lo..hi));
+    let mut spell = |name: &'static str, routes: &[Route], fault: Fault, lasting: Duration| {
+        proxy.spell(routes, fault, lasting);
+        *faults.provider.entry(name).or_insert(0) += 1;
+    };
+    match fastrand::u8(0..18) {
         0..=3 => {
             let i = fastrand::usize(0..services.len());
             services[i].kill().await;
             faults.kills += 1;
-            tokio::time::sleep(Duration::from_millis(fastrand::u64(200..800))).await;
+            tokio::time::sleep(ms(200, 800)).await;
             services[i].start("/readyz").await?;
         }
         4..=5 => {
@@ -291,6 +371,57 @@ async fn inject(
                 faults.terminations += 1;
             }
         }
+        8 => spell(
+            "status reads refused (403, a rotated credential)",
+            &[Route::StatusRead],
+            Fault::answer(403, "forbidden"),
+            ms(300, 1500),
+        ),
+        9 => spell(
+            "status reads timed out (408)",
+            &[Route::StatusRead],
+            Fault::answer(408, "request_timeout"),
+            ms(300, 1500),
+        ),
+        10 => spell(
+            "status reads redirected (302)",
+            &[Route::StatusRead],
+            Fault::answer(302, "moved"),
+            ms(300, 1500),
+        ),
+        11 => spell(
+            "status reads answered with garbage",
+            &[Route::StatusRead],
+            Fault::Garbage,
+            ms(300, 1500),
+        ),
+        12 => spell(
+            "charges answered 409 (provider key in use)",
+            &[Route::Charge],
+            Fault::answer(409, "idempotency_key_in_use"),
+            ms(300, 1000),
+        ),
+        13 => spell(
+            "provider fully down (credential outage)",
+            &[Route::StatusRead, Route::Charge, Route::Refund],
+            Fault::Down,
+            ms(500, 2000),
+        ),
+        14 => spell(
+            "refunds unreachable",
+            &[Route::Refund],
+            Fault::Down,
+            ms(1000, 3000),
+        ),
+        15 => spell(
+            "charge made, answer replaced by a decline (lying provider)",
+            &[Route::Charge],
+            Fault::ForwardThenAnswer {
+                status: 402,
+                body: r#"{"code":"card_declined","detail":"injected"}"#.into(),
+            },
+            ms(100, 400),
+        ),
         _ => {}
     }
     Ok(())
@@ -312,277 +443,4 @@ async fn settle(db: &PgPool, patience: Duration) -> Result<Duration, String> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-}
-
-struct Report {
-    text: String,
-    ok: bool,
-}
-
-struct Table {
-    rows: Vec<(String, u64, u64)>,
-}
-
-impl Table {
-    fn row(&mut self, name: &str, checked: u64, breaches: u64) {
-        self.rows.push((name.to_string(), checked, breaches));
-    }
-}
-
-async fn check(
-    db: &PgPool,
-    sandbox: &str,
-    intents: &[Option<Intent>],
-    faults: &Faults,
-    clients: &Clients,
-    soak_time: Duration,
-    settle_time: Duration,
-) -> Result<Report, String> {
-    let ledger: Value = reqwest::get(format!("{sandbox}/v1/ledger"))
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-    let empty = Vec::new();
-    let charges = ledger["charges"].as_array().unwrap_or(&empty);
-    let mut charges_by_order: HashMap<String, Vec<&Value>> = HashMap::new();
-    for c in charges {
-        if let Some(order) = c["order_id"].as_str() {
-            charges_by_order
-                .entry(order.to_string())
-                .or_default()
-                .push(c);
-        }
-    }
-    let charge_by_key: HashMap<&str, &Value> = charges
-        .iter()
-        .filter_map(|c| Some((c["idempotency_key"].as_str()?, c)))
-        .collect();
-    let rows = sqlx::query(
-        "SELECT p.id::text AS id, p.order_id::text AS order_id, p.status, p.amount, p.refunded_amount,
-                COALESCE((SELECT sum(amount) FROM refund r WHERE r.payment_id = p.id AND r.status <> 'failed'), 0)::bigint AS committed,
-                COALESCE((SELECT sum(amount) FROM refund r WHERE r.payment_id = p.id AND r.status = 'succeeded'), 0)::bigint AS refunded
-           FROM payment_attempt p",
-    )
-    .fetch_all(db)
-    .await
-    .map_err(|e| e.to_string())?;
-    let mut payments: HashMap<String, (String, String, i64)> = HashMap::new();
-    let mut t = Table { rows: Vec::new() };
-
-    // 1. Exactly one charge for a succeeded payment, none for a failed one.
-    let (mut checked, mut breaches) = (0, 0);
-    let mut refund_checked = 0;
-    let mut refund_breaches = 0;
-    for row in &rows {
-        let get = |c: &str| row.try_get::<String, _>(c).unwrap_or_default();
-        let (id, order, status) = (get("id"), get("order_id"), get("status"));
-        let amount: i64 = row.try_get("amount").unwrap_or(0);
-        let succeeded_charges = charges_by_order
-            .get(&order)
-            .map(|cs| cs.iter().filter(|c| c["status"] == "succeeded").count())
-            .unwrap_or(0);
-        let own = charge_by_key.get(id.as_str());
-        checked += 1;
-        let ok = match status.as_str() {
-            "succeeded" => {
-                succeeded_charges == 1 && own.is_some_and(|c| c["status"] == "succeeded")
-            }
-            "failed" => own.is_none_or(|c| c["status"] != "succeeded"),
-            _ => false,
-        };
-        breaches += u64::from(!ok);
-        // Refunds never exceed the payment, here or at the provider.
-        let committed: i64 = row.try_get("committed").unwrap_or(0);
-        let refunded: i64 = row.try_get("refunded").unwrap_or(0);
-        let recorded: i64 = row.try_get("refunded_amount").unwrap_or(0);
-        let at_provider = own.and_then(|c| c["amount_refunded"].as_i64()).unwrap_or(0);
-        refund_checked += 1;
-        refund_breaches += u64::from(
-            committed > amount
-                || refunded != recorded
-                || at_provider != recorded
-                || at_provider > amount,
-        );
-        payments.insert(id, (order, status, amount));
-    }
-    let double_charged_orders = charges_by_order
-        .values()
-        .filter(|cs| cs.iter().filter(|c| c["status"] == "succeeded").count() > 1)
-        .count() as u64;
-    t.row(
-        "a succeeded payment has exactly one charge, a failed one none",
-        checked,
-        breaches,
-    );
-    t.row(
-        "no order charged twice (sandbox ledger)",
-        charges_by_order.len() as u64,
-        double_charged_orders,
-    );
-    let multi = ledger["totals"]["keys_with_more_than_one_effect"]
-        .as_u64()
-        .unwrap_or(u64::MAX);
-    t.row(
-        "no provider key with more than one effect",
-        charges.len() as u64,
-        multi,
-    );
-
-    // 2. Every 2xx a client received matches what is stored.
-    let (mut checked, mut breaches) = (0, 0);
-    let (mut fwd_checked, mut fwd_breaches) = (0, 0);
-    let mut gave_up = 0;
-    let mut finished = 0;
-    for intent in intents.iter().flatten() {
-        finished += 1;
-        if intent.gave_up.is_some() {
-            gave_up += 1;
-        }
-        if let Some(order_id) = &intent.order_id {
-            checked += 1;
-            let stored: Option<i64> =
-                sqlx::query_scalar("SELECT amount FROM orders WHERE id = $1::uuid")
-                    .bind(order_id)
-                    .fetch_optional(db)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            breaches += u64::from(stored != intent.amount);
-        }
-        if let Some(first) = intent.payment_answers.first() {
-            checked += 1;
-            let same = intent.payment_answers.iter().all(|a| a == first);
-            let id = first["id"].as_str().unwrap_or_default();
-            let answered = first["status"].as_str().unwrap_or_default();
-            let stored = payments.get(id).map(|(_, s, _)| s.as_str());
-            let consistent = match (answered, stored) {
-                (_, None) => false,
-                ("pending", Some(s)) => s != "pending",
-                (a, Some(s)) => a == s,
-            };
-            breaches += u64::from(!(same && consistent));
-            // States only moved forward: once final, every later look agrees,
-            // and so does the database.
-            fwd_checked += 1;
-            let finals: Vec<&String> = intent
-                .payment_statuses
-                .iter()
-                .skip_while(|s| *s == "pending")
-                .collect();
-            let forward = finals.iter().all(|s| Some(s.as_str()) == stored)
-                && finals.windows(2).all(|w| w[0] == w[1]);
-            fwd_breaches += u64::from(!forward);
-        }
-        if let Some(first) = intent.refund_answers.first() {
-            checked += 1;
-            let exists: Option<String> =
-                sqlx::query_scalar("SELECT status FROM refund WHERE id = $1::uuid")
-                    .bind(first["id"].as_str().unwrap_or_default())
-                    .fetch_optional(db)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            breaches +=
-                u64::from(exists.is_none() || intent.refund_answers.iter().any(|a| a != first));
-        }
-    }
-    t.row(
-        "every 2xx a client received matches what is stored",
-        checked,
-        breaches,
-    );
-    t.row(
-        "states only moved forward (as clients saw them)",
-        fwd_checked,
-        fwd_breaches,
-    );
-    t.row(
-        "refunds never exceed their payment (db and provider agree)",
-        refund_checked,
-        refund_breaches,
-    );
-    let open = |sql: &'static str| async move {
-        sqlx::query_scalar::<_, i64>(sql)
-            .fetch_one(db)
-            .await
-            .unwrap_or(-1)
-    };
-    let pending = open("SELECT count(*) FROM payment_attempt WHERE status = 'pending'").await
-        + open("SELECT count(*) FROM refund WHERE status = 'pending'").await;
-    let executing = open("SELECT count(*) FROM idempotency_record WHERE state = 'executing'").await;
-    let (attempts, refunds) = (
-        open("SELECT count(*) FROM payment_attempt").await,
-        open("SELECT count(*) FROM refund").await,
-    );
-    t.row(
-        "no payment or refund left pending",
-        (attempts + refunds) as u64,
-        pending.unsigned_abs(),
-    );
-    t.row(
-        "no idempotency record left executing",
-        open("SELECT count(*) FROM idempotency_record").await as u64,
-        executing.unsigned_abs(),
-    );
-    t.row(
-        "intents finished by their clients (no give-up)",
-        finished,
-        gave_up,
-    );
-
-    let ok = t.rows.iter().all(|(_, _, b)| *b == 0);
-    let mut text = String::new();
-    text += &format!(
-        "\n{} intents in {soak_time:.1?} (+{settle_time:.1?} to settle); {} payments, {} refunds.\n\n",
-        intents.iter().flatten().count(),
-        attempts,
-        refunds
-    );
-    text += "| invariant | checked | breaches |\n|---|---:|---:|\n";
-    for (name, checked, breaches) in &t.rows {
-        text += &format!("| {name} | {checked} | {breaches} |\n");
-    }
-    let f = &ledger["totals"]["faults"];
-    let events = open("SELECT count(*) FROM webhook_event").await;
-    let delivered = ledger["totals"]["webhooks_delivered"].as_i64().unwrap_or(0);
-    let provider = |name: &str| f[name].as_u64().unwrap_or(0);
-    let fault_rows = [
-        ("serve process SIGKILLed and restarted", faults.kills),
-        (
-            "PostgreSQL crashed (immediate stop) and restarted",
-            faults.pg_crashes,
-        ),
-        ("PostgreSQL restarted (fast stop)", faults.pg_restarts),
-        (
-            "service connections terminated (pg_terminate_backend)",
-            faults.terminations,
-        ),
-        ("provider 5xx before charging", provider("error_5xx")),
-        (
-            "provider charged, answer lost",
-            provider("dropped_response"),
-        ),
-        (
-            "provider answered past the client timeout",
-            provider("delayed_response"),
-        ),
-        (
-            "webhook deliveries beyond the first (duplicates)",
-            (delivered - events).max(0) as u64,
-        ),
-    ];
-    text += "\n| fault injected | count |\n|---|---:|\n";
-    for (name, count) in fault_rows {
-        text += &format!("| {name} | {count} |\n");
-    }
-    text += "\n| client retry (same key) | count |\n|---|---:|\n";
-    for (reason, n) in &clients.retries.lock().await.by_reason {
-        text += &format!("| {reason} | {n} |\n");
-    }
-    text += if ok {
-        "\nAll invariants hold.\n"
-    } else {
-        "\nINVARIANT BREACHED.\n"
-    };
-    Ok(Report { text, ok })
 }

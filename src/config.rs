@@ -448,7 +448,12 @@ mod tests {
         let ok = env(&[("ONCEPAY_BIND", "[::1]:8080")]).serve_config();
         assert!(ok.is_ok());
         for (var, config) in [
-            ("ONCEPAY_BIND", env(&[("ONCEPAY_BIND", "0.0.0.0:8080")]).serve_config().err()),
+            (
+                "ONCEPAY_BIND",
+                env(&[("ONCEPAY_BIND", "0.0.0.0:8080")])
+                    .serve_config()
+                    .err(),
+            ),
             (
                 "ONCEPAY_SANDBOX_BIND",
                 env(&[("ONCEPAY_SANDBOX_BIND", "0.0.0.0:8081")])
@@ -471,8 +476,11 @@ mod tests {
             assert!(!err.contains(DEV_WEBHOOK_SECRET), "never echoed: {err}");
         }
         let own = "whsec_c29tZW90aGVyc2VjcmV0a2V5MTIz";
-        let cfg = env(&[("ONCEPAY_BIND", "0.0.0.0:8080"), ("ONCEPAY_WEBHOOK_SECRET", own)])
-            .serve_config();
+        let cfg = env(&[
+            ("ONCEPAY_BIND", "0.0.0.0:8080"),
+            ("ONCEPAY_WEBHOOK_SECRET", own),
+        ])
+        .serve_config();
         assert!(cfg.is_ok());
     }
 }

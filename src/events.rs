@@ -95,7 +95,10 @@ impl Target {
         };
         if let Some(known) = known_id {
             if !event.state.id.is_empty() && event.state.id != known {
-                return Some(format!("the event names {}, ours is {known}", event.state.id));
+                return Some(format!(
+                    "the event names {}, ours is {known}",
+                    event.state.id
+                ));
             }
         }
         if let Some(a) = event.amount.filter(|a| *a != amount) {
@@ -228,7 +231,8 @@ async fn apply_parsed(
             label(t)
         }
         (Some(Target::Refund(r)), Some(truth)) => {
-            let (_, t) = settle::refund(&mut tx, &ctx.metrics, r.id, &truth, Cause::Webhook).await?;
+            let (_, t) =
+                settle::refund(&mut tx, &ctx.metrics, r.id, &truth, Cause::Webhook).await?;
             label(t)
         }
         _ => outcome.label,
@@ -316,11 +320,9 @@ async fn judge(ctx: &AppContext, target: &Target, event: &Object) -> Judged {
             );
             confirmation(ctx, "unconfirmed", detail)
         }
-        CallOutcome::NotFound => confirmation(
-            ctx,
-            "unconfirmed",
-            "the provider has no such object".into(),
-        ),
+        CallOutcome::NotFound => {
+            confirmation(ctx, "unconfirmed", "the provider has no such object".into())
+        }
         CallOutcome::Unknown(reason) => {
             ctx.metrics
                 .webhook_confirmations

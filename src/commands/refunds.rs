@@ -183,7 +183,9 @@ pub async fn start(
     }
     let committed = store::refunds::committed_sum(tx, payment.id).await?;
     let amount = refund::plan(payment.amount, committed, plan.amount).map_err(|e| {
-        CommandError::Reject(Problem::new(422, "refund_exceeds_payment", e.to_string()).with_field("amount"))
+        CommandError::Reject(
+            Problem::new(422, "refund_exceeds_payment", e.to_string()).with_field("amount"),
+        )
     })?;
     let new = NewRefund {
         id: Uuid::now_v7(),

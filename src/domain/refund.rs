@@ -49,10 +49,19 @@ mod tests {
                 left: 7_000
             })
         );
-        assert_eq!(plan(10_000, 10_000, None), Err(RefundRejection::NothingLeft));
-        assert_eq!(plan(10_000, 10_000, Some(1)), Err(RefundRejection::NothingLeft));
+        assert_eq!(
+            plan(10_000, 10_000, None),
+            Err(RefundRejection::NothingLeft)
+        );
+        assert_eq!(
+            plan(10_000, 10_000, Some(1)),
+            Err(RefundRejection::NothingLeft)
+        );
         // A corrupt over-commitment is still "nothing left", never negative.
-        assert_eq!(plan(10_000, 12_000, None), Err(RefundRejection::NothingLeft));
+        assert_eq!(
+            plan(10_000, 12_000, None),
+            Err(RefundRejection::NothingLeft)
+        );
     }
 
     #[test]

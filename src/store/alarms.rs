@@ -44,7 +44,11 @@ pub async fn raise(pool: &PgPool, after: Duration) -> Result<Vec<Alarm>, StoreEr
         .map(|row| {
             let kind: String = row.try_get("kind")?;
             Ok(Alarm {
-                kind: if kind == "refund" { "refund" } else { "payment" },
+                kind: if kind == "refund" {
+                    "refund"
+                } else {
+                    "payment"
+                },
                 id: row.try_get("id")?,
                 pending_seconds: row.try_get("age")?,
             })

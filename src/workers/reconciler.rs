@@ -150,7 +150,10 @@ async fn raise_alarms(ctx: &AppContext) -> Result<u32, StoreError> {
             pending_seconds = row.pending_seconds,
             "ALARM: outcome still unknown past ONCEPAY_PENDING_ALARM; the reconciler keeps asking the provider"
         );
-        ctx.metrics.pending_alarms.with_label_values(&[row.kind]).inc();
+        ctx.metrics
+            .pending_alarms
+            .with_label_values(&[row.kind])
+            .inc();
     }
     for (kind, seconds) in store::alarms::oldest_pending(&ctx.pool).await? {
         ctx.metrics

@@ -22,7 +22,9 @@ fn through_a_fault_proxy() -> Options {
 
 impl TestApp {
     fn proxy(&self) -> &FaultProxy {
-        self.proxy.as_ref().expect("this test runs with a fault proxy")
+        self.proxy
+            .as_ref()
+            .expect("this test runs with a fault proxy")
     }
 
     /// One reconciler pass with every pending row due now.
@@ -51,7 +53,10 @@ impl TestApp {
 }
 
 fn succeeded(charges: &[Value]) -> usize {
-    charges.iter().filter(|c| c["status"] == "succeeded").count()
+    charges
+        .iter()
+        .filter(|c| c["status"] == "succeeded")
+        .count()
 }
 
 #[tokio::test]
@@ -161,7 +166,9 @@ async fn a_refund_retried_after_its_key_expired_is_not_paid_twice() {
     assert_eq!(again.status(), StatusCode::CREATED);
     assert_eq!(json_of(again).await["id"], first["id"], "the same refund");
     // The same key asking for another amount is a conflict, not a refund.
-    let other = app.post(&refunds, "refund-once", &json!({"amount": 500})).await;
+    let other = app
+        .post(&refunds, "refund-once", &json!({"amount": 500}))
+        .await;
     assert_eq!(other.status(), StatusCode::CONFLICT);
     assert_eq!(json_of(other).await["code"], "idempotency_key_reused");
 
@@ -201,12 +208,19 @@ async fn cancel_is_refused_while_a_refund_is_pending_and_never_leaves_money_capt
     app.proxy().heal();
     app.reconcile().await;
     let cancel = app
-        .post(&format!("/orders/{order_id}/cancel"), "cancel-2", &json!({}))
+        .post(
+            &format!("/orders/{order_id}/cancel"),
+            "cancel-2",
+            &json!({}),
+        )
         .await;
     assert_eq!(cancel.status(), StatusCode::OK);
     assert_eq!(json_of(cancel).await["status"], "cancelled");
     let charges = app.charges_for(&order_id).await;
-    assert_eq!(charges[0]["amount_refunded"], amount, "nothing left captured");
+    assert_eq!(
+        charges[0]["amount_refunded"], amount,
+        "nothing left captured"
+    );
     let cancelled_with_money = app
         .count(
             "SELECT count(*) FROM orders o JOIN payment_attempt p ON p.order_id = o.id
@@ -298,7 +312,10 @@ async fn money_taken_for_a_payment_held_as_failed_is_refunded_as_an_incident() {
     app.reconcile().await;
     assert_eq!(app.ledger().await["totals"]["refunds"], 1);
     assert_eq!(app.count("SELECT count(*) FROM incident").await, 1);
-    assert_eq!(app.status_of(&format!("/payments/{payment_id}")).await, "failed");
+    assert_eq!(
+        app.status_of(&format!("/payments/{payment_id}")).await,
+        "failed"
+    );
     assert_eq!(
         app.status_of(&format!("/orders/{order_id}")).await,
         "awaiting_payment",
@@ -313,10 +330,7 @@ async fn money_taken_for_a_payment_held_as_failed_is_refunded_as_an_incident() {
 
 #[tokio::test]
 async fn a_pending_payment_past_the_alarm_threshold_is_logged_and_counted_once() {
-    let app = spawn_app_with(
-        through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "100ms"),
-    )
-    .await;
+    let app = spawn_app_with(through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "100ms")).await;
     let order_id = app.create_order().await;
     app.proxy().set(Route::Charge, Fault::Down);
     app.proxy().set(Route::StatusRead, Fault::Down);

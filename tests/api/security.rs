@@ -79,7 +79,9 @@ async fn the_development_secret_is_refused_on_a_public_address() {
             "ONCEPAY_WEBHOOK_SECRET",
             oncepay::config::DEV_WEBHOOK_SECRET.to_string(),
         ));
-        assert!(start_public(subcommand, port_var, ready, &env).await.is_err());
+        assert!(start_public(subcommand, port_var, ready, &env)
+            .await
+            .is_err());
         // A secret of one's own starts it.
         let mut env = db.clone();
         env.push((
@@ -142,19 +144,33 @@ async fn a_signed_success_the_provider_does_not_confirm_changes_nothing() {
     // Validly signed (the secret leaked), but the provider holds it pending.
     let answer = deliver_signed(&app, &succeeded_event("evt_forged", &charge, payment_id)).await;
     assert_eq!(answer["outcome"], "unconfirmed");
-    assert_eq!(app.status_of(&format!("/payments/{payment_id}")).await, "pending");
-    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "awaiting_payment");
+    assert_eq!(
+        app.status_of(&format!("/payments/{payment_id}")).await,
+        "pending"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order_id}")).await,
+        "awaiting_payment"
+    );
 
     // A wrong amount, a wrong currency: a mismatch, no provider read needed.
     let mut wrong_amount = succeeded_event("evt_amount", &charge, payment_id);
     wrong_amount["data"]["object"]["amount"] = json!(1);
-    assert_eq!(deliver_signed(&app, &wrong_amount).await["outcome"], "mismatch");
+    assert_eq!(
+        deliver_signed(&app, &wrong_amount).await["outcome"],
+        "mismatch"
+    );
     let mut wrong_currency = succeeded_event("evt_currency", &charge, payment_id);
     wrong_currency["data"]["object"]["currency"] = json!("USD");
-    assert_eq!(deliver_signed(&app, &wrong_currency).await["outcome"], "mismatch");
     assert_eq!(
-        app.count("SELECT count(*) FROM webhook_event WHERE outcome = 'mismatch' AND detail IS NOT NULL")
-            .await,
+        deliver_signed(&app, &wrong_currency).await["outcome"],
+        "mismatch"
+    );
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM webhook_event WHERE outcome = 'mismatch' AND detail IS NOT NULL"
+        )
+        .await,
         2
     );
     assert_eq!(
@@ -162,7 +178,10 @@ async fn a_signed_success_the_provider_does_not_confirm_changes_nothing() {
             .await,
         1
     );
-    assert_eq!(app.status_of(&format!("/payments/{payment_id}")).await, "pending");
+    assert_eq!(
+        app.status_of(&format!("/payments/{payment_id}")).await,
+        "pending"
+    );
 
     // The provider declines it; the reconciler settles from its answer.
     wait_for_charge_status(&app, payment_id, "failed").await;
@@ -173,8 +192,14 @@ async fn a_signed_success_the_provider_does_not_confirm_changes_nothing() {
     oncepay::workers::reconciler::pass(&app.ctx)
         .await
         .expect("pass");
-    assert_eq!(app.status_of(&format!("/payments/{payment_id}")).await, "failed");
-    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "awaiting_payment");
+    assert_eq!(
+        app.status_of(&format!("/payments/{payment_id}")).await,
+        "failed"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order_id}")).await,
+        "awaiting_payment"
+    );
     let metrics = app.ctx.metrics.render();
     assert!(metrics.contains("oncepay_webhook_confirmations_total{result=\"unconfirmed\"} 1"));
     assert!(metrics.contains("oncepay_webhook_confirmations_total{result=\"mismatch\"} 2"));
@@ -191,7 +216,8 @@ async fn an_event_naming_another_charge_is_a_mismatch() {
     // Two orders: the event for the second names the first one's charge.
     let first = app.create_order().await;
     let (_, paid) = app.pay(&first, "tok_visa").await;
-    let paid_charge = wait_for_charge_status(&app, paid["id"].as_str().expect("id"), "succeeded").await;
+    let paid_charge =
+        wait_for_charge_status(&app, paid["id"].as_str().expect("id"), "succeeded").await;
     let second = app.create_order().await;
     let (_, pending) = app.pay(&second, "tok_async").await;
     let pending_id = pending["id"].as_str().expect("id");

@@ -86,12 +86,7 @@ impl Clients {
 
     /// POSTs until a final answer (2xx or a 4xx other than in-flight),
     /// retrying with the same key. Each try goes to a random process.
-    pub async fn post(
-        &self,
-        path: &str,
-        key: &str,
-        body: &Value,
-    ) -> Result<(u16, Value), String> {
+    pub async fn post(&self, path: &str, key: &str, body: &Value) -> Result<(u16, Value), String> {
         let started = Instant::now();
         let mut attempt = 0u32;
         loop {
@@ -236,7 +231,9 @@ impl Clients {
         if i.is_multiple_of(4) {
             let half = json!({"amount": intent.amount.unwrap_or(2) / 2});
             let key = format!("refund-{run}-{i}");
-            intent.sent.push((refunds.clone(), key.clone(), half.clone()));
+            intent
+                .sent
+                .push((refunds.clone(), key.clone(), half.clone()));
             match self.post(&refunds, &key, &half).await {
                 Ok((201 | 202, body)) => intent.refund_answers.push(body),
                 Ok((status, body)) => {

@@ -139,8 +139,8 @@ fn json(status: u16, body: String) -> HttpResponse {
 }
 
 async fn forward(shared: &Shared, req: &HttpRequest, body: Bytes) -> Result<(u16, Bytes), String> {
-    let method = reqwest::Method::from_bytes(req.method().as_str().as_bytes())
-        .map_err(|e| e.to_string())?;
+    let method =
+        reqwest::Method::from_bytes(req.method().as_str().as_bytes()).map_err(|e| e.to_string())?;
     let mut out = shared
         .http
         .request(method, format!("{}{}", shared.upstream, req.uri()))

@@ -311,7 +311,10 @@ fn answers_match_storage(f: &Facts, intents: &[Intent]) -> (Row3, Row3) {
         if let Some(first) = intent.payment_answers.first() {
             checked += 1;
             let same = intent.payment_answers.iter().all(|a| a == first);
-            let stored = f.payments.get(&text(&first["id"])).map(|p| p.status.as_str());
+            let stored = f
+                .payments
+                .get(&text(&first["id"]))
+                .map(|p| p.status.as_str());
             let consistent = match (first["status"].as_str().unwrap_or_default(), stored) {
                 (_, None) => false,
                 ("pending", Some(s)) => s != "pending",
@@ -446,12 +449,20 @@ fn nothing_left_open(counts: [i64; 4]) -> (Row3, Row3) {
         row(
             "no payment or refund left pending",
             (attempts + refunds).unsigned_abs(),
-            if pending < 0 { u64::MAX } else { pending as u64 },
+            if pending < 0 {
+                u64::MAX
+            } else {
+                pending as u64
+            },
         ),
         row(
             "no idempotency record left executing",
             attempts.unsigned_abs(),
-            if executing < 0 { u64::MAX } else { executing as u64 },
+            if executing < 0 {
+                u64::MAX
+            } else {
+                executing as u64
+            },
         ),
     )
 }
@@ -544,11 +555,22 @@ async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults) -> String {
     };
     let provider = |name: &str| f.ledger["totals"]["faults"][name].as_u64().unwrap_or(0);
     let events = scalar("SELECT count(*) FROM webhook_event").await;
-    let delivered = f.ledger["totals"]["webhooks_delivered"].as_i64().unwrap_or(0);
+    let delivered = f.ledger["totals"]["webhooks_delivered"]
+        .as_i64()
+        .unwrap_or(0);
     let mut rows: Vec<(String, i64)> = vec![
-        ("serve process SIGKILLed and restarted".into(), faults.kills as i64),
-        ("PostgreSQL crashed (immediate stop) and restarted".into(), faults.pg_crashes as i64),
-        ("PostgreSQL restarted (fast stop)".into(), faults.pg_restarts as i64),
+        (
+            "serve process SIGKILLed and restarted".into(),
+            faults.kills as i64,
+        ),
+        (
+            "PostgreSQL crashed (immediate stop) and restarted".into(),
+            faults.pg_crashes as i64,
+        ),
+        (
+            "PostgreSQL restarted (fast stop)".into(),
+            faults.pg_restarts as i64,
+        ),
         (
             "service connections terminated (pg_terminate_backend)".into(),
             faults.terminations as i64,
@@ -557,8 +579,14 @@ async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults) -> String {
             "client answer lost after the request reached oncepay (TCP)".into(),
             faults.lost_answers as i64,
         ),
-        ("provider 5xx before charging (sandbox)".into(), provider("error_5xx") as i64),
-        ("provider charged, answer lost (sandbox)".into(), provider("dropped_response") as i64),
+        (
+            "provider 5xx before charging (sandbox)".into(),
+            provider("error_5xx") as i64,
+        ),
+        (
+            "provider charged, answer lost (sandbox)".into(),
+            provider("dropped_response") as i64,
+        ),
         (
             "provider answered past the client timeout (sandbox)".into(),
             provider("delayed_response") as i64,

@@ -246,7 +246,17 @@ async fn soak(
         ),
     }
     let mut faults = Faults::default();
-    let intents = drive(args, &clients, &run_id, &mut faults, pg, &mut services, &proxy, &db).await?;
+    let intents = drive(
+        args,
+        &clients,
+        &run_id,
+        &mut faults,
+        pg,
+        &mut services,
+        &proxy,
+        &db,
+    )
+    .await?;
     proxy.heal();
     for l in &lossy {
         l.stop_losing();
@@ -305,7 +315,11 @@ async fn drive(
     loop {
         let room = more(spawned) && gate.available_permits() > 0;
         if room {
-            let permit = gate.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+            let permit = gate
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| e.to_string())?;
             let (clients, run_id, i) = (clients.clone(), run_id.to_string(), spawned);
             work.spawn(async move {
                 let _permit = permit;

@@ -70,9 +70,9 @@ test: ## run every test (unit, properties, API, multi-process, schemathesis, a s
 	@$(MAKE) --no-print-directory test-dbs-drop
 	@status=0; \
 	if cargo nextest --version >/dev/null 2>&1; then \
-	  cargo nextest run --no-fail-fast || status=$$?; \
+	  cargo nextest run --workspace --no-fail-fast || status=$$?; \
 	else \
-	  cargo test || status=$$?; \
+	  cargo test --workspace || status=$$?; \
 	fi; \
 	$(MAKE) --no-print-directory test-dbs-drop; \
 	exit $$status
@@ -86,7 +86,7 @@ test-dbs-drop: ## drop the per-test databases (oncepay_test_*) left on the serve
 
 lint: ## formatting and clippy, as CI runs them
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 
 fmt: ## format the code
 	cargo fmt --all
@@ -97,10 +97,10 @@ clean: ## remove build output and the local run folder (not .pgdata/)
 
 BENCH_ARGS ?=
 bench: db ## release build, then load oncepay next to the pgbench floor; prints the table and writes BENCHMARKS.md
-	cargo build --release --bins
+	cargo build --release -p oncepay -p oncepay-bench
 	target/release/oncepay-bench $(BENCH_ARGS)
 
 CHAOS_ARGS ?=
-chaos: ## release build, then the fault soak: 2,000 intents, 3 serve processes, crashes; prints the invariants
-	cargo build --release --bins
+chaos: ## release build, then the fault soak (2,000 intents; CHAOS_ARGS="--duration 10m" for a soak); prints the invariants
+	cargo build --release -p oncepay -p oncepay-chaos
 	target/release/oncepay-chaos $(CHAOS_ARGS)

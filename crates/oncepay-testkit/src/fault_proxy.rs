@@ -1,0 +1,278 @@
+//! A fault proxy between oncepay and its payment provider, for the faults
+//! the sandbox cannot make itself: a status read refused with `403` or
+//! `408`, redirected, or answered with garbage; a charge answered `409`; a
+//! provider that is down for a spell; refunds unreachable; and a provider
+//! that takes the money but answers with a decline. It speaks plain HTTP on
+//! loopback and forwards everything else unchanged.
+//!
+//! Used by the fault harness (`make chaos`) and by the API tests, so both
+//! exercise the same faults.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use actix_web::body::{BodySize, MessageBody};
+use actix_web::http::{Method, StatusCode};
+use actix_web::web::{self, Bytes};
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
+
+/// Which provider calls a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Route {
+    /// `GET /v1/charges…` and `GET /v1/refunds…`: the safe status reads.
+    StatusRead,
+    /// `POST /v1/charges`.
+    Charge,
+    /// `POST /v1/refunds`.
+    Refund,
+    /// Anything else (health, ledger).
+    Other,
+}
+
+impl Route {
+    fn of(method: &Method, path: &str) -> Route {
+        let charges = path.starts_with("/v1/charges");
+        let refunds = path.starts_with("/v1/refunds");
+        match *method {
+            Method::GET if charges || refunds => Route::StatusRead,
+            Method::POST if charges => Route::Charge,
+            Method::POST if refunds => Route::Refund,
+            _ => Route::Other,
+        }
+    }
+}
+
+/// What the proxy does with a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward it and relay the answer.
+    Pass,
+    /// Answer this without forwarding (a WAF, a rotated credential, a
+    /// redirecting gateway, a provider's own `409`).
+    Answer {
+        /// HTTP status.
+        status: u16,
+        /// Body, sent as `application/json`.
+        body: String,
+    },
+    /// Answer `200` with a body that is not the provider's JSON.
+    Garbage,
+    /// Close the connection without forwarding or answering: the provider
+    /// is down or unreachable.
+    Down,
+    /// Forward (so the provider acts), then answer this instead of what
+    /// the provider said: a provider whose answer lies.
+    ForwardThenAnswer {
+        /// HTTP status.
+        status: u16,
+        /// Body, sent as `application/json`.
+        body: String,
+    },
+}
+
+impl Fault {
+    /// `status` with `{"code": code}`.
+    pub fn answer(status: u16, code: &str) -> Fault {
+        Fault::Answer {
+            status,
+            body: format!(r#"{{"code":"{code}","detail":"injected by the fault proxy"}}"#),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Rules {
+    faults: HashMap<Route, Fault>,
+    /// Calls that met a fault, by route.
+    faulted: HashMap<Route, u64>,
+    /// Calls forwarded, by route.
+    forwarded: HashMap<Route, u64>,
+}
+
+struct Shared {
+    rules: Mutex<Rules>,
+    upstream: String,
+    http: reqwest::Client,
+}
+
+impl Shared {
+    fn rules(&self) -> MutexGuard<'_, Rules> {
+        self.rules.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running fault proxy.
+#[derive(Clone)]
+pub struct FaultProxy {
+    shared: Arc<Shared>,
+    url: String,
+}
+
+/// A body that fails at once, so the connection closes with no answer.
+struct Dropped;
+
+impl MessageBody for Dropped {
+    type Error = std::io::Error;
+
+    fn size(&self) -> BodySize {
+        BodySize::Stream
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Poll::Ready(Some(Err(std::io::Error::other("fault proxy: down"))))
+    }
+}
+
+fn json(status: u16, body: String) -> HttpResponse {
+    HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY))
+        .content_type("application/json")
+        .body(body)
+}
+
+async fn forward(shared: &Shared, req: &HttpRequest, body: Bytes) -> Result<(u16, Bytes), String> {
+    let method =
+        reqwest::Method::from_bytes(req.method().as_str().as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = shared
+        .http
+        .request(method, format!("{}{}", shared.upstream, req.uri()))
+        .body(body);
+    for (name, value) in req.headers() {
+        if matches!(name.as_str(), "content-type" | "idempotency-key") {
+            out = out.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = out.send().await.map_err(|e| e.to_string())?;
+    let status = answer.status().as_u16();
+    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    Ok((status, bytes))
+}
+
+async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> HttpResponse {
+    let route = Route::of(req.method(), req.path());
+    let fault = {
+        let mut rules = shared.rules();
+        let fault = rules.faults.get(&route).cloned().unwrap_or(Fault::Pass);
+        let counter = if fault == Fault::Pass {
+            &mut rules.forwarded
+        } else {
+            &mut rules.faulted
+        };
+        *counter.entry(route).or_insert(0) += 1;
+        fault
+    };
+    match fault {
+        Fault::Answer { status, body } => json(status, body),
+        Fault::Garbage => HttpResponse::Ok()
+            .content_type("text/html")
+            .body("<html><body>Service temporarily rerouted</body></html>"),
+        Fault::Down => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(Dropped),
+        Fault::ForwardThenAnswer { status, body: lie } => {
+            let _ = forward(&shared, &req, body).await;
+            json(status, lie)
+        }
+        Fault::Pass => match forward(&shared, &req, body).await {
+            Ok((status, bytes)) => {
+                HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY))
+                    .content_type("application/json")
+                    .body(bytes)
+            }
+            // The upstream itself dropped the answer: drop ours too.
+            Err(_) => HttpResponse::Ok()
+                .content_type("application/json")
+                .body(Dropped),
+        },
+    }
+}
+
+impl FaultProxy {
+    /// Starts a proxy on a free loopback port in front of `upstream`
+    /// (`http://127.0.0.1:PORT`), passing everything until told otherwise.
+    /// The server runs on the current tokio runtime.
+    pub fn start(upstream: &str) -> std::io::Result<FaultProxy> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let shared = Arc::new(Shared {
+            rules: Mutex::new(Rules::default()),
+            upstream: upstream.trim_end_matches('/').to_string(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .map_err(std::io::Error::other)?,
+        });
+        let data = web::Data::from(shared.clone());
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .app_data(web::PayloadConfig::new(1 << 20))
+                .default_service(web::to(handle))
+        })
+        .workers(1)
+        .disable_signals()
+        .listen(listener)?
+        .run();
+        tokio::spawn(server);
+        Ok(FaultProxy { shared, url })
+    }
+
+    /// The proxy's base URL, to use as `ONCEPAY_PROVIDER_URL`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Applies `fault` to every later call on `route`.
+    pub fn set(&self, route: Route, fault: Fault) {
+        self.shared.rules().faults.insert(route, fault);
+    }
+
+    /// Applies `fault` to `routes` for `duration`, then passes them again
+    /// (unless another fault was set on a route meanwhile).
+    pub fn spell(&self, routes: &[Route], fault: Fault, duration: Duration) {
+        for route in routes {
+            self.set(*route, fault.clone());
+        }
+        let (proxy, routes) = (self.clone(), routes.to_vec());
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            let mut rules = proxy.shared.rules();
+            for route in routes {
+                if rules.faults.get(&route) == Some(&fault) {
+                    rules.faults.remove(&route);
+                }
+            }
+        });
+    }
+
+    /// Passes every call again.
+    pub fn heal(&self) {
+        self.shared.rules().faults.clear();
+    }
+
+    /// How many calls on `route` met a fault so far.
+    pub fn faulted(&self, route: Route) -> u64 {
+        self.shared
+            .rules()
+            .faulted
+            .get(&route)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// How many calls on `route` were forwarded so far.
+    pub fn forwarded(&self, route: Route) -> u64 {
+        self.shared
+            .rules()
+            .forwarded
+            .get(&route)
+            .copied()
+            .unwrap_or(0)
+    }
+}

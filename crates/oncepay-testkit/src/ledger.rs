@@ -1,0 +1,24 @@
+//! The sandbox's books (`GET /v1/ledger`): per provider key, the requests
+//! received and the effects made. How tests and harnesses count charges.
+
+use serde_json::Value;
+
+/// The ledger of the sandbox at `base`.
+pub async fn read(http: &reqwest::Client, base: &str) -> Result<Value, String> {
+    http.get(format!("{base}/v1/ledger"))
+        .send()
+        .await
+        .map_err(|e| format!("reading the sandbox ledger: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("the sandbox ledger is not JSON: {e}"))
+}
+
+/// The ledger entry of the charge made with provider key `key` (our
+/// payment attempt id), if the sandbox holds one.
+pub fn charge<'a>(ledger: &'a Value, key: &str) -> Option<&'a Value> {
+    ledger["charges"]
+        .as_array()?
+        .iter()
+        .find(|c| c["idempotency_key"] == key)
+}

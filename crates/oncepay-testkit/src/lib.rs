@@ -1,0 +1,22 @@
+//! What oncepay's tests, `oncepay-bench` and `oncepay-chaos` share, so that
+//! "start a stack and wait until it is ready" is written once:
+//!
+//! - [`ports`]: free loopback ports;
+//! - [`ready`]: waiting for an HTTP endpoint or a condition, with a bound;
+//! - [`processes`]: `oncepay` child processes and a private PostgreSQL
+//!   cluster that a harness may crash and restart;
+//! - [`fault_proxy`]: the provider faults the sandbox cannot make;
+//! - [`lossy_tcp`]: answers lost between a client and the service;
+//! - [`ledger`]: the sandbox's books, where charges are counted.
+//!
+//! It depends on no oncepay crate: it drives the `oncepay` binary and HTTP.
+
+// Every public item says why it exists.
+#![warn(missing_docs)]
+
+pub mod fault_proxy;
+pub mod ledger;
+pub mod lossy_tcp;
+pub mod ports;
+pub mod processes;
+pub mod ready;

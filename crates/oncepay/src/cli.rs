@@ -1,0 +1,96 @@
+//! The command line of the `oncepay` binary (contract section 1), declared
+//! with clap: `oncepay --help` lists the subcommands, and a wrong argument
+//! is an error that names it. Configuration comes from the environment
+//! (see `config`), never from flags, so tools and tests drive every
+//! process the same way.
+
+use clap::{Parser, Subcommand};
+
+/// `oncepay`: the service, its migrations, the sandbox provider and API keys.
+#[derive(Debug, Parser, PartialEq, Eq)]
+#[command(
+    name = "oncepay",
+    version,
+    about = "oncepay — payments microservice: one intent, one effect",
+    after_help = "Configuration is read from environment variables; see the README."
+)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand, PartialEq, Eq)]
+pub enum Command {
+    /// Apply pending migrations, serve the API, run the workers.
+    Serve,
+    /// Apply pending migrations and exit.
+    Migrate,
+    /// Run the sandbox payment provider.
+    Sandbox,
+    /// Manage API keys.
+    #[command(subcommand, name = "api-key")]
+    ApiKey(ApiKeyCommand),
+}
+
+/// `oncepay api-key …`.
+#[derive(Debug, Subcommand, PartialEq, Eq)]
+pub enum ApiKeyCommand {
+    /// Create a merchant if needed and a new API key; the key is printed
+    /// once, alone on the last line (only its hash is stored).
+    Create {
+        /// The merchant's name, 1 to 100 characters.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: String,
+    },
+}
+
+fn merchant_name(name: &str) -> Result<String, String> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 100 {
+        return Err("the merchant name must be 1 to 100 characters".into());
+    }
+    Ok(name.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("oncepay").chain(s.split_whitespace()))
+    }
+
+    fn command(s: &str) -> Command {
+        p(s).expect("parses").command
+    }
+
+    #[test]
+    fn subcommands_parse() {
+        assert_eq!(command("serve"), Command::Serve);
+        assert_eq!(command("migrate"), Command::Migrate);
+        assert_eq!(command("sandbox"), Command::Sandbox);
+        let create = Command::ApiKey(ApiKeyCommand::Create {
+            merchant: "acme".into(),
+        });
+        assert_eq!(command("api-key create --merchant acme"), create);
+        assert_eq!(command("api-key create --merchant=acme"), create);
+    }
+
+    #[test]
+    fn mistakes_are_errors_naming_the_argument() {
+        let err = p("api-key create")
+            .expect_err("needs a merchant")
+            .to_string();
+        assert!(err.contains("--merchant"), "{err}");
+        assert!(p("serve now").is_err());
+        assert!(p("launch").is_err());
+        let long = format!("api-key create --merchant {}", "x".repeat(101));
+        let err = p(&long).expect_err("too long").to_string();
+        assert!(err.contains("1 to 100"), "{err}");
+        let help = p("--help").expect_err("help is an early exit");
+        assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
+        assert!(help.to_string().contains("api-key"));
+    }
+}

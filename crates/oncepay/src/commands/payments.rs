@@ -1,0 +1,234 @@
+//! `POST /payments`: a command in three recorded steps.
+//!
+//! 1. Create the attempt `pending` and record the step, in one transaction.
+//! 2. Call the provider with the attempt id as its idempotency key.
+//! 3. Record the outcome and store the response, in one transaction.
+//!
+//! A crash after 1 resumes at 2 with the same attempt id, so the provider
+//! sees the same key and charges once. An unknown outcome is stored as a
+//! `202 pending` answer and settled later by webhook or reconciler.
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::settle::{self, Cause};
+use super::{json_response, AppContext, Command, CommandError, CommandInput};
+use crate::domain::payment::{Payment, PaymentStatus};
+use crate::idempotency::{Claim, Completed, STARTED};
+use crate::input::Obj;
+use crate::problem::{Problem, ProblemCode};
+use crate::provider::{CallOutcome, ChargeRequest};
+use crate::store::payments::{InsertAttemptError, NewAttempt};
+use crate::store::{self, StoreError};
+
+/// The recovery point after step 1.
+const ATTEMPT_CREATED: &str = "attempt_created";
+
+/// Pay an order with a provider token.
+pub struct CreatePayment {
+    order_id: Uuid,
+    payment_method: String,
+}
+
+/// Reads a UUID field: a string that is not a UUID is a shape error.
+pub fn uuid_field(obj: &Obj<'_>, name: &str) -> Result<Uuid, Problem> {
+    let text = obj.string(name)?;
+    Uuid::parse_str(&text).map_err(|_| Problem::invalid_field(name, "must be a UUID"))
+}
+
+impl Command for CreatePayment {
+    const NAME: &'static str = "create_payment";
+
+    fn parse(input: &CommandInput) -> Result<Self, Problem> {
+        let body = Obj::root(&input.body)?;
+        body.only(&["order_id", "payment_method"])?;
+        let order_id = uuid_field(&body, "order_id")?;
+        let payment_method = body.string("payment_method")?;
+        let valid = payment_method.starts_with("tok_")
+            && payment_method.len() <= 255
+            && payment_method.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        if !valid {
+            return Err(Problem::rule(crate::domain::RuleViolation::new(
+                "payment_method",
+                "must be a provider token: tok_ followed by up to 251 visible ASCII characters",
+            )));
+        }
+        Ok(CreatePayment {
+            order_id,
+            payment_method,
+        })
+    }
+
+    async fn execute(
+        &self,
+        ctx: &AppContext,
+        claim: &mut Claim,
+    ) -> Result<Completed, CommandError> {
+        let resumed = claim.recovery_point() != STARTED;
+        let attempt = match (claim.recovery_point(), claim.resource_id()) {
+            (STARTED, _) => self.create_attempt(ctx, claim).await?,
+            // Resumed after a crash: the attempt as it is now (a webhook or
+            // the reconciler may have settled it meanwhile).
+            (ATTEMPT_CREATED, Some(id)) => {
+                let mut conn = ctx.pool.acquire().await?;
+                store::payments::get(&mut conn, claim.merchant_id(), id)
+                    .await?
+                    .ok_or_else(|| StoreError::Corrupt(format!("attempt {id} vanished")))?
+            }
+            (point, _) => {
+                return Err(
+                    StoreError::Corrupt(format!("create_payment cannot resume at {point}")).into(),
+                )
+            }
+        };
+        let attempt_id = attempt.id;
+
+        // Step 2, outside any transaction: no connection is held while the
+        // provider answers. Skipped if a webhook or the reconciler already
+        // settled the attempt.
+        let observed = if attempt.status.is_final() {
+            None
+        } else if resumed {
+            // The charge may have reached the provider before the crash:
+            // look first, so a provider whose keys expire cannot charge twice.
+            look_up_or_charge(ctx, &attempt).await
+        } else {
+            charge(ctx, &attempt).await
+        };
+
+        // Step 3.
+        let mut tx = ctx.pool.begin().await?;
+        let payment = match observed {
+            Some(object) => {
+                settle::payment(
+                    &mut tx,
+                    &ctx.metrics,
+                    (attempt_id, attempt.order_id),
+                    &object,
+                    Cause::Command,
+                )
+                .await?
+                .0
+            }
+            None => store::payments::lock(&mut tx, attempt_id)
+                .await?
+                .ok_or_else(|| StoreError::Corrupt(format!("attempt {attempt_id} vanished")))?,
+        };
+        let status = if payment.status.is_final() { 201 } else { 202 };
+        let response = json_response(status, &payment, Some(format!("/payments/{}", payment.id)))?;
+        let done = claim.complete(&mut tx, response).await?;
+        tx.commit().await?;
+        Ok(done)
+    }
+}
+
+impl CreatePayment {
+    /// Step 1: checks the order and inserts the pending attempt.
+    async fn create_attempt(
+        &self,
+        ctx: &AppContext,
+        claim: &mut Claim,
+    ) -> Result<Payment, CommandError> {
+        let mut tx = ctx.pool.begin().await?;
+        let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+            .await?
+            .ok_or_else(|| {
+                CommandError::Reject(Problem::not_found(ProblemCode::OrderNotFound, "order"))
+            })?;
+        if store::payments::live_attempt_status(&mut tx, order.id).await?
+            == Some(PaymentStatus::Pending)
+        {
+            return Err(CommandError::Reject(payment_in_progress()));
+        }
+        if !order.status.is_payable() {
+            return Err(CommandError::Reject(Problem::new(
+                ProblemCode::OrderNotPayable,
+                format!(
+                    "the order is {}; only an order awaiting payment can be paid",
+                    order.status.as_str()
+                ),
+            )));
+        }
+        let new = NewAttempt {
+            id: Uuid::now_v7(),
+            merchant_id: claim.merchant_id(),
+            order_id: order.id,
+            idempotency_key: claim.key(),
+            amount: order.amount,
+            currency: &order.currency,
+            provider: ctx.provider.name(),
+            payment_method: &self.payment_method,
+            now: Utc::now(),
+            check_after: ctx.reconcile_after,
+        };
+        let attempt = match store::payments::insert(&mut tx, &new).await {
+            Ok(a) => a,
+            Err(InsertAttemptError::KeyUsed) => {
+                return Err(CommandError::Reject(Problem::new(
+                    ProblemCode::IdempotencyKeyReused,
+                    "this Idempotency-Key already made a payment attempt for this order",
+                )))
+            }
+            Err(InsertAttemptError::LiveAttemptExists) => {
+                return Err(CommandError::Reject(payment_in_progress()))
+            }
+            Err(InsertAttemptError::Store(e)) => return Err(e.into()),
+        };
+        claim
+            .record_step(&mut tx, ATTEMPT_CREATED, attempt.id)
+            .await?;
+        tx.commit().await?;
+        ctx.metrics
+            .payment_transitions
+            .with_label_values(&["pending", "command"])
+            .inc();
+        Ok(attempt)
+    }
+}
+
+fn payment_in_progress() -> Problem {
+    Problem::new(
+        ProblemCode::PaymentInProgress,
+        "the order has a pending payment; poll it with GET /payments/{id} instead of paying again",
+    )
+}
+
+/// Charges (or re-charges with the same key) and returns what the provider
+/// said, or `None` when the outcome is unknown.
+pub async fn charge(
+    ctx: &AppContext,
+    attempt: &Payment,
+) -> Option<crate::provider::ProviderObject> {
+    let request = ChargeRequest {
+        idempotency_key: attempt.id,
+        amount: attempt.amount,
+        currency: attempt.currency.clone(),
+        payment_method: attempt.payment_method.clone(),
+        order_id: attempt.order_id,
+    };
+    match ctx.provider.charge(&request).await {
+        CallOutcome::Known(object) => Some(object),
+        CallOutcome::NotFound => None,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(payment_id = %attempt.id, %reason, "charge outcome unknown; leaving it pending");
+            None
+        }
+    }
+}
+
+/// Learns a pending attempt's outcome after a crash or for the reconciler:
+/// asks the provider first and charges again (same key) only if the
+/// provider has no record of the charge. `None`: nothing new was learned.
+pub async fn look_up_or_charge(
+    ctx: &AppContext,
+    attempt: &Payment,
+) -> Option<crate::provider::ProviderObject> {
+    match ctx.provider.find_charge(attempt.id).await {
+        CallOutcome::Known(object) => Some(object),
+        CallOutcome::NotFound => charge(ctx, attempt).await,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(payment_id = %attempt.id, %reason, "charge status unknown; leaving it pending");
+            None
+        }
+    }
+}

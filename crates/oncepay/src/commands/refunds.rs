@@ -1,0 +1,323 @@
+//! `POST /payments/{id}/refunds`, in the same three recorded steps as a
+//! payment. Refunds of one payment are serialised by locking its order and
+//! payment rows in step 1, so their sum can never exceed the amount.
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::settle::{self, Cause};
+use super::{json_response, AppContext, Command, CommandError, CommandInput};
+use crate::domain::money::Amount;
+use crate::domain::payment::{Payment, PaymentStatus, Refund};
+use crate::domain::refund;
+use crate::domain::RuleViolation;
+use crate::idempotency::{Claim, Completed, STARTED};
+use crate::input::Obj;
+use crate::problem::{Problem, ProblemCode};
+use crate::provider::{CallOutcome, ProviderObject, RefundRequest};
+use crate::store::refunds::{InsertRefundError, NewRefund};
+use crate::store::{self, StoreError};
+
+/// The recovery point after a refund row is created.
+pub const REFUND_CREATED: &str = "refund_created";
+
+/// Longest refund reason, in characters.
+pub const REASON_MAX: usize = 500;
+
+/// Refund all or part of a succeeded payment.
+pub struct CreateRefund {
+    payment_id: Uuid,
+    amount: Option<Amount>,
+    reason: Option<String>,
+}
+
+impl Command for CreateRefund {
+    const NAME: &'static str = "create_refund";
+
+    fn parse(input: &CommandInput) -> Result<Self, Problem> {
+        let payment_id = input
+            .path_id
+            .ok_or_else(|| Problem::not_found(ProblemCode::PaymentNotFound, "payment"))?;
+        let body = Obj::root(&input.body)?;
+        body.only(&["amount", "reason"])?;
+        let amount = body
+            .opt_integer("amount")?
+            .map(|a| {
+                Amount::try_from(a)
+                    .map_err(|e| Problem::rule(RuleViolation::new("amount", e.to_string())))
+            })
+            .transpose()?;
+        let reason = body.opt_string("reason")?;
+        if let Some(r) = &reason {
+            crate::domain::order::no_nul("reason", r).map_err(Problem::rule)?;
+        }
+        if reason
+            .as_ref()
+            .is_some_and(|r| r.chars().count() > REASON_MAX)
+        {
+            return Err(Problem::rule(RuleViolation::new(
+                "reason",
+                format!("must be at most {REASON_MAX} characters long"),
+            )));
+        }
+        Ok(CreateRefund {
+            payment_id,
+            amount,
+            reason,
+        })
+    }
+
+    async fn execute(
+        &self,
+        ctx: &AppContext,
+        claim: &mut Claim,
+    ) -> Result<Completed, CommandError> {
+        let (refund_id, request) = match (claim.recovery_point(), claim.resource_id()) {
+            (STARTED, _) => self.create_refund(ctx, claim).await?,
+            (REFUND_CREATED, Some(id)) => (id, pending_request(ctx, id).await?),
+            (point, _) => {
+                return Err(
+                    StoreError::Corrupt(format!("create_refund cannot resume at {point}")).into(),
+                )
+            }
+        };
+        let observed = step_2(ctx, request.as_ref()).await;
+        let mut tx = ctx.pool.begin().await?;
+        let refund = finish(&mut tx, ctx, refund_id, observed).await?;
+        let status = if refund.status.is_final() { 201 } else { 202 };
+        let response = json_response(status, &refund, Some(format!("/refunds/{}", refund.id)))?;
+        let done = claim.complete(&mut tx, response).await?;
+        tx.commit().await?;
+        Ok(done)
+    }
+}
+
+impl CreateRefund {
+    /// Step 1: checks the payment and what is left of it, inserts the refund.
+    async fn create_refund(
+        &self,
+        ctx: &AppContext,
+        claim: &mut Claim,
+    ) -> Result<(Uuid, Option<Outstanding>), CommandError> {
+        let not_found =
+            || CommandError::Reject(Problem::not_found(ProblemCode::PaymentNotFound, "payment"));
+        let mut tx = ctx.pool.begin().await?;
+        let payment = store::payments::get(&mut tx, claim.merchant_id(), self.payment_id)
+            .await?
+            .ok_or_else(not_found)?;
+        store::orders::lock_by_id(&mut tx, payment.order_id).await?;
+        let payment = store::payments::lock(&mut tx, payment.id)
+            .await?
+            .ok_or_else(not_found)?;
+        if payment.status != PaymentStatus::Succeeded {
+            return Err(CommandError::Reject(Problem::new(
+                ProblemCode::PaymentNotRefundable,
+                format!(
+                    "the payment is {}; only a succeeded payment can be refunded",
+                    payment.status.as_str()
+                ),
+            )));
+        }
+        let plan = Plan {
+            amount: self.amount.map(Amount::minor_units),
+            reason: self.reason.as_deref(),
+            key: claim.key().to_string(),
+            cancels_order: false,
+        };
+        let started = start(&mut tx, ctx, claim, &payment, &plan).await?;
+        tx.commit().await?;
+        Ok(started)
+    }
+}
+
+/// What a refund command (or a cancel) asks step 1 to refund.
+pub struct Plan<'a> {
+    /// Minor units; `None` refunds what is left.
+    pub amount: Option<i64>,
+    /// The merchant's reason.
+    pub reason: Option<&'a str>,
+    /// The refund's own key on the payment (the second line of defence).
+    pub key: String,
+    /// Whether settling it cancels the order.
+    pub cancels_order: bool,
+}
+
+/// What step 2 of a refund must do.
+#[derive(Debug)]
+pub struct Outstanding {
+    /// The request, with the refund id as the provider key.
+    pub request: RefundRequest,
+    /// True when the request may have reached the provider already (a
+    /// resumed command, a refund found by its key): step 2 then looks it up
+    /// before sending it again.
+    pub maybe_sent: bool,
+}
+
+/// Step 1 of any refund, inside the caller's transaction with the order and
+/// the payment rows locked (so refunds of one payment are serialised):
+/// finds the refund this key already made, or plans and inserts a new one,
+/// and records the step. Returns the refund id and what step 2 must do
+/// (`None` if the refund is already final).
+pub async fn start(
+    tx: &mut sqlx::PgConnection,
+    ctx: &AppContext,
+    claim: &mut Claim,
+    payment: &Payment,
+    plan: &Plan<'_>,
+) -> Result<(Uuid, Option<Outstanding>), CommandError> {
+    // A retry after the idempotency record expired: the key already made a
+    // refund, so that refund is the answer, never a second one.
+    if let Some(existing) = store::refunds::by_key(tx, payment.id, &plan.key).await? {
+        if plan.amount.is_some_and(|a| a != existing.amount) {
+            return Err(CommandError::Reject(key_made_another_refund()));
+        }
+        claim.record_step(tx, REFUND_CREATED, existing.id).await?;
+        let outstanding = match existing.status {
+            PaymentStatus::Pending => Some(Outstanding {
+                request: refund_request(&existing, payment.provider_charge_id.clone())?,
+                maybe_sent: true,
+            }),
+            _ => None,
+        };
+        return Ok((existing.id, outstanding));
+    }
+    let committed = store::refunds::committed_sum(tx, payment.id).await?;
+    let amount = refund::plan(payment.amount, committed, plan.amount).map_err(|e| {
+        CommandError::Reject(
+            Problem::new(ProblemCode::RefundExceedsPayment, e.to_string()).with_field("amount"),
+        )
+    })?;
+    let new = NewRefund {
+        id: Uuid::now_v7(),
+        merchant_id: claim.merchant_id(),
+        payment_id: payment.id,
+        amount,
+        reason: plan.reason,
+        idempotency_key: Some(&plan.key),
+        cancels_order: plan.cancels_order,
+        incident: false,
+        now: Utc::now(),
+        check_after: ctx.reconcile_after,
+    };
+    let refund = match store::refunds::insert(tx, &new).await {
+        Ok(r) => r,
+        Err(InsertRefundError::KeyUsed) => {
+            return Err(CommandError::Reject(key_made_another_refund()))
+        }
+        Err(InsertRefundError::Store(e)) => return Err(e.into()),
+    };
+    claim.record_step(tx, REFUND_CREATED, refund.id).await?;
+    let request = refund_request(&refund, payment.provider_charge_id.clone())?;
+    Ok((
+        refund.id,
+        Some(Outstanding {
+            request,
+            maybe_sent: false,
+        }),
+    ))
+}
+
+fn key_made_another_refund() -> Problem {
+    Problem::new(ProblemCode::IdempotencyKeyReused,
+        "this Idempotency-Key already made a refund of this payment with another amount; use a new key for a new refund",
+    )
+}
+
+/// What step 2 sends for a refund step 1 created: the refund id as the
+/// provider key, against the payment's charge.
+pub fn refund_request(
+    refund: &Refund,
+    charge_id: Option<String>,
+) -> Result<RefundRequest, StoreError> {
+    let charge_id = charge_id.ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "payment {} succeeded without a charge id",
+            refund.payment_id
+        ))
+    })?;
+    Ok(RefundRequest {
+        idempotency_key: refund.id,
+        charge_id,
+        amount: refund.amount,
+    })
+}
+
+/// The request of a refund created earlier (a resumed command), or `None`
+/// if it is already settled.
+pub async fn pending_request(
+    ctx: &AppContext,
+    refund_id: Uuid,
+) -> Result<Option<Outstanding>, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let refund = store::refunds::by_id(&mut conn, refund_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("refund {refund_id} vanished")))?;
+    if refund.status.is_final() {
+        return Ok(None);
+    }
+    let charge_id = store::payments::charge_id_of(&mut conn, refund.payment_id).await?;
+    Ok(Some(Outstanding {
+        request: refund_request(&refund, charge_id)?,
+        maybe_sent: true,
+    }))
+}
+
+/// Step 2 of any refund, holding no connection: sends a new refund, or
+/// looks up one that may have been sent before and sends it again (same
+/// key) only if the provider has no record of it. `None`: nothing new was
+/// learned (already final, or the outcome is unknown).
+pub async fn step_2(ctx: &AppContext, outstanding: Option<&Outstanding>) -> Option<ProviderObject> {
+    let outstanding = outstanding?;
+    if outstanding.maybe_sent {
+        look_up_or_send(ctx, &outstanding.request).await
+    } else {
+        send(ctx, &outstanding.request).await
+    }
+}
+
+/// Step 2 of any refund (also used by cancelling a paid order): sends it to
+/// the provider with the refund id as key, holding no connection. `None`:
+/// nothing new was learned (the outcome is unknown).
+pub async fn send(ctx: &AppContext, request: &RefundRequest) -> Option<ProviderObject> {
+    match ctx.provider.refund(request).await {
+        CallOutcome::Known(object) => Some(object),
+        CallOutcome::NotFound => None,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(refund_id = %request.idempotency_key, %reason, "refund outcome unknown; leaving it pending");
+            None
+        }
+    }
+}
+
+/// Learns a pending refund's outcome after a crash or for the reconciler:
+/// asks the provider first and sends the refund again (same key) only if
+/// the provider has no record of it. `None`: nothing new was learned.
+pub async fn look_up_or_send(ctx: &AppContext, request: &RefundRequest) -> Option<ProviderObject> {
+    match ctx.provider.find_refund(request.idempotency_key).await {
+        CallOutcome::Known(object) => Some(object),
+        CallOutcome::NotFound => send(ctx, request).await,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(refund_id = %request.idempotency_key, %reason, "refund status unknown; leaving it pending");
+            None
+        }
+    }
+}
+
+/// Step 3 of any refund: applies what step 2 learned, inside `tx`.
+pub async fn finish(
+    tx: &mut sqlx::PgConnection,
+    ctx: &AppContext,
+    refund_id: Uuid,
+    observed: Option<ProviderObject>,
+) -> Result<Refund, StoreError> {
+    match observed {
+        Some(object) => Ok(
+            settle::refund(tx, &ctx.metrics, refund_id, &object, Cause::Command)
+                .await?
+                .0,
+        ),
+        None => store::refunds::lock(tx, refund_id)
+            .await?
+            .ok_or_else(|| StoreError::Corrupt(format!("refund {refund_id} vanished"))),
+    }
+}

@@ -1,0 +1,501 @@
+//! Configuration from environment variables.
+//!
+//! Every setting has a default that works on a developer machine with a local
+//! PostgreSQL; a bad value stops the process at start with an error naming the
+//! variable, rather than surfacing later as odd behaviour.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub use crate::webhooks::DEV_WEBHOOK_SECRET;
+
+/// Why a configuration value was refused, naming the variable.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {var}={value:?}: {reason}")]
+pub struct ConfigError {
+    /// The environment variable at fault.
+    pub var: &'static str,
+    /// The value it had.
+    pub value: String,
+    /// What was expected instead.
+    pub reason: String,
+}
+
+/// Reads variables through a lookup function so tests can supply their own
+/// environment without touching the process's.
+pub struct Env<F: Fn(&str) -> Option<String>> {
+    lookup: F,
+}
+
+impl Env<fn(&str) -> Option<String>> {
+    /// The process environment.
+    pub fn process() -> Self {
+        Env {
+            lookup: |name| std::env::var(name).ok(),
+        }
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> Env<F> {
+    /// An environment backed by `lookup` (used by tests).
+    pub fn from_fn(lookup: F) -> Self {
+        Env { lookup }
+    }
+
+    fn get<T>(
+        &self,
+        var: &'static str,
+        default: T,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        match (self.lookup)(var) {
+            None => Ok(default),
+            Some(value) if value.trim().is_empty() => Ok(default),
+            Some(value) => parse(value.trim()).map_err(|reason| ConfigError {
+                var,
+                // A secret, or a URL that may carry a password, is never echoed.
+                value: if var.contains("SECRET") || var == "DATABASE_URL" {
+                    "<redacted>".into()
+                } else {
+                    value
+                },
+                reason,
+            }),
+        }
+    }
+
+    fn string(&self, var: &'static str, default: &str) -> Result<String, ConfigError> {
+        self.get(var, default.to_string(), |v| Ok(v.to_string()))
+    }
+
+    fn duration(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+        self.get(var, default, parse_duration)
+    }
+
+    fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
+        let fallback = default.parse().map_err(|_| ConfigError {
+            var,
+            value: default.into(),
+            reason: "bad built-in default".into(),
+        })?;
+        self.get(var, fallback, |v| {
+            v.parse()
+                .map_err(|_| "expected host:port, e.g. 127.0.0.1:8080".to_string())
+        })
+    }
+
+    fn number<T: std::str::FromStr + PartialOrd + Copy + std::fmt::Display>(
+        &self,
+        var: &'static str,
+        default: T,
+        min: T,
+        max: T,
+    ) -> Result<T, ConfigError> {
+        self.get(var, default, |v| match v.parse::<T>() {
+            Ok(n) if n >= min && n <= max => Ok(n),
+            _ => Err(format!("expected a number from {min} to {max}")),
+        })
+    }
+
+    fn flag(&self, var: &'static str, default: bool) -> Result<bool, ConfigError> {
+        self.get(var, default, |v| match v.to_ascii_lowercase().as_str() {
+            "1" | "true" | "on" | "yes" => Ok(true),
+            "0" | "false" | "off" | "no" => Ok(false),
+            _ => Err("expected on/off (or true/false, 1/0)".into()),
+        })
+    }
+
+    fn url(&self, var: &'static str, default: &str) -> Result<String, ConfigError> {
+        self.get(var, default.to_string(), |v| {
+            if (v.starts_with("http://") || v.starts_with("https://")) && v.len() > 8 {
+                Ok(v.trim_end_matches('/').to_string())
+            } else {
+                Err("expected an http:// or https:// URL".into())
+            }
+        })
+    }
+
+    /// `ONCEPAY_PROVIDER_URL`; `https://` needs a build with the `tls` feature,
+    /// which is checked here rather than failing on the first charge.
+    fn provider_url(&self) -> Result<String, ConfigError> {
+        let url = self.url("ONCEPAY_PROVIDER_URL", "http://127.0.0.1:8081")?;
+        if url.starts_with("https://") && !cfg!(feature = "tls") {
+            return Err(ConfigError {
+                var: "ONCEPAY_PROVIDER_URL",
+                value: url,
+                reason: "https:// needs oncepay built with `--features tls`".into(),
+            });
+        }
+        Ok(url)
+    }
+
+    /// `DATABASE_URL`, used by every subcommand that touches the database.
+    pub fn database_url(&self) -> Result<String, ConfigError> {
+        self.get(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:5432/oncepay".to_string(),
+            |v| {
+                if v.starts_with("postgres://") || v.starts_with("postgresql://") {
+                    Ok(v.to_string())
+                } else {
+                    Err("expected a postgres:// URL".into())
+                }
+            },
+        )
+    }
+
+    /// `ONCEPAY_WEBHOOK_SECRET`, checked to be `whsec_` + base64.
+    pub fn webhook_secret(&self) -> Result<crate::webhooks::WebhookSecret, ConfigError> {
+        self.get(
+            "ONCEPAY_WEBHOOK_SECRET",
+            crate::webhooks::WebhookSecret::dev(),
+            |v| crate::webhooks::WebhookSecret::parse(v).map_err(|e| e.to_string()),
+        )
+    }
+
+    /// `ONCEPAY_WEBHOOK_SECRET` for a process listening on `bind`: the public
+    /// development secret is refused anywhere but on a loopback address,
+    /// because anyone who has read the source could sign events with it.
+    fn webhook_secret_for(
+        &self,
+        bind: SocketAddr,
+        bind_var: &'static str,
+    ) -> Result<crate::webhooks::WebhookSecret, ConfigError> {
+        let secret = self.webhook_secret()?;
+        if secret.is_development() && !bind.ip().is_loopback() {
+            return Err(ConfigError {
+                var: "ONCEPAY_WEBHOOK_SECRET",
+                value: "<the public development secret>".into(),
+                reason: format!(
+                    "{bind_var} is {bind}, which is not a loopback address; set ONCEPAY_WEBHOOK_SECRET \
+                     to a secret of your own (whsec_ followed by the base64 of at least 16 random \
+                     bytes, e.g. \"whsec_$(head -c 32 /dev/urandom | base64)\")"
+                ),
+            });
+        }
+        Ok(secret)
+    }
+
+    /// Everything `oncepay serve` needs.
+    pub fn serve_config(&self) -> Result<ServeConfig, ConfigError> {
+        let idempotency_ttl =
+            self.duration("ONCEPAY_IDEMPOTENCY_TTL", Duration::from_secs(86_400))?;
+        let lease = self.duration("ONCEPAY_IDEMPOTENCY_LEASE", Duration::from_secs(30))?;
+        for (var, value) in [
+            ("ONCEPAY_IDEMPOTENCY_TTL", idempotency_ttl),
+            ("ONCEPAY_IDEMPOTENCY_LEASE", lease),
+        ] {
+            // Zero would break "exactly one of N duplicates executes": every
+            // record would be expired (or its lease lost) as it is written.
+            if value < Duration::from_millis(100) {
+                return Err(ConfigError {
+                    var,
+                    value: format!("{value:?}"),
+                    reason: "must be at least 100ms".into(),
+                });
+            }
+        }
+        let bind = self.addr("ONCEPAY_BIND", "127.0.0.1:8080")?;
+        Ok(ServeConfig {
+            database_url: self.database_url()?,
+            bind,
+            provider_url: self.provider_url()?,
+            webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_BIND")?,
+            idempotency_ttl,
+            idempotency_wait: self.duration("ONCEPAY_IDEMPOTENCY_WAIT", Duration::from_secs(2))?,
+            idempotency_lease: lease,
+            replay_cache_entries: self.number(
+                "ONCEPAY_REPLAY_CACHE_ENTRIES",
+                10_000usize,
+                0,
+                10_000_000,
+            )?,
+            auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
+            provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
+            db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 8u32, 1, 1000)?,
+            http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
+            max_body_bytes: self.number("ONCEPAY_MAX_BODY_BYTES", 65_536usize, 1_024, 16 << 20)?,
+            reconcile_interval: self
+                .duration("ONCEPAY_RECONCILE_INTERVAL", Duration::from_secs(2))?,
+            reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
+            pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
+            sweep_interval: self.duration("ONCEPAY_SWEEP_INTERVAL", Duration::from_secs(60))?,
+            shutdown_timeout: self.duration("ONCEPAY_SHUTDOWN_TIMEOUT", Duration::from_secs(30))?,
+        })
+    }
+
+    /// Everything `oncepay sandbox` needs.
+    pub fn sandbox_config(&self) -> Result<SandboxConfig, ConfigError> {
+        let rate = |var| {
+            self.get(var, 0.0f64, |v| match v.parse::<f64>() {
+                Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+                _ => Err("expected a probability from 0 to 1".into()),
+            })
+        };
+        let bind = self.addr("ONCEPAY_SANDBOX_BIND", "127.0.0.1:8081")?;
+        Ok(SandboxConfig {
+            bind,
+            webhook_url: self.url(
+                "ONCEPAY_SANDBOX_WEBHOOK_URL",
+                "http://127.0.0.1:8080/webhooks/sandbox",
+            )?,
+            webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_SANDBOX_BIND")?,
+            webhooks_enabled: self.flag("ONCEPAY_SANDBOX_WEBHOOKS", true)?,
+            async_delay: self.duration("ONCEPAY_SANDBOX_ASYNC_DELAY", Duration::from_secs(2))?,
+            faults: FaultRates {
+                delay: self.duration("ONCEPAY_SANDBOX_DELAY", Duration::ZERO)?,
+                delay_rate: rate("ONCEPAY_SANDBOX_DELAY_RATE")?,
+                error_rate: rate("ONCEPAY_SANDBOX_ERROR_RATE")?,
+                drop_rate: rate("ONCEPAY_SANDBOX_DROP_RATE")?,
+                duplicate_webhooks: self.number(
+                    "ONCEPAY_SANDBOX_DUPLICATE_WEBHOOKS",
+                    1u32,
+                    1,
+                    20,
+                )?,
+                reorder_webhooks: self.flag("ONCEPAY_SANDBOX_REORDER_WEBHOOKS", false)?,
+            },
+        })
+    }
+
+    /// `ONCEPAY_LOG` (an `EnvFilter` directive) and `ONCEPAY_LOG_FORMAT`.
+    pub fn log_config(&self) -> Result<(String, LogFormat), ConfigError> {
+        let filter = self.string("ONCEPAY_LOG", "info,sqlx=warn")?;
+        let format = self.get("ONCEPAY_LOG_FORMAT", LogFormat::Text, |v| match v {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err("expected text or json".into()),
+        })?;
+        Ok((filter, format))
+    }
+}
+
+fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable, one line per event.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Settings of `oncepay serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// PostgreSQL connection URL.
+    pub database_url: String,
+    /// Address the API listens on.
+    pub bind: SocketAddr,
+    /// Base URL of the payment provider (the sandbox by default).
+    pub provider_url: String,
+    /// Verifies inbound webhooks.
+    pub webhook_secret: crate::webhooks::WebhookSecret,
+    /// How long idempotency records are kept.
+    pub idempotency_ttl: Duration,
+    /// How long a duplicate waits for the first request before `409 in_flight`.
+    pub idempotency_wait: Duration,
+    /// How long an executing command owns its record before another process may resume it.
+    pub idempotency_lease: Duration,
+    /// How many completed records each process answers from memory.
+    pub replay_cache_entries: usize,
+    /// How long a verified API key is trusted without asking the database.
+    pub auth_cache_ttl: Duration,
+    /// Per-request timeout of provider calls.
+    pub provider_timeout: Duration,
+    /// Largest number of database connections per process.
+    pub db_pool_size: u32,
+    /// Number of HTTP worker threads.
+    pub http_workers: usize,
+    /// Largest accepted request body.
+    pub max_body_bytes: usize,
+    /// How often the reconciler looks for work.
+    pub reconcile_interval: Duration,
+    /// How long a payment or refund stays pending before the reconciler asks the provider.
+    pub reconcile_after: Duration,
+    /// How long a payment or refund may stay pending before an alarm (error
+    /// log, counter) is raised for it.
+    pub pending_alarm: Duration,
+    /// How often expired idempotency records are swept.
+    pub sweep_interval: Duration,
+    /// How long SIGTERM waits for in-flight requests.
+    pub shutdown_timeout: Duration,
+}
+
+/// Faults injected at random into charge and refund requests, set at start.
+#[derive(Debug, Clone, Default)]
+pub struct FaultRates {
+    /// How long a delayed answer waits (`ONCEPAY_SANDBOX_DELAY`).
+    pub delay: Duration,
+    /// Share of requests answered late (`ONCEPAY_SANDBOX_DELAY_RATE`).
+    pub delay_rate: f64,
+    /// Share answered `500` before any effect (`ONCEPAY_SANDBOX_ERROR_RATE`).
+    pub error_rate: f64,
+    /// Share whose effect happens but whose answer is lost (`ONCEPAY_SANDBOX_DROP_RATE`).
+    pub drop_rate: f64,
+    /// How many times each webhook is delivered (`ONCEPAY_SANDBOX_DUPLICATE_WEBHOOKS`).
+    pub duplicate_webhooks: u32,
+    /// Deliver each charge's events in reverse order (`ONCEPAY_SANDBOX_REORDER_WEBHOOKS`).
+    pub reorder_webhooks: bool,
+}
+
+/// Settings of `oncepay sandbox`.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    /// Address the sandbox listens on.
+    pub bind: SocketAddr,
+    /// Where signed webhooks are posted.
+    pub webhook_url: String,
+    /// Signs outbound webhooks.
+    pub webhook_secret: crate::webhooks::WebhookSecret,
+    /// Off: no webhook is sent (the reconciler must settle everything).
+    pub webhooks_enabled: bool,
+    /// How long a `tok_async` charge stays pending.
+    pub async_delay: Duration,
+    /// Faults injected at random into every request.
+    pub faults: FaultRates,
+}
+
+/// Parses `500ms`, `2s`, `5m`, `24h`, `7d` (a bare number means seconds).
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("expected a duration like 500ms, 2s, 5m, 24h or 7d, got {text:?}");
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let scale = match unit.trim() {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3_600.0,
+        "d" => 86_400.0,
+        _ => return Err(bad()),
+    };
+    let seconds = value * scale;
+    if !seconds.is_finite() || !(0.0..=1e9).contains(&seconds) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Env<impl Fn(&str) -> Option<String>> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Env::from_fn(move |k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn durations_parse_in_every_unit() {
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn defaults_work_without_any_variable() {
+        let cfg = env(&[]).serve_config().expect("defaults are valid");
+        assert_eq!(cfg.bind.to_string(), "127.0.0.1:8080");
+        assert_eq!(cfg.idempotency_ttl, Duration::from_secs(86_400));
+        assert_eq!(cfg.idempotency_wait, Duration::from_secs(2));
+        assert!(cfg.database_url.ends_with("/oncepay"));
+        let sandbox = env(&[]).sandbox_config().expect("defaults are valid");
+        assert_eq!(sandbox.bind.to_string(), "127.0.0.1:8081");
+        assert_eq!(
+            sandbox.webhook_url,
+            "http://127.0.0.1:8080/webhooks/sandbox"
+        );
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        let err = env(&[("ONCEPAY_IDEMPOTENCY_WAIT", "forever")])
+            .serve_config()
+            .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_IDEMPOTENCY_WAIT"));
+        let err = env(&[("ONCEPAY_BIND", "localhost")])
+            .serve_config()
+            .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_BIND"));
+        if !cfg!(feature = "tls") {
+            let err = env(&[("ONCEPAY_PROVIDER_URL", "https://psp.example")])
+                .serve_config()
+                .expect_err("no TLS in this build");
+            assert!(err.to_string().contains("--features tls"));
+        }
+        let err = env(&[("ONCEPAY_WEBHOOK_SECRET", "plain")])
+            .serve_config()
+            .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_WEBHOOK_SECRET"));
+        assert!(
+            !err.to_string().contains("plain"),
+            "a secret is never echoed"
+        );
+        for zero in ["ONCEPAY_IDEMPOTENCY_TTL", "ONCEPAY_IDEMPOTENCY_LEASE"] {
+            let err = env(&[(zero, "0")])
+                .serve_config()
+                .expect_err("zero is refused");
+            assert!(err.to_string().contains(zero), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_development_secret_stays_on_loopback() {
+        let ok = env(&[("ONCEPAY_BIND", "127.0.0.1:8080")]).serve_config();
+        assert!(ok.is_ok());
+        let ok = env(&[("ONCEPAY_BIND", "[::1]:8080")]).serve_config();
+        assert!(ok.is_ok());
+        for (var, config) in [
+            (
+                "ONCEPAY_BIND",
+                env(&[("ONCEPAY_BIND", "0.0.0.0:8080")])
+                    .serve_config()
+                    .err(),
+            ),
+            (
+                "ONCEPAY_SANDBOX_BIND",
+                env(&[("ONCEPAY_SANDBOX_BIND", "0.0.0.0:8081")])
+                    .sandbox_config()
+                    .err(),
+            ),
+            (
+                "ONCEPAY_BIND",
+                env(&[
+                    ("ONCEPAY_BIND", "10.1.2.3:8080"),
+                    ("ONCEPAY_WEBHOOK_SECRET", DEV_WEBHOOK_SECRET),
+                ])
+                .serve_config()
+                .err(),
+            ),
+        ] {
+            let err = config.expect("refused").to_string();
+            assert!(err.contains("ONCEPAY_WEBHOOK_SECRET"), "{err}");
+            assert!(err.contains(var), "{err}");
+            assert!(!err.contains(DEV_WEBHOOK_SECRET), "never echoed: {err}");
+        }
+        let own = "whsec_c29tZW90aGVyc2VjcmV0a2V5MTIz";
+        let cfg = env(&[
+            ("ONCEPAY_BIND", "0.0.0.0:8080"),
+            ("ONCEPAY_WEBHOOK_SECRET", own),
+        ])
+        .serve_config();
+        assert!(cfg.is_ok());
+    }
+}

@@ -1,0 +1,354 @@
+//! Provider events arriving by webhook, after their signature was verified.
+//!
+//! An event is a hint; the provider is the truth. An event that would move
+//! a payment or refund out of `pending` (or contradict a final state) is
+//! first checked against what we know (the charge or refund id, amount and
+//! currency) and then confirmed by reading the object from the provider
+//! (the same classified, retried read the reconciler uses). Only the
+//! provider's answer is applied, through the same forward-only settlement
+//! as everything else. An event the provider does not confirm is recorded
+//! with its reason (`unconfirmed`, `mismatch`), counted, logged, and changes
+//! nothing: the reconciler settles the object from the provider later.
+//!
+//! Failure events are confirmed too: a forged or misrouted `charge.failed`
+//! would make the order payable again while the provider may still take the
+//! money, which is as costly as a forged success.
+//!
+//! When the provider cannot be asked right now (a timeout, an outage, a
+//! refused read: an *unknown* answer), the event is not recorded and is
+//! answered `503` with `Retry-After`, so the provider delivers it again
+//! later: for a payment we hold as failed, that redelivery is the only
+//! report of money taken, so it must not be spent on an outage.
+//!
+//! Events are deduplicated by `(provider, event id)` with the payload kept;
+//! the dedup row and the effect commit in one transaction. Duplicates,
+//! stale events and events that change nothing cost no provider read.
+
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::commands::settle::{self, Cause};
+use crate::commands::AppContext;
+use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
+use crate::idempotency::store_problem;
+use crate::problem::{Problem, ProblemCode};
+use crate::provider::{CallOutcome, ProviderObject};
+use crate::store::{self, StoreError};
+
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(rename = "type")]
+    event_type: String,
+    data: Data,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    object: Value,
+}
+
+/// What an event says about a charge or refund.
+#[derive(Deserialize)]
+struct Object {
+    #[serde(flatten)]
+    state: ProviderObject,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    amount: Option<i64>,
+    #[serde(default)]
+    currency: Option<String>,
+}
+
+impl Object {
+    fn key(&self) -> Option<Uuid> {
+        self.idempotency_key
+            .as_deref()
+            .and_then(|k| Uuid::parse_str(k).ok())
+    }
+}
+
+/// What an event is about, as found in our books.
+enum Target {
+    Charge(Payment),
+    Refund(Refund),
+}
+
+impl Target {
+    fn status(&self) -> PaymentStatus {
+        match self {
+            Target::Charge(p) => p.status,
+            Target::Refund(r) => r.status,
+        }
+    }
+
+    /// A fact of the event that contradicts what we hold, if any.
+    fn mismatch(&self, event: &Object) -> Option<String> {
+        let (known_id, amount, currency) = match self {
+            Target::Charge(p) => (
+                p.provider_charge_id.as_deref(),
+                p.amount,
+                Some(p.currency.as_str()),
+            ),
+            Target::Refund(r) => (r.provider_refund_id.as_deref(), r.amount, None),
+        };
+        if let Some(known) = known_id {
+            if !event.state.id.is_empty() && event.state.id != known {
+                return Some(format!(
+                    "the event names {}, ours is {known}",
+                    event.state.id
+                ));
+            }
+        }
+        if let Some(a) = event.amount.filter(|a| *a != amount) {
+            return Some(format!("the event says amount {a}, ours is {amount}"));
+        }
+        if let (Some(theirs), Some(ours)) = (event.currency.as_deref(), currency) {
+            if !theirs.eq_ignore_ascii_case(ours) {
+                return Some(format!("the event says currency {theirs}, ours is {ours}"));
+            }
+        }
+        None
+    }
+}
+
+/// What the event did, as stored and counted.
+struct Outcome {
+    label: &'static str,
+    confirmed: bool,
+    detail: Option<String>,
+}
+
+impl Outcome {
+    fn plain(label: &'static str) -> Self {
+        Outcome {
+            label,
+            confirmed: false,
+            detail: None,
+        }
+    }
+}
+
+/// Applies one verified event; returns its outcome label (`processed`,
+/// `duplicate`, `ignored`, `unknown_charge`, `unconfirmed`, `mismatch`).
+pub async fn apply(
+    ctx: &AppContext,
+    provider: &str,
+    header_id: Option<&str>,
+    body: &[u8],
+) -> Result<&'static str, Problem> {
+    let payload: Value = serde_json::from_slice(body)
+        .map_err(|_| Problem::new(ProblemCode::MalformedJson, "the event is not JSON"))?;
+    // A signed event of a shape we do not know is still kept and answered
+    // 200 (never lost): it is recorded as ignored, for a person to look at.
+    let envelope: Envelope = serde_json::from_value(payload.clone()).unwrap_or(Envelope {
+        event_type: "unrecognised".into(),
+        data: Data {
+            object: Value::Null,
+        },
+    });
+    let event_id = payload
+        .get("id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| header_id.map(str::to_string))
+        .ok_or_else(|| Problem::invalid_field("id", "is required"))?;
+    match apply_parsed(ctx, provider, &event_id, &envelope, &payload).await {
+        Ok(Applied::Done(label)) => Ok(label),
+        Ok(Applied::Deferred(reason)) => {
+            tracing::warn!(event_id, %reason, "webhook deferred: the provider could not confirm it now");
+            Err(Problem::new(
+                ProblemCode::ConfirmationUnavailable,
+                "the provider could not be asked to confirm this event now; deliver it again later",
+            )
+            .retry_after(30))
+        }
+        Err(e) => Err(store_problem(e)),
+    }
+}
+
+/// What handling an event came to.
+enum Applied {
+    /// Recorded, with this outcome.
+    Done(&'static str),
+    /// Not recorded: the provider could not be asked; deliver it again.
+    Deferred(String),
+}
+
+async fn apply_parsed(
+    ctx: &AppContext,
+    provider: &str,
+    event_id: &str,
+    envelope: &Envelope,
+    payload: &Value,
+) -> Result<Applied, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
+    if store::webhooks::exists(&mut conn, provider, event_id).await? {
+        return Ok(Applied::Done("duplicate"));
+    }
+    let kind = envelope.event_type.split('.').next().unwrap_or_default();
+    let object: Option<Object> = serde_json::from_value(envelope.data.object.clone()).ok();
+    let target = match (kind, &object) {
+        ("charge", Some(o)) => {
+            store::payments::find_by_charge(&mut conn, provider, &o.state.id, o.key())
+                .await?
+                .map(Target::Charge)
+        }
+        ("refund", Some(o)) => store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.key())
+            .await?
+            .map(Target::Refund),
+        _ => None,
+    };
+    // No connection is held while the provider answers.
+    drop(conn);
+    let (outcome, truth) = match (&target, &object) {
+        (None, Some(_)) if matches!(kind, "charge" | "refund") => {
+            (Outcome::plain("unknown_charge"), None)
+        }
+        (Some(target), Some(event)) => match judge(ctx, target, event).await {
+            Judged::Apply(outcome, truth) => (outcome, truth),
+            Judged::Defer(reason) => return Ok(Applied::Deferred(reason)),
+        },
+        _ => (Outcome::plain("ignored"), None),
+    };
+    let mut tx = ctx.pool.begin().await?;
+    if !store::webhooks::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
+        tx.commit().await?;
+        return Ok(Applied::Done("duplicate"));
+    }
+    let label = match (&target, truth) {
+        (Some(Target::Charge(p)), Some(truth)) => {
+            let (_, t) = settle::payment(
+                &mut tx,
+                &ctx.metrics,
+                (p.id, p.order_id),
+                &truth,
+                Cause::Webhook,
+            )
+            .await?;
+            label(t)
+        }
+        (Some(Target::Refund(r)), Some(truth)) => {
+            let (_, t) =
+                settle::refund(&mut tx, &ctx.metrics, r.id, &truth, Cause::Webhook).await?;
+            label(t)
+        }
+        _ => outcome.label,
+    };
+    store::webhooks::set_outcome(
+        &mut tx,
+        provider,
+        event_id,
+        label,
+        outcome.confirmed,
+        outcome.detail.as_deref(),
+    )
+    .await?;
+    tx.commit().await?;
+    match label {
+        "unknown_charge" => {
+            tracing::warn!(event_type = %envelope.event_type, event_id, "webhook for an unknown charge stored")
+        }
+        "unconfirmed" | "mismatch" => tracing::warn!(
+            event_type = %envelope.event_type,
+            event_id,
+            object_id = object.as_ref().map(|o| o.state.id.as_str()).unwrap_or_default(),
+            outcome = label,
+            detail = outcome.detail.as_deref().unwrap_or_default(),
+            "webhook not confirmed by the provider; it changed nothing"
+        ),
+        _ => {}
+    }
+    Ok(Applied::Done(label))
+}
+
+/// What an event about a known object may do.
+enum Judged {
+    /// Record it with this outcome, applying the provider's object if any.
+    Apply(Outcome, Option<ProviderObject>),
+    /// The provider could not be asked: record nothing, ask for redelivery.
+    Defer(String),
+}
+
+/// Decides what an event about a known object may do. Returns the outcome
+/// and, when the provider confirmed the event, the provider's own object to
+/// apply (never the event's).
+async fn judge(ctx: &AppContext, target: &Target, event: &Object) -> Judged {
+    match target.status().transition(event.state.status) {
+        // Nothing would move: no read needed, nothing applied.
+        Transition::Unchanged => return Judged::Apply(Outcome::plain("processed"), None),
+        Transition::Ignored => return Judged::Apply(Outcome::plain("ignored"), None),
+        Transition::Advance(_) | Transition::Contradicted => {}
+    }
+    if let Some(detail) = target.mismatch(event) {
+        return confirmation(ctx, "mismatch", detail);
+    }
+    let read = match target {
+        Target::Charge(p) => ctx.provider.find_charge(p.id).await,
+        Target::Refund(r) => ctx.provider.find_refund(r.id).await,
+    };
+    match read {
+        CallOutcome::Known(truth)
+            if truth.status == event.state.status
+                && (event.state.id.is_empty() || truth.id == event.state.id) =>
+        {
+            ctx.metrics
+                .webhook_confirmations
+                .with_label_values(&["confirmed"])
+                .inc();
+            let outcome = Outcome {
+                label: "processed",
+                confirmed: true,
+                detail: None,
+            };
+            Judged::Apply(outcome, Some(truth))
+        }
+        CallOutcome::Known(truth) if truth.id != event.state.id && !event.state.id.is_empty() => {
+            let detail = format!(
+                "the event names {}, the provider's object is {}",
+                event.state.id, truth.id
+            );
+            confirmation(ctx, "mismatch", detail)
+        }
+        CallOutcome::Known(truth) => {
+            let detail = format!(
+                "the event says {}, the provider says {}",
+                event.state.status.as_str(),
+                truth.status.as_str()
+            );
+            confirmation(ctx, "unconfirmed", detail)
+        }
+        CallOutcome::NotFound => {
+            confirmation(ctx, "unconfirmed", "the provider has no such object".into())
+        }
+        CallOutcome::Unknown(reason) => {
+            ctx.metrics
+                .webhook_confirmations
+                .with_label_values(&["deferred"])
+                .inc();
+            Judged::Defer(reason)
+        }
+    }
+}
+
+/// An event the provider did not confirm: counted, and nothing to apply.
+fn confirmation(ctx: &AppContext, label: &'static str, detail: String) -> Judged {
+    ctx.metrics
+        .webhook_confirmations
+        .with_label_values(&[label])
+        .inc();
+    let outcome = Outcome {
+        label,
+        confirmed: false,
+        detail: Some(detail),
+    };
+    Judged::Apply(outcome, None)
+}
+
+fn label(t: Transition) -> &'static str {
+    match t {
+        Transition::Advance(_) | Transition::Unchanged | Transition::Contradicted => "processed",
+        Transition::Ignored => "ignored",
+    }
+}

@@ -1,0 +1,266 @@
+//! The HTTP surface: routes, and the few helpers every handler shares
+//! (authentication, the idempotency key, bounded body reading, turning
+//! problems and stored responses into HTTP). Handlers stay thin: parse,
+//! call a command or a store read, answer.
+
+mod middleware;
+mod ops;
+mod resources;
+mod webhooks;
+
+use actix_web::http::header::{self, HeaderValue};
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use uuid::Uuid;
+
+pub use middleware::observe;
+pub use ops::OPENAPI;
+
+use crate::commands::{Answer, AppContext};
+use crate::idempotency::IdempotencyKey;
+use crate::problem::{Problem, ProblemCode};
+use crate::store;
+
+/// Shared state of every worker.
+pub struct AppState {
+    /// Commands, engine, pool, provider, metrics.
+    pub ctx: std::sync::Arc<AppContext>,
+    /// Verifies inbound webhooks.
+    pub webhook_secret: crate::webhooks::WebhookSecret,
+    /// Largest accepted body.
+    pub max_body_bytes: usize,
+    /// Recently verified API keys.
+    pub keys: crate::api_keys::KeyCache,
+    /// The process's main runtime, where all database work runs (see
+    /// [`on_service_runtime`]).
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// Runs database work on the process's main runtime. actix-web gives each
+/// HTTP worker its own runtime, and a connection belongs to the runtime that
+/// opened it; on SIGTERM actix stops idle workers first, so a pooled
+/// connection opened by one of them would be dead for requests still
+/// draining elsewhere. Opened on the main runtime, every connection lives
+/// as long as the process.
+async fn on_service_runtime<T, F>(state: &AppState, work: F) -> Result<T, Problem>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = Result<T, Problem>> + Send + 'static,
+{
+    // The request's span (and so its request id) goes along.
+    let joined = state
+        .runtime
+        .spawn(tracing::Instrument::in_current_span(work))
+        .await;
+    match joined {
+        Ok(answer) => answer,
+        Err(e) => {
+            // A panic is a bug: never a silent 500. Logged inside the
+            // request's span, so the line carries its request id.
+            let what = if e.is_panic() {
+                let payload = e.into_panic();
+                payload
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic without a message".into())
+            } else {
+                "the task was cancelled".into()
+            };
+            tracing::error!(panic = %what, "request handling panicked; answered 500");
+            Err(Problem::internal())
+        }
+    }
+}
+
+/// Every route of the API.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(resource("/orders", "POST").route(web::post().to(resources::create_order)))
+        .service(resource("/orders/{id}", "GET").route(web::get().to(resources::get_order)))
+        .service(
+            resource("/orders/{id}/cancel", "POST").route(web::post().to(resources::cancel_order)),
+        )
+        .service(
+            resource("/orders/{id}/payments", "GET").route(web::get().to(resources::list_payments)),
+        )
+        .service(resource("/payments", "POST").route(web::post().to(resources::create_payment)))
+        .service(resource("/payments/{id}", "GET").route(web::get().to(resources::get_payment)))
+        .service(
+            resource("/payments/{id}/refunds", "POST")
+                .route(web::post().to(resources::create_refund)),
+        )
+        .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
+        .service(resource("/webhooks/{provider}", "POST").route(web::post().to(webhooks::receive)))
+        .service(resource("/healthz", "GET").route(web::get().to(ops::healthz)))
+        .service(resource("/readyz", "GET").route(web::get().to(ops::readyz)))
+        .service(resource("/metrics", "GET").route(web::get().to(ops::metrics)))
+        .service(resource("/openapi.yaml", "GET").route(web::get().to(ops::openapi)))
+        .default_service(web::to(not_found));
+}
+
+/// A resource whose other methods get `405` with the `Allow` header RFC 9110 asks for.
+fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    web::resource(path).default_service(web::to(move || async move {
+        let mut response = Problem::new(
+            ProblemCode::MethodNotAllowed,
+            "this endpoint does not take that method",
+        )
+        .error_response();
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allow));
+        response
+    }))
+}
+
+async fn not_found() -> Problem {
+    Problem::new(ProblemCode::NotFound, "no such endpoint")
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}: {}", self.status, self.code, self.detail)
+    }
+}
+
+impl ResponseError for Problem {
+    fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        response.content_type("application/problem+json");
+        if let Some(seconds) = self.retry_after {
+            response.insert_header((header::RETRY_AFTER, seconds.to_string()));
+        }
+        response.body(self.body())
+    }
+}
+
+impl actix_web::Responder for Problem {
+    type Body = actix_web::body::BoxBody;
+
+    fn respond_to(self, _req: &HttpRequest) -> HttpResponse {
+        self.error_response()
+    }
+}
+
+/// The answer of a money command: the stored status, body and `Location`,
+/// plus `Idempotent-Replayed: true` on a repeat.
+fn answer(answer: Answer) -> HttpResponse {
+    let status =
+        StatusCode::from_u16(answer.response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = HttpResponse::build(status);
+    response.content_type(if status.as_u16() >= 400 {
+        "application/problem+json"
+    } else {
+        "application/json"
+    });
+    if let Some(location) = answer.response.location.as_deref() {
+        if let Ok(value) = HeaderValue::from_str(location) {
+            response.insert_header((header::LOCATION, value));
+        }
+    }
+    if answer.replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(answer.response.body)
+}
+
+/// A JSON `200` for reads.
+fn ok_json<T: serde::Serialize>(value: &T) -> Result<HttpResponse, Problem> {
+    let body = serde_json::to_vec(value).map_err(|_| Problem::internal())?;
+    Ok(HttpResponse::Ok()
+        .content_type("application/json")
+        .body(body))
+}
+
+/// The merchant behind `Authorization: Bearer <key>`; `401` otherwise.
+async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Problem> {
+    let unauthorized = || {
+        Problem::new(
+            ProblemCode::Unauthorized,
+            "send a valid API key as Authorization: Bearer <key>",
+        )
+    };
+    let key = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(unauthorized)?;
+    let hash = crate::api_keys::hash(key);
+    if let Some(merchant) = state.keys.get(&hash) {
+        return Ok(merchant);
+    }
+    let pool = state.ctx.pool.clone();
+    let found = on_service_runtime(state, async move {
+        store::merchants::merchant_for_key(&pool, &hash)
+            .await
+            .map_err(crate::idempotency::store_problem)
+    })
+    .await?;
+    let merchant = found.ok_or_else(unauthorized)?;
+    state.keys.put(hash, merchant);
+    Ok(merchant)
+}
+
+/// The `Idempotency-Key` header; never read from the URL.
+fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, Problem> {
+    let mut values = req.headers().get_all("Idempotency-Key");
+    let first = values.next().ok_or_else(|| {
+        Problem::new(
+            ProblemCode::IdempotencyKeyMissing,
+            "this endpoint requires an Idempotency-Key header",
+        )
+    })?;
+    if values.next().is_some() {
+        return Err(Problem::new(
+            ProblemCode::IdempotencyKeyInvalid,
+            "send exactly one Idempotency-Key header",
+        ));
+    }
+    IdempotencyKey::try_from(first.as_bytes())
+        .map_err(|e| Problem::new(ProblemCode::IdempotencyKeyInvalid, e.to_string()))
+}
+
+/// Reads the body, refusing more than `limit` bytes with `413` as soon as
+/// the declared length or the bytes read pass it.
+async fn read_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<web::Bytes, Problem> {
+    let too_large = || {
+        Problem::new(
+            ProblemCode::PayloadTooLarge,
+            format!("the body must be at most {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    // The outer error is the limit (a chunked body carries no length to
+    // check up front); the inner one is a body that could not be read.
+    match payload.to_bytes_limited(limit).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(Problem::new(
+            ProblemCode::MalformedJson,
+            "the body could not be read",
+        )),
+        Err(_) => Err(too_large()),
+    }
+}
+
+/// A path `{id}` as a UUID; anything else is a resource that does not exist.
+fn path_uuid(raw: &str, code: ProblemCode, what: &str) -> Result<Uuid, Problem> {
+    Uuid::parse_str(raw).map_err(|_| Problem::not_found(code, what))
+}

@@ -1,0 +1,38 @@
+//! Operational endpoints: liveness, readiness, metrics, the OpenAPI document.
+
+use actix_web::{web, HttpResponse};
+
+use super::AppState;
+use crate::problem::Problem;
+
+/// The repository's `openapi.yaml`, compiled in so the served document is
+/// always the one this binary implements.
+pub const OPENAPI: &str = include_str!("../../../../openapi.yaml");
+
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
+}
+
+pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
+    let pool = state.ctx.pool.clone();
+    super::on_service_runtime(&state, async move {
+        sqlx::query("SELECT 1")
+            .execute(&pool)
+            .await
+            .map_err(|_| Problem::unavailable("the database"))
+    })
+    .await?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
+}
+
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.ctx.metrics.render())
+}
+
+pub async fn openapi() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/yaml")
+        .body(OPENAPI)
+}

@@ -1,0 +1,193 @@
+//! Handlers of orders, payments and refunds: money commands go through
+//! [`money_command`], reads go straight to the store.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+
+use super::{
+    answer, authenticate, idempotency_key, ok_json, on_service_runtime, path_uuid, read_body,
+    AppState,
+};
+use crate::commands::orders::{CancelOrder, CreateOrder};
+use crate::commands::payments::CreatePayment;
+use crate::commands::refunds::CreateRefund;
+use crate::commands::{self, Command, CommandInput};
+use crate::idempotency::{store_problem, Fingerprint, RecordId};
+use crate::input::parse_body;
+use crate::problem::{Problem, ProblemCode};
+use crate::store;
+
+type Reply = Result<HttpResponse, Problem>;
+
+/// Every money command, in one order of checks: `401` auth, `400` key,
+/// `413` size, `400` JSON and shape, `422` rules (none of which touch the
+/// key), then the idempotency engine.
+async fn money_command<C: Command + 'static>(
+    state: &AppState,
+    req: &HttpRequest,
+    payload: web::Payload,
+    path_id: Result<Option<uuid::Uuid>, Problem>,
+    body_optional: bool,
+) -> Reply {
+    let merchant_id = authenticate(state, req).await?;
+    let path_id = path_id?;
+    let key = idempotency_key(req)?;
+    let bytes = read_body(req, payload, state.max_body_bytes).await?;
+    let input = CommandInput {
+        path_id,
+        body: parse_body(&bytes, body_optional)?,
+    };
+    let command = C::parse(&input)?;
+    let fingerprint = Fingerprint::of("POST", req.path(), &input.body);
+    let id = RecordId {
+        merchant_id,
+        key: key.as_str().to_string(),
+    };
+    if let Some(response) = state.ctx.engine.replay_from_memory(&id, &fingerprint)? {
+        return Ok(answer(commands::Answer {
+            response,
+            replayed: true,
+        }));
+    }
+    let ctx = state.ctx.clone();
+    let reply = on_service_runtime(state, async move {
+        commands::run(&ctx, id, fingerprint, &input, &command).await
+    })
+    .await?;
+    Ok(answer(reply))
+}
+
+pub async fn create_order(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Reply {
+    money_command::<CreateOrder>(&state, &req, payload, Ok(None), false).await
+}
+
+pub async fn cancel_order(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    let id = path_uuid(&path, ProblemCode::OrderNotFound, "order").map(Some);
+    money_command::<CancelOrder>(&state, &req, payload, id, true).await
+}
+
+pub async fn create_payment(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Reply {
+    money_command::<CreatePayment>(&state, &req, payload, Ok(None), false).await
+}
+
+pub async fn create_refund(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    let id = path_uuid(&path, ProblemCode::PaymentNotFound, "payment").map(Some);
+    money_command::<CreateRefund>(&state, &req, payload, id, true).await
+}
+
+/// Runs a scoped read on the service runtime.
+async fn read<T, F, Fut>(
+    state: &AppState,
+    req: &HttpRequest,
+    raw_id: &str,
+    code: ProblemCode,
+    what: &'static str,
+    query: F,
+) -> Reply
+where
+    T: serde::Serialize + Send + 'static,
+    F: FnOnce(sqlx::PgPool, uuid::Uuid, uuid::Uuid) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Option<T>, store::StoreError>> + Send + 'static,
+{
+    let merchant_id = authenticate(state, req).await?;
+    let id = path_uuid(raw_id, code, what)?;
+    let pool = state.ctx.pool.clone();
+    let found = on_service_runtime(state, async move {
+        query(pool, merchant_id, id).await.map_err(store_problem)
+    })
+    .await?;
+    match found {
+        Some(value) => ok_json(&value),
+        None => Err(Problem::not_found(code, what)),
+    }
+}
+
+pub async fn get_order(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    read(
+        &state,
+        &req,
+        &path,
+        ProblemCode::OrderNotFound,
+        "order",
+        |pool, m, id| async move { store::orders::get(&mut *pool.acquire().await?, m, id).await },
+    )
+    .await
+}
+
+pub async fn get_payment(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    read(
+        &state,
+        &req,
+        &path,
+        ProblemCode::PaymentNotFound,
+        "payment",
+        |pool, m, id| async move { store::payments::get(&mut *pool.acquire().await?, m, id).await },
+    )
+    .await
+}
+
+pub async fn get_refund(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    read(
+        &state,
+        &req,
+        &path,
+        ProblemCode::RefundNotFound,
+        "refund",
+        |pool, m, id| async move { store::refunds::get(&mut *pool.acquire().await?, m, id).await },
+    )
+    .await
+}
+
+/// `GET /orders/{id}/payments`: a JSON array of the order's attempts, oldest first.
+pub async fn list_payments(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    read(
+        &state,
+        &req,
+        &path,
+        ProblemCode::OrderNotFound,
+        "order",
+        |pool, m, id| async move {
+            let mut conn = pool.acquire().await?;
+            if store::orders::get(&mut conn, m, id).await?.is_none() {
+                return Ok(None);
+            }
+            Ok(Some(
+                store::payments::list_for_order(&mut conn, m, id).await?,
+            ))
+        },
+    )
+    .await
+}

@@ -1,0 +1,64 @@
+//! The `oncepay` binary: dispatches the subcommands of contract section 1.
+//! Errors end here, as `anyhow` errors with their context, printed once and
+//! turned into a non-zero exit.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use oncepay::cli::{ApiKeyCommand, Cli, Command};
+use oncepay::config::Env;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.command).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("oncepay: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<()> {
+    let env = Env::process();
+    let (filter, format) = env.log_config()?;
+    oncepay::telemetry::init(&filter, format);
+    match command {
+        Command::Migrate => {
+            let url = env.database_url()?;
+            let applied = oncepay::store::prepare_database(&url)
+                .await
+                .context("migrating the database")?;
+            println!("applied {} migration(s)", applied.len());
+        }
+        Command::ApiKey(ApiKeyCommand::Create { merchant }) => {
+            let url = env.database_url()?;
+            oncepay::store::prepare_database(&url)
+                .await
+                .context("migrating the database")?;
+            let pool = oncepay::store::pool(&url, 1)?;
+            let key = oncepay::api_keys::create(&pool, &merchant)
+                .await
+                .context("creating the API key")?;
+            println!("API key for merchant {merchant:?} (shown once; only its hash is stored):");
+            println!("{key}");
+        }
+        Command::Serve => {
+            let config = env.serve_config()?;
+            let app = oncepay::startup::Application::build(config)
+                .await
+                .context("starting oncepay serve")?;
+            app.run_until_stopped().await?;
+        }
+        Command::Sandbox => {
+            let config = env.sandbox_config()?;
+            oncepay::sandbox::run(config)
+                .await
+                .context("running the sandbox")?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! RFC 9457 problem details: the one shape of every error oncepay returns.
+//!
+//! A `Problem` is built wherever an error is decided (input parsing, a
+//! command's business rule, the idempotency engine) and turned into a
+//! response in one place (`crate::http`). Its `code` is stable and
+//! machine-readable; `detail` names the field when one is at fault.
+
+use serde::Serialize;
+
+/// Declares [`ProblemCode`] from one table: every code with its status and
+/// title, so a code can never be sent with the wrong status.
+macro_rules! problem_codes {
+    ($($variant:ident = $code:literal, $status:literal, $title:literal;)*) => {
+        /// Every stable `code` oncepay answers with. `openapi.yaml` lists the
+        /// same set (a test checks that they agree).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ProblemCode {
+            $(
+                #[doc = $title]
+                $variant,
+            )*
+        }
+
+        impl ProblemCode {
+            /// Every code, in the table's order.
+            pub const ALL: &'static [ProblemCode] = &[$(ProblemCode::$variant,)*];
+
+            /// The code as sent in the body.
+            pub fn as_str(self) -> &'static str {
+                match self { $(ProblemCode::$variant => $code,)* }
+            }
+
+            /// The HTTP status this code is always sent with.
+            pub fn status(self) -> u16 {
+                match self { $(ProblemCode::$variant => $status,)* }
+            }
+
+            /// The problem type's short title.
+            pub fn title(self) -> &'static str {
+                match self { $(ProblemCode::$variant => $title,)* }
+            }
+        }
+    };
+}
+
+problem_codes! {
+    IdempotencyKeyMissing = "idempotency_key_missing", 400, "Idempotency-Key header required";
+    IdempotencyKeyInvalid = "idempotency_key_invalid", 400, "Idempotency-Key header malformed";
+    IdempotencyKeyReused = "idempotency_key_reused", 409, "Idempotency-Key reused with another request";
+    IdempotencyKeyInFlight = "idempotency_key_in_flight", 409, "A request with this Idempotency-Key is still executing";
+    MalformedJson = "malformed_json", 400, "Malformed JSON body";
+    InvalidField = "invalid_field", 400, "Field of the wrong shape";
+    ValidationFailed = "validation_failed", 422, "Request breaks a rule";
+    PayloadTooLarge = "payload_too_large", 413, "Request body too large";
+    Unauthorized = "unauthorized", 401, "Missing or unknown API key";
+    WebhookSignatureInvalid = "webhook_signature_invalid", 401, "Webhook signature invalid";
+    UnsupportedProvider = "unsupported_provider", 404, "Unknown webhook provider";
+    NotFound = "not_found", 404, "Not found";
+    MethodNotAllowed = "method_not_allowed", 405, "Method not allowed";
+    OrderNotFound = "order_not_found", 404, "Order not found";
+    PaymentNotFound = "payment_not_found", 404, "Payment not found";
+    RefundNotFound = "refund_not_found", 404, "Refund not found";
+    OrderNotPayable = "order_not_payable", 409, "Order is not payable";
+    OrderNotCancellable = "order_not_cancellable", 409, "Order cannot be cancelled";
+    PaymentInProgress = "payment_in_progress", 409, "A payment for this order is in progress";
+    PaymentNotRefundable = "payment_not_refundable", 409, "Payment is not refundable";
+    RefundExceedsPayment = "refund_exceeds_payment", 422, "Refund exceeds what is left of the payment";
+    RefundInProgress = "refund_in_progress", 409, "A refund for this payment is in progress";
+    ConfirmationUnavailable = "confirmation_unavailable", 503, "The provider could not confirm the event now";
+    InternalError = "internal_error", 500, "Internal error";
+    ServiceUnavailable = "service_unavailable", 503, "Service temporarily unavailable";
+}
+
+/// An error answer, ready to serialise as `application/problem+json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// A URI reference naming the problem type (`/problems/{code}`).
+    #[serde(rename = "type")]
+    pub type_uri: String,
+    /// A short, human-readable summary of the type.
+    pub title: &'static str,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What went wrong with this request, naming the field if one is at fault.
+    pub detail: String,
+    /// Stable, machine-readable code.
+    pub code: &'static str,
+    /// The field at fault, as a JSON path, when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Seconds to wait before retrying (also sent as `Retry-After`).
+    #[serde(skip)]
+    pub retry_after: Option<u32>,
+}
+
+impl Problem {
+    /// A problem with the code's status and title, and this detail.
+    pub fn new(code: ProblemCode, detail: impl Into<String>) -> Self {
+        Problem {
+            type_uri: format!("/problems/{}", code.as_str()),
+            title: code.title(),
+            status: code.status(),
+            detail: detail.into(),
+            code: code.as_str(),
+            field: None,
+            retry_after: None,
+        }
+    }
+
+    /// Names the field at fault.
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    /// Asks the client to retry after `seconds`.
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    /// The serialised body.
+    pub fn body(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// `400 invalid_field` for a field of the wrong shape.
+    pub fn invalid_field(field: impl Into<String>, what: &str) -> Self {
+        let field = field.into();
+        Problem::new(ProblemCode::InvalidField, format!("{field}: {what}")).with_field(field)
+    }
+
+    /// `422 validation_failed` for a rule a well-formed field breaks.
+    pub fn rule(violation: crate::domain::RuleViolation) -> Self {
+        Problem::new(ProblemCode::ValidationFailed, violation.to_string())
+            .with_field(violation.field)
+    }
+
+    /// `404` for a resource that does not exist for this merchant.
+    pub fn not_found(code: ProblemCode, what: &str) -> Self {
+        Problem::new(code, format!("no {what} with this id"))
+    }
+
+    /// `500` for a failure we could not classify; nothing about it is revealed.
+    pub fn internal() -> Self {
+        Problem::new(
+            ProblemCode::InternalError,
+            "an internal error occurred; retrying with the same Idempotency-Key is safe",
+        )
+    }
+
+    /// `503` when the database or provider is unreachable.
+    pub fn unavailable(what: &str) -> Self {
+        Problem::new(
+            ProblemCode::ServiceUnavailable,
+            format!("{what} is unavailable; retry with the same Idempotency-Key"),
+        )
+        .retry_after(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_codes_are_the_ones_openapi_documents() {
+        // The `code` enum of the Problem schema, read from the document.
+        let doc = crate::http::OPENAPI;
+        let start = doc
+            .find("        code:\n          type: string\n          enum:\n")
+            .expect("the Problem schema lists its codes");
+        let documented: std::collections::BTreeSet<&str> = doc[start..]
+            .lines()
+            .skip(3)
+            .map_while(|l| l.strip_prefix("            - "))
+            .map(str::trim)
+            .collect();
+        let served: std::collections::BTreeSet<&str> =
+            ProblemCode::ALL.iter().map(|c| c.as_str()).collect();
+        assert_eq!(documented, served);
+    }
+
+    #[test]
+    fn every_code_has_one_status_and_a_title() {
+        for code in ProblemCode::ALL {
+            let p = Problem::new(*code, "x");
+            assert!((400..600).contains(&p.status), "{code:?}");
+            assert!(!p.title.is_empty());
+            assert_eq!(p.type_uri, format!("/problems/{}", code.as_str()));
+        }
+    }
+
+    #[test]
+    fn serialises_as_rfc9457_with_code() {
+        let p = Problem::invalid_field("items[0].sku", "must be a string");
+        let v: serde_json::Value = serde_json::from_slice(&p.body()).expect("json");
+        assert_eq!(v["type"], "/problems/invalid_field");
+        assert_eq!(v["status"], 400);
+        assert_eq!(v["code"], "invalid_field");
+        assert_eq!(v["field"], "items[0].sku");
+        assert!(v["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("items[0].sku")));
+        assert!(v["title"].as_str().is_some_and(|t| !t.is_empty()));
+    }
+}

@@ -1,0 +1,543 @@
+//! The sandbox's HTTP API and webhook delivery.
+//!
+//! `POST /v1/charges` and `POST /v1/refunds` (header `Idempotency-Key`),
+//! `GET /v1/charges/{id}`, `GET /v1/charges?idempotency_key=K`, the same for
+//! refunds, `GET /v1/ledger`, `GET /healthz`.
+
+use std::net::TcpListener;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use actix_web::body::{BodySize, MessageBody};
+use actix_web::web::{self, Bytes};
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::faults::TokenFaults;
+use super::state::{Books, Charge, Refund};
+use crate::config::SandboxConfig;
+
+/// A running sandbox's shared state.
+pub struct Sandbox {
+    books: Mutex<Books>,
+    config: SandboxConfig,
+    http: reqwest::Client,
+}
+
+type Shared = web::Data<Sandbox>;
+
+fn now_unix() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+fn new_id(prefix: &str) -> String {
+    format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+}
+
+fn error(status: u16, code: &str, detail: &str) -> HttpResponse {
+    let status = actix_web::http::StatusCode::from_u16(status)
+        .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR);
+    HttpResponse::build(status).json(json!({"code": code, "detail": detail}))
+}
+
+/// A body that fails at once: the connection is closed without a complete
+/// answer, as when a network drops a response that was already decided.
+struct Dropped;
+
+impl MessageBody for Dropped {
+    type Error = std::io::Error;
+
+    fn size(&self) -> BodySize {
+        BodySize::Stream
+    }
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, Self::Error>>> {
+        Poll::Ready(Some(Err(std::io::Error::other(
+            "sandbox fault: response dropped",
+        ))))
+    }
+}
+
+/// What happens to the answer of a request that did reach the books.
+enum Delivery {
+    Answer,
+    Drop,
+    Delay(Duration),
+}
+
+impl Sandbox {
+    /// A sandbox with empty books.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, reqwest::Error> {
+        Ok(Sandbox {
+            books: Mutex::new(Books::default()),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()?,
+            config,
+        })
+    }
+
+    fn books(&self) -> MutexGuard<'_, Books> {
+        // A panic while holding the lock cannot leave the books half
+        // written in a way that matters to a sandbox; keep serving.
+        self.books
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Before any effect: should this request fail with a 500?
+    fn fails_first(&self, books: &mut Books, token_errors: u32, n: u32) -> bool {
+        let fail = n <= token_errors || fastrand::f64() < self.config.faults.error_rate;
+        if fail {
+            books.count_fault("error_5xx");
+        }
+        fail
+    }
+
+    /// After the effect: is the answer dropped or delayed?
+    fn delivery(&self, books: &mut Books, faults: &TokenFaults, n: u32) -> Delivery {
+        let rates = &self.config.faults;
+        if n <= faults.drop || fastrand::f64() < rates.drop_rate {
+            books.count_fault("dropped_response");
+            return Delivery::Drop;
+        }
+        if let (Some(delay), 1) = (faults.delay, n) {
+            books.count_fault("delayed_response");
+            return Delivery::Delay(delay);
+        }
+        if rates.delay_rate > 0.0 && fastrand::f64() < rates.delay_rate {
+            books.count_fault("delayed_response");
+            return Delivery::Delay(rates.delay);
+        }
+        Delivery::Answer
+    }
+}
+
+async fn deliver(delivery: Delivery, body: Value) -> HttpResponse {
+    match delivery {
+        Delivery::Drop => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(Dropped),
+        Delivery::Delay(d) => {
+            tokio::time::sleep(d).await;
+            HttpResponse::Ok().json(body)
+        }
+        Delivery::Answer => HttpResponse::Ok().json(body),
+    }
+}
+
+fn key_of(req: &HttpRequest) -> Option<String> {
+    req.headers()
+        .get("Idempotency-Key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .map(str::to_string)
+}
+
+#[derive(Deserialize)]
+struct ChargeBody {
+    amount: i64,
+    currency: String,
+    source: String,
+    #[serde(default)]
+    metadata: Value,
+}
+
+fn charge_event(charge: &Charge, status: &'static str) -> Value {
+    let mut object = charge.clone();
+    object.status = status;
+    if status != "failed" {
+        object.failure_code = None;
+        object.failure_message = None;
+    }
+    json!({
+        "id": new_id("evt"),
+        "type": format!("charge.{status}"),
+        "created": now_unix(),
+        "data": {"object": object},
+    })
+}
+
+async fn create_charge(
+    sandbox: Shared,
+    req: HttpRequest,
+    body: web::Json<ChargeBody>,
+) -> HttpResponse {
+    let Some(key) = key_of(&req) else {
+        return error(
+            400,
+            "idempotency_key_missing",
+            "Idempotency-Key is required",
+        );
+    };
+    let faults = match TokenFaults::parse(&body.source) {
+        Ok(f) => f,
+        Err(unknown) => return error(400, "unknown_fault", &unknown.to_string()),
+    };
+    let (charge, delivery, events, later) = {
+        let mut books = sandbox.books();
+        let n = books.count_request(&key);
+        if sandbox.fails_first(&mut books, faults.error, n) {
+            return error(500, "sandbox_fault", "injected failure before charging");
+        }
+        let (charge, events, later) = match books.charges.get(&key) {
+            Some(existing) => {
+                if existing.amount != body.amount
+                    || existing.currency != body.currency
+                    || existing.source != body.source
+                {
+                    return error(
+                        409,
+                        "idempotency_key_reused",
+                        "this key was used for another charge",
+                    );
+                }
+                (existing.clone(), Vec::new(), None)
+            }
+            None => {
+                let (status, code, message, later) = match faults.base.as_str() {
+                    "tok_visa" => ("succeeded", None, None, None),
+                    "tok_declined" => (
+                        "failed",
+                        Some("card_declined"),
+                        Some("The card was declined."),
+                        None,
+                    ),
+                    "tok_async" => ("pending", None, None, Some("succeeded")),
+                    "tok_async_declined" => ("pending", None, None, Some("failed")),
+                    _ => (
+                        "failed",
+                        Some("invalid_payment_method"),
+                        Some("Unknown test token."),
+                        None,
+                    ),
+                };
+                let charge = Charge {
+                    id: new_id("ch"),
+                    object: "charge",
+                    idempotency_key: key.clone(),
+                    amount: body.amount,
+                    currency: body.currency.clone(),
+                    status,
+                    failure_code: code.map(str::to_string),
+                    failure_message: message.map(str::to_string),
+                    amount_refunded: 0,
+                    metadata: body.metadata.clone(),
+                    created: now_unix(),
+                    source: body.source.clone(),
+                };
+                books.charge_keys.insert(charge.id.clone(), key.clone());
+                books.charges.insert(key.clone(), charge.clone());
+                *books.effects.entry(key.clone()).or_insert(0) += 1;
+                let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
+                let events = match (later, reorder) {
+                    // Async: the pending event now, the final one later;
+                    // reordered, both later with the final one first.
+                    (Some(_), false) => vec![charge_event(&charge, "pending")],
+                    (Some(_), true) => Vec::new(),
+                    (None, false) => vec![charge_event(&charge, status)],
+                    (None, true) => vec![
+                        charge_event(&charge, status),
+                        charge_event(&charge, "pending"),
+                    ],
+                };
+                (charge, events, later)
+            }
+        };
+        let delivery = sandbox.delivery(&mut books, &faults, n);
+        (charge, delivery, events, later)
+    };
+    let copies = if faults.duplicate {
+        3
+    } else {
+        sandbox.config.faults.duplicate_webhooks
+    };
+    let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
+    send_webhooks(sandbox.clone().into_inner(), events, copies);
+    if let Some(final_status) = later {
+        settle_later(
+            sandbox.clone().into_inner(),
+            key,
+            final_status,
+            copies,
+            reorder,
+        );
+    }
+    let body = serde_json::to_value(&charge).unwrap_or(Value::Null);
+    deliver(delivery, body).await
+}
+
+/// Moves an async charge to its final status after the configured delay.
+fn settle_later(
+    sandbox: Arc<Sandbox>,
+    key: String,
+    final_status: &'static str,
+    copies: u32,
+    reorder: bool,
+) {
+    sandbox.books().work_in_flight += 1;
+    tokio::spawn(async move {
+        tokio::time::sleep(sandbox.config.async_delay).await;
+        let events = {
+            let mut books = sandbox.books();
+            books.work_in_flight -= 1;
+            let Some(charge) = books.charges.get_mut(&key) else {
+                return;
+            };
+            charge.status = final_status;
+            if final_status == "failed" {
+                charge.failure_code = Some("card_declined".into());
+                charge.failure_message = Some("The card was declined.".into());
+            }
+            let charge = charge.clone();
+            if reorder {
+                vec![
+                    charge_event(&charge, final_status),
+                    charge_event(&charge, "pending"),
+                ]
+            } else {
+                vec![charge_event(&charge, final_status)]
+            }
+        };
+        send_webhooks(sandbox, events, copies);
+    });
+}
+
+/// Delivers events in order, each `copies` times, retrying each delivery
+/// with backoff until it is answered 2xx.
+fn send_webhooks(sandbox: Arc<Sandbox>, events: Vec<Value>, copies: u32) {
+    if !sandbox.config.webhooks_enabled || events.is_empty() {
+        return;
+    }
+    let deliveries = events.len() as u64 * u64::from(copies.max(1));
+    sandbox.books().work_in_flight += deliveries;
+    tokio::spawn(async move {
+        for event in events {
+            for _ in 0..copies.max(1) {
+                deliver_webhook(&sandbox, &event).await;
+                sandbox.books().work_in_flight -= 1;
+            }
+        }
+    });
+}
+
+async fn deliver_webhook(sandbox: &Sandbox, event: &Value) {
+    let id = event["id"].as_str().unwrap_or_default().to_string();
+    let body = serde_json::to_vec(event).unwrap_or_default();
+    let mut pause = Duration::from_millis(100);
+    for _ in 0..15 {
+        let timestamp = now_unix();
+        let signature = sandbox.config.webhook_secret.sign(&id, timestamp, &body);
+        let sent = sandbox
+            .http
+            .post(&sandbox.config.webhook_url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body.clone())
+            .send()
+            .await;
+        if sent.is_ok_and(|r| r.status().is_success()) {
+            sandbox.books().webhooks_delivered += 1;
+            return;
+        }
+        tokio::time::sleep(pause.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
+        pause = (pause * 2).min(Duration::from_secs(5));
+    }
+    tracing::warn!(event = %id, "webhook not delivered after retries; giving up");
+}
+
+#[derive(Deserialize)]
+struct Lookup {
+    idempotency_key: Option<String>,
+}
+
+async fn find_charge(sandbox: Shared, query: web::Query<Lookup>) -> HttpResponse {
+    let books = sandbox.books();
+    match query
+        .idempotency_key
+        .as_ref()
+        .and_then(|k| books.charges.get(k))
+    {
+        Some(c) => HttpResponse::Ok().json(c),
+        None => error(
+            404,
+            "charge_not_found",
+            "no charge with this idempotency key",
+        ),
+    }
+}
+
+async fn get_charge(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
+    let books = sandbox.books();
+    match books
+        .charge_keys
+        .get(path.as_str())
+        .and_then(|k| books.charges.get(k))
+    {
+        Some(c) => HttpResponse::Ok().json(c),
+        None => error(404, "charge_not_found", "no such charge"),
+    }
+}
+
+#[derive(Deserialize)]
+struct RefundBody {
+    charge: String,
+    amount: i64,
+}
+
+async fn create_refund(
+    sandbox: Shared,
+    req: HttpRequest,
+    body: web::Json<RefundBody>,
+) -> HttpResponse {
+    let Some(key) = key_of(&req) else {
+        return error(
+            400,
+            "idempotency_key_missing",
+            "Idempotency-Key is required",
+        );
+    };
+    let no_faults = TokenFaults::default();
+    let (refund, delivery, events) = {
+        let mut books = sandbox.books();
+        let n = books.count_request(&key);
+        if sandbox.fails_first(&mut books, 0, n) {
+            return error(500, "sandbox_fault", "injected failure before refunding");
+        }
+        let (refund, events) = match books.refunds.get(&key) {
+            Some(existing) => (existing.clone(), Vec::new()),
+            None => {
+                let Some(charge_key) = books.charge_keys.get(&body.charge).cloned() else {
+                    return error(404, "charge_not_found", "no such charge");
+                };
+                let Some(charge) = books.charges.get_mut(&charge_key) else {
+                    return error(404, "charge_not_found", "no such charge");
+                };
+                let left = charge.amount - charge.amount_refunded;
+                let (status, code) = if charge.status != "succeeded" {
+                    ("failed", Some("charge_not_refundable"))
+                } else if body.amount < 1 || body.amount > left {
+                    ("failed", Some("amount_exceeds_charge"))
+                } else {
+                    charge.amount_refunded += body.amount;
+                    ("succeeded", None)
+                };
+                let refund = Refund {
+                    id: new_id("re"),
+                    object: "refund",
+                    idempotency_key: key.clone(),
+                    charge: body.charge.clone(),
+                    amount: body.amount,
+                    status,
+                    failure_code: code.map(str::to_string),
+                    created: now_unix(),
+                };
+                books.refund_keys.insert(refund.id.clone(), key.clone());
+                books.refunds.insert(key.clone(), refund.clone());
+                *books.effects.entry(key.clone()).or_insert(0) += 1;
+                let event = json!({
+                    "id": new_id("evt"),
+                    "type": format!("refund.{status}"),
+                    "created": now_unix(),
+                    "data": {"object": refund},
+                });
+                (refund, vec![event])
+            }
+        };
+        let delivery = sandbox.delivery(&mut books, &no_faults, n);
+        (refund, delivery, events)
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
+    deliver(
+        delivery,
+        serde_json::to_value(&refund).unwrap_or(Value::Null),
+    )
+    .await
+}
+
+async fn find_refund(sandbox: Shared, query: web::Query<Lookup>) -> HttpResponse {
+    let books = sandbox.books();
+    match query
+        .idempotency_key
+        .as_ref()
+        .and_then(|k| books.refunds.get(k))
+    {
+        Some(r) => HttpResponse::Ok().json(r),
+        None => error(
+            404,
+            "refund_not_found",
+            "no refund with this idempotency key",
+        ),
+    }
+}
+
+async fn get_refund(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
+    let books = sandbox.books();
+    match books
+        .refund_keys
+        .get(path.as_str())
+        .and_then(|k| books.refunds.get(k))
+    {
+        Some(r) => HttpResponse::Ok().json(r),
+        None => error(404, "refund_not_found", "no such refund"),
+    }
+}
+
+async fn ledger(sandbox: Shared) -> HttpResponse {
+    HttpResponse::Ok().json(sandbox.books().ledger())
+}
+
+async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+/// Starts the sandbox on `listener`; the returned server runs when awaited.
+pub fn start(
+    config: SandboxConfig,
+    listener: TcpListener,
+) -> std::io::Result<actix_web::dev::Server> {
+    let sandbox = web::Data::new(Sandbox::new(config).map_err(std::io::Error::other)?);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(sandbox.clone())
+            .app_data(web::JsonConfig::default().error_handler(|err, _| {
+                let detail = err.to_string();
+                actix_web::error::InternalError::from_response(
+                    err,
+                    error(400, "invalid_request", &detail),
+                )
+                .into()
+            }))
+            .route("/v1/charges", web::post().to(create_charge))
+            .route("/v1/charges", web::get().to(find_charge))
+            .route("/v1/charges/{id}", web::get().to(get_charge))
+            .route("/v1/refunds", web::post().to(create_refund))
+            .route("/v1/refunds", web::get().to(find_refund))
+            .route("/v1/refunds/{id}", web::get().to(get_refund))
+            .route("/v1/ledger", web::get().to(ledger))
+            .route("/healthz", web::get().to(healthz))
+    })
+    .workers(2)
+    .listen(listener)?
+    .run();
+    Ok(server)
+}
+
+/// `oncepay sandbox`: binds and serves until stopped.
+pub async fn run(config: SandboxConfig) -> std::io::Result<()> {
+    let listener = TcpListener::bind(config.bind)?;
+    tracing::info!(bind = %config.bind, webhooks = %config.webhook_url, "sandbox provider listening");
+    start(config, listener)?.await
+}

@@ -1,0 +1,158 @@
+//! The sandbox's books: charges and refunds by idempotency key, with a count
+//! of requests per key so the ledger shows retries next to effects.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// One charge.
+#[derive(Debug, Clone, Serialize)]
+pub struct Charge {
+    /// `ch_…`.
+    pub id: String,
+    /// Always `charge`.
+    pub object: &'static str,
+    /// The key it was made with (the merchant's attempt id).
+    pub idempotency_key: String,
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217 code.
+    pub currency: String,
+    /// pending, succeeded or failed.
+    pub status: &'static str,
+    /// Why it failed.
+    pub failure_code: Option<String>,
+    /// A readable reason.
+    pub failure_message: Option<String>,
+    /// Sum of its succeeded refunds.
+    pub amount_refunded: i64,
+    /// What the merchant attached.
+    pub metadata: Value,
+    /// Unix seconds.
+    pub created: i64,
+    /// Token the charge was made with, suffixes included; not shown.
+    #[serde(skip)]
+    pub source: String,
+}
+
+/// One refund.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refund {
+    /// `re_…`.
+    pub id: String,
+    /// Always `refund`.
+    pub object: &'static str,
+    /// The key it was made with (the merchant's refund id).
+    pub idempotency_key: String,
+    /// The refunded charge.
+    pub charge: String,
+    /// Minor units.
+    pub amount: i64,
+    /// succeeded or failed.
+    pub status: &'static str,
+    /// Why it failed.
+    pub failure_code: Option<String>,
+    /// Unix seconds.
+    pub created: i64,
+}
+
+/// Everything the sandbox knows.
+#[derive(Default)]
+pub struct Books {
+    /// Charges by idempotency key.
+    pub charges: HashMap<String, Charge>,
+    /// Charge key by charge id.
+    pub charge_keys: HashMap<String, String>,
+    /// Refunds by idempotency key.
+    pub refunds: HashMap<String, Refund>,
+    /// Refund key by refund id.
+    pub refund_keys: HashMap<String, String>,
+    /// POST requests seen per key (charges and refunds), retries included.
+    pub requests: HashMap<String, u32>,
+    /// Effects made per key: must never exceed one.
+    pub effects: HashMap<String, u32>,
+    /// Webhook deliveries answered 2xx.
+    pub webhooks_delivered: u64,
+    /// Webhook deliveries not finished yet (being sent or retried) plus
+    /// async charges not settled yet: zero when the sandbox has nothing
+    /// more to say, which is how a harness knows it may count.
+    pub work_in_flight: u64,
+    /// Faults injected, by kind.
+    pub faults: HashMap<&'static str, u64>,
+}
+
+impl Books {
+    /// Counts a request for `key` and returns its 1-based number.
+    pub fn count_request(&mut self, key: &str) -> u32 {
+        let n = self.requests.entry(key.to_string()).or_insert(0);
+        *n += 1;
+        *n
+    }
+
+    /// Counts an injected fault.
+    pub fn count_fault(&mut self, kind: &'static str) {
+        *self.faults.entry(kind).or_insert(0) += 1;
+    }
+
+    /// The ledger: per-key requests and effects, and totals.
+    pub fn ledger(&self) -> Value {
+        let mut charges: Vec<Value> = self
+            .charges
+            .values()
+            .map(|c| {
+                serde_json::json!({
+                    "idempotency_key": c.idempotency_key,
+                    "id": c.id,
+                    "status": c.status,
+                    "amount": c.amount,
+                    "amount_refunded": c.amount_refunded,
+                    "order_id": c.metadata.get("order_id"),
+                    "requests": self.requests.get(&c.idempotency_key).copied().unwrap_or(0),
+                    "charges": self.effects.get(&c.idempotency_key).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        charges.sort_by(|a, b| {
+            a["idempotency_key"]
+                .as_str()
+                .cmp(&b["idempotency_key"].as_str())
+        });
+        let mut refunds: Vec<Value> = self
+            .refunds
+            .values()
+            .map(|r| {
+                serde_json::json!({
+                    "idempotency_key": r.idempotency_key,
+                    "id": r.id,
+                    "charge": r.charge,
+                    "status": r.status,
+                    "amount": r.amount,
+                    "requests": self.requests.get(&r.idempotency_key).copied().unwrap_or(0),
+                    "refunds": self.effects.get(&r.idempotency_key).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        refunds.sort_by(|a, b| {
+            a["idempotency_key"]
+                .as_str()
+                .cmp(&b["idempotency_key"].as_str())
+        });
+        let effects_over_one = self.effects.values().filter(|n| **n > 1).count();
+        serde_json::json!({
+            "charges": charges,
+            "refunds": refunds,
+            "totals": {
+                "charges": self.charges.len(),
+                "charges_succeeded": self.charges.values().filter(|c| c.status == "succeeded").count(),
+                "refunds": self.refunds.len(),
+                "refunded_amount": self.refunds.values().filter(|r| r.status == "succeeded").map(|r| r.amount).sum::<i64>(),
+                "requests": self.requests.values().map(|n| *n as u64).sum::<u64>(),
+                "keys_with_more_than_one_effect": effects_over_one,
+                "webhooks_delivered": self.webhooks_delivered,
+                "work_in_flight": self.work_in_flight,
+                "faults": self.faults,
+            }
+        })
+    }
+}

@@ -1,0 +1,438 @@
+//! Test harness: every test gets a fresh PostgreSQL database, a real
+//! sandbox provider and a real oncepay server on free ports, talking HTTP.
+//! Multi-process tests run the compiled `oncepay` binary as child processes.
+
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncepay::commands::AppContext;
+use oncepay::config::{Env, SandboxConfig, ServeConfig};
+use oncepay::startup::Application;
+use oncepay_testkit::fault_proxy::FaultProxy;
+use oncepay_testkit::ready;
+use reqwest::{Response, StatusCode};
+use serde_json::{json, Value};
+use sqlx::{PgPool, Row};
+use uuid::Uuid;
+
+/// Server URL of the test PostgreSQL (without a database name).
+pub fn pg_server() -> String {
+    std::env::var("TEST_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+/// A URL of a new, unique database (created by the first process that migrates).
+pub fn fresh_database_url() -> String {
+    format!("{}/oncepay_test_{}", pg_server(), Uuid::new_v4().simple())
+}
+
+/// Knobs a test may turn.
+#[derive(Clone)]
+pub struct Options {
+    /// Extra environment for `serve` (as `oncepay serve` would read it).
+    pub serve_env: Vec<(&'static str, String)>,
+    /// Extra environment for the sandbox.
+    pub sandbox_env: Vec<(&'static str, String)>,
+    /// Put a fault proxy between oncepay and the sandbox.
+    pub fault_proxy: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            serve_env: vec![
+                // Tests drive the workers themselves unless they ask otherwise.
+                ("ONCEPAY_RECONCILE_INTERVAL", "1h".into()),
+                ("ONCEPAY_SWEEP_INTERVAL", "1h".into()),
+                ("ONCEPAY_HTTP_WORKERS", "2".into()),
+                ("ONCEPAY_DB_POOL_SIZE", "10".into()),
+            ],
+            sandbox_env: vec![("ONCEPAY_SANDBOX_ASYNC_DELAY", "300ms".into())],
+            fault_proxy: false,
+        }
+    }
+}
+
+impl Options {
+    /// Adds or replaces a `serve` variable.
+    pub fn serve(mut self, name: &'static str, value: &str) -> Self {
+        self.serve_env.retain(|(n, _)| *n != name);
+        self.serve_env.push((name, value.to_string()));
+        self
+    }
+
+    /// Routes oncepay's provider calls through a [`FaultProxy`].
+    pub fn with_fault_proxy(mut self) -> Self {
+        self.fault_proxy = true;
+        self
+    }
+
+    /// Adds or replaces a sandbox variable.
+    pub fn sandbox(mut self, name: &'static str, value: &str) -> Self {
+        self.sandbox_env.retain(|(n, _)| *n != name);
+        self.sandbox_env.push((name, value.to_string()));
+        self
+    }
+}
+
+fn env_of(pairs: Vec<(&'static str, String)>) -> Env<impl Fn(&str) -> Option<String>> {
+    Env::from_fn(move |name| {
+        pairs
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    })
+}
+
+/// A running service with its sandbox and a merchant's API key.
+pub struct TestApp {
+    /// `http://127.0.0.1:PORT` of oncepay.
+    pub base: String,
+    /// `http://127.0.0.1:PORT` of the sandbox.
+    pub sandbox: String,
+    /// A pool on the test database, for counting rows.
+    pub db: PgPool,
+    /// Merchant A's key.
+    pub key: String,
+    /// HTTP client.
+    pub http: reqwest::Client,
+    /// The service's context (to run worker passes directly).
+    pub ctx: Arc<AppContext>,
+    /// The fault proxy in front of the sandbox, if the test asked for one.
+    pub proxy: Option<FaultProxy>,
+}
+
+/// Starts a fresh database, sandbox and service with default options.
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(Options::default()).await
+}
+
+/// Starts a fresh database, sandbox and service.
+pub async fn spawn_app_with(options: Options) -> TestApp {
+    let db_url = fresh_database_url();
+    let sandbox_listener = TcpListener::bind("127.0.0.1:0").expect("bind sandbox");
+    let sandbox = format!("http://{}", sandbox_listener.local_addr().expect("addr"));
+
+    let proxy = options
+        .fault_proxy
+        .then(|| FaultProxy::start(&sandbox).expect("fault proxy starts"));
+    let provider_url = proxy
+        .as_ref()
+        .map_or(sandbox.clone(), |p| p.url().to_string());
+    let mut serve_env = options.serve_env.clone();
+    serve_env.push(("DATABASE_URL", db_url.clone()));
+    serve_env.push(("ONCEPAY_BIND", "127.0.0.1:0".into()));
+    serve_env.push(("ONCEPAY_PROVIDER_URL", provider_url));
+    let config: ServeConfig = env_of(serve_env).serve_config().expect("serve config");
+    let app = Application::build(config).await.expect("service starts");
+    let base = format!("http://{}", app.addr());
+    let ctx = app.context();
+
+    let mut sandbox_env = options.sandbox_env.clone();
+    sandbox_env.push((
+        "ONCEPAY_SANDBOX_WEBHOOK_URL",
+        format!("{base}/webhooks/sandbox"),
+    ));
+    let sandbox_config: SandboxConfig = env_of(sandbox_env)
+        .sandbox_config()
+        .expect("sandbox config");
+    let sandbox_server =
+        oncepay::sandbox::start(sandbox_config, sandbox_listener).expect("sandbox starts");
+    tokio::spawn(sandbox_server);
+    tokio::spawn(app.run_until_stopped());
+
+    let db = PgPool::connect(&db_url).await.expect("test pool");
+    let key = oncepay::api_keys::create(&db, "merchant-a")
+        .await
+        .expect("api key");
+    TestApp {
+        base,
+        sandbox,
+        db,
+        key,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("client"),
+        ctx,
+        proxy,
+    }
+}
+
+/// A valid order body.
+pub fn order_body() -> Value {
+    json!({
+        "customer_id": "cus_42",
+        "currency": "EUR",
+        "items": [{"sku": "book", "quantity": 2, "unit_amount": 1250}, {"sku": "pen", "quantity": 1, "unit_amount": 300}],
+        "metadata": {"channel": "web"}
+    })
+}
+
+impl TestApp {
+    /// A key for another merchant.
+    pub async fn other_merchant_key(&self) -> String {
+        oncepay::api_keys::create(&self.db, "merchant-b")
+            .await
+            .expect("api key")
+    }
+
+    /// POSTs JSON with merchant A's key and an idempotency key.
+    pub async fn post(&self, path: &str, idem: &str, body: &Value) -> Response {
+        self.post_raw(
+            path,
+            Some(idem),
+            Some(&self.key),
+            body.to_string().into_bytes(),
+        )
+        .await
+    }
+
+    /// POSTs raw bytes with optional keys.
+    pub async fn post_raw(
+        &self,
+        path: &str,
+        idem: Option<&str>,
+        api_key: Option<&str>,
+        body: Vec<u8>,
+    ) -> Response {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(body);
+        if let Some(idem) = idem {
+            req = req.header("Idempotency-Key", idem);
+        }
+        if let Some(key) = api_key {
+            req = req.bearer_auth(key);
+        }
+        req.send().await.expect("request sent")
+    }
+
+    /// GETs with merchant A's key.
+    pub async fn get(&self, path: &str) -> Response {
+        self.http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    /// Creates an order and returns its id.
+    pub async fn create_order(&self) -> String {
+        let r = self
+            .post("/orders", &Uuid::new_v4().to_string(), &order_body())
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        json_of(r).await["id"].as_str().expect("id").to_string()
+    }
+
+    /// Pays an order with a token under a new key; returns (status, payment).
+    pub async fn pay(&self, order_id: &str, token: &str) -> (StatusCode, Value) {
+        let r = self
+            .post(
+                "/payments",
+                &Uuid::new_v4().to_string(),
+                &json!({"order_id": order_id, "payment_method": token}),
+            )
+            .await;
+        let status = r.status();
+        (status, json_of(r).await)
+    }
+
+    /// Waits (up to 10 s) until merchant A's idempotency record for `key`
+    /// exists and matches the SQL condition `condition`: how a test waits
+    /// for a request to be in a given state instead of sleeping.
+    pub async fn wait_for_record(&self, key: &str, condition: &str) {
+        let sql = format!(
+            "SELECT count(*) FROM idempotency_record WHERE idempotency_key = $1 AND {condition}"
+        );
+        let reached = ready::until(Duration::from_secs(10), || async {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .bind(key)
+                .fetch_one(&self.db)
+                .await
+                .is_ok_and(|n| n == 1)
+        })
+        .await;
+        assert!(reached.is_ok(), "record {key} never reached {condition}");
+    }
+
+    /// The `status` of the resource at `path`.
+    pub async fn status_of(&self, path: &str) -> String {
+        json_of(self.get(path).await).await["status"]
+            .as_str()
+            .expect("status")
+            .to_string()
+    }
+
+    /// Counts rows with a query returning one bigint.
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query(sql)
+            .fetch_one(&self.db)
+            .await
+            .expect("count query")
+            .try_get::<i64, _>(0)
+            .expect("bigint")
+    }
+
+    /// The sandbox ledger.
+    pub async fn ledger(&self) -> Value {
+        ledger(&self.http, &self.sandbox).await
+    }
+
+    /// Polls `GET path` until `done(body)`, for up to 10 s.
+    pub async fn poll_until(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let reached = ready::until_some(Duration::from_secs(10), || async {
+            let body = json_of(self.get(path).await).await;
+            done(&body).then_some(body)
+        })
+        .await;
+        reached.unwrap_or_else(|waited| panic!("condition not reached on {path} in {waited:?}"))
+    }
+}
+
+/// The ledger of the sandbox at `base`: requests and effects per key.
+pub async fn ledger(http: &reqwest::Client, base: &str) -> Value {
+    oncepay_testkit::ledger::read(http, base)
+        .await
+        .expect("sandbox ledger")
+}
+
+/// Waits (up to 10 s) until the sandbox ledger's total `name` is `value`,
+/// then asserts it (so a timeout fails with both numbers).
+pub async fn wait_for_ledger_total(http: &reqwest::Client, base: &str, name: &str, value: u64) {
+    let _ = ready::until(Duration::from_secs(10), || async {
+        ledger(http, base).await["totals"][name] == value
+    })
+    .await;
+    assert_eq!(
+        ledger(http, base).await["totals"][name],
+        value,
+        "ledger total {name}"
+    );
+}
+
+/// Parses a response body as JSON.
+pub async fn json_of(r: Response) -> Value {
+    let bytes = r.bytes().await.expect("body");
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// Picks a free local port.
+pub fn free_port() -> u16 {
+    oncepay_testkit::ports::free_port().expect("free port")
+}
+
+/// An `oncepay` child process.
+pub struct Child {
+    /// The process.
+    pub process: tokio::process::Child,
+    /// Its base URL.
+    pub base: String,
+}
+
+/// Starts `oncepay <subcommand>` with the given environment on a free port
+/// (`port_var` names the variable of its bind address).
+pub async fn spawn_binary(subcommand: &str, port_var: &str, env: &[(&str, String)]) -> Child {
+    let port = free_port();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"));
+    cmd.arg(subcommand)
+        .env(port_var, format!("127.0.0.1:{port}"))
+        .env("ONCEPAY_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let process = cmd.spawn().expect("spawn oncepay");
+    let base = format!("http://127.0.0.1:{port}");
+    let ready = if subcommand == "serve" {
+        "/readyz"
+    } else {
+        "/healthz"
+    };
+    ready::until_ready(&format!("{base}{ready}"), Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("oncepay {subcommand}: {e}"));
+    Child { process, base }
+}
+
+/// Environment for a `serve` child on `db_url` using the sandbox at `sandbox`.
+pub fn serve_env(db_url: &str, sandbox: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("DATABASE_URL", db_url.to_string()),
+        ("ONCEPAY_PROVIDER_URL", sandbox.to_string()),
+        ("ONCEPAY_HTTP_WORKERS", "2".into()),
+        ("ONCEPAY_DB_POOL_SIZE", "10".into()),
+    ]
+}
+
+/// Fires `n` identical POSTs with one idempotency key at once, spread over
+/// `bases` in turn. Every answer must be a 2xx or `409 in_flight`; returns
+/// the 2xx bodies and the number of in-flight refusals.
+pub async fn storm(
+    bases: &[&str],
+    api_key: &str,
+    path: &str,
+    idem: &str,
+    body: &Value,
+    n: usize,
+) -> (Vec<Vec<u8>>, usize) {
+    let http = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let request = http
+            .post(format!("{}{path}", bases[i % bases.len()]))
+            .bearer_auth(api_key)
+            .header("Idempotency-Key", idem)
+            .json(body);
+        tasks.spawn(async move {
+            let r = request.send().await.expect("sent");
+            (r.status(), r.bytes().await.expect("body").to_vec())
+        });
+    }
+    let (mut ok, mut in_flight) = (Vec::new(), 0);
+    while let Some(done) = tasks.join_next().await {
+        let (status, body) = done.expect("task");
+        if status.is_success() {
+            ok.push(body);
+        } else {
+            assert_eq!(
+                status,
+                StatusCode::CONFLICT,
+                "{}",
+                String::from_utf8_lossy(&body)
+            );
+            let v: Value = serde_json::from_slice(&body).expect("json");
+            assert_eq!(v["code"], "idempotency_key_in_flight");
+            in_flight += 1;
+        }
+    }
+    assert_eq!(ok.len() + in_flight, n);
+    assert!(!ok.is_empty(), "at least the executing request answers 2xx");
+    assert!(
+        ok.iter().all(|b| *b == ok[0]),
+        "every 2xx body is identical"
+    );
+    (ok, in_flight)
+}
+
+/// Waits (up to ~10 s) until the sandbox holds the charge made with
+/// `payment_id` as its key in `status`; returns the ledger's charge entry.
+pub async fn wait_for_charge_status(app: &TestApp, payment_id: &str, status: &str) -> Value {
+    let found = ready::until_some(Duration::from_secs(10), || async {
+        let ledger = app.ledger().await;
+        oncepay_testkit::ledger::charge(&ledger, payment_id)
+            .filter(|c| c["status"] == status)
+            .cloned()
+    })
+    .await;
+    found.unwrap_or_else(|_| panic!("the sandbox never held charge {payment_id} as {status}"))
+}

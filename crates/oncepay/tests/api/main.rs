@@ -1,0 +1,14 @@
+//! Black-box tests of oncepay: real PostgreSQL, real sandbox over HTTP, real
+//! server over TCP. One binary, one module per concern.
+
+mod helpers;
+mod idempotency;
+mod ops;
+mod orders;
+mod payments;
+mod processes;
+mod provider_faults;
+mod refunds;
+mod schema;
+mod security;
+mod webhooks;

@@ -1,0 +1,197 @@
+//! Operational endpoints, request ids and log hygiene.
+
+use std::process::Stdio;
+
+use reqwest::StatusCode;
+use serde_json::json;
+use tokio::io::AsyncReadExt;
+
+use crate::helpers::*;
+
+#[tokio::test]
+async fn health_readiness_metrics_and_openapi_are_served() {
+    let app = spawn_app().await;
+    assert_eq!(app.get("/healthz").await.status(), StatusCode::OK);
+    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
+    app.post("/orders", "k", &order_body()).await;
+    app.post("/orders", "k", &order_body()).await;
+    let metrics = app.get("/metrics").await.text().await.expect("text");
+    assert!(
+        metrics.contains(
+            "oncepay_http_requests_total{method=\"POST\",route=\"/orders\",status=\"201\"} 2"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("oncepay_http_request_duration_seconds_bucket"));
+    assert!(metrics.contains("oncepay_idempotency_total{outcome=\"executed\"} 1"));
+    assert!(metrics.contains("oncepay_idempotency_total{outcome=\"replayed\"} 1"));
+    let doc = app.get("/openapi.yaml").await;
+    assert_eq!(doc.headers()["content-type"], "application/yaml");
+    let text = doc.text().await.expect("text");
+    assert!(text.starts_with("openapi: 3.1"));
+    for needle in [
+        "Idempotency-Key",
+        "Idempotent-Replayed",
+        "/payments/{id}/refunds",
+        "idempotency_key_in_flight",
+    ] {
+        assert!(text.contains(needle), "openapi.yaml lacks {needle}");
+    }
+}
+
+#[tokio::test]
+async fn request_ids_are_echoed_or_generated() {
+    let app = spawn_app().await;
+    let r = app
+        .http
+        .get(format!("{}/healthz", app.base))
+        .header("X-Request-Id", "req-123")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.headers()["x-request-id"], "req-123");
+    let r = app.get("/nowhere").await;
+    let generated = r.headers()["x-request-id"].to_str().expect("ascii");
+    assert!(uuid::Uuid::parse_str(generated).is_ok());
+}
+
+/// Runs the real binaries with logging at debug, sends an API key, card
+/// tokens and signed webhooks through them, and greps every log line.
+#[tokio::test]
+async fn secrets_never_reach_the_logs() {
+    let db_url = fresh_database_url();
+    oncepay::store::prepare_database(&db_url)
+        .await
+        .expect("migrate");
+    let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
+    let api_key = oncepay::api_keys::create(&db, "logs").await.expect("key");
+    let serve_port = free_port();
+    let sandbox_port = free_port();
+    let bin = env!("CARGO_BIN_EXE_oncepay");
+    let spawn = |sub: &str, env: Vec<(&str, String)>| {
+        let mut cmd = tokio::process::Command::new(bin);
+        cmd.arg(sub)
+            .env("ONCEPAY_LOG", "debug")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.spawn().expect("spawn")
+    };
+    let mut sandbox = spawn(
+        "sandbox",
+        vec![
+            ("ONCEPAY_SANDBOX_BIND", format!("127.0.0.1:{sandbox_port}")),
+            (
+                "ONCEPAY_SANDBOX_WEBHOOK_URL",
+                format!("http://127.0.0.1:{serve_port}/webhooks/sandbox"),
+            ),
+            ("ONCEPAY_SANDBOX_ASYNC_DELAY", "100ms".into()),
+        ],
+    );
+    let mut serve = spawn(
+        "serve",
+        vec![
+            ("DATABASE_URL", db_url.clone()),
+            ("ONCEPAY_BIND", format!("127.0.0.1:{serve_port}")),
+            (
+                "ONCEPAY_PROVIDER_URL",
+                format!("http://127.0.0.1:{sandbox_port}"),
+            ),
+        ],
+    );
+    let base = format!("http://127.0.0.1:{serve_port}");
+    let http = reqwest::Client::new();
+    oncepay_testkit::ready::until_ready(
+        &format!("{base}/readyz"),
+        std::time::Duration::from_secs(10),
+    )
+    .await
+    .expect("serve is ready");
+    let post = |path: &str, idem: &str, body: serde_json::Value| {
+        http.post(format!("{base}{path}"))
+            .bearer_auth(&api_key)
+            .header("Idempotency-Key", idem)
+            .json(&body)
+            .send()
+    };
+    let order = json_of(
+        post("/orders", "idem-secret-1", order_body())
+            .await
+            .expect("order"),
+    )
+    .await;
+    for (i, token) in ["tok_visa+drop", "tok_async"].iter().enumerate() {
+        let order = if i == 0 {
+            order.clone()
+        } else {
+            json_of(
+                post("/orders", "idem-secret-2", order_body())
+                    .await
+                    .expect("o"),
+            )
+            .await
+        };
+        post(
+            "/payments",
+            &format!("idem-pay-{i}"),
+            json!({"order_id": order["id"], "payment_method": token}),
+        )
+        .await
+        .expect("pay");
+    }
+    // A forged webhook too: its bad signature must not be echoed.
+    http.post(format!("{base}/webhooks/sandbox"))
+        .header("webhook-id", "evt_forged")
+        .header(
+            "webhook-timestamp",
+            chrono::Utc::now().timestamp().to_string(),
+        )
+        .header("webhook-signature", "v1,Zm9yZ2VkLXNpZ25hdHVyZQ==")
+        .body("{}")
+        .send()
+        .await
+        .expect("forged");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let mut logs = String::new();
+    for child in [&mut serve, &mut sandbox] {
+        let pid = child.id().expect("pid").to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await;
+        if let Some(mut err) = child.stderr.take() {
+            err.read_to_string(&mut logs).await.expect("read logs");
+        }
+        if let Some(mut out) = child.stdout.take() {
+            out.read_to_string(&mut logs).await.expect("read logs");
+        }
+    }
+    assert!(
+        logs.contains("request finished"),
+        "logs were captured: {logs}"
+    );
+    // Log lines from inside a command carry the request's id too (the
+    // dropped charge made the provider client log a retry).
+    let retry_line = logs
+        .lines()
+        .find(|l| l.contains("retrying with the same key"))
+        .expect("a retry was logged");
+    assert!(retry_line.contains("request_id="), "{retry_line}");
+    let secret_b64 = oncepay::config::DEV_WEBHOOK_SECRET.trim_start_matches("whsec_");
+    for secret in [
+        api_key.as_str(),
+        "tok_visa",
+        "tok_async",
+        "Zm9yZ2VkLXNpZ25hdHVyZQ",
+        secret_b64,
+        "oncepay-development-webhook-secret",
+        "idem-secret-1",
+        "v1,",
+    ] {
+        assert!(!logs.contains(secret), "{secret:?} appeared in the logs");
+    }
+}

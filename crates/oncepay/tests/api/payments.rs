@@ -1,0 +1,331 @@
+//! Payments end to end (contract sections 3, 6, 7): the real sandbox over
+//! HTTP, counted in its ledger.
+
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::*;
+
+/// Waits until the sandbox has settled `n` charges as succeeded (async
+/// tokens settle there after a delay, whatever the machine's load).
+async fn wait_for_sandbox_successes(app: &TestApp, n: u64) {
+    wait_for_ledger_total(&app.http, &app.sandbox, "charges_succeeded", n).await;
+}
+
+#[tokio::test]
+async fn a_visa_payment_succeeds_and_pays_the_order() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let r = app
+        .post(
+            "/payments",
+            "p1",
+            &json!({"order_id": order_id, "payment_method": "tok_visa"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let location = r.headers()["location"].to_str().expect("ascii").to_string();
+    let payment = json_of(r).await;
+    assert_eq!(
+        location,
+        format!("/payments/{}", payment["id"].as_str().expect("id"))
+    );
+    assert_eq!(payment["status"], "succeeded");
+    assert_eq!(payment["amount"], 2800);
+    assert_eq!(payment["currency"], "EUR");
+    assert_eq!(payment["provider"], "sandbox");
+    assert!(payment["provider_charge_id"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("ch_")));
+    assert!(
+        payment.get("payment_method").is_none(),
+        "the token is never shown"
+    );
+    assert_eq!(json_of(app.get(&location).await).await, payment);
+    let order = json_of(app.get(&format!("/orders/{order_id}")).await).await;
+    assert_eq!(order["status"], "paid");
+    let list = json_of(app.get(&format!("/orders/{order_id}/payments")).await).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+}
+
+#[tokio::test]
+async fn a_decline_is_201_failed_and_leaves_the_order_payable() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let (status, failed) = app.pay(&order_id, "tok_declined").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(failed["status"], "failed");
+    assert_eq!(failed["failure_code"], "card_declined");
+    assert_eq!(
+        json_of(app.get(&format!("/orders/{order_id}")).await).await["status"],
+        "awaiting_payment"
+    );
+    let (status, ok) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(ok["status"], "succeeded");
+    let list = json_of(app.get(&format!("/orders/{order_id}/payments")).await).await;
+    assert_eq!(list.as_array().map(Vec::len), Some(2));
+}
+
+#[tokio::test]
+async fn a_paid_order_is_not_payable_and_a_pending_one_is_in_progress() {
+    let app = spawn_app_with(Options::default().sandbox("ONCEPAY_SANDBOX_ASYNC_DELAY", "5s")).await;
+    let paid = app.create_order().await;
+    app.pay(&paid, "tok_visa").await;
+    let (status, problem) = app.pay(&paid, "tok_visa").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (StatusCode::CONFLICT, Some("order_not_payable"))
+    );
+
+    let pending = app.create_order().await;
+    let (status, payment) = app.pay(&pending, "tok_async").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    assert_eq!(payment["status"], "pending");
+    let (status, problem) = app.pay(&pending, "tok_visa").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (StatusCode::CONFLICT, Some("payment_in_progress"))
+    );
+    assert_eq!(
+        app.ledger().await["totals"]["charges"],
+        2,
+        "no second charge for the pending order"
+    );
+}
+
+#[tokio::test]
+async fn an_async_payment_succeeds_through_the_webhook_alone() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let (status, payment) = app.pay(&order_id, "tok_async").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let id = payment["id"].as_str().expect("id");
+    let settled = app
+        .poll_until(&format!("/payments/{id}"), |p| p["status"] == "succeeded")
+        .await;
+    assert_eq!(settled["provider_charge_id"], payment["provider_charge_id"]);
+    assert_eq!(
+        json_of(app.get(&format!("/orders/{order_id}")).await).await["status"],
+        "paid"
+    );
+    assert!(app
+        .ctx
+        .metrics
+        .render()
+        .contains("oncepay_webhooks_total{outcome=\"processed\"}"));
+}
+
+#[tokio::test]
+async fn an_async_payment_succeeds_through_the_reconciler_alone() {
+    let app = spawn_app_with(
+        Options::default()
+            .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")
+            .serve("ONCEPAY_RECONCILE_AFTER", "100ms"),
+    )
+    .await;
+    let order_id = app.create_order().await;
+    let (status, payment) = app.pay(&order_id, "tok_async").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let id = payment["id"].as_str().expect("id").to_string();
+    // The sandbox settles the charge after 300 ms; nothing tells us but the
+    // reconciler asking.
+    wait_for_sandbox_successes(&app, 1).await;
+    assert_eq!(
+        json_of(app.get(&format!("/payments/{id}")).await).await["status"],
+        "pending"
+    );
+    let pass = oncepay::workers::reconciler::pass(&app.ctx)
+        .await
+        .expect("pass");
+    assert_eq!(pass.payments_settled, 1);
+    assert_eq!(
+        json_of(app.get(&format!("/payments/{id}")).await).await["status"],
+        "succeeded"
+    );
+    assert_eq!(
+        json_of(app.get(&format!("/orders/{order_id}")).await).await["status"],
+        "paid"
+    );
+    assert_eq!(app.ledger().await["totals"]["webhooks_delivered"], 0);
+}
+
+#[tokio::test]
+async fn a_lost_response_is_retried_with_the_same_key_and_charges_once() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    // The sandbox charges, then drops the connection; the provider client
+    // repeats the call with the same key and gets the first charge back.
+    let body = json!({"order_id": order_id, "payment_method": "tok_visa+drop"});
+    let r = app.post("/payments", "lost", &body).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let payment = json_of(r).await;
+    assert_eq!(payment["status"], "succeeded");
+    let retry = app.post("/payments", "lost", &body).await;
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(json_of(retry).await, payment);
+    let ledger = app.ledger().await;
+    assert_eq!(ledger["totals"]["charges"], 1);
+    assert_eq!(ledger["charges"][0]["charges"], 1);
+    assert_eq!(ledger["charges"][0]["requests"], 2);
+    assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 1);
+}
+
+#[tokio::test]
+async fn when_every_answer_is_lost_the_payment_is_pending_then_settled_once() {
+    let app = spawn_app_with(
+        Options::default()
+            .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")
+            .serve("ONCEPAY_RECONCILE_AFTER", "0s"),
+    )
+    .await;
+    let order_id = app.create_order().await;
+    let body = json!({"order_id": order_id, "payment_method": "tok_visa+drop=20"});
+    let r = app.post("/payments", "lost", &body).await;
+    // The outcome is unknown: never a failure, never a second charge.
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let pending = json_of(r).await;
+    assert_eq!(pending["status"], "pending");
+    let retry = app.post("/payments", "lost", &body).await;
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(
+        json_of(retry).await,
+        pending,
+        "the retry answers consistently"
+    );
+    let (status, problem) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (StatusCode::CONFLICT, Some("payment_in_progress"))
+    );
+    oncepay::workers::reconciler::pass(&app.ctx)
+        .await
+        .expect("pass");
+    let id = pending["id"].as_str().expect("id");
+    assert_eq!(
+        json_of(app.get(&format!("/payments/{id}")).await).await["status"],
+        "succeeded"
+    );
+    let ledger = app.ledger().await;
+    assert_eq!(ledger["totals"]["charges"], 1);
+    assert_eq!(ledger["charges"][0]["charges"], 1);
+}
+
+#[tokio::test]
+async fn a_provider_error_before_charging_is_retried_safely() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let (status, payment) = app.pay(&order_id, "tok_visa+error=2").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(payment["status"], "succeeded");
+    let ledger = app.ledger().await;
+    assert_eq!(ledger["charges"][0]["requests"], 3);
+    assert_eq!(ledger["totals"]["charges"], 1);
+}
+
+#[tokio::test]
+async fn a_storm_of_identical_payments_makes_one_attempt_and_one_charge() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let body = json!({"order_id": order_id, "payment_method": "tok_visa"});
+    storm(&[&app.base], &app.key, "/payments", "pay-storm", &body, 100).await;
+    assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 1);
+    assert_eq!(app.ledger().await["totals"]["charges"], 1);
+}
+
+#[tokio::test]
+async fn invalid_payment_requests_are_refused_before_execution() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let cases = [
+        (
+            json!({"order_id": "nope", "payment_method": "tok_visa"}),
+            400,
+            "order_id",
+        ),
+        (json!({"order_id": order_id}), 400, "payment_method"),
+        (
+            json!({"order_id": order_id, "payment_method": "card_4242"}),
+            422,
+            "payment_method",
+        ),
+        (
+            json!({"order_id": order_id, "payment_method": "tok_visa", "amount": 5}),
+            400,
+            "amount",
+        ),
+    ];
+    for (body, status, field) in cases {
+        let r = app.post("/payments", "same-key", &body).await;
+        assert_eq!(r.status().as_u16(), status, "{body}");
+        assert_eq!(json_of(r).await["field"], field);
+    }
+    let r = app
+        .post(
+            "/payments",
+            "same-key",
+            &json!({"order_id": uuid::Uuid::now_v7(), "payment_method": "tok_visa"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(json_of(r).await["code"], "order_not_found");
+    assert_eq!(app.ledger().await["totals"]["requests"], 0);
+}
+
+#[tokio::test]
+async fn an_unknown_token_fails_cleanly() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let (status, payment) = app.pay(&order_id, "tok_nonsense").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(payment["status"], "failed");
+    assert_eq!(payment["failure_code"], "invalid_payment_method");
+}
+
+#[tokio::test]
+async fn reconcilers_running_at_once_settle_each_payment_once() {
+    let app = spawn_app_with(
+        Options::default()
+            .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")
+            .serve("ONCEPAY_RECONCILE_AFTER", "0s"),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for _ in 0..30 {
+        let order_id = app.create_order().await;
+        let (status, payment) = app.pay(&order_id, "tok_async").await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        ids.push(payment["id"].as_str().expect("id").to_string());
+    }
+    wait_for_sandbox_successes(&app, 30).await;
+    // Four passes at once, as four processes would run them.
+    let passes = futures_join4(&app).await;
+    let settled: u32 = passes.iter().map(|p| p.payments_settled).sum();
+    assert_eq!(
+        settled, 30,
+        "every payment settled exactly once across the passes"
+    );
+    let metrics = app.ctx.metrics.render();
+    assert!(
+        metrics.contains(
+            "oncepay_payment_transitions_total{cause=\"reconciler\",status=\"succeeded\"} 30"
+        ),
+        "{metrics}"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'")
+            .await,
+        30
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders WHERE status = 'paid'")
+            .await,
+        30
+    );
+}
+
+async fn futures_join4(app: &TestApp) -> Vec<oncepay::workers::reconciler::Pass> {
+    let pass = || oncepay::workers::reconciler::pass(&app.ctx);
+    let (a, b, c, d) = tokio::join!(pass(), pass(), pass(), pass());
+    [a, b, c, d].into_iter().map(|p| p.expect("pass")).collect()
+}

@@ -1,0 +1,323 @@
+//! Several real `oncepay serve` processes on one database: storms spread over
+//! two processes, a SIGKILL between the charge and its commit, three
+//! processes migrating a fresh database at once, and SIGTERM draining.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+
+use crate::helpers::*;
+
+/// A sandbox in this process, webhooks off.
+fn start_sandbox() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    let mut config = oncepay::config::Env::from_fn(|_| None)
+        .sandbox_config()
+        .expect("config");
+    config.webhooks_enabled = false;
+    tokio::spawn(oncepay::sandbox::start(config, listener).expect("sandbox"));
+    base
+}
+
+struct Cluster {
+    db_url: String,
+    db: PgPool,
+    sandbox: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Cluster {
+    /// A fresh database with a merchant, and a sandbox with webhooks off, so
+    /// that only the service's own calls and its reconciler settle payments.
+    async fn new() -> Cluster {
+        let db_url = fresh_database_url();
+        oncepay::store::prepare_database(&db_url)
+            .await
+            .expect("migrate");
+        let db = PgPool::connect(&db_url).await.expect("pool");
+        let key = oncepay::api_keys::create(&db, "merchant-a")
+            .await
+            .expect("key");
+        let sandbox = start_sandbox();
+        Cluster {
+            db_url,
+            db,
+            sandbox,
+            key,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn serve(&self, extra: &[(&str, &str)]) -> Child {
+        let mut env = serve_env(&self.db_url, &self.sandbox);
+        for (k, v) in extra {
+            env.push((leak(k), v.to_string()));
+        }
+        spawn_binary("serve", "ONCEPAY_BIND", &env).await
+    }
+
+    async fn post(
+        &self,
+        base: &str,
+        path: &str,
+        idem: &str,
+        body: &Value,
+    ) -> reqwest::Result<reqwest::Response> {
+        self.http
+            .post(format!("{base}{path}"))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", idem)
+            .json(body)
+            .send()
+            .await
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.db)
+            .await
+            .expect("count")
+    }
+
+    async fn ledger(&self) -> Value {
+        ledger(&self.http, &self.sandbox).await
+    }
+
+    /// Creates an order through `base` and returns it.
+    async fn create_order(&self, base: &str, idem: &str) -> Value {
+        json_of(
+            self.post(base, "/orders", idem, &order_body())
+                .await
+                .expect("order"),
+        )
+        .await
+    }
+
+    /// Sends a payment in the background, to be killed or drained mid-flight.
+    fn spawn_payment(
+        &self,
+        base: &str,
+        idem: &str,
+        body: &Value,
+    ) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+        let request = self
+            .http
+            .post(format!("{base}/payments"))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", idem)
+            .json(body);
+        tokio::spawn(request.send())
+    }
+
+    /// Waits until the sandbox ledger's total `name` reaches `value`.
+    async fn wait_for_ledger(&self, name: &str, value: u64) {
+        wait_for_ledger_total(&self.http, &self.sandbox, name, value).await;
+    }
+}
+
+fn leak(s: &str) -> &'static str {
+    Box::leak(s.to_string().into_boxed_str())
+}
+
+#[tokio::test]
+async fn a_storm_over_two_processes_creates_one_order() {
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.serve(&[]).await, cluster.serve(&[]).await);
+    storm(
+        &[&a.base, &b.base],
+        &cluster.key,
+        "/orders",
+        "storm",
+        &order_body(),
+        100,
+    )
+    .await;
+    assert_eq!(cluster.count("SELECT count(*) FROM orders").await, 1);
+}
+
+#[tokio::test]
+async fn a_payment_storm_over_two_processes_charges_once() {
+    let cluster = Cluster::new().await;
+    let (a, b) = (cluster.serve(&[]).await, cluster.serve(&[]).await);
+    let order = cluster.create_order(&a.base, "o").await;
+    let body = json!({"order_id": order["id"], "payment_method": "tok_visa"});
+    storm(
+        &[&a.base, &b.base],
+        &cluster.key,
+        "/payments",
+        "pay",
+        &body,
+        100,
+    )
+    .await;
+    assert_eq!(
+        cluster.count("SELECT count(*) FROM payment_attempt").await,
+        1
+    );
+    let ledger = cluster.ledger().await;
+    assert_eq!(ledger["totals"]["charges"], 1);
+    assert_eq!(ledger["charges"][0]["charges"], 1);
+}
+
+/// Starts a payment whose charge is made but answered only after 3 s, and
+/// SIGKILLs the process once the sandbox holds the charge: the process dies
+/// after the provider call and before step 3 commits.
+async fn kill_between_charge_and_commit(cluster: &Cluster, idem: &str) -> Value {
+    let mut a = cluster.serve(&[("ONCEPAY_IDEMPOTENCY_LEASE", "1s")]).await;
+    let order = cluster
+        .create_order(&a.base, &format!("order-{idem}"))
+        .await;
+    let body = json!({"order_id": order["id"], "payment_method": "tok_visa+delay=3000"});
+    let pending = cluster.spawn_payment(&a.base, idem, &body);
+    cluster.wait_for_ledger("charges", 1).await;
+    a.process.start_kill().expect("SIGKILL");
+    a.process.wait().await.expect("reaped");
+    assert!(
+        pending.await.expect("task").is_err(),
+        "the client lost its answer"
+    );
+    let stuck: (String, String) = sqlx::query_as(
+        "SELECT state, recovery_point FROM idempotency_record WHERE idempotency_key = $1",
+    )
+    .bind(idem)
+    .fetch_one(&cluster.db)
+    .await
+    .expect("record");
+    assert_eq!(
+        stuck,
+        ("executing".to_string(), "attempt_created".to_string())
+    );
+    assert_eq!(
+        cluster
+            .count("SELECT count(*) FROM payment_attempt WHERE status = 'pending'")
+            .await,
+        1
+    );
+    body
+}
+
+#[tokio::test]
+async fn a_crash_between_charge_and_commit_is_resumed_by_the_retry() {
+    let cluster = Cluster::new().await;
+    let body = kill_between_charge_and_commit(&cluster, "crash").await;
+    let b = cluster.serve(&[("ONCEPAY_IDEMPOTENCY_LEASE", "1s")]).await;
+    // The retry comes once the dead process's lease has run out.
+    let expired = oncepay_testkit::ready::until(Duration::from_secs(35), || async {
+        cluster
+            .count("SELECT count(*) FROM idempotency_record WHERE idempotency_key = 'crash' AND lease_expires_at < now()")
+            .await
+            == 1
+    })
+    .await;
+    assert!(expired.is_ok(), "the dead process's lease expires");
+    let r = cluster
+        .post(&b.base, "/payments", "crash", &body)
+        .await
+        .expect("retry");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(json_of(r).await["status"], "succeeded");
+    assert_eq!(
+        cluster.count("SELECT count(*) FROM payment_attempt").await,
+        1
+    );
+    assert_eq!(
+        cluster
+            .count("SELECT count(*) FROM orders WHERE status = 'paid'")
+            .await,
+        1
+    );
+    let ledger = cluster.ledger().await;
+    assert_eq!(ledger["totals"]["charges"], 1);
+    assert_eq!(ledger["charges"][0]["charges"], 1);
+    assert_eq!(
+        ledger["charges"][0]["requests"], 1,
+        "the resume looked the charge up instead of sending it again"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_between_charge_and_commit_is_resumed_by_the_reconciler() {
+    let cluster = Cluster::new().await;
+    let body = kill_between_charge_and_commit(&cluster, "crash").await;
+    let b = cluster
+        .serve(&[
+            ("ONCEPAY_IDEMPOTENCY_LEASE", "1s"),
+            ("ONCEPAY_RECONCILE_INTERVAL", "200ms"),
+        ])
+        .await;
+    let finished = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+        cluster.count("SELECT count(*) FROM idempotency_record WHERE state = 'completed' AND idempotency_key = 'crash'").await == 1
+    })
+    .await;
+    assert!(finished.is_ok(), "the reconciler finished the command");
+    assert_eq!(
+        cluster
+            .count("SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'")
+            .await,
+        1
+    );
+    // The client's retry now gets the stored answer.
+    let r = cluster
+        .post(&b.base, "/payments", "crash", &body)
+        .await
+        .expect("retry");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    assert_eq!(cluster.ledger().await["totals"]["charges"], 1);
+}
+
+#[tokio::test]
+async fn three_processes_migrate_a_fresh_database_at_once() {
+    let db_url = fresh_database_url();
+    let sandbox = start_sandbox();
+    let env = serve_env(&db_url, &sandbox);
+    let (a, b, c) = tokio::join!(
+        spawn_binary("serve", "ONCEPAY_BIND", &env),
+        spawn_binary("serve", "ONCEPAY_BIND", &env),
+        spawn_binary("serve", "ONCEPAY_BIND", &env)
+    );
+    let db = PgPool::connect(&db_url).await.expect("pool");
+    let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM refinery_schema_history")
+        .fetch_one(&db)
+        .await
+        .expect("history");
+    assert_eq!(applied, oncepay::store::migrate::MIGRATIONS.len() as i64);
+    for child in [a, b, c] {
+        let r = reqwest::get(format!("{}/readyz", child.base))
+            .await
+            .expect("readyz");
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn sigterm_finishes_in_flight_requests_then_exits() {
+    let cluster = Cluster::new().await;
+    let mut a = cluster.serve(&[]).await;
+    let order = cluster.create_order(&a.base, "o").await;
+    let body = json!({"order_id": order["id"], "payment_method": "tok_visa+delay=1000"});
+    let in_flight = cluster.spawn_payment(&a.base, "p", &body);
+    // In flight for sure: the sandbox holds the charge and delays its answer.
+    cluster.wait_for_ledger("requests", 1).await;
+    let pid = a.process.id().expect("pid").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let response = in_flight
+        .await
+        .expect("task")
+        .expect("answered despite SIGTERM");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let exit = tokio::time::timeout(Duration::from_secs(10), a.process.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert!(exit.success(), "clean exit: {exit:?}");
+}

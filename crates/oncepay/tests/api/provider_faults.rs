@@ -1,0 +1,357 @@
+//! Money safety under the faults real providers produce, which the sandbox
+//! cannot make itself: a fault proxy sits between oncepay and the sandbox.
+//! Each test counts what the provider's books hold at the end.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::helpers::*;
+use oncepay::webhooks::WebhookSecret;
+use oncepay::workers::reconciler;
+use oncepay_testkit::fault_proxy::{Fault, FaultProxy, Route};
+
+/// Webhooks off (the reconciler must settle everything), async charges
+/// settled by the sandbox after 300 ms, every check due at once.
+fn through_a_fault_proxy() -> Options {
+    Options::default()
+        .with_fault_proxy()
+        .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")
+        .serve("ONCEPAY_RECONCILE_AFTER", "0s")
+}
+
+impl TestApp {
+    fn proxy(&self) -> &FaultProxy {
+        self.proxy
+            .as_ref()
+            .expect("this test runs with a fault proxy")
+    }
+
+    /// One reconciler pass with every pending row due now.
+    async fn reconcile(&self) -> reconciler::Pass {
+        sqlx::query("UPDATE payment_attempt SET next_check_at = now() WHERE status = 'pending'")
+            .execute(&self.db)
+            .await
+            .expect("due");
+        sqlx::query("UPDATE refund SET next_check_at = now() WHERE status = 'pending'")
+            .execute(&self.db)
+            .await
+            .expect("due");
+        reconciler::pass(&self.ctx).await.expect("reconciler pass")
+    }
+
+    /// The sandbox's charges made for `order_id`.
+    async fn charges_for(&self, order_id: &str) -> Vec<Value> {
+        self.ledger().await["charges"]
+            .as_array()
+            .expect("charges")
+            .iter()
+            .filter(|c| c["order_id"] == order_id)
+            .cloned()
+            .collect()
+    }
+}
+
+fn succeeded(charges: &[Value]) -> usize {
+    charges
+        .iter()
+        .filter(|c| c["status"] == "succeeded")
+        .count()
+}
+
+#[tokio::test]
+async fn a_refused_or_unreadable_status_read_is_not_a_decline() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    let (status, payment) = app.pay(&order_id, "tok_async").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let payment_path = format!("/payments/{}", payment["id"].as_str().expect("id"));
+    wait_for_charge_status(&app, payment["id"].as_str().expect("id"), "succeeded").await;
+
+    // A credential outage, a gateway timeout, a redirect, a WAF page, and a
+    // provider that is down: none of them says anything about the charge.
+    let faults = [
+        Fault::answer(403, "forbidden"),
+        Fault::answer(401, "unauthorized"),
+        Fault::answer(408, "request_timeout"),
+        Fault::answer(302, "moved"),
+        Fault::answer(409, "conflict"),
+        Fault::Garbage,
+        Fault::Down,
+    ];
+    for fault in faults {
+        app.proxy().set(Route::StatusRead, fault.clone());
+        app.reconcile().await;
+        assert_eq!(app.status_of(&payment_path).await, "pending", "{fault:?}");
+        assert_eq!(
+            app.status_of(&format!("/orders/{order_id}")).await,
+            "awaiting_payment"
+        );
+        // The order is not payable again while the outcome is unknown.
+        let (again, body) = app.pay(&order_id, "tok_visa").await;
+        assert_eq!(again, StatusCode::CONFLICT, "{fault:?}");
+        assert_eq!(body["code"], "payment_in_progress");
+    }
+    assert!(app.proxy().faulted(Route::StatusRead) >= 7);
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt WHERE status = 'failed'")
+            .await,
+        0,
+        "no decline was invented"
+    );
+
+    app.proxy().heal();
+    app.reconcile().await;
+    assert_eq!(app.status_of(&payment_path).await, "succeeded");
+    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
+    let charges = app.charges_for(&order_id).await;
+    assert_eq!(charges.len(), 1, "one charge in the provider's books");
+    assert_eq!(succeeded(&charges), 1);
+}
+
+#[tokio::test]
+async fn a_409_on_a_charge_leaves_the_payment_pending_not_failed() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    app.proxy()
+        .set(Route::Charge, Fault::answer(409, "idempotency_key_in_use"));
+    let (status, payment) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{payment}");
+    assert_eq!(payment["status"], "pending");
+    assert!(payment["failure_code"].is_null());
+    let (again, body) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(again, StatusCode::CONFLICT);
+    assert_eq!(body["code"], "payment_in_progress");
+
+    app.proxy().heal();
+    app.reconcile().await;
+    let id = payment["id"].as_str().expect("id");
+    assert_eq!(app.status_of(&format!("/payments/{id}")).await, "succeeded");
+    let charges = app.charges_for(&order_id).await;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["charges"], 1);
+}
+
+#[tokio::test]
+async fn a_refund_retried_after_its_key_expired_is_not_paid_twice() {
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_IDEMPOTENCY_TTL", "2s")
+            .serve("ONCEPAY_REPLAY_CACHE_ENTRIES", "0"),
+    )
+    .await;
+    let order_id = app.create_order().await;
+    let (_, payment) = app.pay(&order_id, "tok_visa").await;
+    let refunds = format!("/payments/{}/refunds", payment["id"].as_str().expect("id"));
+    let body = json!({"amount": 1000});
+    let first = app.post(&refunds, "refund-once", &body).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first = json_of(first).await;
+
+    // The key expires and the sweeper deletes its record.
+    sqlx::query("UPDATE idempotency_record SET expires_at = now() - interval '1 second'")
+        .execute(&app.db)
+        .await
+        .expect("expire");
+    oncepay::workers::sweeper::sweep(&app.ctx)
+        .await
+        .expect("sweep");
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_record WHERE idempotency_key = 'refund-once'")
+            .await,
+        0
+    );
+
+    let again = app.post(&refunds, "refund-once", &body).await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(json_of(again).await["id"], first["id"], "the same refund");
+    // The same key asking for another amount is a conflict, not a refund.
+    let other = app
+        .post(&refunds, "refund-once", &json!({"amount": 500}))
+        .await;
+    assert_eq!(other.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(other).await["code"], "idempotency_key_reused");
+
+    assert_eq!(app.count("SELECT count(*) FROM refund").await, 1);
+    let ledger = app.ledger().await;
+    assert_eq!(ledger["totals"]["refunds"], 1);
+    assert_eq!(ledger["totals"]["refunded_amount"], 1000);
+}
+
+#[tokio::test]
+async fn cancel_is_refused_while_a_refund_is_pending_and_never_leaves_money_captured() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    let (_, payment) = app.pay(&order_id, "tok_visa").await;
+    let payment_id = payment["id"].as_str().expect("id");
+    let amount = payment["amount"].as_i64().expect("amount");
+
+    // A partial refund that cannot reach the provider stays pending.
+    app.proxy().set(Route::Refund, Fault::Down);
+    let r = app
+        .post(
+            &format!("/payments/{payment_id}/refunds"),
+            "partial",
+            &json!({"amount": 1000}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let cancel = app
+        .post(&format!("/orders/{order_id}/cancel"), "cancel", &json!({}))
+        .await;
+    assert_eq!(cancel.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(cancel).await["code"], "refund_in_progress");
+    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
+    assert_eq!(app.count("SELECT count(*) FROM refund").await, 1);
+
+    // Once the refund settles, a cancel (new intent) refunds the rest.
+    app.proxy().heal();
+    app.reconcile().await;
+    let cancel = app
+        .post(
+            &format!("/orders/{order_id}/cancel"),
+            "cancel-2",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(cancel.status(), StatusCode::OK);
+    assert_eq!(json_of(cancel).await["status"], "cancelled");
+    let charges = app.charges_for(&order_id).await;
+    assert_eq!(
+        charges[0]["amount_refunded"], amount,
+        "nothing left captured"
+    );
+    let cancelled_with_money = app
+        .count(
+            "SELECT count(*) FROM orders o JOIN payment_attempt p ON p.order_id = o.id
+              WHERE o.status = 'cancelled' AND p.status = 'succeeded'
+                AND p.refunded_amount < p.amount",
+        )
+        .await;
+    assert_eq!(cancelled_with_money, 0);
+}
+
+#[tokio::test]
+async fn money_taken_for_a_payment_held_as_failed_is_refunded_as_an_incident() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    // The provider charges, but its answer says declined (a lying gateway).
+    app.proxy().set(
+        Route::Charge,
+        Fault::ForwardThenAnswer {
+            status: 402,
+            body: r#"{"code":"card_declined","detail":"declined"}"#.into(),
+        },
+    );
+    let (status, payment) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(payment["status"], "failed");
+    app.proxy().heal();
+    let payment_id = payment["id"].as_str().expect("id");
+    let charge = wait_for_charge_status(&app, payment_id, "succeeded").await;
+
+    // The provider reports the success; its own read confirms it.
+    let event = json!({
+        "id": format!("evt_{}", Uuid::now_v7().simple()),
+        "type": "charge.succeeded",
+        "data": {"object": {
+            "id": charge["id"], "object": "charge", "idempotency_key": payment_id,
+            "status": "succeeded", "amount": charge["amount"], "currency": "EUR",
+        }},
+    });
+    let deliver = || async {
+        let body = event.to_string();
+        let ts = chrono::Utc::now().timestamp();
+        let id = event["id"].as_str().expect("id");
+        app.http
+            .post(format!("{}/webhooks/sandbox", app.base))
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts.to_string())
+            .header(
+                "webhook-signature",
+                WebhookSecret::dev().sign(id, ts, body.as_bytes()),
+            )
+            .body(body)
+            .send()
+            .await
+            .expect("sent")
+    };
+    // While the provider cannot be asked, the report is not spent: it is
+    // refused with 503 so the provider delivers it again.
+    app.proxy().set(Route::StatusRead, Fault::Down);
+    let r = deliver().await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(app.count("SELECT count(*) FROM webhook_event").await, 0);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+    app.proxy().heal();
+    let r = deliver().await;
+    assert_eq!(r.status(), StatusCode::OK);
+
+    assert_eq!(
+        app.count("SELECT count(*) FROM incident WHERE kind = 'charge_on_failed_attempt'")
+            .await,
+        1
+    );
+    assert!(app
+        .ctx
+        .metrics
+        .render()
+        .contains("oncepay_incidents_total{kind=\"charge_on_failed_attempt\"} 1"));
+    // The compensating refund goes through the ordinary refund path.
+    app.reconcile().await;
+    let charges = app.charges_for(&order_id).await;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["amount_refunded"], charges[0]["amount"]);
+    assert_eq!(
+        app.count("SELECT count(*) FROM refund WHERE incident AND status = 'succeeded'")
+            .await,
+        1
+    );
+    // The report repeated (a duplicate or a reconciler pass) changes nothing.
+    app.reconcile().await;
+    assert_eq!(app.ledger().await["totals"]["refunds"], 1);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 1);
+    assert_eq!(
+        app.status_of(&format!("/payments/{payment_id}")).await,
+        "failed"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order_id}")).await,
+        "awaiting_payment",
+        "the incident refund does not touch the order"
+    );
+    // The order is paid once, by a new intent.
+    let (status, second) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(second["status"], "succeeded");
+    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
+}
+
+#[tokio::test]
+async fn a_pending_payment_past_the_alarm_threshold_is_logged_and_counted_once() {
+    let app = spawn_app_with(through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "100ms")).await;
+    let order_id = app.create_order().await;
+    app.proxy().set(Route::Charge, Fault::Down);
+    app.proxy().set(Route::StatusRead, Fault::Down);
+    let (status, _) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    sqlx::query("UPDATE payment_attempt SET created_at = now() - interval '1 minute'")
+        .execute(&app.db)
+        .await
+        .expect("age it");
+    assert_eq!(app.reconcile().await.alarms, 1);
+    assert_eq!(app.reconcile().await.alarms, 0, "once per payment");
+    let metrics = app.ctx.metrics.render();
+    assert!(
+        metrics.contains("oncepay_pending_alarms_total{kind=\"payment\"} 1"),
+        "{metrics}"
+    );
+    let oldest = metrics
+        .lines()
+        .find(|l| l.starts_with("oncepay_oldest_pending_seconds{kind=\"payment\"}"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("gauge");
+    assert!(oldest >= 60.0, "{oldest}");
+}

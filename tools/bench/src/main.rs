@@ -1,0 +1,543 @@
+//! `oncepay-bench` (run by `make bench`): throughput, latency and memory of
+//! `oncepay serve`, next to what PostgreSQL alone does with the same SQL.
+//!
+//! It creates a fresh database, starts the sandbox and the service from the
+//! release binaries, drives closed-loop load with its own HTTP client, checks
+//! each scenario's effects by counting rows and sandbox charges, runs the
+//! pgbench floor, and prints one table, which it also writes into
+//! `BENCHMARKS.md` between markers (the rest of that file is kept).
+
+mod floor;
+mod load;
+mod stack;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use load::{MakeRequest, Outcome};
+use stack::Stack;
+
+/// oncepay-bench — load the service and compare it with the database's own
+/// ceiling. Environment: BENCH_DATABASE_SERVER (default
+/// postgres://postgres@127.0.0.1:5432); ONCEPAY_* variables are passed to
+/// `oncepay serve` unchanged.
+#[derive(Debug, Parser)]
+#[command(name = "oncepay-bench", version)]
+struct Args {
+    /// How long each scenario runs.
+    #[arg(long, default_value = "10s", value_parser = positive_duration)]
+    duration: Duration,
+    /// Client connections for create-order, pay and mixed.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
+    connections: u16,
+    /// Client connections for replay.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u16).range(1..))]
+    replay_connections: u16,
+    /// Which scenarios, comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "create-order,pay,replay,mixed"
+    )]
+    scenarios: Vec<String>,
+    /// Where the results table is written.
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+    /// Skip the pgbench floor.
+    #[arg(long)]
+    no_floor: bool,
+}
+
+impl Args {
+    fn wants(&self, scenario: &str) -> bool {
+        self.scenarios.iter().any(|s| s.trim() == scenario)
+    }
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match oncepay::config::parse_duration(text)? {
+        d if d.is_zero() => Err("must be positive".into()),
+        d => Ok(d),
+    }
+}
+
+/// One line of the table.
+struct Row {
+    scenario: &'static str,
+    connections: usize,
+    outcome: Outcome,
+    floor: Option<(usize, floor::Floor)>,
+    check: String,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("oncepay-bench: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn order_body() -> Value {
+    json!({"customer_id": "cus_42", "currency": "EUR", "items": [{"sku": "book", "quantity": 2, "unit_amount": 1250}]})
+}
+
+async fn count(db: &PgPool, sql: &str) -> Result<i64, String> {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(db)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn ledger_charges(stack: &Stack) -> Result<i64, String> {
+    let ledger: Value = reqwest::get(format!("{}/v1/ledger", stack.sandbox))
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    ledger["totals"]["charges"]
+        .as_i64()
+        .ok_or_else(|| "ledger without totals".to_string())
+}
+
+fn post(
+    client: &reqwest::Client,
+    stack: &Stack,
+    path: &str,
+    key: &str,
+    body: &Value,
+) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{}{path}", stack.base))
+        .bearer_auth(&stack.api_key)
+        .header("Idempotency-Key", key)
+        .json(body)
+}
+
+fn verdict(ok: bool, what: String) -> String {
+    if ok {
+        format!("ok: {what}")
+    } else {
+        format!("BREACH: {what}")
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let pg_server = std::env::var("BENCH_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let database = format!("oncepay_bench_{}", Uuid::new_v4().simple());
+    let serve_env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| k.starts_with("ONCEPAY_"))
+        .collect();
+    eprintln!("starting the stack on database {database} ...");
+    let stack = Stack::start(&pg_server, &database, &serve_env).await?;
+    let db = PgPool::connect(&stack.db_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let merchant: Uuid = sqlx::query_scalar("SELECT id FROM merchant WHERE name = 'bench'")
+        .fetch_one(&db)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (idle_rss, _) = stack.memory_kib().unwrap_or((0, 0));
+    let (c, d) = (usize::from(args.connections), args.duration);
+    let fixture = floor::Fixture {
+        merchant: merchant.to_string(),
+        order_request: json!({"path_id": null, "body": order_body()}).to_string(),
+        order_response: "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"customer_id\":\"cus_42\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}],\"amount\":2500,\"currency\":\"EUR\",\"status\":\"awaiting_payment\",\"metadata\":{},\"created_at\":\"2026-11-22T03:19:08.986862Z\",\"updated_at\":\"2026-11-22T03:19:08.986862Z\"}".into(),
+    };
+    let mut rows = Vec::new();
+    let mut peak_rss_under_load = 0;
+    let client = reqwest::Client::new();
+
+    if args.wants("create-order") {
+        // 1. create-order: every request a new key.
+        eprintln!("create-order: {c} connections, {d:?} ...");
+        let before = count(&db, "SELECT count(*) FROM orders").await?;
+        let make: MakeRequest = {
+            let stack_base = (stack.base.clone(), stack.api_key.clone());
+            Arc::new(move |client, conn, n| {
+                client
+                    .post(format!("{}/orders", stack_base.0))
+                    .bearer_auth(&stack_base.1)
+                    .header("Idempotency-Key", format!("create-{conn}-{n}"))
+                    .json(&order_body())
+            })
+        };
+        let outcome = load::run(c, d, make).await;
+        let created = count(&db, "SELECT count(*) FROM orders").await? - before;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let check = verdict(
+            created as u64 == outcome.count(201),
+            format!(
+                "{created} order rows for {} answers 201",
+                outcome.count(201)
+            ),
+        );
+        let floor = if !args.no_floor {
+            eprintln!("  floor (pgbench) ...");
+            Some(measure_floor(&stack, &floor::create_order_script(&fixture), c, d).await?)
+        } else {
+            None
+        };
+        rows.push(Row {
+            scenario: "create-order",
+            connections: c,
+            outcome,
+            floor,
+            check,
+        });
+    }
+
+    if args.wants("pay") {
+        // 2. pay: orders made beforehand; every request a new key, tok_visa.
+        eprintln!("pay: preparing orders ...");
+        let prepared: Vec<Uuid> = sqlx::query_scalar(
+            "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+             SELECT gen_random_uuid(), $1, 'cus_bench', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1400}]', 2800, 'EUR',
+                    'awaiting_payment', '{}', now(), now()
+               FROM generate_series(1, $2) RETURNING id",
+        )
+        .bind(merchant)
+        .bind(40_000i32)
+        .fetch_all(&db)
+        .await
+        .map_err(|e| e.to_string())?;
+        let prepared = Arc::new(prepared);
+        let next = Arc::new(AtomicUsize::new(0));
+        let charges_before = ledger_charges(&stack).await?;
+        let attempts_before = count(
+            &db,
+            "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+        )
+        .await?;
+        eprintln!("pay: {c} connections, {d:?} ...");
+        let make: MakeRequest = {
+            let (base, key, prepared, next) = (
+                stack.base.clone(),
+                stack.api_key.clone(),
+                prepared.clone(),
+                next.clone(),
+            );
+            Arc::new(move |client, conn, n| {
+                let i = next.fetch_add(1, Ordering::Relaxed) % prepared.len();
+                client
+                    .post(format!("{base}/payments"))
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", format!("pay-{conn}-{n}"))
+                    .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
+            })
+        };
+        let outcome = load::run(c, d, make).await;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let charges = ledger_charges(&stack).await? - charges_before;
+        let attempts = count(
+            &db,
+            "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+        )
+        .await?
+            - attempts_before;
+        let ok = outcome.count(201) as i64;
+        let check = verdict(
+            charges == ok && attempts == ok,
+            format!(
+                "{charges} sandbox charges, {attempts} succeeded attempts for {ok} answers 201"
+            ),
+        );
+        let floor = if !args.no_floor {
+            eprintln!("  floor (pgbench) ...");
+            sqlx::raw_sql(
+                "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
+                 CREATE SEQUENCE bench_floor_seq;",
+            )
+            .execute(&db)
+            .await
+            .map_err(|e| e.to_string())?;
+            sqlx::query(
+                "WITH o AS (
+                   INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+                   SELECT gen_random_uuid(), $1, 'cus_floor', '[]', 2800, 'EUR', 'awaiting_payment', '{}', now(), now()
+                     FROM generate_series(1, $2) RETURNING id)
+                 INSERT INTO bench_floor_orders SELECT row_number() OVER (), id FROM o",
+            )
+            .bind(merchant)
+            .bind(60_000i32)
+            .execute(&db)
+            .await
+            .map_err(|e| e.to_string())?;
+            Some(measure_floor(&stack, &floor::pay_script(&fixture), c, d).await?)
+        } else {
+            None
+        };
+        rows.push(Row {
+            scenario: "pay",
+            connections: c,
+            outcome,
+            floor,
+            check,
+        });
+    }
+
+    if args.wants("replay") {
+        // 3. replay: one key, many connections.
+        let rc = usize::from(args.replay_connections);
+        eprintln!("replay: {rc} connections, {d:?} ...");
+        let before = count(&db, "SELECT count(*) FROM orders").await?;
+        post(&client, &stack, "/orders", "replay-key", &order_body())
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let make: MakeRequest = {
+            let (base, key) = (stack.base.clone(), stack.api_key.clone());
+            Arc::new(move |client, _, _| {
+                client
+                    .post(format!("{base}/orders"))
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", "replay-key")
+                    .json(&order_body())
+            })
+        };
+        let outcome = load::run(rc, d, make).await;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let executions = count(&db, "SELECT count(*) FROM orders").await? - before;
+        let check = verdict(
+            executions == 1 && outcome.replayed == outcome.latency.len(),
+            format!(
+                "{executions} execution(s); {} of {} answers replayed",
+                outcome.replayed,
+                outcome.latency.len()
+            ),
+        );
+        let floor = if !args.no_floor {
+            eprintln!("  floor (pgbench) ...");
+            // The floor's key exists and is completed, as the service's is.
+            sqlx::raw_sql(&format!(
+                "INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
+                    recovery_point, response_status, response_body, expires_at)
+                 VALUES ('{merchant}', 'floor-replay', sha256('fp'), 'create_order', '{{}}', 'completed', 'finished',
+                    201, convert_to('{{}}', 'UTF8'), now() + interval '1 day')"
+            ))
+            .execute(&db)
+            .await
+            .map_err(|e| e.to_string())?;
+            Some(measure_floor(&stack, &floor::replay_script(&fixture), rc, d).await?)
+        } else {
+            None
+        };
+        rows.push(Row {
+            scenario: "replay",
+            connections: rc,
+            outcome,
+            floor,
+            check,
+        });
+    }
+
+    if args.wants("mixed") {
+        // 4. mixed: 90 % replays over a pool of 1,000 keys, 10 % new keys.
+        eprintln!("mixed: warming 1,000 keys ...");
+        let mut warm = tokio::task::JoinSet::new();
+        for chunk in 0..16 {
+            let (client, base, key) = (client.clone(), stack.base.clone(), stack.api_key.clone());
+            warm.spawn(async move {
+                for i in (chunk..1000).step_by(16) {
+                    let _ = client
+                        .post(format!("{base}/orders"))
+                        .bearer_auth(&key)
+                        .header("Idempotency-Key", format!("pool-{i}"))
+                        .json(&order_body())
+                        .send()
+                        .await;
+                }
+            });
+        }
+        while warm.join_next().await.is_some() {}
+        let before = count(&db, "SELECT count(*) FROM orders").await?;
+        eprintln!("mixed: {c} connections, {d:?} ...");
+        let make: MakeRequest = {
+            let (base, key) = (stack.base.clone(), stack.api_key.clone());
+            Arc::new(move |client, conn, n| {
+                let idem = if fastrand::u8(0..10) == 0 {
+                    format!("mixed-new-{conn}-{n}")
+                } else {
+                    format!("pool-{}", fastrand::usize(0..1000))
+                };
+                client
+                    .post(format!("{base}/orders"))
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", idem)
+                    .json(&order_body())
+            })
+        };
+        let outcome = load::run(c, d, make).await;
+        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
+        let executed = count(&db, "SELECT count(*) FROM orders").await? - before;
+        let expected = outcome.count(201) as i64 - outcome.replayed as i64;
+        let check = verdict(
+            executed == expected,
+            format!(
+                "{executed} new orders for {expected} non-replayed answers; {} replayed",
+                outcome.replayed
+            ),
+        );
+        rows.push(Row {
+            scenario: "mixed",
+            connections: c,
+            outcome,
+            floor: None,
+            check,
+        });
+    }
+
+    let (_, peak_rss) = stack.memory_kib().unwrap_or((0, 0));
+    let report = report(
+        &db,
+        &args,
+        &rows,
+        idle_rss,
+        peak_rss_under_load.max(peak_rss),
+    )
+    .await;
+    println!("{report}");
+    write_report(&args.out, &report)?;
+    eprintln!("written to {}", args.out.display());
+    drop(stack);
+    db.close().await;
+    // The bench database is disposable; drop it so runs do not pile up.
+    if let Ok(admin) = PgPool::connect(&format!("{pg_server}/postgres")).await {
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+            .execute(&admin)
+            .await;
+    }
+    if rows.iter().any(|r| r.check.starts_with("BREACH")) {
+        return Err("an effect check failed: see the table".into());
+    }
+    Ok(())
+}
+
+/// The floor of a scenario run on `connections` (capped: PostgreSQL allows
+/// 100 connections by default, and the service and this program hold some).
+async fn measure_floor(
+    stack: &Stack,
+    script: &str,
+    connections: usize,
+    d: Duration,
+) -> Result<(usize, floor::Floor), String> {
+    let clients = connections.min(64);
+    Ok((
+        clients,
+        floor::run(&stack.db_url, script, clients, d).await?,
+    ))
+}
+
+fn machine() -> (String, String) {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .map(|l| l.split_whitespace().nth(1).unwrap_or("0").to_string())
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0))
+        .unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    (format!("{cores} cores ({cpu})"), mem)
+}
+
+async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss: u64) -> String {
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(db)
+        .await
+        .unwrap_or_default();
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let (cores, mem) = machine();
+    let mut out = String::new();
+    out += &format!(
+        "Machine: {cores}, {mem}; PostgreSQL {version}; commit {commit}; {} per scenario.\n",
+        humanize(args.duration)
+    );
+    out += "The load driver, the sandbox, oncepay and PostgreSQL share the same cores.\n\n";
+    out += "| scenario | conns | req/s | p50 ms | p99 ms | p99.9 ms | errors | floor tx/s (conns, latency) | ratio | effects |\n";
+    out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    for r in rows {
+        let o = &r.outcome;
+        let non_2xx: u64 = o
+            .statuses
+            .iter()
+            .filter(|(s, _)| !(200..300).contains(*s))
+            .map(|(_, n)| n)
+            .sum();
+        let (floor, ratio) = match r.floor {
+            Some((clients, f)) => (
+                format!("{:.0} ({clients}, {:.1} ms mean)", f.tps, f.latency_ms),
+                format!("{:.0} %", 100.0 * o.rate() / f.tps),
+            ),
+            None => ("—".into(), "—".into()),
+        };
+        out += &format!(
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |\n",
+            r.scenario,
+            r.connections,
+            o.rate(),
+            o.ms(0.5),
+            o.ms(0.99),
+            o.ms(0.999),
+            o.errors + non_2xx,
+            floor,
+            ratio,
+            r.check
+        );
+    }
+    out += &format!(
+        "\nRSS of `oncepay serve`: {:.1} MiB idle, {:.1} MiB peak under load.\n",
+        idle_rss as f64 / 1024.0,
+        peak_rss as f64 / 1024.0
+    );
+    out
+}
+
+fn humanize(d: Duration) -> String {
+    format!("{}s", d.as_secs_f64())
+}
+
+/// Replaces the block between the markers in `path`, or writes a new file.
+fn write_report(path: &PathBuf, report: &str) -> Result<(), String> {
+    const START: &str = "<!-- bench:start -->";
+    const END: &str = "<!-- bench:end -->";
+    let block = format!("{START}\n{report}{END}");
+    let text = match std::fs::read_to_string(path) {
+        Ok(old) => match (old.find(START), old.find(END)) {
+            (Some(a), Some(b)) if a < b => format!("{}{block}{}", &old[..a], &old[b + END.len()..]),
+            _ => format!("{old}\n{block}\n"),
+        },
+        Err(_) => format!("# Benchmarks\n\nLatest `make bench`:\n\n{block}\n"),
+    };
+    std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
+}

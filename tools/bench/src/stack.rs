@@ -1,0 +1,100 @@
+//! The stack under test: a fresh database, the sandbox and `oncepay serve`,
+//! started from the release binaries next to this one.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use oncepay_testkit::ports::free_port;
+use oncepay_testkit::processes::sibling_binary;
+use oncepay_testkit::ready::until_ready;
+use tokio::process::{Child, Command};
+
+/// A running sandbox and service on a fresh database.
+pub struct Stack {
+    /// `http://127.0.0.1:PORT` of oncepay.
+    pub base: String,
+    /// `http://127.0.0.1:PORT` of the sandbox.
+    pub sandbox: String,
+    /// The fresh database's URL.
+    pub db_url: String,
+    /// The bench merchant's API key.
+    pub api_key: String,
+    /// The `oncepay serve` process.
+    pub serve: Child,
+    _sandbox: Child,
+}
+
+impl Stack {
+    /// Creates `database` on `pg_server`, a merchant and key, and starts both servers.
+    pub async fn start(
+        pg_server: &str,
+        database: &str,
+        serve_env: &[(String, String)],
+    ) -> Result<Stack, String> {
+        let bin = sibling_binary("oncepay")?;
+        let db_url = format!("{pg_server}/{database}");
+        oncepay::store::prepare_database(&db_url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let pool = oncepay::store::pool(&db_url, 1).map_err(|e| e.to_string())?;
+        let api_key = oncepay::api_keys::create(&pool, "bench")
+            .await
+            .map_err(|e| e.to_string())?;
+        pool.close().await;
+        let (serve_port, sandbox_port) = (free_port()?, free_port()?);
+        let base = format!("http://127.0.0.1:{serve_port}");
+        let sandbox = format!("http://127.0.0.1:{sandbox_port}");
+        let sandbox_child = Command::new(&bin)
+            .arg("sandbox")
+            .env("ONCEPAY_SANDBOX_BIND", format!("127.0.0.1:{sandbox_port}"))
+            .env(
+                "ONCEPAY_SANDBOX_WEBHOOK_URL",
+                format!("{base}/webhooks/sandbox"),
+            )
+            .env("ONCEPAY_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("starting the sandbox: {e}"))?;
+        let mut serve = Command::new(&bin);
+        serve
+            .arg("serve")
+            .env("DATABASE_URL", &db_url)
+            .env("ONCEPAY_BIND", format!("127.0.0.1:{serve_port}"))
+            .env("ONCEPAY_PROVIDER_URL", &sandbox)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in serve_env {
+            serve.env(k, v);
+        }
+        let serve = serve
+            .spawn()
+            .map_err(|e| format!("starting oncepay serve: {e}"))?;
+        until_ready(&format!("{sandbox}/healthz"), Duration::from_secs(15)).await?;
+        until_ready(&format!("{base}/readyz"), Duration::from_secs(15)).await?;
+        Ok(Stack {
+            base,
+            sandbox,
+            db_url,
+            api_key,
+            serve,
+            _sandbox: sandbox_child,
+        })
+    }
+
+    /// Current and peak resident memory of `oncepay serve`, in KiB.
+    pub fn memory_kib(&self) -> Option<(u64, u64)> {
+        let pid = self.serve.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        Some((field("VmRSS:")?, field("VmHWM:")?))
+    }
+}

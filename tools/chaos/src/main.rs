@@ -1,0 +1,438 @@
+//! `oncepay-chaos` (run by `make chaos`): a soak of payment intents through
+//! three `oncepay serve` processes on one private PostgreSQL cluster, while a
+//! fault driver SIGKILLs serve processes, restarts (or crashes) PostgreSQL
+//! and cuts the service's database connections, and the sandbox answers
+//! `5xx`, drops answers after charging, answers late, and delivers webhooks
+//! twice and out of order. When the faults stop and the reconciler has
+//! settled everything, it checks the invariants by counting, prints them
+//! with the faults and retries, and exits non-zero on any breach.
+
+mod clients;
+mod invariants;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use sqlx::PgPool;
+
+use clients::{Clients, Intent};
+use oncepay_testkit::fault_proxy::{Fault, FaultProxy, Route};
+use oncepay_testkit::lossy_tcp::LossyTcp;
+use oncepay_testkit::ports::free_port;
+use oncepay_testkit::processes::{sibling_binary, PgCluster, Service};
+
+/// oncepay-chaos — break the stack on purpose, then prove nothing was
+/// charged twice or lost.
+#[derive(Debug, Parser)]
+#[command(name = "oncepay-chaos", version)]
+struct Args {
+    /// How many intents to run.
+    #[arg(long, default_value_t = 2000)]
+    intents: usize,
+    /// Instead of a number of intents: start new ones until this much time
+    /// has passed (a soak), e.g. 10m.
+    #[arg(long, value_parser = duration)]
+    duration: Option<Duration>,
+    /// Intents in flight at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrency: u16,
+    /// With --intents: stop starting new intents after this long.
+    #[arg(long, default_value = "8m", value_parser = duration)]
+    max_duration: Duration,
+    /// How many `oncepay serve` processes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    processes: u16,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    oncepay::config::parse_duration(text)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let root = std::env::temp_dir().join(format!("oncepay-chaos-{}", std::process::id()));
+    let result = run(&args, &root).await;
+    let _ = std::fs::remove_dir_all(&root);
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("oncepay-chaos: INVARIANT BREACHED (see the table)");
+            ExitCode::FAILURE
+        }
+        Err(message) => {
+            eprintln!("oncepay-chaos: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Faults the driver injected, counted.
+#[derive(Default)]
+pub struct Faults {
+    kills: u64,
+    pg_crashes: u64,
+    pg_restarts: u64,
+    terminations: u64,
+    /// Provider-side spells by kind (through the fault proxy).
+    provider: std::collections::BTreeMap<&'static str, u64>,
+    /// Client answers lost after the request committed.
+    lost_answers: u64,
+}
+
+async fn run(args: &Args, root: &std::path::Path) -> Result<bool, String> {
+    std::fs::create_dir_all(root).map_err(|e| e.to_string())?;
+    let bin = sibling_binary("oncepay")?;
+    eprintln!("private PostgreSQL cluster in {} ...", root.display());
+    let pg = PgCluster::create(root).await?;
+    let outcome = soak(args, root, &pg, &bin).await;
+    pg.stop().await;
+    outcome
+}
+
+async fn soak(
+    args: &Args,
+    root: &std::path::Path,
+    pg: &PgCluster,
+    bin: &std::path::Path,
+) -> Result<bool, String> {
+    let db_url = pg.url("oncepay");
+    oncepay::store::prepare_database(&db_url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let setup = oncepay::store::pool(&db_url, 1).map_err(|e| e.to_string())?;
+    let api_key = oncepay::api_keys::create(&setup, "chaos")
+        .await
+        .map_err(|e| e.to_string())?;
+    setup.close().await;
+    let ports: Vec<u16> = (0..args.processes.into())
+        .map(|_| free_port())
+        .collect::<Result<_, _>>()?;
+    let bases: Vec<String> = ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let sandbox_base = format!("http://127.0.0.1:{}", free_port()?);
+    let env = |pairs: &[(&str, String)]| {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect::<Vec<_>>()
+    };
+    let mut sandbox = Service::new(
+        bin,
+        &["sandbox"],
+        env(&[
+            (
+                "ONCEPAY_SANDBOX_BIND",
+                sandbox_base.trim_start_matches("http://").to_string(),
+            ),
+            (
+                "ONCEPAY_SANDBOX_WEBHOOK_URL",
+                format!("{}/webhooks/sandbox", bases[0]),
+            ),
+            ("ONCEPAY_SANDBOX_ASYNC_DELAY", "1s".into()),
+            ("ONCEPAY_SANDBOX_ERROR_RATE", "0.05".into()),
+            ("ONCEPAY_SANDBOX_DROP_RATE", "0.05".into()),
+            ("ONCEPAY_SANDBOX_DELAY_RATE", "0.03".into()),
+            ("ONCEPAY_SANDBOX_DELAY", "1500ms".into()),
+            ("ONCEPAY_SANDBOX_DUPLICATE_WEBHOOKS", "2".into()),
+            ("ONCEPAY_SANDBOX_REORDER_WEBHOOKS", "on".into()),
+            ("ONCEPAY_LOG", "warn".into()),
+        ]),
+        sandbox_base.clone(),
+        root.join("sandbox.log"),
+    );
+    sandbox.start("/healthz").await?;
+    // The faults the sandbox cannot make come from a proxy in front of it.
+    let proxy = FaultProxy::start(&sandbox_base).map_err(|e| format!("fault proxy: {e}"))?;
+    let mut services: Vec<Service> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            Service::new(
+                bin,
+                &["serve"],
+                env(&[
+                    ("DATABASE_URL", db_url.clone()),
+                    ("ONCEPAY_BIND", format!("127.0.0.1:{port}")),
+                    ("ONCEPAY_PROVIDER_URL", proxy.url().to_string()),
+                    ("ONCEPAY_PROVIDER_TIMEOUT", "1s".into()),
+                    ("ONCEPAY_IDEMPOTENCY_LEASE", "3s".into()),
+                    ("ONCEPAY_RECONCILE_INTERVAL", "500ms".into()),
+                    ("ONCEPAY_RECONCILE_AFTER", "2s".into()),
+                    ("ONCEPAY_SWEEP_INTERVAL", "1s".into()),
+                    ("ONCEPAY_HTTP_WORKERS", "2".into()),
+                    ("ONCEPAY_LOG", "warn".into()),
+                ]),
+                bases[i].clone(),
+                root.join(format!("serve-{i}.log")),
+            )
+        })
+        .collect();
+    for s in services.iter_mut() {
+        s.start("/readyz").await?;
+    }
+    // Clients reach each process through a proxy that loses some answers.
+    let mut lossy = Vec::new();
+    for port in &ports {
+        lossy.push(
+            LossyTcp::start(*port, 20)
+                .await
+                .map_err(|e| format!("lossy proxy: {e}"))?,
+        );
+    }
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&db_url)
+        .await
+        .map_err(|e| e.to_string())?;
+
+    let run_id = format!("{}", std::process::id());
+    let clients = Arc::new(Clients::new(
+        lossy.iter().map(|l| l.url.clone()).collect(),
+        api_key,
+        Duration::from_secs(3),
+        Duration::from_secs(90),
+    ));
+    let started = Instant::now();
+    match args.duration {
+        Some(d) => eprintln!(
+            "intents for {d:?} through {} serve processes, with faults ...",
+            args.processes
+        ),
+        None => eprintln!(
+            "{} intents through {} serve processes, with faults ...",
+            args.intents, args.processes
+        ),
+    }
+    let mut faults = Faults::default();
+    let intents = drive(
+        args,
+        &clients,
+        &run_id,
+        &mut faults,
+        pg,
+        &mut services,
+        &proxy,
+        &db,
+    )
+    .await?;
+    proxy.heal();
+    for l in &lossy {
+        l.stop_losing();
+    }
+    faults.lost_answers = lossy.iter().map(LossyTcp::lost).sum();
+    let soak_time = started.elapsed();
+    eprintln!(
+        "{} intents; faults stopped after {soak_time:.0?}; waiting for the reconciler to settle everything ...",
+        intents.len()
+    );
+    // The reconciler's pauses grow to 5 minutes for a row that met faults
+    // at every look; patience covers one such pause.
+    let settled = settle(&db, &sandbox_base, Duration::from_secs(400)).await?;
+    eprintln!("settled in {settled:.1?}; expiring every key and sending every intent again ...");
+    let expiry = invariants::after_expiry(&db, &clients, &intents).await?;
+    settle(&db, &sandbox_base, Duration::from_secs(400)).await?;
+    let report = invariants::check(
+        &db,
+        &sandbox_base,
+        &intents,
+        &faults,
+        &clients,
+        &expiry,
+        (soak_time, settled),
+    )
+    .await?;
+    println!("{}", report.text);
+    for s in services.iter_mut() {
+        s.kill().await;
+    }
+    sandbox.kill().await;
+    db.close().await;
+    Ok(report.ok)
+}
+
+/// Runs the intents while injecting faults; returns what each intent saw.
+#[allow(clippy::too_many_arguments)]
+async fn drive(
+    args: &Args,
+    clients: &Arc<Clients>,
+    run_id: &str,
+    faults: &mut Faults,
+    pg: &PgCluster,
+    services: &mut [Service],
+    proxy: &FaultProxy,
+    db: &PgPool,
+) -> Result<Vec<Intent>, String> {
+    let started = Instant::now();
+    let more = |spawned: usize| match args.duration {
+        Some(d) => started.elapsed() < d,
+        None => spawned < args.intents && started.elapsed() < args.max_duration,
+    };
+    let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency.into()));
+    let mut work = tokio::task::JoinSet::new();
+    let mut intents = Vec::new();
+    let mut spawned = 0usize;
+    let mut next_fault = Instant::now() + Duration::from_millis(500);
+    loop {
+        let room = more(spawned) && gate.available_permits() > 0;
+        if room {
+            let permit = gate
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| e.to_string())?;
+            let (clients, run_id, i) = (clients.clone(), run_id.to_string(), spawned);
+            work.spawn(async move {
+                let _permit = permit;
+                clients.run_intent(&run_id, i).await
+            });
+            spawned += 1;
+            continue;
+        }
+        if work.is_empty() && !more(spawned) {
+            break;
+        }
+        tokio::select! {
+            finished = work.join_next(), if !work.is_empty() => match finished {
+                Some(Ok(intent)) => intents.push(intent),
+                Some(Err(e)) => return Err(format!("a client task failed: {e}")),
+                None => {}
+            },
+            _ = tokio::time::sleep_until(next_fault.into()) => {
+                inject(faults, pg, services, proxy, db).await?;
+                next_fault = Instant::now() + Duration::from_millis(fastrand::u64(150..700));
+            }
+        }
+    }
+    Ok(intents)
+}
+
+/// One random fault; every kill is followed by a restart, every provider
+/// fault lasts a spell and heals by itself.
+async fn inject(
+    faults: &mut Faults,
+    pg: &PgCluster,
+    services: &mut [Service],
+    proxy: &FaultProxy,
+    db: &PgPool,
+) -> Result<(), String> {
+    let ms = |lo, hi| Duration::from_millis(fastrand::u64(lo..hi));
+    let mut spell = |name: &'static str, routes: &[Route], fault: Fault, lasting: Duration| {
+        proxy.spell(routes, fault, lasting);
+        *faults.provider.entry(name).or_insert(0) += 1;
+    };
+    match fastrand::u8(0..18) {
+        0..=3 => {
+            let i = fastrand::usize(0..services.len());
+            services[i].kill().await;
+            faults.kills += 1;
+            tokio::time::sleep(ms(200, 800)).await;
+            services[i].start("/readyz").await?;
+        }
+        4..=5 => {
+            let crash = fastrand::bool();
+            pg.restart(crash).await?;
+            if crash {
+                faults.pg_crashes += 1;
+            } else {
+                faults.pg_restarts += 1;
+            }
+        }
+        6..=7 => {
+            let cut = sqlx::query("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'oncepay%'")
+                .execute(db)
+                .await;
+            if cut.is_ok() {
+                faults.terminations += 1;
+            }
+        }
+        8 => spell(
+            "status reads refused (403, a rotated credential)",
+            &[Route::StatusRead],
+            Fault::answer(403, "forbidden"),
+            ms(300, 1500),
+        ),
+        9 => spell(
+            "status reads timed out (408)",
+            &[Route::StatusRead],
+            Fault::answer(408, "request_timeout"),
+            ms(300, 1500),
+        ),
+        10 => spell(
+            "status reads redirected (302)",
+            &[Route::StatusRead],
+            Fault::answer(302, "moved"),
+            ms(300, 1500),
+        ),
+        11 => spell(
+            "status reads answered with garbage",
+            &[Route::StatusRead],
+            Fault::Garbage,
+            ms(300, 1500),
+        ),
+        12 => spell(
+            "charges answered 409 (provider key in use)",
+            &[Route::Charge],
+            Fault::answer(409, "idempotency_key_in_use"),
+            ms(300, 1000),
+        ),
+        13 => spell(
+            "provider fully down (credential outage)",
+            &[Route::StatusRead, Route::Charge, Route::Refund],
+            Fault::Down,
+            ms(500, 2000),
+        ),
+        14 => spell(
+            "refunds unreachable",
+            &[Route::Refund],
+            Fault::Down,
+            ms(1000, 3000),
+        ),
+        15 => spell(
+            "charge made, answer replaced by a decline (lying provider)",
+            &[Route::Charge],
+            Fault::ForwardThenAnswer {
+                status: 402,
+                body: r#"{"code":"card_declined","detail":"injected"}"#.into(),
+            },
+            ms(100, 400),
+        ),
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Waits until nothing is pending or executing here, and the sandbox has
+/// no webhook delivery or async settlement left to make. Returns how long
+/// it took; past `patience` it says what is still open and goes on (the
+/// invariants will count it).
+async fn settle(db: &PgPool, sandbox: &str, patience: Duration) -> Result<Duration, String> {
+    let started = Instant::now();
+    let http = reqwest::Client::new();
+    loop {
+        let open: Result<i64, _> = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM payment_attempt WHERE status = 'pending')
+                  + (SELECT count(*) FROM refund WHERE status = 'pending')
+                  + (SELECT count(*) FROM idempotency_record WHERE state = 'executing')",
+        )
+        .fetch_one(db)
+        .await;
+        let sandbox_busy = oncepay_testkit::ledger::read(&http, sandbox)
+            .await
+            .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(u64::MAX));
+        if open.as_ref().is_ok_and(|n| *n == 0) && sandbox_busy.as_ref().is_ok_and(|n| *n == 0) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > patience {
+            eprintln!(
+                "not settled after {patience:?}: open rows {open:?}, sandbox work in flight {sandbox_busy:?}"
+            );
+            return Ok(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}

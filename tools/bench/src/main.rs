@@ -151,255 +151,31 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     let (idle_rss, _) = stack.memory_kib().unwrap_or((0, 0));
-    let (c, d) = (usize::from(args.connections), args.duration);
     let fixture = floor::Fixture {
         merchant: merchant.to_string(),
         order_request: json!({"path_id": null, "body": order_body()}).to_string(),
         order_response: "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"customer_id\":\"cus_42\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}],\"amount\":2500,\"currency\":\"EUR\",\"status\":\"awaiting_payment\",\"metadata\":{},\"created_at\":\"2026-11-22T03:19:08.986862Z\",\"updated_at\":\"2026-11-22T03:19:08.986862Z\"}".into(),
     };
+    let bench = Bench {
+        args: &args,
+        stack: &stack,
+        db: &db,
+        client: reqwest::Client::new(),
+        fixture,
+        merchant,
+        peak_rss: std::cell::Cell::new(0),
+    };
     let mut rows = Vec::new();
-    let mut peak_rss_under_load = 0;
-    let client = reqwest::Client::new();
-
-    if args.wants("create-order") {
-        // 1. create-order: every request a new key.
-        eprintln!("create-order: {c} connections, {d:?} ...");
-        let before = count(&db, "SELECT count(*) FROM orders").await?;
-        let make: MakeRequest = {
-            let stack_base = (stack.base.clone(), stack.api_key.clone());
-            Arc::new(move |client, conn, n| {
-                client
-                    .post(format!("{}/orders", stack_base.0))
-                    .bearer_auth(&stack_base.1)
-                    .header("Idempotency-Key", format!("create-{conn}-{n}"))
-                    .json(&order_body())
-            })
+    for scenario in SCENARIOS.iter().filter(|s| args.wants(s)) {
+        let row = match *scenario {
+            "create-order" => create_order(&bench).await?,
+            "pay" => pay(&bench).await?,
+            "replay" => replay(&bench).await?,
+            _ => mixed(&bench).await?,
         };
-        let outcome = load::run(c, d, make).await;
-        let created = count(&db, "SELECT count(*) FROM orders").await? - before;
-        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-        let check = verdict(
-            created as u64 == outcome.count(201),
-            format!(
-                "{created} order rows for {} answers 201",
-                outcome.count(201)
-            ),
-        );
-        let floor = if !args.no_floor {
-            eprintln!("  floor (pgbench) ...");
-            Some(measure_floor(&stack, &floor::create_order_script(&fixture), c, d).await?)
-        } else {
-            None
-        };
-        rows.push(Row {
-            scenario: "create-order",
-            connections: c,
-            outcome,
-            floor,
-            check,
-        });
+        rows.push(row);
     }
-
-    if args.wants("pay") {
-        // 2. pay: orders made beforehand; every request a new key, tok_visa.
-        eprintln!("pay: preparing orders ...");
-        let prepared: Vec<Uuid> = sqlx::query_scalar(
-            "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
-             SELECT gen_random_uuid(), $1, 'cus_bench', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1400}]', 2800, 'EUR',
-                    'awaiting_payment', '{}', now(), now()
-               FROM generate_series(1, $2) RETURNING id",
-        )
-        .bind(merchant)
-        .bind(40_000i32)
-        .fetch_all(&db)
-        .await
-        .map_err(|e| e.to_string())?;
-        let prepared = Arc::new(prepared);
-        let next = Arc::new(AtomicUsize::new(0));
-        let charges_before = ledger_charges(&stack).await?;
-        let attempts_before = count(
-            &db,
-            "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
-        )
-        .await?;
-        eprintln!("pay: {c} connections, {d:?} ...");
-        let make: MakeRequest = {
-            let (base, key, prepared, next) = (
-                stack.base.clone(),
-                stack.api_key.clone(),
-                prepared.clone(),
-                next.clone(),
-            );
-            Arc::new(move |client, conn, n| {
-                let i = next.fetch_add(1, Ordering::Relaxed) % prepared.len();
-                client
-                    .post(format!("{base}/payments"))
-                    .bearer_auth(&key)
-                    .header("Idempotency-Key", format!("pay-{conn}-{n}"))
-                    .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
-            })
-        };
-        let outcome = load::run(c, d, make).await;
-        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-        let charges = ledger_charges(&stack).await? - charges_before;
-        let attempts = count(
-            &db,
-            "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
-        )
-        .await?
-            - attempts_before;
-        let ok = outcome.count(201) as i64;
-        let check = verdict(
-            charges == ok && attempts == ok,
-            format!(
-                "{charges} sandbox charges, {attempts} succeeded attempts for {ok} answers 201"
-            ),
-        );
-        let floor = if !args.no_floor {
-            eprintln!("  floor (pgbench) ...");
-            sqlx::raw_sql(
-                "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
-                 CREATE SEQUENCE bench_floor_seq;",
-            )
-            .execute(&db)
-            .await
-            .map_err(|e| e.to_string())?;
-            sqlx::query(
-                "WITH o AS (
-                   INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
-                   SELECT gen_random_uuid(), $1, 'cus_floor', '[]', 2800, 'EUR', 'awaiting_payment', '{}', now(), now()
-                     FROM generate_series(1, $2) RETURNING id)
-                 INSERT INTO bench_floor_orders SELECT row_number() OVER (), id FROM o",
-            )
-            .bind(merchant)
-            .bind(60_000i32)
-            .execute(&db)
-            .await
-            .map_err(|e| e.to_string())?;
-            Some(measure_floor(&stack, &floor::pay_script(&fixture), c, d).await?)
-        } else {
-            None
-        };
-        rows.push(Row {
-            scenario: "pay",
-            connections: c,
-            outcome,
-            floor,
-            check,
-        });
-    }
-
-    if args.wants("replay") {
-        // 3. replay: one key, many connections.
-        let rc = usize::from(args.replay_connections);
-        eprintln!("replay: {rc} connections, {d:?} ...");
-        let before = count(&db, "SELECT count(*) FROM orders").await?;
-        post(&client, &stack, "/orders", "replay-key", &order_body())
-            .send()
-            .await
-            .map_err(|e| e.to_string())?;
-        let make: MakeRequest = {
-            let (base, key) = (stack.base.clone(), stack.api_key.clone());
-            Arc::new(move |client, _, _| {
-                client
-                    .post(format!("{base}/orders"))
-                    .bearer_auth(&key)
-                    .header("Idempotency-Key", "replay-key")
-                    .json(&order_body())
-            })
-        };
-        let outcome = load::run(rc, d, make).await;
-        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-        let executions = count(&db, "SELECT count(*) FROM orders").await? - before;
-        let check = verdict(
-            executions == 1 && outcome.replayed == outcome.latency.len(),
-            format!(
-                "{executions} execution(s); {} of {} answers replayed",
-                outcome.replayed,
-                outcome.latency.len()
-            ),
-        );
-        let floor = if !args.no_floor {
-            eprintln!("  floor (pgbench) ...");
-            // The floor's key exists and is completed, as the service's is.
-            sqlx::raw_sql(&format!(
-                "INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
-                    recovery_point, response_status, response_body, expires_at)
-                 VALUES ('{merchant}', 'floor-replay', sha256('fp'), 'create_order', '{{}}', 'completed', 'finished',
-                    201, convert_to('{{}}', 'UTF8'), now() + interval '1 day')"
-            ))
-            .execute(&db)
-            .await
-            .map_err(|e| e.to_string())?;
-            Some(measure_floor(&stack, &floor::replay_script(&fixture), rc, d).await?)
-        } else {
-            None
-        };
-        rows.push(Row {
-            scenario: "replay",
-            connections: rc,
-            outcome,
-            floor,
-            check,
-        });
-    }
-
-    if args.wants("mixed") {
-        // 4. mixed: 90 % replays over a pool of 1,000 keys, 10 % new keys.
-        eprintln!("mixed: warming 1,000 keys ...");
-        let mut warm = tokio::task::JoinSet::new();
-        for chunk in 0..16 {
-            let (client, base, key) = (client.clone(), stack.base.clone(), stack.api_key.clone());
-            warm.spawn(async move {
-                for i in (chunk..1000).step_by(16) {
-                    let _ = client
-                        .post(format!("{base}/orders"))
-                        .bearer_auth(&key)
-                        .header("Idempotency-Key", format!("pool-{i}"))
-                        .json(&order_body())
-                        .send()
-                        .await;
-                }
-            });
-        }
-        while warm.join_next().await.is_some() {}
-        let before = count(&db, "SELECT count(*) FROM orders").await?;
-        eprintln!("mixed: {c} connections, {d:?} ...");
-        let make: MakeRequest = {
-            let (base, key) = (stack.base.clone(), stack.api_key.clone());
-            Arc::new(move |client, conn, n| {
-                let idem = if fastrand::u8(0..10) == 0 {
-                    format!("mixed-new-{conn}-{n}")
-                } else {
-                    format!("pool-{}", fastrand::usize(0..1000))
-                };
-                client
-                    .post(format!("{base}/orders"))
-                    .bearer_auth(&key)
-                    .header("Idempotency-Key", idem)
-                    .json(&order_body())
-            })
-        };
-        let outcome = load::run(c, d, make).await;
-        peak_rss_under_load = peak_rss_under_load.max(stack.memory_kib().map(|m| m.0).unwrap_or(0));
-        let executed = count(&db, "SELECT count(*) FROM orders").await? - before;
-        let expected = outcome.count(201) as i64 - outcome.replayed as i64;
-        let check = verdict(
-            executed == expected,
-            format!(
-                "{executed} new orders for {expected} non-replayed answers; {} replayed",
-                outcome.replayed
-            ),
-        );
-        rows.push(Row {
-            scenario: "mixed",
-            connections: c,
-            outcome,
-            floor: None,
-            check,
-        });
-    }
-
+    let peak_rss_under_load = bench.peak_rss.get();
     let (_, peak_rss) = stack.memory_kib().unwrap_or((0, 0));
     let report = report(
         &db,
@@ -540,4 +316,277 @@ fn write_report(path: &PathBuf, report: &str) -> Result<(), String> {
         Err(_) => format!("# Benchmarks\n\nLatest `make bench`:\n\n{block}\n"),
     };
     std::fs::write(path, text).map_err(|e| format!("writing {}: {e}", path.display()))
+}
+
+/// What every scenario needs: the stack, its database, the fixture the
+/// floors use, and the run's settings.
+struct Bench<'a> {
+    args: &'a Args,
+    stack: &'a Stack,
+    db: &'a PgPool,
+    client: reqwest::Client,
+    fixture: floor::Fixture,
+    merchant: Uuid,
+    /// Highest resident memory of `oncepay serve` seen right after a load.
+    peak_rss: std::cell::Cell<u64>,
+}
+
+impl Bench<'_> {
+    fn sample_rss(&self) {
+        let now = self.stack.memory_kib().map(|m| m.0).unwrap_or(0);
+        self.peak_rss.set(self.peak_rss.get().max(now));
+    }
+}
+
+/// The scenarios, in the order they run; `--scenarios` picks among them.
+const SCENARIOS: &[&str] = &["create-order", "pay", "replay", "mixed"];
+
+/// create-order: every request a new key.
+async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
+    let (c, d) = (usize::from(b.args.connections), b.args.duration);
+    // 1. create-order: every request a new key.
+    eprintln!("create-order: {c} connections, {d:?} ...");
+    let before = count(b.db, "SELECT count(*) FROM orders").await?;
+    let make: MakeRequest = {
+        let stack_base = (b.stack.base.clone(), b.stack.api_key.clone());
+        Arc::new(move |client, conn, n| {
+            client
+                .post(format!("{}/orders", stack_base.0))
+                .bearer_auth(&stack_base.1)
+                .header("Idempotency-Key", format!("create-{conn}-{n}"))
+                .json(&order_body())
+        })
+    };
+    let outcome = load::run(c, d, make).await;
+    let created = count(b.db, "SELECT count(*) FROM orders").await? - before;
+    b.sample_rss();
+    let check = verdict(
+        created as u64 == outcome.count(201),
+        format!(
+            "{created} order rows for {} answers 201",
+            outcome.count(201)
+        ),
+    );
+    let floor = if !b.args.no_floor {
+        eprintln!("  floor (pgbench) ...");
+        Some(measure_floor(b.stack, &floor::create_order_script(&b.fixture), c, d).await?)
+    } else {
+        None
+    };
+    Ok(Row {
+        scenario: "create-order",
+        connections: c,
+        outcome,
+        floor,
+        check,
+    })
+}
+
+/// pay: orders made beforehand; every request a new key, `tok_visa`.
+async fn pay(b: &Bench<'_>) -> Result<Row, String> {
+    let (c, d) = (usize::from(b.args.connections), b.args.duration);
+    // 2. pay: orders made beforehand; every request a new key, tok_visa.
+    eprintln!("pay: preparing orders ...");
+    let prepared: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+         SELECT gen_random_uuid(), $1, 'cus_bench', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1400}]', 2800, 'EUR',
+                'awaiting_payment', '{}', now(), now()
+           FROM generate_series(1, $2) RETURNING id",
+    )
+    .bind(b.merchant)
+    .bind(40_000i32)
+    .fetch_all(b.db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let prepared = Arc::new(prepared);
+    let next = Arc::new(AtomicUsize::new(0));
+    let charges_before = ledger_charges(b.stack).await?;
+    let attempts_before = count(
+        b.db,
+        "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+    )
+    .await?;
+    eprintln!("pay: {c} connections, {d:?} ...");
+    let make: MakeRequest = {
+        let (base, key, prepared, next) = (
+            b.stack.base.clone(),
+            b.stack.api_key.clone(),
+            prepared.clone(),
+            next.clone(),
+        );
+        Arc::new(move |client, conn, n| {
+            let i = next.fetch_add(1, Ordering::Relaxed) % prepared.len();
+            client
+                .post(format!("{base}/payments"))
+                .bearer_auth(&key)
+                .header("Idempotency-Key", format!("pay-{conn}-{n}"))
+                .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
+        })
+    };
+    let outcome = load::run(c, d, make).await;
+    b.sample_rss();
+    let charges = ledger_charges(b.stack).await? - charges_before;
+    let attempts = count(
+        b.db,
+        "SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'",
+    )
+    .await?
+        - attempts_before;
+    let ok = outcome.count(201) as i64;
+    let check = verdict(
+        charges == ok && attempts == ok,
+        format!("{charges} sandbox charges, {attempts} succeeded attempts for {ok} answers 201"),
+    );
+    let floor = if !b.args.no_floor {
+        eprintln!("  floor (pgbench) ...");
+        sqlx::raw_sql(
+            "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
+             CREATE SEQUENCE bench_floor_seq;",
+        )
+        .execute(b.db)
+        .await
+        .map_err(|e| e.to_string())?;
+        sqlx::query(
+            "WITH o AS (
+               INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+               SELECT gen_random_uuid(), $1, 'cus_floor', '[]', 2800, 'EUR', 'awaiting_payment', '{}', now(), now()
+                 FROM generate_series(1, $2) RETURNING id)
+             INSERT INTO bench_floor_orders SELECT row_number() OVER (), id FROM o",
+        )
+        .bind(b.merchant)
+        .bind(60_000i32)
+        .execute(b.db)
+        .await
+        .map_err(|e| e.to_string())?;
+        Some(measure_floor(b.stack, &floor::pay_script(&b.fixture), c, d).await?)
+    } else {
+        None
+    };
+    Ok(Row {
+        scenario: "pay",
+        connections: c,
+        outcome,
+        floor,
+        check,
+    })
+}
+
+/// replay: one key, many connections.
+async fn replay(b: &Bench<'_>) -> Result<Row, String> {
+    let d = b.args.duration;
+    // 3. replay: one key, many connections.
+    let rc = usize::from(b.args.replay_connections);
+    eprintln!("replay: {rc} connections, {d:?} ...");
+    let before = count(b.db, "SELECT count(*) FROM orders").await?;
+    post(&b.client, b.stack, "/orders", "replay-key", &order_body())
+        .send()
+        .await
+        .map_err(|e| e.to_string())?;
+    let make: MakeRequest = {
+        let (base, key) = (b.stack.base.clone(), b.stack.api_key.clone());
+        Arc::new(move |client, _, _| {
+            client
+                .post(format!("{base}/orders"))
+                .bearer_auth(&key)
+                .header("Idempotency-Key", "replay-key")
+                .json(&order_body())
+        })
+    };
+    let outcome = load::run(rc, d, make).await;
+    b.sample_rss();
+    let executions = count(b.db, "SELECT count(*) FROM orders").await? - before;
+    let check = verdict(
+        executions == 1 && outcome.replayed == outcome.latency.len(),
+        format!(
+            "{executions} execution(s); {} of {} answers replayed",
+            outcome.replayed,
+            outcome.latency.len()
+        ),
+    );
+    let floor = if !b.args.no_floor {
+        eprintln!("  floor (pgbench) ...");
+        // The floor's key exists and is completed, as the service's is.
+        sqlx::raw_sql(&format!(
+            "INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
+                recovery_point, response_status, response_body, expires_at)
+             VALUES ('{}', 'floor-replay', sha256('fp'), 'create_order', '{{}}', 'completed', 'finished',
+                201, convert_to('{{}}', 'UTF8'), now() + interval '1 day')",
+            b.merchant
+        ))
+        .execute(b.db)
+        .await
+        .map_err(|e| e.to_string())?;
+        Some(measure_floor(b.stack, &floor::replay_script(&b.fixture), rc, d).await?)
+    } else {
+        None
+    };
+    Ok(Row {
+        scenario: "replay",
+        connections: rc,
+        outcome,
+        floor,
+        check,
+    })
+}
+
+/// mixed: 90 % replays over a pool of 1,000 keys, 10 % new keys.
+async fn mixed(b: &Bench<'_>) -> Result<Row, String> {
+    let (c, d) = (usize::from(b.args.connections), b.args.duration);
+    // 4. mixed: 90 % replays over a pool of 1,000 keys, 10 % new keys.
+    eprintln!("mixed: warming 1,000 keys ...");
+    let mut warm = tokio::task::JoinSet::new();
+    for chunk in 0..16 {
+        let (client, base, key) = (
+            b.client.clone(),
+            b.stack.base.clone(),
+            b.stack.api_key.clone(),
+        );
+        warm.spawn(async move {
+            for i in (chunk..1000).step_by(16) {
+                let _ = client
+                    .post(format!("{base}/orders"))
+                    .bearer_auth(&key)
+                    .header("Idempotency-Key", format!("pool-{i}"))
+                    .json(&order_body())
+                    .send()
+                    .await;
+            }
+        });
+    }
+    while warm.join_next().await.is_some() {}
+    let before = count(b.db, "SELECT count(*) FROM orders").await?;
+    eprintln!("mixed: {c} connections, {d:?} ...");
+    let make: MakeRequest = {
+        let (base, key) = (b.stack.base.clone(), b.stack.api_key.clone());
+        Arc::new(move |client, conn, n| {
+            let idem = if fastrand::u8(0..10) == 0 {
+                format!("mixed-new-{conn}-{n}")
+            } else {
+                format!("pool-{}", fastrand::usize(0..1000))
+            };
+            client
+                .post(format!("{base}/orders"))
+                .bearer_auth(&key)
+                .header("Idempotency-Key", idem)
+                .json(&order_body())
+        })
+    };
+    let outcome = load::run(c, d, make).await;
+    b.sample_rss();
+    let executed = count(b.db, "SELECT count(*) FROM orders").await? - before;
+    let expected = outcome.count(201) as i64 - outcome.replayed as i64;
+    let check = verdict(
+        executed == expected,
+        format!(
+            "{executed} new orders for {expected} non-replayed answers; {} replayed",
+            outcome.replayed
+        ),
+    );
+    Ok(Row {
+        scenario: "mixed",
+        connections: c,
+        outcome,
+        floor: None,
+        check,
+    })
 }

@@ -1,7 +1,16 @@
 //! Money commands, each a [`Command`] run through the idempotency engine by
 //! [`run`] (from a request) or [`resume`] (from the reconciler, after a
-//! crash). A command is written as recorded steps; the driver here decides,
-//! once for all commands, what is kept, what frees the key and what waits.
+//! crash).
+//!
+//! A command is a step machine: it declares its recovery points as an enum
+//! ([`RecoveryPoint`]) and answers one question, "from here, what is the
+//! next step?" ([`Command::step`]). The driver here owns the loop: it
+//! records each finished step in the step's own transaction, under the
+//! claim's fencing token, and stores the response with the last step's
+//! writes. A command never sees the claim, so it cannot forget a step
+//! record, write after losing its lease, or complete outside the engine.
+//! The driver also decides, once for all commands, what is kept, what frees
+//! the key and what waits.
 
 pub mod orders;
 pub mod payments;
@@ -17,7 +26,9 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::idempotency::{store_problem, Claim, Completed, Engine, IdempotentRequest, NextAction};
+use crate::idempotency::{
+    store_problem, Claim, Completed, Engine, FencedWrite, IdempotentRequest, NextAction, STARTED,
+};
 use crate::metrics::Metrics;
 use crate::problem::Problem;
 use crate::provider::PaymentProvider;
@@ -73,22 +84,116 @@ impl From<sqlx::Error> for CommandError {
     }
 }
 
+/// A point a command can be resumed from: the step before it finished and
+/// was recorded. Stored by name in the idempotency record.
+pub trait RecoveryPoint: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// Every point of the command.
+    const ALL: &'static [Self];
+
+    /// The name stored in the record.
+    fn as_str(self) -> &'static str;
+
+    /// The point a stored name means.
+    fn parse(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|p| p.as_str() == name)
+    }
+}
+
+/// For a command of one step: it has no recovery point.
+#[derive(Debug, Clone, Copy)]
+pub enum NoRecoveryPoint {}
+
+impl RecoveryPoint for NoRecoveryPoint {
+    const ALL: &'static [Self] = &[];
+
+    fn as_str(self) -> &'static str {
+        match self {}
+    }
+}
+
+/// Where a command stands when asked for its next step.
+#[derive(Debug)]
+pub enum At<P, M> {
+    /// Nothing recorded yet: the first step.
+    Start,
+    /// `point` was recorded, with the resource its step created. `memo` is
+    /// what that step handed on when it ran in this process; `None` after a
+    /// crash or a takeover, when the step must read what it needs.
+    After {
+        /// The recorded point.
+        point: P,
+        /// The resource the recorded step created.
+        resource: Uuid,
+        /// What the recorded step handed on, if it ran here.
+        memo: Option<M>,
+    },
+}
+
+/// What a step did, for the driver to finish.
+pub enum Step<P, M> {
+    /// The step's writes are in `tx`: the driver records `point` (with the
+    /// resource the step created) in `tx`, commits, and asks for the next.
+    Record {
+        /// The step's open transaction.
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        /// The point reached.
+        point: P,
+        /// The resource the step created.
+        resource: Uuid,
+        /// Handed to the next step in this process.
+        memo: M,
+    },
+    /// The last step's writes are in `tx`: the driver stores `response` in
+    /// `tx` and commits.
+    Complete {
+        /// The last step's open transaction.
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        /// The answer to store and send.
+        response: StoredResponse,
+    },
+    /// The command's effect and its completion in one statement (one round
+    /// trip, one commit), which the engine runs under its fence.
+    CompleteInOne {
+        /// The answer to store and send.
+        response: StoredResponse,
+        /// The statement.
+        write: FencedWrite,
+    },
+}
+
+/// What a step may know of the execution it belongs to: whose it is and
+/// under which key. Deliberately not the claim.
+#[derive(Debug, Clone, Copy)]
+pub struct Run<'a> {
+    /// The merchant the command runs for.
+    pub merchant_id: Uuid,
+    /// The client's idempotency key.
+    pub key: &'a str,
+}
+
 /// One money command.
 pub trait Command: Sized + Send + Sync {
     /// Stored in the record so any process can resume it.
     const NAME: &'static str;
 
+    /// The command's recovery points, in the order its steps reach them.
+    type Point: RecoveryPoint;
+
+    /// What a step hands on to the next when both run in one process.
+    type Memo: Send;
+
     /// Parses input: `400` for shape, `422` for rules. Runs before any claim,
     /// so a refused request never touches the key.
     fn parse(input: &CommandInput) -> Result<Self, Problem>;
 
-    /// Runs the command from `claim.recovery_point()`, recording each
-    /// finished step and storing the response with its last writes.
-    fn execute(
+    /// The next step from `at`. A business rejection is
+    /// `Err(CommandError::Reject)`, stored and replayed like an answer.
+    fn step(
         &self,
         ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> impl Future<Output = Result<Completed, CommandError>> + Send;
+        run: Run<'_>,
+        at: At<Self::Point, Self::Memo>,
+    ) -> impl Future<Output = Result<Step<Self::Point, Self::Memo>, CommandError>> + Send;
 }
 
 /// A command's answer and whether it was replayed.
@@ -144,7 +249,7 @@ enum Drive {
     Failed(Problem),
 }
 
-/// Executes a claimed command and applies the keep/free rules.
+/// Executes a claimed command step by step and applies the keep/free rules.
 async fn drive<C: Command>(
     ctx: &AppContext,
     claim: &mut Claim,
@@ -158,9 +263,9 @@ async fn drive<C: Command>(
         key_hash = %claim.key_hash(),
         recovery_point = %claim.recovery_point(),
     );
-    let executed = tracing::Instrument::instrument(command.execute(ctx, claim), span).await;
+    let executed = tracing::Instrument::instrument(steps(ctx, claim, command), span).await;
     match executed {
-        Ok(Completed(response)) => Ok(response),
+        Ok(done) => Ok(done.into_response()),
         Err(CommandError::Reject(problem)) => {
             match ctx.engine.complete_rejected(claim, &problem).await {
                 Ok(response) => Ok(response),
@@ -176,6 +281,60 @@ async fn drive<C: Command>(
             // Effect-free failures free the key; the rest wait for a resume.
             ctx.engine.release(claim).await;
             Err(Drive::Failed(store_problem(e)))
+        }
+    }
+}
+
+/// The step loop: asks the command for its next step from the recorded
+/// point, records it or completes, until completed.
+async fn steps<C: Command>(
+    ctx: &AppContext,
+    claim: &mut Claim,
+    command: &C,
+) -> Result<Completed, CommandError> {
+    let mut memo: Option<C::Memo> = None;
+    loop {
+        let at = match (claim.recovery_point(), claim.resource_id()) {
+            (STARTED, _) => At::Start,
+            (name, Some(resource)) => At::After {
+                point: C::Point::parse(name).ok_or_else(|| {
+                    StoreError::Corrupt(format!("{} cannot resume at {name}", C::NAME))
+                })?,
+                resource,
+                memo: memo.take(),
+            },
+            (name, None) => {
+                return Err(StoreError::Corrupt(format!(
+                    "{} recorded {name} without a resource",
+                    C::NAME
+                ))
+                .into())
+            }
+        };
+        let run = Run {
+            merchant_id: claim.merchant_id(),
+            key: claim.key(),
+        };
+        match command.step(ctx, run, at).await? {
+            Step::Record {
+                mut tx,
+                point,
+                resource,
+                memo: next,
+            } => {
+                claim.record_step(&mut tx, point.as_str(), resource).await?;
+                tx.commit().await?;
+                tracing::debug!(point = point.as_str(), "step recorded");
+                memo = Some(next);
+            }
+            Step::Complete { mut tx, response } => {
+                let done = claim.complete(&mut tx, response).await?;
+                tx.commit().await?;
+                return Ok(done);
+            }
+            Step::CompleteInOne { response, write } => {
+                return Ok(claim.complete_fenced(&ctx.pool, response, write).await?);
+            }
         }
     }
 }

@@ -3,11 +3,14 @@
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
-use super::refunds::{self, REFUND_CREATED};
-use super::{json_response, AppContext, Command, CommandError, CommandInput};
+use super::refunds;
+use super::{
+    json_response, AppContext, At, Command, CommandError, CommandInput, NoRecoveryPoint,
+    RecoveryPoint, Run, Step,
+};
 use crate::domain::order::{CancelPlan, NewOrder, Order, RawLineItem};
 use crate::domain::payment::PaymentStatus;
-use crate::idempotency::{Claim, Completed, STARTED};
+use crate::idempotency::{FencedWrite, StoredResponse};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::store::{self, StoreError};
@@ -18,6 +21,8 @@ pub struct CreateOrder(NewOrder);
 
 impl Command for CreateOrder {
     const NAME: &'static str = "create_order";
+    type Point = NoRecoveryPoint;
+    type Memo = ();
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let body = Obj::root(&input.body)?;
@@ -38,18 +43,24 @@ impl Command for CreateOrder {
             .map_err(Problem::rule)
     }
 
-    async fn execute(
+    async fn step(
         &self,
-        ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> Result<Completed, CommandError> {
+        _ctx: &AppContext,
+        _run: Run<'_>,
+        _at: At<NoRecoveryPoint, ()>,
+    ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         // The database keeps microseconds: round now so the answer and a
         // later read show the same timestamps.
         let order = Order::awaiting_payment(Uuid::now_v7(), &self.0, Utc::now().trunc_subsecs(6));
         let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
-        let (record, token) = claim.fence();
-        store::orders::insert_completing(&ctx.pool, record, token, &order, &response).await?;
-        Ok(Completed(response))
+        // One statement inserts the order and completes the record: a crash
+        // leaves both or neither, and the create costs one round trip.
+        let write: FencedWrite = Box::new(move |pool, record, token, response| {
+            Box::pin(async move {
+                store::orders::insert_completing(pool, record, token, &order, response).await
+            })
+        });
+        Ok(Step::CompleteInOne { response, write })
     }
 }
 
@@ -67,8 +78,28 @@ fn order_response(
     json_response(status, order, None)
 }
 
+/// Where a cancel of a paid order can be resumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelPoint {
+    /// The refund of what is left was created (step 1).
+    RefundCreated,
+}
+
+impl RecoveryPoint for CancelPoint {
+    const ALL: &'static [Self] = &[CancelPoint::RefundCreated];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            CancelPoint::RefundCreated => "refund_created",
+        }
+    }
+}
+
 impl Command for CancelOrder {
     const NAME: &'static str = "cancel_order";
+    type Point = CancelPoint;
+    /// What step 2 must send (`None`: the refund is already final).
+    type Memo = Option<refunds::Outstanding>;
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let order_id = input
@@ -78,31 +109,31 @@ impl Command for CancelOrder {
         Ok(CancelOrder { order_id })
     }
 
-    async fn execute(
+    async fn step(
         &self,
         ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> Result<Completed, CommandError> {
-        let (refund_id, request) = match (claim.recovery_point(), claim.resource_id()) {
-            (STARTED, _) => match self.cancel_or_start_refund(ctx, claim).await? {
-                Ok(done) => return Ok(done),
-                Err(started) => started,
+        run: Run<'_>,
+        at: At<CancelPoint, Self::Memo>,
+    ) -> Result<Step<CancelPoint, Self::Memo>, CommandError> {
+        let (refund_id, outstanding) = match at {
+            At::Start => return self.cancel_or_start_refund(ctx, run).await,
+            At::After {
+                point: CancelPoint::RefundCreated,
+                resource,
+                memo,
+            } => match memo {
+                Some(outstanding) => (resource, outstanding),
+                None => (resource, refunds::pending_request(ctx, resource).await?),
             },
-            (REFUND_CREATED, Some(id)) => (id, refunds::pending_request(ctx, id).await?),
-            (point, _) => {
-                return Err(
-                    StoreError::Corrupt(format!("cancel_order cannot resume at {point}")).into(),
-                )
-            }
         };
-        let observed = refunds::step_2(ctx, request.as_ref()).await;
+        let observed = refunds::step_2(ctx, outstanding.as_ref()).await;
         let mut tx = ctx.pool.begin().await?;
         // Locks in the one order used everywhere: order, payment, refund.
-        store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+        store::orders::lock(&mut tx, run.merchant_id, self.order_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", self.order_id)))?;
         let refund = refunds::finish(&mut tx, ctx, refund_id, observed).await?;
-        let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+        let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
             .await?
             .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", self.order_id)))?;
         let response = match refund.status {
@@ -115,29 +146,27 @@ impl Command for CancelOrder {
                     ProblemCode::OrderNotCancellable,
                     "the provider declined the refund, so the paid order stays paid",
                 );
-                crate::store::idempotency::StoredResponse {
+                StoredResponse {
                     status: problem.status,
                     body: problem.body(),
                     location: None,
                 }
             }
         };
-        let done = claim.complete(&mut tx, response).await?;
-        tx.commit().await?;
-        Ok(done)
+        Ok(Step::Complete { tx, response })
     }
 }
 
 impl CancelOrder {
-    /// Step 1. Returns the completed answer for an unpaid order, or the id
-    /// of the refund created for a paid one.
+    /// Step 1: cancels an unpaid order at once (the last step), or creates
+    /// the refund of what is left of a paid one.
     async fn cancel_or_start_refund(
         &self,
         ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> Result<Result<Completed, (Uuid, Option<refunds::Outstanding>)>, CommandError> {
+        run: Run<'_>,
+    ) -> Result<Step<CancelPoint, Option<refunds::Outstanding>>, CommandError> {
         let mut tx = ctx.pool.begin().await?;
-        let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+        let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
             .await?
             .ok_or_else(|| {
                 CommandError::Reject(Problem::not_found(ProblemCode::OrderNotFound, "order"))
@@ -151,10 +180,7 @@ impl CancelOrder {
                 if store::payments::live_attempt_status(&mut tx, order.id).await?
                     == Some(PaymentStatus::Pending)
                 {
-                    return Err(CommandError::Reject(Problem::new(
-                        ProblemCode::PaymentInProgress,
-                        "the order has a pending payment; cancel it once the payment settles",
-                    )));
+                    return Err(CommandError::Reject(super::payments::payment_in_progress()));
                 }
                 let order = store::orders::set_status(
                     &mut tx,
@@ -162,11 +188,8 @@ impl CancelOrder {
                     crate::domain::order::OrderStatus::Cancelled,
                 )
                 .await?;
-                let done = claim
-                    .complete(&mut tx, order_response(200, &order)?)
-                    .await?;
-                tx.commit().await?;
-                Ok(Ok(done))
+                let response = order_response(200, &order)?;
+                Ok(Step::Complete { tx, response })
             }
             CancelPlan::RefundThenCancel => {
                 let payment = store::payments::lock_succeeded_for_order(&mut tx, order.id)
@@ -182,7 +205,7 @@ impl CancelOrder {
                     reason: Some("order_cancelled"),
                     // Its own namespace, so a refund command and a cancel
                     // that happen to share a client key never meet.
-                    key: format!("cancel:{}", claim.key()),
+                    key: format!("cancel:{}", run.key),
                     cancels_order: true,
                 };
                 // All or nothing: while another refund of the payment is
@@ -195,9 +218,14 @@ impl CancelOrder {
                         "a refund of this order's payment is still pending; cancel once it settles",
                     )));
                 }
-                let started = refunds::start(&mut tx, ctx, claim, &payment, &plan).await?;
-                tx.commit().await?;
-                Ok(Err(started))
+                let (refund_id, outstanding) =
+                    refunds::start(&mut tx, ctx, run, &payment, &plan).await?;
+                Ok(Step::Record {
+                    tx,
+                    point: CancelPoint::RefundCreated,
+                    resource: refund_id,
+                    memo: outstanding,
+                })
             }
         }
     }

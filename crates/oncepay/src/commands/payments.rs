@@ -12,17 +12,33 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::settle::{self, Cause};
-use super::{json_response, AppContext, Command, CommandError, CommandInput};
+use super::{
+    json_response, AppContext, At, Command, CommandError, CommandInput, RecoveryPoint, Run, Step,
+};
 use crate::domain::payment::{Payment, PaymentStatus};
-use crate::idempotency::{Claim, Completed, STARTED};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::provider::{CallOutcome, ChargeRequest};
 use crate::store::payments::{InsertAttemptError, NewAttempt};
 use crate::store::{self, StoreError};
 
-/// The recovery point after step 1.
-const ATTEMPT_CREATED: &str = "attempt_created";
+/// Where a payment can be resumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PaymentPoint {
+    /// The pending attempt exists (step 1): resuming sends (or looks up)
+    /// the charge with the attempt id as the provider key.
+    AttemptCreated,
+}
+
+impl RecoveryPoint for PaymentPoint {
+    const ALL: &'static [Self] = &[PaymentPoint::AttemptCreated];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            PaymentPoint::AttemptCreated => "attempt_created",
+        }
+    }
+}
 
 /// Pay an order with a provider token.
 pub struct CreatePayment {
@@ -38,6 +54,9 @@ pub fn uuid_field(obj: &Obj<'_>, name: &str) -> Result<Uuid, Problem> {
 
 impl Command for CreatePayment {
     const NAME: &'static str = "create_payment";
+    type Point = PaymentPoint;
+    /// The attempt step 1 inserted.
+    type Memo = Payment;
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let body = Obj::root(&input.body)?;
@@ -59,26 +78,31 @@ impl Command for CreatePayment {
         })
     }
 
-    async fn execute(
+    async fn step(
         &self,
         ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> Result<Completed, CommandError> {
-        let resumed = claim.recovery_point() != STARTED;
-        let attempt = match (claim.recovery_point(), claim.resource_id()) {
-            (STARTED, _) => self.create_attempt(ctx, claim).await?,
+        run: Run<'_>,
+        at: At<PaymentPoint, Payment>,
+    ) -> Result<Step<PaymentPoint, Payment>, CommandError> {
+        let (attempt, resumed) = match at {
+            At::Start => return self.create_attempt(ctx, run).await,
+            At::After {
+                point: PaymentPoint::AttemptCreated,
+                memo: Some(attempt),
+                ..
+            } => (attempt, false),
             // Resumed after a crash: the attempt as it is now (a webhook or
             // the reconciler may have settled it meanwhile).
-            (ATTEMPT_CREATED, Some(id)) => {
+            At::After {
+                point: PaymentPoint::AttemptCreated,
+                resource,
+                memo: None,
+            } => {
                 let mut conn = ctx.pool.acquire().await?;
-                store::payments::get(&mut conn, claim.merchant_id(), id)
+                let attempt = store::payments::get(&mut conn, run.merchant_id, resource)
                     .await?
-                    .ok_or_else(|| StoreError::Corrupt(format!("attempt {id} vanished")))?
-            }
-            (point, _) => {
-                return Err(
-                    StoreError::Corrupt(format!("create_payment cannot resume at {point}")).into(),
-                )
+                    .ok_or_else(|| StoreError::Corrupt(format!("attempt {resource} vanished")))?;
+                (attempt, true)
             }
         };
         let attempt_id = attempt.id;
@@ -116,9 +140,7 @@ impl Command for CreatePayment {
         };
         let status = if payment.status.is_final() { 201 } else { 202 };
         let response = json_response(status, &payment, Some(format!("/payments/{}", payment.id)))?;
-        let done = claim.complete(&mut tx, response).await?;
-        tx.commit().await?;
-        Ok(done)
+        Ok(Step::Complete { tx, response })
     }
 }
 
@@ -127,10 +149,10 @@ impl CreatePayment {
     async fn create_attempt(
         &self,
         ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> Result<Payment, CommandError> {
+        run: Run<'_>,
+    ) -> Result<Step<PaymentPoint, Payment>, CommandError> {
         let mut tx = ctx.pool.begin().await?;
-        let order = store::orders::lock(&mut tx, claim.merchant_id(), self.order_id)
+        let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
             .await?
             .ok_or_else(|| {
                 CommandError::Reject(Problem::not_found(ProblemCode::OrderNotFound, "order"))
@@ -151,9 +173,9 @@ impl CreatePayment {
         }
         let new = NewAttempt {
             id: Uuid::now_v7(),
-            merchant_id: claim.merchant_id(),
+            merchant_id: run.merchant_id,
             order_id: order.id,
-            idempotency_key: claim.key(),
+            idempotency_key: run.key,
             amount: order.amount,
             currency: &order.currency,
             provider: ctx.provider.name(),
@@ -174,22 +196,27 @@ impl CreatePayment {
             }
             Err(InsertAttemptError::Store(e)) => return Err(e.into()),
         };
-        claim
-            .record_step(&mut tx, ATTEMPT_CREATED, attempt.id)
-            .await?;
-        tx.commit().await?;
+        // Counted before the driver commits: a commit that then fails
+        // overcounts one pending, which the next transition corrects.
         ctx.metrics
             .payment_transitions
             .with_label_values(&["pending", "command"])
             .inc();
-        Ok(attempt)
+        Ok(Step::Record {
+            tx,
+            point: PaymentPoint::AttemptCreated,
+            resource: attempt.id,
+            memo: attempt,
+        })
     }
 }
 
-fn payment_in_progress() -> Problem {
+/// `409 payment_in_progress`: the order has a pending attempt, whose
+/// outcome must be known before anything else is done with the order.
+pub fn payment_in_progress() -> Problem {
     Problem::new(
         ProblemCode::PaymentInProgress,
-        "the order has a pending payment; poll it with GET /payments/{id} instead of paying again",
+        "the order has a pending payment; poll it with GET /payments/{id} and act once it settles",
     )
 }
 

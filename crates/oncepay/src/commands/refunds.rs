@@ -6,20 +6,36 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::settle::{self, Cause};
-use super::{json_response, AppContext, Command, CommandError, CommandInput};
+use super::{
+    json_response, AppContext, At, Command, CommandError, CommandInput, RecoveryPoint, Run, Step,
+};
 use crate::domain::money::Amount;
 use crate::domain::payment::{Payment, PaymentStatus, Refund};
 use crate::domain::refund;
 use crate::domain::RuleViolation;
-use crate::idempotency::{Claim, Completed, STARTED};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::provider::{CallOutcome, ProviderObject, RefundRequest};
 use crate::store::refunds::{InsertRefundError, NewRefund};
 use crate::store::{self, StoreError};
 
-/// The recovery point after a refund row is created.
-pub const REFUND_CREATED: &str = "refund_created";
+/// Where a refund can be resumed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefundPoint {
+    /// The pending refund exists (step 1): resuming sends (or looks up) it
+    /// with the refund id as the provider key.
+    RefundCreated,
+}
+
+impl RecoveryPoint for RefundPoint {
+    const ALL: &'static [Self] = &[RefundPoint::RefundCreated];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            RefundPoint::RefundCreated => "refund_created",
+        }
+    }
+}
 
 /// Longest refund reason, in characters.
 pub const REASON_MAX: usize = 500;
@@ -33,6 +49,9 @@ pub struct CreateRefund {
 
 impl Command for CreateRefund {
     const NAME: &'static str = "create_refund";
+    type Point = RefundPoint;
+    /// What step 2 must send (`None`: the refund is already final).
+    type Memo = Option<Outstanding>;
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let payment_id = input
@@ -67,28 +86,29 @@ impl Command for CreateRefund {
         })
     }
 
-    async fn execute(
+    async fn step(
         &self,
         ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> Result<Completed, CommandError> {
-        let (refund_id, request) = match (claim.recovery_point(), claim.resource_id()) {
-            (STARTED, _) => self.create_refund(ctx, claim).await?,
-            (REFUND_CREATED, Some(id)) => (id, pending_request(ctx, id).await?),
-            (point, _) => {
-                return Err(
-                    StoreError::Corrupt(format!("create_refund cannot resume at {point}")).into(),
-                )
-            }
+        run: Run<'_>,
+        at: At<RefundPoint, Self::Memo>,
+    ) -> Result<Step<RefundPoint, Self::Memo>, CommandError> {
+        let (refund_id, outstanding) = match at {
+            At::Start => return self.create_refund(ctx, run).await,
+            At::After {
+                point: RefundPoint::RefundCreated,
+                resource,
+                memo,
+            } => match memo {
+                Some(outstanding) => (resource, outstanding),
+                None => (resource, pending_request(ctx, resource).await?),
+            },
         };
-        let observed = step_2(ctx, request.as_ref()).await;
+        let observed = step_2(ctx, outstanding.as_ref()).await;
         let mut tx = ctx.pool.begin().await?;
         let refund = finish(&mut tx, ctx, refund_id, observed).await?;
         let status = if refund.status.is_final() { 201 } else { 202 };
         let response = json_response(status, &refund, Some(format!("/refunds/{}", refund.id)))?;
-        let done = claim.complete(&mut tx, response).await?;
-        tx.commit().await?;
-        Ok(done)
+        Ok(Step::Complete { tx, response })
     }
 }
 
@@ -97,12 +117,12 @@ impl CreateRefund {
     async fn create_refund(
         &self,
         ctx: &AppContext,
-        claim: &mut Claim,
-    ) -> Result<(Uuid, Option<Outstanding>), CommandError> {
+        run: Run<'_>,
+    ) -> Result<Step<RefundPoint, Option<Outstanding>>, CommandError> {
         let not_found =
             || CommandError::Reject(Problem::not_found(ProblemCode::PaymentNotFound, "payment"));
         let mut tx = ctx.pool.begin().await?;
-        let payment = store::payments::get(&mut tx, claim.merchant_id(), self.payment_id)
+        let payment = store::payments::get(&mut tx, run.merchant_id, self.payment_id)
             .await?
             .ok_or_else(not_found)?;
         store::orders::lock_by_id(&mut tx, payment.order_id).await?;
@@ -121,12 +141,16 @@ impl CreateRefund {
         let plan = Plan {
             amount: self.amount.map(Amount::minor_units),
             reason: self.reason.as_deref(),
-            key: claim.key().to_string(),
+            key: run.key.to_string(),
             cancels_order: false,
         };
-        let started = start(&mut tx, ctx, claim, &payment, &plan).await?;
-        tx.commit().await?;
-        Ok(started)
+        let (refund_id, outstanding) = start(&mut tx, ctx, run, &payment, &plan).await?;
+        Ok(Step::Record {
+            tx,
+            point: RefundPoint::RefundCreated,
+            resource: refund_id,
+            memo: outstanding,
+        })
     }
 }
 
@@ -155,13 +179,13 @@ pub struct Outstanding {
 
 /// Step 1 of any refund, inside the caller's transaction with the order and
 /// the payment rows locked (so refunds of one payment are serialised):
-/// finds the refund this key already made, or plans and inserts a new one,
-/// and records the step. Returns the refund id and what step 2 must do
-/// (`None` if the refund is already final).
+/// finds the refund this key already made, or plans and inserts a new one.
+/// Returns the refund id (the caller's step records it) and what step 2
+/// must do (`None` if the refund is already final).
 pub async fn start(
     tx: &mut sqlx::PgConnection,
     ctx: &AppContext,
-    claim: &mut Claim,
+    run: Run<'_>,
     payment: &Payment,
     plan: &Plan<'_>,
 ) -> Result<(Uuid, Option<Outstanding>), CommandError> {
@@ -171,7 +195,6 @@ pub async fn start(
         if plan.amount.is_some_and(|a| a != existing.amount) {
             return Err(CommandError::Reject(key_made_another_refund()));
         }
-        claim.record_step(tx, REFUND_CREATED, existing.id).await?;
         let outstanding = match existing.status {
             PaymentStatus::Pending => Some(Outstanding {
                 request: refund_request(&existing, payment.provider_charge_id.clone())?,
@@ -189,7 +212,7 @@ pub async fn start(
     })?;
     let new = NewRefund {
         id: Uuid::now_v7(),
-        merchant_id: claim.merchant_id(),
+        merchant_id: run.merchant_id,
         payment_id: payment.id,
         amount,
         reason: plan.reason,
@@ -206,7 +229,6 @@ pub async fn start(
         }
         Err(InsertRefundError::Store(e)) => return Err(e.into()),
     };
-    claim.record_step(tx, REFUND_CREATED, refund.id).await?;
     let request = refund_request(&refund, payment.provider_charge_id.clone())?;
     Ok((
         refund.id,

@@ -9,9 +9,11 @@
 //!    still executes waits (polling, holding no connection while it sleeps)
 //!    and then replays, or is refused as in flight; another request with the
 //!    same key is refused as reused.
-//! 2. The command records each finished step with [`Claim::record_step`] in
-//!    the same transaction as the step's writes, and stores its response with
-//!    [`Claim::complete`] in the same transaction as its last writes.
+//! 2. The command driver (`crate::commands`) records each finished step
+//!    with [`Claim::record_step`] in the same transaction as the step's
+//!    writes, and stores the response with [`Claim::complete`] (or
+//!    [`Claim::complete_fenced`]) with the last writes. Only these make a
+//!    [`Completed`]; commands never hold the claim.
 //! 3. If the process dies, the lease expires and the next retry (or the
 //!    reconciler) takes the claim over and resumes from the last recorded
 //!    step: a step recorded as finished is never run again.
@@ -94,9 +96,32 @@ pub struct Claim {
     fresh_since: Option<Instant>,
 }
 
-/// Proof that a command's response was stored with its last writes.
+/// Proof that a command's response was stored with its last writes. Only
+/// a [`Claim`] makes one, by storing the response under its fence: a
+/// command cannot claim to be done without the record saying so.
 #[derive(Debug)]
-pub struct Completed(pub StoredResponse);
+pub struct Completed(StoredResponse);
+
+impl Completed {
+    /// The stored response.
+    pub fn into_response(self) -> StoredResponse {
+        self.0
+    }
+}
+
+/// Writes that complete a record in the same statement as the command's
+/// own effect (one round trip, one commit), given the record and its fencing
+/// token: the statement must update the record only under that token.
+pub type FencedWrite = Box<
+    dyn for<'a> FnOnce(
+            &'a PgPool,
+            &'a RecordId,
+            Uuid,
+            &'a StoredResponse,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send + 'a>,
+        > + Send,
+>;
 
 impl Claim {
     /// A claim taken over by the reconciler.
@@ -151,11 +176,16 @@ impl Claim {
         self.lease.recovery_point == STARTED
     }
 
-    /// The record and lease token that a single statement completing this
-    /// claim together with its own writes must match (see
-    /// `store::orders::insert_completing`).
-    pub fn fence(&self) -> (&RecordId, Uuid) {
-        (&self.id, self.lease.token)
+    /// Completes the claim with `write`, a statement that makes the
+    /// command's effect and stores `response` together under the fence.
+    pub async fn complete_fenced(
+        &self,
+        pool: &PgPool,
+        response: StoredResponse,
+        write: FencedWrite,
+    ) -> Result<Completed, StoreError> {
+        write(pool, &self.id, self.lease.token, &response).await?;
+        Ok(Completed(response))
     }
 
     /// Records that a step finished, inside the step's own transaction.
@@ -352,7 +382,7 @@ impl Engine {
         let mut tx = self.pool.begin().await?;
         let done = claim.complete(&mut tx, response).await?;
         tx.commit().await?;
-        Ok(done.0)
+        Ok(done.into_response())
     }
 }
 

@@ -201,53 +201,8 @@ async fn create_charge(
                 (existing.clone(), Vec::new(), None)
             }
             None => {
-                let (status, code, message, later) = match faults.base.as_str() {
-                    "tok_visa" => ("succeeded", None, None, None),
-                    "tok_declined" => (
-                        "failed",
-                        Some("card_declined"),
-                        Some("The card was declined."),
-                        None,
-                    ),
-                    "tok_async" => ("pending", None, None, Some("succeeded")),
-                    "tok_async_declined" => ("pending", None, None, Some("failed")),
-                    _ => (
-                        "failed",
-                        Some("invalid_payment_method"),
-                        Some("Unknown test token."),
-                        None,
-                    ),
-                };
-                let charge = Charge {
-                    id: new_id("ch"),
-                    object: "charge",
-                    idempotency_key: key.clone(),
-                    amount: body.amount,
-                    currency: body.currency.clone(),
-                    status,
-                    failure_code: code.map(str::to_string),
-                    failure_message: message.map(str::to_string),
-                    amount_refunded: 0,
-                    metadata: body.metadata.clone(),
-                    created: now_unix(),
-                    source: body.source.clone(),
-                };
-                books.charge_keys.insert(charge.id.clone(), key.clone());
-                books.charges.insert(key.clone(), charge.clone());
-                *books.effects.entry(key.clone()).or_insert(0) += 1;
                 let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
-                let events = match (later, reorder) {
-                    // Async: the pending event now, the final one later;
-                    // reordered, both later with the final one first.
-                    (Some(_), false) => vec![charge_event(&charge, "pending")],
-                    (Some(_), true) => Vec::new(),
-                    (None, false) => vec![charge_event(&charge, status)],
-                    (None, true) => vec![
-                        charge_event(&charge, status),
-                        charge_event(&charge, "pending"),
-                    ],
-                };
-                (charge, events, later)
+                new_charge(&mut books, &key, &body, &faults.base, reorder)
             }
         };
         let delivery = sandbox.delivery(&mut books, &faults, n);
@@ -271,6 +226,78 @@ async fn create_charge(
     }
     let body = serde_json::to_value(&charge).unwrap_or(Value::Null);
     deliver(delivery, body).await
+}
+
+/// What a test token decides: the charge's status now, its failure, and
+/// the status it settles to later (async tokens).
+struct Outcome {
+    status: &'static str,
+    failure: Option<(&'static str, &'static str)>,
+    later: Option<&'static str>,
+}
+
+fn outcome_of(token: &str) -> Outcome {
+    let (status, failure, later) = match token {
+        "tok_visa" => ("succeeded", None, None),
+        "tok_declined" => (
+            "failed",
+            Some(("card_declined", "The card was declined.")),
+            None,
+        ),
+        "tok_async" => ("pending", None, Some("succeeded")),
+        "tok_async_declined" => ("pending", None, Some("failed")),
+        _ => (
+            "failed",
+            Some(("invalid_payment_method", "Unknown test token.")),
+            None,
+        ),
+    };
+    Outcome {
+        status,
+        failure,
+        later,
+    }
+}
+
+/// Makes the first charge for `key` in the books, with the events to send
+/// now and the status it settles to later.
+fn new_charge(
+    books: &mut Books,
+    key: &str,
+    body: &ChargeBody,
+    token: &str,
+    reorder: bool,
+) -> (Charge, Vec<Value>, Option<&'static str>) {
+    let outcome = outcome_of(token);
+    let charge = Charge {
+        id: new_id("ch"),
+        object: "charge",
+        idempotency_key: key.to_string(),
+        amount: body.amount,
+        currency: body.currency.clone(),
+        status: outcome.status,
+        failure_code: outcome.failure.map(|f| f.0.to_string()),
+        failure_message: outcome.failure.map(|f| f.1.to_string()),
+        amount_refunded: 0,
+        metadata: body.metadata.clone(),
+        created: now_unix(),
+        source: body.source.clone(),
+    };
+    books.charge_keys.insert(charge.id.clone(), key.to_string());
+    books.charges.insert(key.to_string(), charge.clone());
+    *books.effects.entry(key.to_string()).or_insert(0) += 1;
+    let events = match (outcome.later, reorder) {
+        // Async: the pending event now, the final one later; reordered,
+        // both later with the final one first.
+        (Some(_), false) => vec![charge_event(&charge, "pending")],
+        (Some(_), true) => Vec::new(),
+        (None, false) => vec![charge_event(&charge, outcome.status)],
+        (None, true) => vec![
+            charge_event(&charge, outcome.status),
+            charge_event(&charge, "pending"),
+        ],
+    };
+    (charge, events, outcome.later)
 }
 
 /// Moves an async charge to its final status after the configured delay.

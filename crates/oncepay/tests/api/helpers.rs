@@ -317,6 +317,36 @@ pub async fn wait_for_ledger_total(http: &reqwest::Client, base: &str, name: &st
     );
 }
 
+/// POSTs `event` to the sandbox webhook endpoint with the given signature
+/// header (none if `None`) and timestamp.
+pub async fn post_webhook(
+    app: &TestApp,
+    event: &Value,
+    signature: Option<String>,
+    timestamp: i64,
+) -> reqwest::Response {
+    let body = event.to_string();
+    let id = event["id"].as_str().unwrap_or("evt_x").to_string();
+    let mut req = app
+        .http
+        .post(format!("{}/webhooks/sandbox", app.base))
+        .header("webhook-id", &id)
+        .header("webhook-timestamp", timestamp.to_string())
+        .body(body.clone());
+    if let Some(sig) = signature {
+        req = req.header("webhook-signature", sig);
+    }
+    req.send().await.expect("sent")
+}
+
+/// POSTs `event` signed with the development secret, as the sandbox would.
+pub async fn post_signed_webhook(app: &TestApp, event: &Value) -> reqwest::Response {
+    let id = event["id"].as_str().unwrap_or("evt_x");
+    let ts = chrono::Utc::now().timestamp();
+    let sig = oncepay::webhooks::WebhookSecret::dev().sign(id, ts, event.to_string().as_bytes());
+    post_webhook(app, event, Some(sig), ts).await
+}
+
 /// Parses a response body as JSON.
 pub async fn json_of(r: Response) -> Value {
     let bytes = r.bytes().await.expect("body");

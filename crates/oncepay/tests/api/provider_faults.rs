@@ -7,7 +7,6 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::helpers::*;
-use oncepay::webhooks::WebhookSecret;
 use oncepay::workers::reconciler;
 use oncepay_testkit::fault_proxy::{Fault, FaultProxy, Route};
 
@@ -259,23 +258,7 @@ async fn money_taken_for_a_payment_held_as_failed_is_refunded_as_an_incident() {
             "status": "succeeded", "amount": charge["amount"], "currency": "EUR",
         }},
     });
-    let deliver = || async {
-        let body = event.to_string();
-        let ts = chrono::Utc::now().timestamp();
-        let id = event["id"].as_str().expect("id");
-        app.http
-            .post(format!("{}/webhooks/sandbox", app.base))
-            .header("webhook-id", id)
-            .header("webhook-timestamp", ts.to_string())
-            .header(
-                "webhook-signature",
-                WebhookSecret::dev().sign(id, ts, body.as_bytes()),
-            )
-            .body(body)
-            .send()
-            .await
-            .expect("sent")
-    };
+    let deliver = || post_signed_webhook(&app, &event);
     // While the provider cannot be asked, the report is not spent: it is
     // refused with 503 so the provider delivers it again.
     app.proxy().set(Route::StatusRead, Fault::Down);

@@ -9,7 +9,6 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::*;
-use oncepay::webhooks::WebhookSecret;
 
 /// Starts `oncepay <subcommand>` on `0.0.0.0:PORT` and returns whether it
 /// became ready, or its exit status and standard error if it stopped.
@@ -102,22 +101,7 @@ async fn the_development_secret_is_refused_on_a_public_address() {
 }
 
 async fn deliver_signed(app: &TestApp, event: &Value) -> Value {
-    let body = event.to_string();
-    let id = event["id"].as_str().expect("id");
-    let ts = chrono::Utc::now().timestamp();
-    let r = app
-        .http
-        .post(format!("{}/webhooks/sandbox", app.base))
-        .header("webhook-id", id)
-        .header("webhook-timestamp", ts.to_string())
-        .header(
-            "webhook-signature",
-            WebhookSecret::dev().sign(id, ts, body.as_bytes()),
-        )
-        .body(body)
-        .send()
-        .await
-        .expect("sent");
+    let r = post_signed_webhook(app, event).await;
     assert_eq!(r.status(), StatusCode::OK);
     json_of(r).await
 }

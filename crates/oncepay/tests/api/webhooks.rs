@@ -11,33 +11,6 @@ fn now() -> i64 {
     chrono::Utc::now().timestamp()
 }
 
-async fn deliver(
-    app: &TestApp,
-    event: &Value,
-    signature: Option<String>,
-    timestamp: i64,
-) -> reqwest::Response {
-    let body = event.to_string();
-    let id = event["id"].as_str().unwrap_or("evt_x").to_string();
-    let mut req = app
-        .http
-        .post(format!("{}/webhooks/sandbox", app.base))
-        .header("webhook-id", &id)
-        .header("webhook-timestamp", timestamp.to_string())
-        .body(body.clone());
-    if let Some(sig) = signature {
-        req = req.header("webhook-signature", sig);
-    }
-    req.send().await.expect("sent")
-}
-
-async fn deliver_signed(app: &TestApp, event: &Value) -> reqwest::Response {
-    let id = event["id"].as_str().unwrap_or("evt_x");
-    let ts = now();
-    let sig = WebhookSecret::dev().sign(id, ts, event.to_string().as_bytes());
-    deliver(app, event, Some(sig), ts).await
-}
-
 fn charge_event(event_id: &str, payment: &Value, status: &str) -> Value {
     json!({
         "id": event_id,
@@ -107,7 +80,7 @@ async fn bad_missing_and_stale_signatures_are_401_and_change_nothing() {
         ),
     ];
     for (i, (signature, ts)) in cases.into_iter().enumerate() {
-        let r = deliver(&app, &event, signature, ts).await;
+        let r = post_webhook(&app, &event, signature, ts).await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "case {i}");
         assert_eq!(json_of(r).await["code"], "webhook_signature_invalid");
     }
@@ -130,7 +103,10 @@ async fn the_same_event_ten_times_changes_state_once() {
     let payment = settled_at_provider(&app).await;
     let event = charge_event("evt_dup", &payment, "succeeded");
     for _ in 0..10 {
-        assert_eq!(deliver_signed(&app, &event).await.status(), StatusCode::OK);
+        assert_eq!(
+            post_signed_webhook(&app, &event).await.status(),
+            StatusCode::OK
+        );
     }
     let id = payment["id"].as_str().expect("id");
     assert_eq!(
@@ -152,11 +128,11 @@ async fn the_same_event_ten_times_changes_state_once() {
 async fn a_late_pending_after_succeeded_is_recorded_and_ignored() {
     let app = spawn_app_with(settling_quiet_sandbox()).await;
     let payment = settled_at_provider(&app).await;
-    deliver_signed(&app, &charge_event("evt_a", &payment, "succeeded")).await;
-    let r = deliver_signed(&app, &charge_event("evt_b", &payment, "pending")).await;
+    post_signed_webhook(&app, &charge_event("evt_a", &payment, "succeeded")).await;
+    let r = post_signed_webhook(&app, &charge_event("evt_b", &payment, "pending")).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(json_of(r).await["outcome"], "ignored");
-    let r = deliver_signed(&app, &charge_event("evt_c", &payment, "failed")).await;
+    let r = post_signed_webhook(&app, &charge_event("evt_c", &payment, "failed")).await;
     assert_eq!(json_of(r).await["outcome"], "ignored");
     let id = payment["id"].as_str().expect("id");
     assert_eq!(
@@ -175,7 +151,7 @@ async fn an_event_for_an_unknown_charge_is_stored_and_answered_200() {
     let app = spawn_app().await;
     let stranger =
         json!({"id": uuid::Uuid::now_v7(), "provider_charge_id": "ch_unknown", "amount": 5});
-    let r = deliver_signed(&app, &charge_event("evt_u", &stranger, "succeeded")).await;
+    let r = post_signed_webhook(&app, &charge_event("evt_u", &stranger, "succeeded")).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(json_of(r).await["outcome"], "unknown_charge");
     let kept = app
@@ -210,7 +186,7 @@ async fn duplicated_and_reordered_sandbox_webhooks_end_in_the_right_state() {
 async fn a_signed_event_of_an_unknown_shape_is_kept_not_refused() {
     let app = spawn_app().await;
     let event = json!({"id": "evt_odd", "kind": "something.else", "payload": [1, 2]});
-    let r = deliver_signed(&app, &event).await;
+    let r = post_signed_webhook(&app, &event).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(json_of(r).await["outcome"], "ignored");
     let kept = app

@@ -99,6 +99,29 @@ pub trait RecoveryPoint: Copy + Send + Sync + std::fmt::Debug + 'static {
     }
 }
 
+/// Declares a command's recovery points: an enum, each variant with the
+/// name stored in the record, and its [`RecoveryPoint`] implementation.
+macro_rules! recovery_points {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl $crate::commands::RecoveryPoint for $name {
+            const ALL: &'static [Self] = &[$($name::$variant,)+];
+
+            fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+    };
+}
+pub(crate) use recovery_points;
+
 /// For a command of one step: it has no recovery point.
 #[derive(Debug, Clone, Copy)]
 pub enum NoRecoveryPoint {}
@@ -392,4 +415,26 @@ pub fn json_response<T: Serialize>(
         body,
         location,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip<P: RecoveryPoint + PartialEq>() {
+        assert!(!P::ALL.is_empty());
+        for point in P::ALL {
+            assert_eq!(P::parse(point.as_str()), Some(*point));
+            assert_ne!(point.as_str(), STARTED, "`started` means no point");
+        }
+        assert_eq!(P::parse("no_such_point"), None);
+    }
+
+    #[test]
+    fn recovery_points_are_stored_by_name_and_read_back() {
+        round_trip::<payments::PaymentPoint>();
+        round_trip::<refunds::RefundPoint>();
+        round_trip::<orders::CancelPoint>();
+        assert!(NoRecoveryPoint::ALL.is_empty());
+    }
 }

@@ -5,8 +5,8 @@ use uuid::Uuid;
 
 use super::refunds;
 use super::{
-    json_response, AppContext, At, Command, CommandError, CommandInput, NoRecoveryPoint,
-    RecoveryPoint, Run, Step,
+    json_response, recovery_points, AppContext, At, Command, CommandError, CommandInput,
+    NoRecoveryPoint, Run, Step,
 };
 use crate::domain::order::{CancelPlan, NewOrder, Order, RawLineItem};
 use crate::domain::payment::PaymentStatus;
@@ -78,20 +78,11 @@ fn order_response(
     json_response(status, order, None)
 }
 
-/// Where a cancel of a paid order can be resumed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CancelPoint {
-    /// The refund of what is left was created (step 1).
-    RefundCreated,
-}
-
-impl RecoveryPoint for CancelPoint {
-    const ALL: &'static [Self] = &[CancelPoint::RefundCreated];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            CancelPoint::RefundCreated => "refund_created",
-        }
+recovery_points! {
+    /// Where a cancel of a paid order can be resumed.
+    CancelPoint {
+        /// The refund of what is left was created (step 1).
+        RefundCreated = "refund_created",
     }
 }
 

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::settle::{self, Cause};
 use super::{
-    json_response, AppContext, At, Command, CommandError, CommandInput, RecoveryPoint, Run, Step,
+    json_response, recovery_points, AppContext, At, Command, CommandError, CommandInput, Run, Step,
 };
 use crate::domain::payment::{Payment, PaymentStatus};
 use crate::input::Obj;
@@ -22,21 +22,12 @@ use crate::provider::{CallOutcome, ChargeRequest};
 use crate::store::payments::{InsertAttemptError, NewAttempt};
 use crate::store::{self, StoreError};
 
-/// Where a payment can be resumed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PaymentPoint {
-    /// The pending attempt exists (step 1): resuming sends (or looks up)
-    /// the charge with the attempt id as the provider key.
-    AttemptCreated,
-}
-
-impl RecoveryPoint for PaymentPoint {
-    const ALL: &'static [Self] = &[PaymentPoint::AttemptCreated];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            PaymentPoint::AttemptCreated => "attempt_created",
-        }
+recovery_points! {
+    /// Where a payment can be resumed.
+    PaymentPoint {
+        /// The pending attempt exists (step 1): resuming sends (or looks up)
+        /// the charge with the attempt id as the provider key.
+        AttemptCreated = "attempt_created",
     }
 }
 

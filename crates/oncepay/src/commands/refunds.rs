@@ -7,7 +7,7 @@ use uuid::Uuid;
 
 use super::settle::{self, Cause};
 use super::{
-    json_response, AppContext, At, Command, CommandError, CommandInput, RecoveryPoint, Run, Step,
+    json_response, recovery_points, AppContext, At, Command, CommandError, CommandInput, Run, Step,
 };
 use crate::domain::money::Amount;
 use crate::domain::payment::{Payment, PaymentStatus, Refund};
@@ -19,21 +19,12 @@ use crate::provider::{CallOutcome, ProviderObject, RefundRequest};
 use crate::store::refunds::{InsertRefundError, NewRefund};
 use crate::store::{self, StoreError};
 
-/// Where a refund can be resumed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefundPoint {
-    /// The pending refund exists (step 1): resuming sends (or looks up) it
-    /// with the refund id as the provider key.
-    RefundCreated,
-}
-
-impl RecoveryPoint for RefundPoint {
-    const ALL: &'static [Self] = &[RefundPoint::RefundCreated];
-
-    fn as_str(self) -> &'static str {
-        match self {
-            RefundPoint::RefundCreated => "refund_created",
-        }
+recovery_points! {
+    /// Where a refund can be resumed.
+    RefundPoint {
+        /// The pending refund exists (step 1): resuming sends (or looks up)
+        /// it with the refund id as the provider key.
+        RefundCreated = "refund_created",
     }
 }
 

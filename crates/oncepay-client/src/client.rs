@@ -1,0 +1,511 @@
+//! The client and its intents.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::error::{ApiError, Error};
+use crate::model::{NewOrder, Order, Payment, Refund, Status};
+use crate::retry::{decide, retry_after, Decision, RetryPolicy};
+use crate::store::{
+    now_unix, Closed, Command, IntentRecord, IntentStore, MemoryStore, StoredRequest,
+};
+
+/// One try of a request, as reported to an observer (for logs, or the
+/// example's terminal output).
+#[derive(Debug, Clone)]
+pub struct AttemptReport {
+    /// The intent's name (empty for a read).
+    pub intent: String,
+    /// The idempotency key sent (empty for a read).
+    pub key: String,
+    /// `POST /payments`, `GET /payments/…`.
+    pub request: String,
+    /// 1-based.
+    pub attempt: u32,
+    /// What came back: `201`, `202`, `timed out`, `503 (retrying)`, …
+    pub outcome: String,
+}
+
+type Observer = Arc<dyn Fn(&AttemptReport) + Send + Sync>;
+
+/// Builds a [`Client`].
+pub struct ClientBuilder {
+    base: String,
+    api_key: String,
+    policy: RetryPolicy,
+    store: Arc<dyn IntentStore>,
+    observer: Option<Observer>,
+}
+
+impl ClientBuilder {
+    /// Where intents are kept (default: in memory, lost with the process;
+    /// give a [`crate::FileStore`] to survive a crash).
+    pub fn store(mut self, store: impl IntentStore + 'static) -> Self {
+        self.store = Arc::new(store);
+        self
+    }
+
+    /// The retry policy (see [`RetryPolicy`]).
+    pub fn policy(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Called after every try of every request.
+    pub fn on_attempt(mut self, observer: impl Fn(&AttemptReport) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// The client.
+    pub fn build(self) -> Result<Client, Error> {
+        let http = reqwest::Client::builder()
+            .timeout(self.policy.attempt_timeout)
+            .connect_timeout(self.policy.attempt_timeout.min(Duration::from_secs(2)))
+            .build()
+            .map_err(|e| Error::Build(e.to_string()))?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                base: self.base.trim_end_matches('/').to_string(),
+                api_key: self.api_key,
+                policy: self.policy,
+                store: self.store,
+                observer: self.observer,
+            }),
+        })
+    }
+}
+
+struct Inner {
+    http: reqwest::Client,
+    base: String,
+    api_key: String,
+    policy: RetryPolicy,
+    store: Arc<dyn IntentStore>,
+    observer: Option<Observer>,
+}
+
+/// The oncepay client. Cheap to clone; share one per process.
+///
+/// ```no_run
+/// use oncepay_client::{Client, FileStore, LineItem, NewOrder};
+/// # async fn demo() -> Result<(), oncepay_client::Error> {
+/// let client = Client::builder("http://127.0.0.1:8080", "opk_…")
+///     .store(FileStore::open("./intents")?)
+///     .build()?;
+/// let order = client
+///     .intent("create order 123")
+///     .create_order(&NewOrder::new("cus_1", "EUR", vec![LineItem { sku: "book".into(), quantity: 1, unit_amount: 2500 }]))
+///     .await?;
+/// let payment = client.intent("pay order 123").pay(order.id, "tok_visa").await?;
+/// println!("{:?}", payment.status);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+/// A final HTTP answer: status, body and request id.
+struct Answer {
+    status: u16,
+    body: Value,
+}
+
+impl Client {
+    /// A builder for the API at `base` (`http://127.0.0.1:8080`) with a
+    /// merchant's API key.
+    pub fn builder(base: &str, api_key: &str) -> ClientBuilder {
+        ClientBuilder {
+            base: base.to_string(),
+            api_key: api_key.to_string(),
+            policy: RetryPolicy::default(),
+            store: Arc::new(MemoryStore::default()),
+            observer: None,
+        }
+    }
+
+    /// The intent called `name` ("pay order 123"): one business intent, one
+    /// idempotency key, whatever happens. The key is made at the intent's
+    /// first command and stored before that command is sent; every retry and
+    /// every later resumption sends the same key.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// // A double click, a retry after a crash: the same intent, one charge.
+    /// let payment = client.intent(&format!("pay order {order_id}")).pay(order_id, "tok_visa").await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn intent(&self, name: &str) -> Intent {
+        Intent {
+            client: self.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The intents without a final answer, e.g. after a restart.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client) -> Result<(), oncepay_client::Error> {
+    /// for open in client.open_intents()? {
+    ///     let outcome = client.resume(&open).await;
+    ///     println!("{}: {:?}", open.name, outcome.is_ok());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn open_intents(&self) -> Result<Vec<IntentRecord>, Error> {
+        Ok(self.inner.store.open()?)
+    }
+
+    /// Finishes an open intent: sends its stored request again with its
+    /// key (following a pending payment or refund as the first send would)
+    /// and returns the final body.
+    pub async fn resume(&self, record: &IntentRecord) -> Result<Value, Error> {
+        let intent = self.intent(&record.name);
+        intent.run(record.request.clone()).await
+    }
+
+    /// Forgets intents closed more than `older_than` ago (use the service's
+    /// `ONCEPAY_IDEMPOTENCY_TTL`, 24 h by default). Returns how many.
+    pub fn prune(&self, older_than: Duration) -> Result<usize, Error> {
+        Ok(self.inner.store.prune(older_than)?)
+    }
+
+    /// `GET /orders/{id}` (a safe read, retried).
+    pub async fn get_order(&self, id: Uuid) -> Result<Order, Error> {
+        self.read(&format!("/orders/{id}")).await
+    }
+
+    /// `GET /payments/{id}` (a safe read, retried).
+    pub async fn get_payment(&self, id: Uuid) -> Result<Payment, Error> {
+        self.read(&format!("/payments/{id}")).await
+    }
+
+    /// `GET /orders/{id}/payments`: the order's attempts, oldest first.
+    pub async fn list_payments(&self, order_id: Uuid) -> Result<Vec<Payment>, Error> {
+        self.read(&format!("/orders/{order_id}/payments")).await
+    }
+
+    /// `GET /refunds/{id}` (a safe read, retried).
+    pub async fn get_refund(&self, id: Uuid) -> Result<Refund, Error> {
+        self.read(&format!("/refunds/{id}")).await
+    }
+
+    fn report(&self, intent: &str, key: &str, request: &str, attempt: u32, outcome: String) {
+        if let Some(observer) = &self.inner.observer {
+            observer(&AttemptReport {
+                intent: intent.into(),
+                key: key.into(),
+                request: request.into(),
+                attempt,
+                outcome,
+            });
+        }
+    }
+
+    /// Sends one request until a final answer or the deadline: `Ok` for a
+    /// final answer (2xx or a final 4xx), `Err(last reason, request id)`
+    /// when none came in time.
+    async fn exchange(
+        &self,
+        build: impl Fn() -> reqwest::RequestBuilder,
+        label: &str,
+        intent: (&str, &str),
+        deadline: Instant,
+    ) -> Result<(Answer, Option<String>), (String, Option<String>)> {
+        let policy = self.inner.policy;
+        let mut last = ("no try made".to_string(), None);
+        for n in 0u32.. {
+            let sent = build().send().await;
+            let (reason, after, request_id) = match sent {
+                Err(e) => (describe(&e), None, None),
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let request_id = response
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
+                    let after = retry_after(response.headers());
+                    match response.bytes().await {
+                        Err(e) => (describe(&e), None, request_id),
+                        Ok(bytes) => {
+                            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                            let code = body["code"].as_str();
+                            match decide(status, code, after) {
+                                Decision::Final => {
+                                    self.report(
+                                        intent.0,
+                                        intent.1,
+                                        label,
+                                        n + 1,
+                                        status.to_string(),
+                                    );
+                                    return Ok((Answer { status, body }, request_id));
+                                }
+                                Decision::Retry { reason, after } => (reason, after, request_id),
+                            }
+                        }
+                    }
+                }
+            };
+            self.report(
+                intent.0,
+                intent.1,
+                label,
+                n + 1,
+                format!("{reason} (retrying, same key)"),
+            );
+            last = (reason, request_id);
+            let pause = policy.pause(n, after);
+            if Instant::now() + pause >= deadline {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+        }
+        Err(last)
+    }
+
+    async fn read<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        let deadline = Instant::now() + self.inner.policy.deadline;
+        let url = format!("{}{path}", self.inner.base);
+        let build = || self.inner.http.get(&url).bearer_auth(&self.inner.api_key);
+        match self
+            .exchange(build, &format!("GET {path}"), ("", ""), deadline)
+            .await
+        {
+            Ok((answer, request_id)) => decode(answer, request_id),
+            Err((last, _)) => Err(Error::Unavailable {
+                path: path.into(),
+                last,
+            }),
+        }
+    }
+}
+
+fn describe(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timed out".into()
+    } else if e.is_connect() {
+        "could not connect".into()
+    } else {
+        "connection lost before the answer".into()
+    }
+}
+
+fn problem(answer: &Answer, request_id: Option<String>) -> Error {
+    Error::Api(ApiError {
+        status: answer.status,
+        code: answer.body["code"]
+            .as_str()
+            .unwrap_or("unknown")
+            .to_string(),
+        detail: answer.body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        request_id,
+    })
+}
+
+fn decode<T: DeserializeOwned>(answer: Answer, request_id: Option<String>) -> Result<T, Error> {
+    if answer.status >= 400 {
+        return Err(problem(&answer, request_id));
+    }
+    serde_json::from_value(answer.body).map_err(|e| Error::Decode(e.to_string()))
+}
+
+/// One business intent and its key; see [`Client::intent`]. Each intent
+/// sends one request: asking it for another is [`Error::IntentReused`].
+pub struct Intent {
+    client: Client,
+    name: String,
+}
+
+impl Intent {
+    /// `POST /orders`; the created order.
+    pub async fn create_order(&self, order: &NewOrder) -> Result<Order, Error> {
+        let body = serde_json::to_value(order).map_err(|e| Error::Decode(e.to_string()))?;
+        let answer = self
+            .run(StoredRequest {
+                command: Command::CreateOrder,
+                path: "/orders".into(),
+                body,
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// `POST /payments`: pays the order with a provider token. A decline is
+    /// a `failed` payment (final, never retried). A payment still `pending`
+    /// at the deadline is returned as such: poll it, or resume the intent
+    /// later; it is never a failure.
+    pub async fn pay(&self, order_id: Uuid, payment_method: &str) -> Result<Payment, Error> {
+        let answer = self
+            .run(StoredRequest {
+                command: Command::Pay,
+                path: "/payments".into(),
+                body: json!({"order_id": order_id, "payment_method": payment_method}),
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// `POST /payments/{id}/refunds`: `amount` (default: what is left) and
+    /// a reason. Pending at the deadline is returned as pending.
+    pub async fn refund(
+        &self,
+        payment_id: Uuid,
+        amount: Option<i64>,
+        reason: Option<&str>,
+    ) -> Result<Refund, Error> {
+        let mut body = json!({});
+        if let Some(amount) = amount {
+            body["amount"] = json!(amount);
+        }
+        if let Some(reason) = reason {
+            body["reason"] = json!(reason);
+        }
+        let answer = self
+            .run(StoredRequest {
+                command: Command::Refund,
+                path: format!("/payments/{payment_id}/refunds"),
+                body,
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// `POST /orders/{id}/cancel`: the order (`cancelled`, or still `paid`
+    /// while its refund settles).
+    pub async fn cancel(&self, order_id: Uuid) -> Result<Order, Error> {
+        let answer = self
+            .run(StoredRequest {
+                command: Command::Cancel,
+                path: format!("/orders/{order_id}/cancel"),
+                body: json!({}),
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// The intent's record: made (with a new key) and stored before the
+    /// first send, or found.
+    fn record(&self, request: &StoredRequest) -> Result<IntentRecord, Error> {
+        let store = &self.client.inner.store;
+        let record = match store.load(&self.name)? {
+            Some(record) => record,
+            None => store.insert_new(IntentRecord {
+                name: self.name.clone(),
+                key: Uuid::new_v4().to_string(),
+                created_at: now_unix(),
+                request: request.clone(),
+                closed: None,
+            })?,
+        };
+        if record.request != *request {
+            return Err(Error::IntentReused(self.name.clone()));
+        }
+        Ok(record)
+    }
+
+    /// Sends the intent's request until a final answer, follows a pending
+    /// payment or refund until it settles or the deadline, closes the
+    /// intent on a final answer, and returns the final body.
+    async fn run(&self, request: StoredRequest) -> Result<Value, Error> {
+        let record = self.record(&request)?;
+        let started = Instant::now();
+        if let Some(closed) = &record.closed {
+            let answer = Answer {
+                status: closed.status,
+                body: closed.body.clone(),
+            };
+            return decode::<Value>(answer, None);
+        }
+        let inner = &self.client.inner;
+        let deadline = started + inner.policy.deadline;
+        let url = format!("{}{}", inner.base, request.path);
+        let build = || {
+            inner
+                .http
+                .post(&url)
+                .bearer_auth(&inner.api_key)
+                .header("Idempotency-Key", &record.key)
+                .json(&request.body)
+        };
+        let label = format!("POST {}", request.path);
+        let (answer, request_id) = match self
+            .client
+            .exchange(build, &label, (&self.name, &record.key), deadline)
+            .await
+        {
+            Ok(answer) => answer,
+            Err((last, request_id)) => {
+                return Err(Error::OutcomeUnknown {
+                    intent: self.name.clone(),
+                    key: record.key.clone(),
+                    last,
+                    request_id,
+                    elapsed: started.elapsed(),
+                })
+            }
+        };
+        let answer = self.follow(answer, &request, deadline).await;
+        let settled =
+            answer.status >= 400 || !matches!(answer.body["status"].as_str(), Some("pending"));
+        if settled {
+            let mut closed = record.clone();
+            closed.closed = Some(Closed {
+                at: now_unix(),
+                status: answer.status,
+                body: answer.body.clone(),
+            });
+            inner.store.update(&closed)?;
+        }
+        decode(answer, request_id)
+    }
+
+    /// A `202 pending` payment or refund is polled (a safe read) with
+    /// backoff until it is final or the deadline passes; the last state
+    /// read is the answer.
+    async fn follow(&self, answer: Answer, request: &StoredRequest, deadline: Instant) -> Answer {
+        let resource = match request.command {
+            Command::Pay => "payments",
+            Command::Refund => "refunds",
+            _ => return answer,
+        };
+        let (Some("pending"), Some(id)) =
+            (answer.body["status"].as_str(), answer.body["id"].as_str())
+        else {
+            return answer;
+        };
+        let path = format!("/{resource}/{id}");
+        let mut current = answer;
+        let policy = self.client.inner.policy;
+        for n in 0u32.. {
+            let pause = policy.pause(n, None).max(Duration::from_millis(50));
+            if Instant::now() + pause >= deadline {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            if let Ok(latest) = self.client.read::<Value>(&path).await {
+                let status: Option<Status> = serde_json::from_value(latest["status"].clone()).ok();
+                current = Answer {
+                    status: current.status,
+                    body: latest,
+                };
+                if status.is_some_and(Status::is_final) {
+                    // A settled payment reads as its creation would have: 201.
+                    current.status = 201;
+                    break;
+                }
+            }
+        }
+        current
+    }
+}

@@ -1,0 +1,347 @@
+//! The client against the real service and the real sandbox over TCP: lost
+//! answers, errors and slow answers, a storm of one intent, a crash and
+//! resume in another process, declines, pending payments, unknown outcomes.
+//! Every test counts charges in the sandbox's ledger.
+
+use std::net::TcpListener;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncepay::config::Env;
+use oncepay_client::{Client, Error, FileStore, LineItem, NewOrder, RetryPolicy, Status};
+use oncepay_testkit::{ledger, ready};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// A fresh database, the sandbox and `oncepay serve`, in this process.
+struct Stack {
+    base: String,
+    sandbox: String,
+    key: String,
+    db: sqlx::PgPool,
+    http: reqwest::Client,
+}
+
+async fn stack(sandbox_env: &[(&'static str, &str)]) -> Stack {
+    let server = std::env::var("TEST_DATABASE_SERVER")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+    let db_url = format!("{server}/oncepay_test_{}", Uuid::new_v4().simple());
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let sandbox = format!("http://{}", listener.local_addr().expect("addr"));
+    let serve_vars: Vec<(&str, String)> = vec![
+        ("DATABASE_URL", db_url.clone()),
+        ("ONCEPAY_BIND", "127.0.0.1:0".into()),
+        ("ONCEPAY_PROVIDER_URL", sandbox.clone()),
+        ("ONCEPAY_HTTP_WORKERS", "2".into()),
+        ("ONCEPAY_RECONCILE_INTERVAL", "1h".into()),
+    ];
+    let lookup = move |vars: Vec<(&'static str, String)>| {
+        Env::from_fn(move |name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        })
+    };
+    let config = lookup(serve_vars).serve_config().expect("serve config");
+    let app = oncepay::startup::Application::build(config)
+        .await
+        .expect("serve starts");
+    let base = format!("http://{}", app.addr());
+    // The test's own variables first: the lookup takes the first match.
+    let mut sandbox_vars: Vec<(&'static str, String)> = sandbox_env
+        .iter()
+        .map(|(k, v)| (*k, v.to_string()))
+        .collect();
+    sandbox_vars.push((
+        "ONCEPAY_SANDBOX_WEBHOOK_URL",
+        format!("{base}/webhooks/sandbox"),
+    ));
+    sandbox_vars.push(("ONCEPAY_SANDBOX_ASYNC_DELAY", "300ms".to_string()));
+    let sandbox_config = lookup(sandbox_vars)
+        .sandbox_config()
+        .expect("sandbox config");
+    tokio::spawn(oncepay::sandbox::start(sandbox_config, listener).expect("sandbox"));
+    tokio::spawn(app.run_until_stopped());
+    let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
+    let key = oncepay::api_keys::create(&db, "client-tests")
+        .await
+        .expect("key");
+    Stack {
+        base,
+        sandbox,
+        key,
+        db,
+        http: reqwest::Client::new(),
+    }
+}
+
+impl Stack {
+    fn client(&self, policy: RetryPolicy) -> Client {
+        Client::builder(&self.base, &self.key)
+            .policy(policy)
+            .build()
+            .expect("client")
+    }
+
+    async fn order(&self, client: &Client) -> Uuid {
+        let items = vec![LineItem {
+            sku: "book".into(),
+            quantity: 1,
+            unit_amount: 2500,
+        }];
+        client
+            .intent(&format!("order {}", Uuid::new_v4()))
+            .create_order(&NewOrder::new("cus_1", "EUR", items))
+            .await
+            .expect("order")
+            .id
+    }
+
+    /// The sandbox's ledger entry for the charge made with `payment`'s key.
+    async fn charge(&self, payment: Uuid) -> Value {
+        let ledger = ledger::read(&self.http, &self.sandbox)
+            .await
+            .expect("ledger");
+        ledger::charge(&ledger, &payment.to_string())
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql)
+            .fetch_one(&self.db)
+            .await
+            .expect("count")
+    }
+}
+
+fn quick() -> RetryPolicy {
+    RetryPolicy {
+        attempt_timeout: Duration::from_secs(1),
+        base: Duration::from_millis(50),
+        cap: Duration::from_millis(500),
+        deadline: Duration::from_secs(20),
+    }
+}
+
+#[tokio::test]
+async fn lost_answers_errors_and_slow_answers_end_in_one_charge() {
+    let stack = stack(&[]).await;
+    let client = stack.client(quick());
+    for token in ["tok_visa+drop", "tok_visa+error=2", "tok_visa+delay=2500"] {
+        let order = stack.order(&client).await;
+        let payment = client
+            .intent(&format!("pay {order}"))
+            .pay(order, token)
+            .await
+            .unwrap_or_else(|e| panic!("{token}: {e}"));
+        assert_eq!(payment.status, Status::Succeeded, "{token}");
+        let charge = stack.charge(payment.id).await;
+        assert_eq!(charge["charges"], 1, "{token}: one charge");
+        assert_eq!(charge["status"], "succeeded");
+    }
+}
+
+#[tokio::test]
+async fn fifty_concurrent_sends_of_one_intent_charge_once_and_agree() {
+    let stack = stack(&[]).await;
+    let client = stack.client(quick());
+    let order = stack.order(&client).await;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let client = client.clone();
+        tasks.spawn(async move {
+            client
+                .intent("pay the storm order")
+                .pay(order, "tok_visa+delay=300")
+                .await
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        let payment = done.expect("task").expect("every caller gets the payment");
+        assert_eq!(payment.status, Status::Succeeded);
+        ids.push(payment.id);
+    }
+    assert_eq!(ids.len(), 50);
+    assert!(ids.iter().all(|id| *id == ids[0]), "one payment for all");
+    assert_eq!(stack.charge(ids[0]).await["charges"], 1);
+    assert_eq!(stack.count("SELECT count(*) FROM payment_attempt").await, 1);
+}
+
+#[tokio::test]
+async fn a_process_killed_mid_payment_is_finished_by_the_next_with_the_same_key() {
+    let stack = stack(&[]).await;
+    let client = stack.client(quick());
+    let order = stack.order(&client).await;
+    let dir = std::env::temp_dir().join(format!("oncepay-client-crash-{}", Uuid::new_v4()));
+    // The first process pays; the sandbox charges at once and answers 3 s
+    // later; the process dies before it reads the answer.
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay-client"))
+        .args([
+            "--base",
+            &stack.base,
+            "--key",
+            &stack.key,
+            "--deadline",
+            "60",
+        ])
+        .arg("--store")
+        .arg(&dir)
+        .args(["pay", "--order", &order.to_string()])
+        .args([
+            "--token",
+            "tok_visa+delay=3000",
+            "--intent",
+            "pay the crash order",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn oncepay-client");
+    let charged = ready::until(Duration::from_secs(10), || async {
+        let l = ledger::read(&stack.http, &stack.sandbox)
+            .await
+            .expect("ledger");
+        l["totals"]["charges"] == 1
+    })
+    .await;
+    assert!(
+        charged.is_ok(),
+        "the first process's charge reached the provider"
+    );
+    child.start_kill().expect("SIGKILL");
+    child.wait().await.expect("reaped");
+
+    // A new process opens the same store and finishes the open intent.
+    let resumed = Client::builder(&stack.base, &stack.key)
+        .store(FileStore::open(&dir).expect("store"))
+        .policy(quick())
+        .build()
+        .expect("client");
+    let open = resumed.open_intents().expect("open intents");
+    assert_eq!(open.len(), 1);
+    assert_eq!(open[0].name, "pay the crash order");
+    let body = resumed.resume(&open[0]).await.expect("resumed");
+    assert_eq!(body["status"], "succeeded");
+    assert!(resumed.open_intents().expect("open").is_empty(), "closed");
+    // Asking the intent again answers from the store, no request sent.
+    let again = resumed
+        .intent("pay the crash order")
+        .pay(order, "tok_visa+delay=3000")
+        .await
+        .expect("again");
+    assert_eq!(again.id.to_string(), body["id"].as_str().expect("id"));
+    assert_eq!(stack.count("SELECT count(*) FROM payment_attempt").await, 1);
+    let charge = stack.charge(again.id).await;
+    assert_eq!(charge["charges"], 1, "exactly one charge");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_decline_is_final_and_a_new_intent_pays_with_a_new_key() {
+    let stack = stack(&[]).await;
+    let tries = Arc::new(AtomicU32::new(0));
+    let counted = tries.clone();
+    let client = Client::builder(&stack.base, &stack.key)
+        .policy(quick())
+        .on_attempt(move |a| {
+            if a.request == "POST /payments" {
+                counted.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .build()
+        .expect("client");
+    let order = stack.order(&client).await;
+    let declined = client
+        .intent("pay order, first card")
+        .pay(order, "tok_declined")
+        .await
+        .expect("a decline is an answer");
+    assert_eq!(declined.status, Status::Failed);
+    assert_eq!(declined.failure_code.as_deref(), Some("card_declined"));
+    assert_eq!(tries.load(Ordering::Relaxed), 1, "never retried");
+    assert_eq!(stack.charge(declined.id).await["requests"], 1);
+    let paid = client
+        .intent("pay order, second card")
+        .pay(order, "tok_visa")
+        .await
+        .expect("paid");
+    assert_eq!(paid.status, Status::Succeeded);
+    assert_ne!(paid.id, declined.id);
+    assert_eq!(
+        stack
+            .count("SELECT count(DISTINCT idempotency_key) FROM payment_attempt")
+            .await,
+        2
+    );
+    // A final 4xx is returned, not retried.
+    let before = tries.load(Ordering::Relaxed);
+    let err = client
+        .intent("pay a paid order")
+        .pay(order, "tok_visa")
+        .await
+        .expect_err("not payable");
+    assert_eq!(err.code(), Some("order_not_payable"));
+    assert!(err.outcome_known());
+    assert!(matches!(&err, Error::Api(api) if api.request_id.is_some()));
+    assert_eq!(tries.load(Ordering::Relaxed), before + 1);
+}
+
+#[tokio::test]
+async fn a_pending_payment_is_polled_until_final_or_returned_pending() {
+    let stack = stack(&[]).await;
+    let client = stack.client(quick());
+    let order = stack.order(&client).await;
+    let paid = client
+        .intent("pay async")
+        .pay(order, "tok_async")
+        .await
+        .expect("paid");
+    assert_eq!(paid.status, Status::Succeeded, "polled until settled");
+
+    let slow = self::stack(&[("ONCEPAY_SANDBOX_ASYNC_DELAY", "1h")]).await;
+    let client = slow.client(RetryPolicy {
+        deadline: Duration::from_secs(2),
+        ..quick()
+    });
+    let order = slow.order(&client).await;
+    let pending = client
+        .intent("pay slowly")
+        .pay(order, "tok_async")
+        .await
+        .expect("pending is not an error");
+    assert_eq!(pending.status, Status::Pending);
+    assert_eq!(client.open_intents().expect("open").len(), 1, "still open");
+}
+
+#[tokio::test]
+async fn no_answer_by_the_deadline_is_unknown_and_the_intent_stays_open() {
+    let port = oncepay_testkit::ports::free_port().expect("port");
+    let client = Client::builder(&format!("http://127.0.0.1:{port}"), "opk_x")
+        .policy(RetryPolicy {
+            deadline: Duration::from_millis(800),
+            ..quick()
+        })
+        .build()
+        .expect("client");
+    let err = client
+        .intent("pay into the void")
+        .pay(Uuid::now_v7(), "tok_visa")
+        .await
+        .expect_err("nobody answers");
+    assert!(!err.outcome_known(), "{err}");
+    assert!(matches!(err, Error::OutcomeUnknown { .. }));
+    let open = client.open_intents().expect("open");
+    assert_eq!(open.len(), 1);
+    // Another request under the same intent is refused locally.
+    let reused = client
+        .intent("pay into the void")
+        .pay(Uuid::now_v7(), "tok_visa")
+        .await
+        .expect_err("one intent, one request");
+    assert!(matches!(reused, Error::IntentReused(_)));
+}

@@ -70,6 +70,7 @@ test: ## run every test (unit, properties, API, multi-process, schemathesis, a s
 	@$(MAKE) --no-print-directory test-dbs-drop
 	@status=0; \
 	if cargo nextest --version >/dev/null 2>&1; then \
+	  cargo test --workspace --doc --quiet || status=$$?; \
 	  cargo nextest run --workspace --no-fail-fast || status=$$?; \
 	else \
 	  cargo test --workspace || status=$$?; \

@@ -56,6 +56,13 @@ impl ClientBuilder {
     }
 
     /// Called after every try of every request.
+    ///
+    /// ```
+    /// let client = oncepay_client::Client::builder("http://127.0.0.1:8080", "opk_x")
+    ///     .on_attempt(|a| eprintln!("{} try {}: {}", a.request, a.attempt, a.outcome))
+    ///     .build();
+    /// assert!(client.is_ok());
+    /// ```
     pub fn on_attempt(mut self, observer: impl Fn(&AttemptReport) + Send + Sync + 'static) -> Self {
         self.observer = Some(Arc::new(observer));
         self
@@ -165,6 +172,15 @@ impl Client {
     /// Finishes an open intent: sends its stored request again with its
     /// key (following a pending payment or refund as the first send would)
     /// and returns the final body.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// for open in client.open_intents()? {
+    ///     let body = client.resume(&open).await?;
+    ///     println!("{} ended {}", open.name, body["status"]);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn resume(&self, record: &IntentRecord) -> Result<Value, Error> {
         let intent = self.intent(&record.name);
         intent.run(record.request.clone()).await
@@ -172,26 +188,56 @@ impl Client {
 
     /// Forgets intents closed more than `older_than` ago (use the service's
     /// `ONCEPAY_IDEMPOTENCY_TTL`, 24 h by default). Returns how many.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let pruned = client.prune(std::time::Duration::from_secs(86_400))?;
+    /// # Ok(()) }
+    /// ```
     pub fn prune(&self, older_than: Duration) -> Result<usize, Error> {
         Ok(self.inner.store.prune(older_than)?)
     }
 
     /// `GET /orders/{id}` (a safe read, retried).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let order = client.get_order(order_id).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn get_order(&self, id: Uuid) -> Result<Order, Error> {
         self.read(&format!("/orders/{id}")).await
     }
 
     /// `GET /payments/{id}` (a safe read, retried).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let payment = client.get_payment(payment_id).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn get_payment(&self, id: Uuid) -> Result<Payment, Error> {
         self.read(&format!("/payments/{id}")).await
     }
 
     /// `GET /orders/{id}/payments`: the order's attempts, oldest first.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let attempts = client.list_payments(order_id).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn list_payments(&self, order_id: Uuid) -> Result<Vec<Payment>, Error> {
         self.read(&format!("/orders/{order_id}/payments")).await
     }
 
     /// `GET /refunds/{id}` (a safe read, retried).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let refund = client.get_refund(payment_id).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn get_refund(&self, id: Uuid) -> Result<Refund, Error> {
         self.read(&format!("/refunds/{id}")).await
     }
@@ -329,6 +375,14 @@ pub struct Intent {
 
 impl Intent {
     /// `POST /orders`; the created order.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// use oncepay_client::{LineItem, NewOrder};
+    /// let items = vec![LineItem { sku: "book".into(), quantity: 1, unit_amount: 2500 }];
+    /// let order = client.intent("order 123").create_order(&NewOrder::new("cus_1", "EUR", items)).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn create_order(&self, order: &NewOrder) -> Result<Order, Error> {
         let body = serde_json::to_value(order).map_err(|e| Error::Decode(e.to_string()))?;
         let answer = self
@@ -345,6 +399,18 @@ impl Intent {
     /// a `failed` payment (final, never retried). A payment still `pending`
     /// at the deadline is returned as such: poll it, or resume the intent
     /// later; it is never a failure.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// use oncepay_client::Status;
+    /// let payment = client.intent(&format!("pay {order_id}")).pay(order_id, "tok_visa").await?;
+    /// match payment.status {
+    ///     Status::Succeeded => println!("paid"),
+    ///     Status::Failed => println!("declined: {:?}; a new intent may try another card", payment.failure_code),
+    ///     Status::Pending => println!("not known yet: poll {} or resume later", payment.id),
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn pay(&self, order_id: Uuid, payment_method: &str) -> Result<Payment, Error> {
         let answer = self
             .run(StoredRequest {
@@ -358,6 +424,12 @@ impl Intent {
 
     /// `POST /payments/{id}/refunds`: `amount` (default: what is left) and
     /// a reason. Pending at the deadline is returned as pending.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let refund = client.intent("refund 1000 of order 123").refund(payment_id, Some(1000), Some("damaged")).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn refund(
         &self,
         payment_id: Uuid,
@@ -383,6 +455,12 @@ impl Intent {
 
     /// `POST /orders/{id}/cancel`: the order (`cancelled`, or still `paid`
     /// while its refund settles).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let order = client.intent("cancel order 123").cancel(order_id).await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn cancel(&self, order_id: Uuid) -> Result<Order, Error> {
         let answer = self
             .run(StoredRequest {

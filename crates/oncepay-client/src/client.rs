@@ -39,9 +39,19 @@ pub struct ClientBuilder {
     policy: RetryPolicy,
     store: Arc<dyn IntentStore>,
     observer: Option<Observer>,
+    prune_after: Duration,
 }
 
 impl ClientBuilder {
+    /// Closed intents older than this are forgotten when the client is
+    /// built (default 24 h, the service's default key TTL: past it a repeat
+    /// would execute anew anyway). Set it to the service's
+    /// `ONCEPAY_IDEMPOTENCY_TTL`.
+    pub fn prune_after(mut self, ttl: Duration) -> Self {
+        self.prune_after = ttl;
+        self
+    }
+
     /// Where intents are kept (default: in memory, lost with the process;
     /// give a [`crate::FileStore`] to survive a crash).
     pub fn store(mut self, store: impl IntentStore + 'static) -> Self {
@@ -68,8 +78,9 @@ impl ClientBuilder {
         self
     }
 
-    /// The client.
+    /// The client. Prunes closed intents past [`ClientBuilder::prune_after`].
     pub fn build(self) -> Result<Client, Error> {
+        self.store.prune(self.prune_after)?;
         let http = reqwest::Client::builder()
             .timeout(self.policy.attempt_timeout)
             .connect_timeout(self.policy.attempt_timeout.min(Duration::from_secs(2)))
@@ -134,6 +145,7 @@ impl Client {
             policy: RetryPolicy::default(),
             store: Arc::new(MemoryStore::default()),
             observer: None,
+            prune_after: Duration::from_secs(86_400),
         }
     }
 

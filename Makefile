@@ -39,16 +39,28 @@ db: ## make sure PostgreSQL answers on $(PGHOST):$(PGPORT) (starts a private clu
 build: ## compile the oncepay binary (debug)
 	cargo build --bin oncepay
 
-run: db build ## start the sandbox and oncepay with a dev API key, and print a curl that pays an order
+run: db build ## start the sandbox and oncepay with a dev API key; print a curl that pays an order and a checkout page to pay one in a browser
 	@mkdir -p $(RUN_DIR)
 	@$(BIN) migrate >/dev/null
-	@$(BIN) sandbox > $(RUN_DIR)/sandbox.log 2>&1 & echo $$! > $(RUN_DIR)/sandbox.pid
-	@key=$$($(BIN) api-key create --merchant dev | tail -n 1); \
+	@$(BIN) sandbox > $(RUN_DIR)/sandbox.log 2>&1 & sandbox=$$!; \
+	$(BIN) serve > $(RUN_DIR)/serve.log 2>&1 & serve=$$!; \
+	trap 'kill $$sandbox $$serve 2>/dev/null' EXIT INT TERM; \
+	key=$$($(BIN) api-key create --merchant dev | tail -n 1); \
+	for i in $$(seq 1 100); do curl -sf http://127.0.0.1:8080/readyz >/dev/null && break; sleep 0.1; done; \
+	order=$$(curl -s -X POST http://127.0.0.1:8080/orders -H "Authorization: Bearer $$key" \
+	  -H "Idempotency-Key: run-order-$$(date +%s%N)" -H 'Content-Type: application/json' \
+	  -d '{"customer_id":"cus_1","currency":"EUR","items":[{"sku":"book","quantity":2,"unit_amount":1250}]}' \
+	  | sed -E 's/.*"id":"([^"]+)".*/\1/'); \
+	checkout=$$(curl -s -X POST http://127.0.0.1:8080/orders/$$order/checkout -H "Authorization: Bearer $$key" \
+	  -H "Idempotency-Key: run-checkout-$$order" | sed -E 's/.*"url":"([^"]+)".*/\1/'); \
 	echo; \
-	echo "oncepay on http://127.0.0.1:8080, sandbox provider on http://127.0.0.1:8081 (log: $(RUN_DIR)/sandbox.log)"; \
+	echo "oncepay on http://127.0.0.1:8080 (log: $(RUN_DIR)/serve.log), sandbox provider on http://127.0.0.1:8081 (log: $(RUN_DIR)/sandbox.log)"; \
 	echo "Development API key: $$key"; \
 	echo; \
-	echo "Create an order, then pay it (run in another terminal):"; \
+	echo "Pay order $$order in a browser (hosted checkout, valid for an hour):"; \
+	echo "  $$checkout"; \
+	echo; \
+	echo "Or create an order and pay it with curl (in another terminal):"; \
 	echo; \
 	echo "  KEY=$$key"; \
 	echo "  ORDER=\$$(curl -s -X POST http://127.0.0.1:8080/orders -H \"Authorization: Bearer \$$KEY\" \\"; \
@@ -62,8 +74,8 @@ run: db build ## start the sandbox and oncepay with a dev API key, and print a c
 	echo "Send the payment again: the answer is the first one, replayed (Idempotent-Replayed: true),"; \
 	echo "and the card is charged once; check the provider's books at http://127.0.0.1:8081/v1/ledger."; \
 	echo "Ctrl-C stops both."; \
-	echo
-	@trap 'kill $$(cat $(RUN_DIR)/sandbox.pid) 2>/dev/null' EXIT INT TERM; $(BIN) serve
+	echo; \
+	wait $$serve
 
 test: ## run every test (unit, properties, API, multi-process, schemathesis, a short chaos soak)
 	@command -v schemathesis >/dev/null || python3 -m pip install --quiet schemathesis

@@ -7,13 +7,15 @@
 //!   cluster that a harness may crash and restart;
 //! - [`fault_proxy`]: the provider faults the sandbox cannot make;
 //! - [`lossy_tcp`]: answers lost between a client and the service;
-//! - [`ledger`]: the sandbox's books, where charges are counted.
+//! - [`ledger`]: the sandbox's books, where charges are counted;
+//! - [`browser`]: a real headless Chromium over WebDriver.
 //!
 //! It depends on no oncepay crate: it drives the `oncepay` binary and HTTP.
 
 // Every public item says why it exists.
 #![warn(missing_docs)]
 
+pub mod browser;
 pub mod fault_proxy;
 pub mod ledger;
 pub mod lossy_tcp;

@@ -219,6 +219,11 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 .duration("ONCEPAY_RECONCILE_INTERVAL", Duration::from_secs(2))?,
             reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
             pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
+            checkout_ttl: self.duration("ONCEPAY_CHECKOUT_TTL", Duration::from_secs(3600))?,
+            public_url: match (self.lookup)("ONCEPAY_PUBLIC_URL") {
+                Some(v) if !v.trim().is_empty() => Some(self.url("ONCEPAY_PUBLIC_URL", "")?),
+                _ => None,
+            },
             sweep_interval: self.duration("ONCEPAY_SWEEP_INTERVAL", Duration::from_secs(60))?,
             shutdown_timeout: self.duration("ONCEPAY_SHUTDOWN_TIMEOUT", Duration::from_secs(30))?,
         })
@@ -321,6 +326,11 @@ pub struct ServeConfig {
     /// How long a payment or refund may stay pending before an alarm (error
     /// log, counter) is raised for it.
     pub pending_alarm: Duration,
+    /// How long a checkout page's token works.
+    pub checkout_ttl: Duration,
+    /// How browsers reach the service (`ONCEPAY_PUBLIC_URL`); `None`: the
+    /// bound address.
+    pub public_url: Option<String>,
     /// How often expired idempotency records are swept.
     pub sweep_interval: Duration,
     /// How long SIGTERM waits for in-flight requests.

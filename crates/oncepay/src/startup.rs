@@ -72,6 +72,8 @@ impl Application {
             },
             metrics.clone(),
         );
+        let listener = TcpListener::bind(config.bind)?;
+        let addr = listener.local_addr()?;
         let ctx = Arc::new(AppContext {
             pool,
             engine,
@@ -79,6 +81,13 @@ impl Application {
             metrics,
             reconcile_after: config.reconcile_after,
             pending_alarm: config.pending_alarm,
+            checkout: crate::commands::CheckoutSettings {
+                ttl: config.checkout_ttl,
+                public_url: config
+                    .public_url
+                    .clone()
+                    .unwrap_or_else(|| format!("http://{addr}")),
+            },
         });
         let state = web::Data::new(AppState {
             ctx: ctx.clone(),
@@ -87,8 +96,6 @@ impl Application {
             keys: crate::api_keys::KeyCache::new(config.auth_cache_ttl),
             runtime: tokio::runtime::Handle::current(),
         });
-        let listener = TcpListener::bind(config.bind)?;
-        let addr = listener.local_addr()?;
         let server = HttpServer::new(move || {
             App::new()
                 .wrap(from_fn(http::observe))

@@ -12,6 +12,7 @@
 //! The driver also decides, once for all commands, what is kept, what frees
 //! the key and what waits.
 
+pub mod checkout;
 pub mod orders;
 pub mod payments;
 pub mod refunds;
@@ -49,6 +50,18 @@ pub struct AppContext {
     pub reconcile_after: Duration,
     /// How long a payment or refund may stay pending before it raises an alarm.
     pub pending_alarm: Duration,
+    /// Hosted checkout pages.
+    pub checkout: CheckoutSettings,
+}
+
+/// Settings of hosted checkout pages.
+#[derive(Debug, Clone)]
+pub struct CheckoutSettings {
+    /// How long a checkout token works (`ONCEPAY_CHECKOUT_TTL`).
+    pub ttl: Duration,
+    /// The service's address as customers' browsers reach it
+    /// (`ONCEPAY_PUBLIC_URL`), the base of checkout URLs.
+    pub public_url: String,
 }
 
 /// A command's input as stored in its idempotency record: the id from the

@@ -77,6 +77,51 @@ impl Currency {
     }
 }
 
+/// Currencies whose minor unit is not a hundredth (ISO 4217's exponent):
+/// none for these…
+const NO_MINOR_UNIT: &[&str] = &[
+    "BIF", "CLP", "DJF", "GNF", "ISK", "JPY", "KMF", "KRW", "PYG", "RWF", "UGX", "VND", "VUV",
+    "XAF", "XOF", "XPF",
+];
+/// …and a thousandth for these.
+const THOUSANDTHS: &[&str] = &["BHD", "IQD", "JOD", "KWD", "LYD", "OMR", "TND"];
+
+impl Currency {
+    /// How many decimals its minor unit has (ISO 4217's exponent).
+    pub fn exponent(&self) -> u32 {
+        if NO_MINOR_UNIT.contains(&self.as_str()) {
+            0
+        } else if THOUSANDTHS.contains(&self.as_str()) {
+            3
+        } else {
+            2
+        }
+    }
+
+    /// `amount` minor units written for people: `25.00 EUR`, `2500 JPY`,
+    /// `1.250 KWD`, with thousands grouped by a thin space.
+    pub fn format(&self, amount: i64) -> String {
+        let scale = 10i64.pow(self.exponent());
+        let (whole, fraction) = (amount / scale, (amount % scale).abs());
+        let digits = whole.abs().to_string();
+        let mut grouped = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i) % 3 == 0 {
+                grouped.push('\u{202f}');
+            }
+            grouped.push(c);
+        }
+        let sign = if amount < 0 { "-" } else { "" };
+        match self.exponent() {
+            0 => format!("{sign}{grouped} {self}"),
+            e => format!(
+                "{sign}{grouped}.{fraction:0width$} {self}",
+                width = e as usize
+            ),
+        }
+    }
+}
+
 impl TryFrom<&str> for Currency {
     type Error = UnknownCurrency;
 
@@ -99,6 +144,22 @@ impl fmt::Display for Currency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn amounts_are_written_in_the_currency_s_minor_units() {
+        let c = |code: &str| Currency::try_from(code).expect("known");
+        assert_eq!(c("EUR").format(2500), "25.00 EUR");
+        assert_eq!(c("EUR").format(5), "0.05 EUR");
+        assert_eq!(
+            c("USD").format(123_456_789),
+            "1\u{202f}234\u{202f}567.89 USD"
+        );
+        assert_eq!(c("JPY").format(2500), "2\u{202f}500 JPY");
+        assert_eq!(c("KWD").format(1250), "1.250 KWD");
+        for code in NO_MINOR_UNIT.iter().chain(THOUSANDTHS) {
+            assert!(ISO_4217.contains(code), "{code} is a circulating currency");
+        }
+    }
 
     #[test]
     fn the_currency_table_is_sorted_for_binary_search() {

@@ -3,6 +3,7 @@
 //! problems and stored responses into HTTP). Handlers stay thin: parse,
 //! call a command or a store read, answer.
 
+mod checkout;
 mod middleware;
 mod ops;
 mod resources;
@@ -82,6 +83,19 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         )
         .service(
             resource("/orders/{id}/payments", "GET").route(web::get().to(resources::list_payments)),
+        )
+        .service(resource("/orders/{id}/checkout", "POST").route(web::post().to(checkout::create)))
+        .service(
+            resource("/checkout/assets/checkout.js", "GET").route(web::get().to(checkout::script)),
+        )
+        .service(
+            resource("/checkout/assets/checkout.css", "GET")
+                .route(web::get().to(checkout::stylesheet)),
+        )
+        .service(resource("/checkout/{token}", "GET").route(web::get().to(checkout::show)))
+        .service(resource("/checkout/{token}/status", "GET").route(web::get().to(checkout::status)))
+        .service(
+            resource("/checkout/{token}/payments", "POST").route(web::post().to(checkout::pay)),
         )
         .service(resource("/payments", "POST").route(web::post().to(resources::create_payment)))
         .service(resource("/payments/{id}", "GET").route(web::get().to(resources::get_payment)))

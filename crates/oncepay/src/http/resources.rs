@@ -21,7 +21,7 @@ type Reply = Result<HttpResponse, Problem>;
 /// Every money command, in one order of checks: `401` auth, `400` key,
 /// `413` size, `400` JSON and shape, `422` rules (none of which touch the
 /// key), then the idempotency engine.
-async fn money_command<C: Command + 'static>(
+pub(super) async fn money_command<C: Command + 'static>(
     state: &AppState,
     req: &HttpRequest,
     payload: web::Payload,
@@ -36,12 +36,23 @@ async fn money_command<C: Command + 'static>(
         path_id,
         body: parse_body(&bytes, body_optional)?,
     };
-    let command = C::parse(&input)?;
-    let fingerprint = Fingerprint::of("POST", req.path(), &input.body);
     let id = RecordId {
         merchant_id,
         key: key.as_str().to_string(),
     };
+    let fingerprint = Fingerprint::of("POST", req.path(), &input.body);
+    run_command::<C>(state, id, fingerprint, input).await
+}
+
+/// Parses a command's input and runs it through the engine under `id`
+/// (merchant and key), answering repeats from memory when it can.
+pub(super) async fn run_command<C: Command + 'static>(
+    state: &AppState,
+    id: RecordId,
+    fingerprint: Fingerprint,
+    input: CommandInput,
+) -> Reply {
+    let command = C::parse(&input)?;
     if let Some(response) = state.ctx.engine.replay_from_memory(&id, &fingerprint)? {
         return Ok(answer(commands::Answer {
             response,

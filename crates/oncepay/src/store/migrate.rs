@@ -23,6 +23,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V2__money_safety",
         include_str!("../../migrations/V2__money_safety.sql"),
     ),
+    (
+        "V3__checkout",
+        include_str!("../../migrations/V3__checkout.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -3,6 +3,7 @@
 //! never write SQL themselves.
 
 pub mod alarms;
+pub mod checkout;
 pub mod idempotency;
 pub mod incidents;
 pub mod merchants;

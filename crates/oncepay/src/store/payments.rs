@@ -207,6 +207,24 @@ pub async fn find_by_charge(
     row.as_ref().map(from_row).transpose()
 }
 
+/// The order's attempt made with idempotency key `key`, if any.
+pub async fn by_key(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+    key: &str,
+) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        payment_columns!(),
+        " FROM payment_attempt WHERE order_id = $1 AND idempotency_key = $2"
+    ))
+    .bind(order_id)
+    .bind(key)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
 /// All attempts of one of the merchant's orders, oldest first.
 pub async fn list_for_order(
     conn: &mut PgConnection,

@@ -1,0 +1,452 @@
+//! The hosted checkout page: its API over HTTP, then the page itself in a
+//! real headless Chromium (Debian's `chromium` and `chromium-driver`, which
+//! `.ci/run` installs), against the real server and sandbox. Each browser
+//! test counts charges in the sandbox's ledger.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::helpers::*;
+use oncepay_testkit::browser::{self, Browser};
+
+impl TestApp {
+    /// Opens a checkout session for `order_id`; returns its body.
+    async fn checkout(&self, order_id: &str) -> Value {
+        let r = self
+            .post(
+                &format!("/orders/{order_id}/checkout"),
+                &Uuid::new_v4().to_string(),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        json_of(r).await
+    }
+
+    /// The sandbox's charges for an order.
+    async fn charges_of(&self, order_id: &str) -> Vec<Value> {
+        self.ledger().await["charges"]
+            .as_array()
+            .expect("charges")
+            .iter()
+            .filter(|c| c["order_id"] == order_id)
+            .cloned()
+            .collect()
+    }
+}
+
+fn screenshot_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/checkout-screenshots")
+        .join(format!("{name}.png"))
+}
+
+/// A phone-sized headless Chromium, or a loud skip where none is installed.
+async fn phone() -> Option<Browser> {
+    if !browser::available() {
+        eprintln!(
+            "SKIPPED: no /usr/bin/chromium and /usr/bin/chromedriver (apt-get install chromium chromium-driver; .ci/run does)"
+        );
+        return None;
+    }
+    Some(Browser::start(390, 844).await.expect("chromium starts"))
+}
+
+const STATUS: &str = "#status";
+const PATIENCE: Duration = Duration::from_secs(20);
+
+#[tokio::test]
+async fn a_checkout_session_is_made_once_per_key_and_only_for_a_payable_order() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let path = format!("/orders/{order_id}/checkout");
+    let first = app.post(&path, "co-1", &json!({})).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first_body = first.bytes().await.expect("body");
+    let again = app.post(&path, "co-1", &json!({})).await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.bytes().await.expect("body"), first_body);
+    let session: Value = serde_json::from_slice(&first_body).expect("json");
+    let url = session["url"].as_str().expect("url");
+    assert!(
+        url.starts_with(&format!("{}/checkout/cs_", app.base)),
+        "{url}"
+    );
+    assert!(session["expires_at"].is_string());
+    // Only the token's hash is stored.
+    let token = url.rsplit('/').next().expect("token");
+    assert_eq!(token.len(), 3 + 64);
+    assert_eq!(app.count("SELECT count(*) FROM checkout_session").await, 1);
+    let leaked = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM checkout_session WHERE encode(token_hash, 'escape') LIKE '%' || $1 || '%'",
+    )
+    .bind(token)
+    .fetch_one(&app.db)
+    .await
+    .expect("count");
+    assert_eq!(leaked, 0);
+    // A paid order gets none.
+    let (_, _) = app.pay(&order_id, "tok_visa").await;
+    let refused = app.post(&path, "co-2", &json!({})).await;
+    assert_eq!(refused.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(refused).await["code"], "order_not_payable");
+}
+
+#[tokio::test]
+async fn unknown_and_expired_tokens_show_a_clear_page_and_pay_nothing() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let session = app.checkout(&order_id).await;
+    let url = session["url"].as_str().expect("url").to_string();
+    let unknown = app
+        .http
+        .get(format!("{}/checkout/cs_{}", app.base, "0".repeat(64)))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(unknown.status(), StatusCode::NOT_FOUND);
+    assert!(unknown.text().await.expect("html").contains("not valid"));
+    let live = app.http.get(&url).send().await.expect("get");
+    assert_eq!(live.status(), StatusCode::OK);
+    let h = live.headers().clone();
+    assert!(h["content-security-policy"]
+        .to_str()
+        .expect("csp")
+        .contains("default-src 'none'"));
+    assert_eq!(h["cache-control"], "no-store");
+    assert_eq!(h["referrer-policy"], "no-referrer");
+    let page = live.text().await.expect("html");
+    assert!(page.contains("id=\"payment_method\""));
+    assert!(page.contains("28.00 EUR"), "the total in EUR's minor units");
+
+    sqlx::query("UPDATE checkout_session SET expires_at = now() - interval '1 second'")
+        .execute(&app.db)
+        .await
+        .expect("expire");
+    let expired = app.http.get(&url).send().await.expect("get");
+    assert_eq!(expired.status(), StatusCode::GONE);
+    let pay = app
+        .http
+        .post(format!("{url}/payments"))
+        .header("Idempotency-Key", "k")
+        .json(&json!({"payment_method": "tok_visa"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(pay.status(), StatusCode::GONE);
+    assert_eq!(json_of(pay).await["code"], "checkout_expired");
+    assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 0);
+}
+
+#[tokio::test]
+async fn a_token_answers_for_its_own_order_only() {
+    let app = spawn_app().await;
+    let mine = app.create_order().await;
+    let other = app.create_order().await;
+    let url = app.checkout(&mine).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    // The browser cannot name another order: the body takes no order id.
+    let r = app
+        .http
+        .post(format!("{url}/payments"))
+        .header("Idempotency-Key", "k1")
+        .json(&json!({"payment_method": "tok_visa", "order_id": other}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = app
+        .http
+        .post(format!("{url}/payments"))
+        .header("Idempotency-Key", "k2")
+        .json(&json!({"payment_method": "tok_visa"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(json_of(r).await["order_id"], mine.as_str());
+    assert_eq!(
+        app.status_of(&format!("/orders/{other}")).await,
+        "awaiting_payment"
+    );
+}
+
+#[tokio::test]
+async fn double_clicks_and_enter_mashing_charge_once() {
+    let Some(browser) = phone().await else { return };
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let url = app.checkout(&order_id).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    browser.goto(&url).await.expect("open");
+    browser
+        .wait_attribute(STATUS, "data-status", "idle", PATIENCE)
+        .await
+        .expect("idle");
+    browser
+        .screenshot(&screenshot_path("idle"))
+        .await
+        .expect("screenshot");
+    let input = browser.find("#payment_method").await.expect("input");
+    browser.clear(&input).await.expect("clear");
+    browser
+        .type_into(&input, "tok_visa+delay=1500")
+        .await
+        .expect("type");
+    let pay = browser.find("#pay").await.expect("button");
+    for _ in 0..5 {
+        // Later clicks may meet a page that has already succeeded.
+        let _ = browser.click(&pay).await;
+    }
+    for _ in 0..5 {
+        let _ = browser.type_into(&input, "\u{E007}").await;
+    }
+    browser
+        .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
+        .await
+        .expect("succeeded");
+    browser
+        .screenshot(&screenshot_path("succeeded"))
+        .await
+        .expect("screenshot");
+    let charges = app.charges_of(&order_id).await;
+    assert_eq!(charges.len(), 1, "one charge");
+    assert_eq!(charges[0]["charges"], 1);
+    assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 1);
+    assert_eq!(
+        browser
+            .eval("return window.sessionStorage.length;", json!([]))
+            .await
+            .expect("eval"),
+        0,
+        "the key is forgotten after success"
+    );
+    assert_eq!(
+        browser.attribute("#receipt", "hidden").await.expect("attr"),
+        None,
+        "a receipt, and no Pay button"
+    );
+    // Every request the page made went to its own origin.
+    let foreign = browser
+        .eval(
+            "return performance.getEntriesByType('resource').map(function (e) { return e.name; })
+               .filter(function (n) { return n.indexOf(location.origin + '/') !== 0; });",
+            json!([]),
+        )
+        .await
+        .expect("eval");
+    assert_eq!(foreign, json!([]));
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_reload_mid_payment_resumes_with_the_same_key() {
+    let Some(browser) = phone().await else { return };
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let url = app.checkout(&order_id).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    browser.goto(&url).await.expect("open");
+    let input = browser.find("#payment_method").await.expect("input");
+    browser.clear(&input).await.expect("clear");
+    browser
+        .type_into(&input, "tok_visa+delay=3000")
+        .await
+        .expect("type");
+    let pay = browser.find("#pay").await.expect("button");
+    browser.click(&pay).await.expect("click");
+    let key = browser
+        .eval(
+            "return JSON.parse(sessionStorage.getItem(sessionStorage.key(0))).key;",
+            json!([]),
+        )
+        .await
+        .expect("stored key");
+    browser.reload().await.expect("reload");
+    browser
+        .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
+        .await
+        .expect("succeeded after the reload");
+    let attempts: Vec<String> = sqlx::query_scalar("SELECT idempotency_key FROM payment_attempt")
+        .fetch_all(&app.db)
+        .await
+        .expect("keys");
+    assert_eq!(attempts.len(), 1, "one attempt");
+    assert!(
+        attempts[0].ends_with(key.as_str().expect("key")),
+        "the same key: {attempts:?} / {key}"
+    );
+    assert_eq!(app.charges_of(&order_id).await.len(), 1);
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_lost_answer_moves_to_checking_then_succeeded() {
+    let Some(browser) = phone().await else { return };
+    // No webhooks: only the reconciler, run below, learns the outcome.
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_RECONCILE_AFTER", "0s")
+            .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off"),
+    )
+    .await;
+    let order_id = app.create_order().await;
+    let url = app.checkout(&order_id).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    browser.goto(&url).await.expect("open");
+    let input = browser.find("#payment_method").await.expect("input");
+    browser.clear(&input).await.expect("clear");
+    // The provider charges and every answer to oncepay is lost: the
+    // outcome is unknown, and the page must not offer to pay again.
+    browser
+        .type_into(&input, "tok_visa+drop=10")
+        .await
+        .expect("type");
+    browser
+        .click(&browser.find("#pay").await.expect("button"))
+        .await
+        .expect("click");
+    browser
+        .wait_attribute(STATUS, "data-status", "checking", PATIENCE)
+        .await
+        .expect("checking");
+    assert_eq!(
+        browser.attribute("#pay", "aria-busy").await.expect("attr"),
+        Some("true".into())
+    );
+    browser
+        .screenshot(&screenshot_path("checking"))
+        .await
+        .expect("screenshot");
+    // The reconciler learns the outcome; the page, polling, shows it.
+    oncepay::workers::reconciler::pass(&app.ctx)
+        .await
+        .expect("reconcile");
+    browser
+        .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
+        .await
+        .expect("succeeded");
+    let charges = app.charges_of(&order_id).await;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["charges"], 1);
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn a_decline_allows_a_new_attempt_with_a_new_key() {
+    let Some(browser) = phone().await else { return };
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let url = app.checkout(&order_id).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    browser.goto(&url).await.expect("open");
+    let input = browser.find("#payment_method").await.expect("input");
+    browser.clear(&input).await.expect("clear");
+    browser
+        .type_into(&input, "tok_declined")
+        .await
+        .expect("type");
+    let pay = browser.find("#pay").await.expect("button");
+    browser.click(&pay).await.expect("click");
+    browser
+        .wait_attribute(STATUS, "data-status", "failed", PATIENCE)
+        .await
+        .expect("failed");
+    let text = browser
+        .eval(
+            "return document.getElementById('status').textContent;",
+            json!([]),
+        )
+        .await
+        .expect("text");
+    assert!(
+        text.as_str().unwrap_or_default().contains("declined"),
+        "{text}"
+    );
+    browser
+        .screenshot(&screenshot_path("failed"))
+        .await
+        .expect("screenshot");
+    browser.clear(&input).await.expect("clear");
+    browser.type_into(&input, "tok_visa").await.expect("type");
+    browser.click(&pay).await.expect("click");
+    browser
+        .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
+        .await
+        .expect("succeeded");
+    let keys: Vec<String> = sqlx::query_scalar("SELECT idempotency_key FROM payment_attempt")
+        .fetch_all(&app.db)
+        .await
+        .expect("keys");
+    assert_eq!(keys.len(), 2, "two attempts");
+    assert_ne!(keys[0], keys[1], "two keys");
+    let charges = app.charges_of(&order_id).await;
+    assert_eq!(
+        charges
+            .iter()
+            .filter(|c| c["status"] == "succeeded")
+            .count(),
+        1,
+        "one charge"
+    );
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn two_tabs_paying_at_once_charge_once_and_both_show_it() {
+    let Some(browser) = phone().await else { return };
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let url = app.checkout(&order_id).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    let first = browser.tab().await.expect("tab");
+    browser.goto(&url).await.expect("open");
+    let second = browser.new_tab().await.expect("tab");
+    browser.goto(&url).await.expect("open");
+    for tab in [&first, &second] {
+        browser.switch_to(tab).await.expect("switch");
+        let input = browser.find("#payment_method").await.expect("input");
+        browser.clear(&input).await.expect("clear");
+        browser
+            .type_into(&input, "tok_visa+delay=1000")
+            .await
+            .expect("type");
+        browser
+            .click(&browser.find("#pay").await.expect("button"))
+            .await
+            .expect("click");
+    }
+    for tab in [&first, &second] {
+        browser.switch_to(tab).await.expect("switch");
+        browser
+            .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
+            .await
+            .expect("both tabs end succeeded");
+    }
+    let charges = app.charges_of(&order_id).await;
+    assert_eq!(
+        charges
+            .iter()
+            .filter(|c| c["status"] == "succeeded")
+            .count(),
+        1,
+        "one charge"
+    );
+    browser.quit().await;
+}

@@ -100,6 +100,17 @@ impl Application {
             App::new()
                 .wrap(from_fn(http::observe))
                 .app_data(state.clone())
+                .app_data(web::QueryConfig::default().error_handler(|err, _| {
+                    let problem = crate::problem::Problem::new(
+                        crate::problem::ProblemCode::InvalidField,
+                        format!("query string: {err}"),
+                    );
+                    actix_web::error::InternalError::from_response(
+                        err,
+                        actix_web::ResponseError::error_response(&problem),
+                    )
+                    .into()
+                }))
                 .configure(http::routes)
         })
         .workers(config.http_workers)

@@ -4,6 +4,7 @@
 //! call a command or a store read, answer.
 
 mod checkout;
+mod lists;
 mod middleware;
 mod ops;
 mod resources;
@@ -76,40 +77,41 @@ where
 
 /// Every route of the API.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource("/orders", "POST").route(web::post().to(resources::create_order)))
-        .service(resource("/orders/{id}", "GET").route(web::get().to(resources::get_order)))
-        .service(
-            resource("/orders/{id}/cancel", "POST").route(web::post().to(resources::cancel_order)),
-        )
-        .service(
-            resource("/orders/{id}/payments", "GET").route(web::get().to(resources::list_payments)),
-        )
-        .service(resource("/orders/{id}/checkout", "POST").route(web::post().to(checkout::create)))
-        .service(
-            resource("/checkout/assets/checkout.js", "GET").route(web::get().to(checkout::script)),
-        )
-        .service(
-            resource("/checkout/assets/checkout.css", "GET")
-                .route(web::get().to(checkout::stylesheet)),
-        )
-        .service(resource("/checkout/{token}", "GET").route(web::get().to(checkout::show)))
-        .service(resource("/checkout/{token}/status", "GET").route(web::get().to(checkout::status)))
-        .service(
-            resource("/checkout/{token}/payments", "POST").route(web::post().to(checkout::pay)),
-        )
-        .service(resource("/payments", "POST").route(web::post().to(resources::create_payment)))
-        .service(resource("/payments/{id}", "GET").route(web::get().to(resources::get_payment)))
-        .service(
-            resource("/payments/{id}/refunds", "POST")
-                .route(web::post().to(resources::create_refund)),
-        )
-        .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
-        .service(resource("/webhooks/{provider}", "POST").route(web::post().to(webhooks::receive)))
-        .service(resource("/healthz", "GET").route(web::get().to(ops::healthz)))
-        .service(resource("/readyz", "GET").route(web::get().to(ops::readyz)))
-        .service(resource("/metrics", "GET").route(web::get().to(ops::metrics)))
-        .service(resource("/openapi.yaml", "GET").route(web::get().to(ops::openapi)))
-        .default_service(web::to(not_found));
+    cfg.service(
+        resource("/orders", "GET, POST")
+            .route(web::post().to(resources::create_order))
+            .route(web::get().to(lists::orders)),
+    )
+    .service(resource("/orders/{id}", "GET").route(web::get().to(resources::get_order)))
+    .service(resource("/orders/{id}/cancel", "POST").route(web::post().to(resources::cancel_order)))
+    .service(
+        resource("/orders/{id}/payments", "GET").route(web::get().to(resources::list_payments)),
+    )
+    .service(resource("/orders/{id}/checkout", "POST").route(web::post().to(checkout::create)))
+    .service(resource("/checkout/assets/checkout.js", "GET").route(web::get().to(checkout::script)))
+    .service(
+        resource("/checkout/assets/checkout.css", "GET").route(web::get().to(checkout::stylesheet)),
+    )
+    .service(resource("/checkout/{token}", "GET").route(web::get().to(checkout::show)))
+    .service(resource("/checkout/{token}/status", "GET").route(web::get().to(checkout::status)))
+    .service(resource("/checkout/{token}/payments", "POST").route(web::post().to(checkout::pay)))
+    .service(
+        resource("/payments", "GET, POST")
+            .route(web::post().to(resources::create_payment))
+            .route(web::get().to(lists::payments)),
+    )
+    .service(resource("/refunds", "GET").route(web::get().to(lists::refunds)))
+    .service(resource("/payments/{id}", "GET").route(web::get().to(resources::get_payment)))
+    .service(
+        resource("/payments/{id}/refunds", "POST").route(web::post().to(resources::create_refund)),
+    )
+    .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
+    .service(resource("/webhooks/{provider}", "POST").route(web::post().to(webhooks::receive)))
+    .service(resource("/healthz", "GET").route(web::get().to(ops::healthz)))
+    .service(resource("/readyz", "GET").route(web::get().to(ops::readyz)))
+    .service(resource("/metrics", "GET").route(web::get().to(ops::metrics)))
+    .service(resource("/openapi.yaml", "GET").route(web::get().to(ops::openapi)))
+    .default_service(web::to(not_found));
 }
 
 /// A resource whose other methods get `405` with the `Allow` header RFC 9110 asks for.

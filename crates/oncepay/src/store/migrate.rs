@@ -27,6 +27,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V3__checkout",
         include_str!("../../migrations/V3__checkout.sql"),
     ),
+    (
+        "V4__list_indexes",
+        include_str!("../../migrations/V4__list_indexes.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

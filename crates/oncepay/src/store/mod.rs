@@ -9,6 +9,7 @@ pub mod incidents;
 pub mod merchants;
 pub mod migrate;
 pub mod orders;
+pub mod pages;
 pub mod payments;
 pub mod refunds;
 pub mod webhooks;

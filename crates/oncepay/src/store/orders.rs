@@ -162,3 +162,18 @@ pub async fn lock_by_id(tx: &mut PgConnection, id: Uuid) -> Result<Option<Order>
     let row = sqlx::query(LOCK_BY_ID).bind(id).fetch_optional(tx).await?;
     row.as_ref().map(from_row).transpose()
 }
+
+/// One page of the merchant's rows, newest first, and whether there are more
+/// (see `store::pages`).
+pub async fn list(
+    pool: &sqlx::PgPool,
+    merchant_id: Uuid,
+    page: &super::pages::PageRequest,
+) -> Result<(Vec<Order>, bool), StoreError> {
+    let mut qb = sqlx::QueryBuilder::new("SELECT o.id, o.customer_id, o.items, o.amount, o.currency, o.status, o.metadata, o.created_at, o.updated_at");
+    qb.push(" FROM orders o");
+    super::pages::finish(&mut qb, "o", merchant_id, "o.customer_id", page);
+    let rows = qb.build().fetch_all(pool).await?;
+    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
+    Ok(super::pages::page_of(items, page))
+}

@@ -354,3 +354,24 @@ pub async fn charge_id_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<St
         .transpose()?
         .flatten())
 }
+
+/// One page of the merchant's rows, newest first, and whether there are more
+/// (see `store::pages`).
+pub async fn list(
+    pool: &sqlx::PgPool,
+    merchant_id: Uuid,
+    page: &super::pages::PageRequest,
+) -> Result<(Vec<Payment>, bool), StoreError> {
+    let mut qb = sqlx::QueryBuilder::new(concat!("SELECT ", payment_columns_p!()));
+    qb.push(" FROM payment_attempt p");
+    super::pages::finish(
+        &mut qb,
+        "p",
+        merchant_id,
+        "(SELECT customer_id FROM orders WHERE orders.id = p.order_id)",
+        page,
+    );
+    let rows = qb.build().fetch_all(pool).await?;
+    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
+    Ok(super::pages::page_of(items, page))
+}

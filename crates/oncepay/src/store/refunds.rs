@@ -281,3 +281,24 @@ pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, 
     .await?;
     row.as_ref().map(from_row).transpose()
 }
+
+/// One page of the merchant's rows, newest first, and whether there are more
+/// (see `store::pages`).
+pub async fn list(
+    pool: &sqlx::PgPool,
+    merchant_id: Uuid,
+    page: &super::pages::PageRequest,
+) -> Result<(Vec<Refund>, bool), StoreError> {
+    let mut qb = sqlx::QueryBuilder::new(concat!("SELECT ", refund_columns_r!()));
+    qb.push(" FROM refund r");
+    super::pages::finish(
+        &mut qb,
+        "r",
+        merchant_id,
+        "(SELECT o.customer_id FROM payment_attempt pa JOIN orders o ON o.id = pa.order_id WHERE pa.id = r.payment_id)",
+        page,
+    );
+    let rows = qb.build().fetch_all(pool).await?;
+    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
+    Ok(super::pages::page_of(items, page))
+}

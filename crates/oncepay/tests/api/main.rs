@@ -4,6 +4,7 @@
 mod checkout;
 mod helpers;
 mod idempotency;
+mod lists;
 mod ops;
 mod orders;
 mod payments;

@@ -368,7 +368,7 @@ async fn unknown_routes_and_methods_are_problems() {
     let r = app.get("/nowhere").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert_eq!(json_of(r).await["code"], "not_found");
-    let r = app.get("/orders").await;
+    let r = app.get("/webhooks/sandbox").await;
     assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(json_of(r).await["code"], "method_not_allowed");
     let r = app.get("/orders/not-a-uuid").await;

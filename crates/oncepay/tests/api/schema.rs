@@ -24,7 +24,7 @@ async fn the_served_document_holds_under_schemathesis() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        report.contains("Tested: 18"),
+        report.contains("Tested: 21"),
         "every operation was exercised:\n{report}"
     );
 }

@@ -34,7 +34,9 @@ pub async fn create(pool: &PgPool, merchant: &str) -> Result<String, StoreError>
 
 /// Verified keys remembered for a short time, so that a request does not
 /// pay a database round trip to authenticate. Unknown keys are never
-/// remembered; a revoked key keeps working for at most the TTL.
+/// remembered. A revocation reaches every process at once through
+/// PostgreSQL `NOTIFY` ([`listen_for_revocations`]); if a notification is
+/// missed, a revoked key keeps working for at most the TTL.
 pub struct KeyCache {
     ttl: std::time::Duration,
     entries:
@@ -62,6 +64,18 @@ impl KeyCache {
             .map(|(merchant, _)| *merchant)
     }
 
+    /// Forgets a key (revoked, or expiring).
+    pub fn forget(&self, hash: &[u8; 32]) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.remove(hash);
+    }
+
+    /// Forgets every key (after missing notifications).
+    pub fn clear(&self) {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries.clear();
+    }
+
     /// Remembers a verified key.
     pub fn put(&self, hash: [u8; 32], merchant: uuid::Uuid) {
         if self.ttl.is_zero() {
@@ -75,8 +89,61 @@ impl KeyCache {
     }
 }
 
+/// Listens for revocations (`LISTEN oncepay_api_keys`) and forgets each
+/// revoked key, until `stop`. If the listening connection breaks, the cache
+/// is cleared (a notification may have been missed) and it listens again.
+pub async fn listen_for_revocations(
+    pool: PgPool,
+    cache: std::sync::Arc<KeyCache>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let listener = async {
+            let mut listener = sqlx::postgres::PgListener::connect_with(&pool).await?;
+            listener.listen(store::merchants::REVOCATIONS).await?;
+            loop {
+                let note = listener.recv().await?;
+                if let Some(hash) = parse_hex_hash(note.payload()) {
+                    cache.forget(&hash);
+                }
+            }
+            #[allow(unreachable_code)]
+            Ok::<(), sqlx::Error>(())
+        };
+        tokio::select! {
+            ended = listener => {
+                if let Err(e) = ended {
+                    tracing::warn!(error = %e, "revocation listener lost its connection; clearing the key cache and listening again");
+                }
+                cache.clear();
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+fn parse_hex_hash(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn notification_payloads_parse_as_hashes() {
+        let hash = super::hash("opk_x");
+        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(super::parse_hex_hash(&hex), Some(hash));
+        assert_eq!(super::parse_hex_hash("zz"), None);
+    }
+
     #[test]
     fn keys_are_long_random_and_distinct() {
         let a = super::generate();

@@ -44,6 +44,18 @@ pub enum ApiKeyCommand {
         #[arg(long, value_parser = merchant_name)]
         merchant: String,
     },
+    /// List a merchant's keys (prefix, created, last used, expires, revoked).
+    List {
+        /// The merchant's name.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: String,
+    },
+    /// Revoke a key by its id (as `list` shows it), in every process at once.
+    Revoke {
+        /// The key's id.
+        #[arg(long)]
+        id: uuid::Uuid,
+    },
 }
 
 fn merchant_name(name: &str) -> Result<String, String> {
@@ -76,6 +88,13 @@ mod tests {
         });
         assert_eq!(command("api-key create --merchant acme"), create);
         assert_eq!(command("api-key create --merchant=acme"), create);
+        assert_eq!(
+            command("api-key list --merchant acme"),
+            Command::ApiKey(ApiKeyCommand::List {
+                merchant: "acme".into()
+            })
+        );
+        assert!(p("api-key revoke --id not-a-uuid").is_err());
     }
 
     #[test]

@@ -46,6 +46,42 @@ async fn run(command: Command) -> anyhow::Result<()> {
             println!("API key for merchant {merchant:?} (shown once; only its hash is stored):");
             println!("{key}");
         }
+        Command::ApiKey(ApiKeyCommand::List { merchant }) => {
+            let url = env.database_url()?;
+            oncepay::store::prepare_database(&url)
+                .await
+                .context("migrating the database")?;
+            let pool = oncepay::store::pool(&url, 1)?;
+            let keys = oncepay::store::merchants::list_keys_by_name(&pool, &merchant)
+                .await
+                .context("listing keys")?;
+            println!("id\tprefix\tcreated\tlast used\texpires\trevoked");
+            let at = |t: Option<chrono::DateTime<chrono::Utc>>| {
+                t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
+            };
+            for k in keys {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    k.id,
+                    k.prefix,
+                    k.created_at.to_rfc3339(),
+                    at(k.last_used_at),
+                    at(k.expires_at),
+                    at(k.revoked_at)
+                );
+            }
+        }
+        Command::ApiKey(ApiKeyCommand::Revoke { id }) => {
+            let url = env.database_url()?;
+            let pool = oncepay::store::pool(&url, 1)?;
+            match oncepay::store::merchants::revoke(&pool, None, id)
+                .await
+                .context("revoking the key")?
+            {
+                Some((k, _)) => println!("revoked {} ({})", k.id, k.prefix),
+                None => anyhow::bail!("no live API key with id {id}"),
+            }
+        }
         Command::Serve => {
             let config = env.serve_config()?;
             let app = oncepay::startup::Application::build(config)

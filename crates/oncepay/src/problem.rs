@@ -67,6 +67,7 @@ problem_codes! {
     RefundExceedsPayment = "refund_exceeds_payment", 422, "Refund exceeds what is left of the payment";
     RefundInProgress = "refund_in_progress", 409, "A refund for this payment is in progress";
     CheckoutNotFound = "checkout_not_found", 404, "Checkout not found";
+    ApiKeyNotFound = "api_key_not_found", 404, "API key not found";
     CheckoutExpired = "checkout_expired", 410, "Checkout expired";
     ConfirmationUnavailable = "confirmation_unavailable", 503, "The provider could not confirm the event now";
     InternalError = "internal_error", 500, "Internal error";

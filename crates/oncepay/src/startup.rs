@@ -89,11 +89,12 @@ impl Application {
                     .unwrap_or_else(|| format!("http://{addr}")),
             },
         });
+        let keys = Arc::new(crate::api_keys::KeyCache::new(config.auth_cache_ttl));
         let state = web::Data::new(AppState {
             ctx: ctx.clone(),
             webhook_secret: config.webhook_secret.clone(),
             max_body_bytes: config.max_body_bytes,
-            keys: crate::api_keys::KeyCache::new(config.auth_cache_ttl),
+            keys: keys.clone(),
             runtime: tokio::runtime::Handle::current(),
         });
         let server = HttpServer::new(move || {
@@ -119,9 +120,15 @@ impl Application {
         .run();
 
         let (stop_workers, stopped) = watch::channel(false);
+        let revocations = tokio::spawn(crate::api_keys::listen_for_revocations(
+            ctx.pool.clone(),
+            keys,
+            stopped.clone(),
+        ));
         let reconciler_ctx = ctx.clone();
         let sweeper_ctx = ctx.clone();
         let workers = vec![
+            revocations,
             tokio::spawn(workers::every(
                 "reconciler",
                 config.reconcile_interval,

@@ -3,6 +3,7 @@
 //! problems and stored responses into HTTP). Handlers stay thin: parse,
 //! call a command or a store read, answer.
 
+mod api_keys;
 mod checkout;
 mod lists;
 mod middleware;
@@ -32,7 +33,7 @@ pub struct AppState {
     /// Largest accepted body.
     pub max_body_bytes: usize,
     /// Recently verified API keys.
-    pub keys: crate::api_keys::KeyCache,
+    pub keys: std::sync::Arc<crate::api_keys::KeyCache>,
     /// The process's main runtime, where all database work runs (see
     /// [`on_service_runtime`]).
     pub runtime: tokio::runtime::Handle,
@@ -107,6 +108,12 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     )
     .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
     .service(resource("/webhooks/{provider}", "POST").route(web::post().to(webhooks::receive)))
+    .service(
+        resource("/api_keys", "GET, POST")
+            .route(web::get().to(api_keys::list))
+            .route(web::post().to(api_keys::create)),
+    )
+    .service(resource("/api_keys/{id}", "DELETE").route(web::delete().to(api_keys::revoke)))
     .service(resource("/healthz", "GET").route(web::get().to(ops::healthz)))
     .service(resource("/readyz", "GET").route(web::get().to(ops::readyz)))
     .service(resource("/metrics", "GET").route(web::get().to(ops::metrics)))

@@ -1,5 +1,8 @@
 //! SQL of merchants and their API keys.
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
@@ -34,11 +37,13 @@ pub async fn add_api_key(
     Ok(merchant_id)
 }
 
-/// Finds the merchant of a key hash.
-pub const MERCHANT_FOR_KEY: &str =
-    "SELECT merchant_id FROM api_key WHERE key_hash = $1 AND revoked_at IS NULL";
+/// Finds the merchant of a live key hash, noting when it was used.
+pub const MERCHANT_FOR_KEY: &str = "UPDATE api_key SET last_used_at = now()
+      WHERE key_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
+      RETURNING merchant_id";
 
-/// The merchant owning a key hash, if the key exists and is not revoked.
+/// The merchant owning a key hash, if the key exists, is not revoked and
+/// has not expired.
 pub async fn merchant_for_key(
     pool: &PgPool,
     key_hash: &[u8; 32],
@@ -48,4 +53,136 @@ pub async fn merchant_for_key(
         .fetch_optional(pool)
         .await?;
     Ok(row.map(|r| r.try_get("merchant_id")).transpose()?)
+}
+
+/// The channel on which revocations are announced to every process.
+pub const REVOCATIONS: &str = "oncepay_api_keys";
+
+/// An API key as its merchant sees it (never the key itself).
+#[derive(Debug, Clone, Serialize)]
+pub struct ApiKeyInfo {
+    /// Names the key in `DELETE /api_keys/{id}`.
+    pub id: Uuid,
+    /// The key's first characters (`opk_` + 6), to recognise it.
+    pub prefix: String,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+    /// When it last authenticated a request (to the minute the cache allows).
+    pub last_used_at: Option<DateTime<Utc>>,
+    /// When it stops working, if set (rotation).
+    pub expires_at: Option<DateTime<Utc>>,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+const KEY_COLUMNS: &str = "id, key_prefix, created_at, last_used_at, expires_at, revoked_at";
+
+fn key_from_row(row: &PgRow) -> Result<ApiKeyInfo, StoreError> {
+    Ok(ApiKeyInfo {
+        id: row.try_get("id")?,
+        prefix: row.try_get("key_prefix")?,
+        created_at: row.try_get("created_at")?,
+        last_used_at: row.try_get("last_used_at")?,
+        expires_at: row.try_get("expires_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+    })
+}
+
+/// A merchant's keys, newest first.
+pub async fn list_keys(pool: &PgPool, merchant_id: Uuid) -> Result<Vec<ApiKeyInfo>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {KEY_COLUMNS} FROM api_key WHERE merchant_id = $1 ORDER BY created_at DESC, id"
+    ))
+    .bind(merchant_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(key_from_row).collect()
+}
+
+/// The keys of the merchant called `name` (for `oncepay api-key list`).
+pub async fn list_keys_by_name(pool: &PgPool, name: &str) -> Result<Vec<ApiKeyInfo>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {KEY_COLUMNS} FROM api_key
+          WHERE merchant_id = (SELECT id FROM merchant WHERE name = $1)
+          ORDER BY created_at DESC, id"
+    ))
+    .bind(name)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(key_from_row).collect()
+}
+
+/// Stores a new key for a merchant; with `expire`, the key `(hash, ms)`
+/// stops working that many milliseconds from now (rotation without
+/// downtime). One transaction.
+pub async fn add_key_for(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    key_hash: &[u8; 32],
+    key_prefix: &str,
+    expire: Option<(&[u8; 32], i64)>,
+) -> Result<ApiKeyInfo, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query(&format!(
+        "INSERT INTO api_key (key_hash, merchant_id, key_prefix) VALUES ($1, $2, $3)
+         RETURNING {KEY_COLUMNS}"
+    ))
+    .bind(&key_hash[..])
+    .bind(merchant_id)
+    .bind(key_prefix)
+    .fetch_one(&mut *tx)
+    .await?;
+    if let Some((old, after_ms)) = expire {
+        sqlx::query(
+            "UPDATE api_key SET expires_at = LEAST(COALESCE(expires_at, 'infinity'),
+                                                   now() + $2::bigint * interval '1 millisecond')
+              WHERE key_hash = $1",
+        )
+        .bind(&old[..])
+        .bind(after_ms)
+        .execute(&mut *tx)
+        .await?;
+        // Processes that cached the old key learn of its expiry at once.
+        sqlx::query("SELECT pg_notify($1, encode($2, 'hex'))")
+            .bind(REVOCATIONS)
+            .bind(&old[..])
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    key_from_row(&row)
+}
+
+/// Revokes a key (of `merchant_id` if given), announcing it on
+/// [`REVOCATIONS`] in the same transaction. Returns the key and its hash;
+/// `None` if no such live key.
+pub async fn revoke(
+    pool: &PgPool,
+    merchant_id: Option<Uuid>,
+    id: Uuid,
+) -> Result<Option<(ApiKeyInfo, [u8; 32])>, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query(&format!(
+        "UPDATE api_key SET revoked_at = now()
+          WHERE id = $1 AND ($2::uuid IS NULL OR merchant_id = $2) AND revoked_at IS NULL
+          RETURNING key_hash, {KEY_COLUMNS}"
+    ))
+    .bind(id)
+    .bind(merchant_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let hash: Vec<u8> = row.try_get("key_hash")?;
+    sqlx::query("SELECT pg_notify($1, encode($2, 'hex'))")
+        .bind(REVOCATIONS)
+        .bind(&hash)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    let hash: [u8; 32] = hash
+        .try_into()
+        .map_err(|_| StoreError::Corrupt("api key hash".into()))?;
+    Ok(Some((key_from_row(&row)?, hash)))
 }

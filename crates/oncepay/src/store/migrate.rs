@@ -31,6 +31,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V4__list_indexes",
         include_str!("../../migrations/V4__list_indexes.sql"),
     ),
+    (
+        "V5__api_keys",
+        include_str!("../../migrations/V5__api_keys.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -13,7 +13,14 @@ async fn the_served_document_holds_under_schemathesis() {
         .args(["--config-file", config, "--no-color", "run"])
         .arg(format!("{}/openapi.yaml", app.base))
         .args(["-H", &format!("Authorization: Bearer {}", app.key)])
-        .args(["--checks", "all", "--max-examples", "40", "--workers", "2"])
+        // One worker: with two, hypothesis parses lambdas' source with `ast`
+        // in two threads at once, which CPython 3.11 answers with a spurious
+        // "AST constructor recursion depth mismatch" now and then.
+        .args(["--checks", "all", "--max-examples", "40", "--workers", "1"])
+        // Minting keys (and expiring the calling one) would change the
+        // identity the rest of the run authenticates with; api_keys.rs
+        // tests it.
+        .args(["--exclude-operation-id", "createApiKey"])
         .output()
         .await
         .expect("schemathesis is installed (make test installs it: python3 -m pip install schemathesis)");
@@ -24,7 +31,7 @@ async fn the_served_document_holds_under_schemathesis() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        report.contains("Tested: 21"),
+        report.contains("Tested: 23"),
         "every operation was exercised:\n{report}"
     );
 }

@@ -95,10 +95,11 @@ async fn live_session(state: &AppState, token: &str) -> Result<Session, Problem>
     }
 }
 
-/// The order and its attempts (oldest first) behind a session.
+/// The order behind a session, and its attempts (oldest first) if asked.
 async fn order_and_attempts(
     state: &AppState,
     session: &Session,
+    with_attempts: bool,
 ) -> Result<(Order, Vec<Payment>), Problem> {
     let (pool, merchant, order_id) = (
         state.ctx.pool.clone(),
@@ -111,9 +112,13 @@ async fn order_and_attempts(
             .await
             .map_err(store_problem)?
             .ok_or_else(|| Problem::not_found(ProblemCode::CheckoutNotFound, "checkout"))?;
-        let attempts = store::payments::list_for_order(&mut conn, merchant, order_id)
-            .await
-            .map_err(store_problem)?;
+        let attempts = if with_attempts {
+            store::payments::list_for_order(&mut conn, merchant, order_id)
+                .await
+                .map_err(store_problem)?
+        } else {
+            Vec::new()
+        };
         Ok((order, attempts))
     })
     .await
@@ -177,7 +182,7 @@ pub async fn show(state: web::Data<AppState>, path: web::Path<String>) -> Reply 
             return Ok(html(status, page(title, &main)));
         }
     };
-    let (order, attempts) = order_and_attempts(&state, &session).await?;
+    let (order, _) = order_and_attempts(&state, &session, false).await?;
     let currency = Currency::try_from(order.currency.as_str()).map_err(|_| Problem::internal())?;
     let total = currency.format(order.amount);
     let rows: String = order
@@ -211,7 +216,6 @@ pub async fn show(state: web::Data<AppState>, path: web::Path<String>) -> Reply 
         token = escape(&path),
         initial = if paid { "succeeded" } else { "idle" },
     );
-    let _ = attempts;
     Ok(html(
         StatusCode::OK,
         page(&format!("Checkout — {total}"), &main),
@@ -244,7 +248,7 @@ pub async fn status(
     query: web::Query<StatusQuery>,
 ) -> Reply {
     let session = live_session(&state, &path).await?;
-    let (order, attempts) = order_and_attempts(&state, &session).await?;
+    let (order, attempts) = order_and_attempts(&state, &session, true).await?;
     let mine = match &query.key {
         Some(key) => {
             let (pool, order_id, key) =

@@ -26,17 +26,26 @@ impl TestApp {
         assert_eq!(r.status(), StatusCode::CREATED);
         json_of(r).await
     }
+}
 
-    /// The sandbox's charges for an order.
-    async fn charges_of(&self, order_id: &str) -> Vec<Value> {
-        self.ledger().await["charges"]
-            .as_array()
-            .expect("charges")
-            .iter()
-            .filter(|c| c["order_id"] == order_id)
-            .cloned()
-            .collect()
-    }
+/// A fresh order, its checkout page open in `browser`, `token` typed into
+/// the card field; returns the order id and the Pay button.
+async fn checkout_with(app: &TestApp, browser: &Browser, token: &str) -> (String, String) {
+    let order_id = app.create_order().await;
+    let url = app.checkout(&order_id).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    browser.goto(&url).await.expect("open");
+    enter_token(browser, token).await;
+    (order_id, browser.find("#pay").await.expect("button"))
+}
+
+/// Replaces the card field's token.
+async fn enter_token(browser: &Browser, token: &str) {
+    let input = browser.find("#payment_method").await.expect("input");
+    browser.clear(&input).await.expect("clear");
+    browser.type_into(&input, token).await.expect("type");
 }
 
 fn screenshot_path(name: &str) -> PathBuf {
@@ -195,12 +204,8 @@ async fn double_clicks_and_enter_mashing_charge_once() {
         .screenshot(&screenshot_path("idle"))
         .await
         .expect("screenshot");
+    enter_token(&browser, "tok_visa+delay=1500").await;
     let input = browser.find("#payment_method").await.expect("input");
-    browser.clear(&input).await.expect("clear");
-    browser
-        .type_into(&input, "tok_visa+delay=1500")
-        .await
-        .expect("type");
     let pay = browser.find("#pay").await.expect("button");
     for _ in 0..5 {
         // Later clicks may meet a page that has already succeeded.
@@ -217,7 +222,7 @@ async fn double_clicks_and_enter_mashing_charge_once() {
         .screenshot(&screenshot_path("succeeded"))
         .await
         .expect("screenshot");
-    let charges = app.charges_of(&order_id).await;
+    let charges = app.charges_for(&order_id).await;
     assert_eq!(charges.len(), 1, "one charge");
     assert_eq!(charges[0]["charges"], 1);
     assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 1);
@@ -251,19 +256,7 @@ async fn double_clicks_and_enter_mashing_charge_once() {
 async fn a_reload_mid_payment_resumes_with_the_same_key() {
     let Some(browser) = phone().await else { return };
     let app = spawn_app().await;
-    let order_id = app.create_order().await;
-    let url = app.checkout(&order_id).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
-    browser.goto(&url).await.expect("open");
-    let input = browser.find("#payment_method").await.expect("input");
-    browser.clear(&input).await.expect("clear");
-    browser
-        .type_into(&input, "tok_visa+delay=3000")
-        .await
-        .expect("type");
-    let pay = browser.find("#pay").await.expect("button");
+    let (order_id, pay) = checkout_with(&app, &browser, "tok_visa+delay=3000").await;
     browser.click(&pay).await.expect("click");
     let key = browser
         .eval(
@@ -286,7 +279,7 @@ async fn a_reload_mid_payment_resumes_with_the_same_key() {
         attempts[0].ends_with(key.as_str().expect("key")),
         "the same key: {attempts:?} / {key}"
     );
-    assert_eq!(app.charges_of(&order_id).await.len(), 1);
+    assert_eq!(app.charges_for(&order_id).await.len(), 1);
     browser.quit().await;
 }
 
@@ -300,24 +293,10 @@ async fn a_lost_answer_moves_to_checking_then_succeeded() {
             .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off"),
     )
     .await;
-    let order_id = app.create_order().await;
-    let url = app.checkout(&order_id).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
-    browser.goto(&url).await.expect("open");
-    let input = browser.find("#payment_method").await.expect("input");
-    browser.clear(&input).await.expect("clear");
     // The provider charges and every answer to oncepay is lost: the
     // outcome is unknown, and the page must not offer to pay again.
-    browser
-        .type_into(&input, "tok_visa+drop=10")
-        .await
-        .expect("type");
-    browser
-        .click(&browser.find("#pay").await.expect("button"))
-        .await
-        .expect("click");
+    let (order_id, pay) = checkout_with(&app, &browser, "tok_visa+drop=10").await;
+    browser.click(&pay).await.expect("click");
     browser
         .wait_attribute(STATUS, "data-status", "checking", PATIENCE)
         .await
@@ -338,7 +317,7 @@ async fn a_lost_answer_moves_to_checking_then_succeeded() {
         .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
         .await
         .expect("succeeded");
-    let charges = app.charges_of(&order_id).await;
+    let charges = app.charges_for(&order_id).await;
     assert_eq!(charges.len(), 1);
     assert_eq!(charges[0]["charges"], 1);
     browser.quit().await;
@@ -381,8 +360,7 @@ async fn a_decline_allows_a_new_attempt_with_a_new_key() {
         .screenshot(&screenshot_path("failed"))
         .await
         .expect("screenshot");
-    browser.clear(&input).await.expect("clear");
-    browser.type_into(&input, "tok_visa").await.expect("type");
+    enter_token(&browser, "tok_visa").await;
     browser.click(&pay).await.expect("click");
     browser
         .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
@@ -394,7 +372,7 @@ async fn a_decline_allows_a_new_attempt_with_a_new_key() {
         .expect("keys");
     assert_eq!(keys.len(), 2, "two attempts");
     assert_ne!(keys[0], keys[1], "two keys");
-    let charges = app.charges_of(&order_id).await;
+    let charges = app.charges_for(&order_id).await;
     assert_eq!(
         charges
             .iter()
@@ -421,12 +399,7 @@ async fn two_tabs_paying_at_once_charge_once_and_both_show_it() {
     browser.goto(&url).await.expect("open");
     for tab in [&first, &second] {
         browser.switch_to(tab).await.expect("switch");
-        let input = browser.find("#payment_method").await.expect("input");
-        browser.clear(&input).await.expect("clear");
-        browser
-            .type_into(&input, "tok_visa+delay=1000")
-            .await
-            .expect("type");
+        enter_token(&browser, "tok_visa+delay=1000").await;
         browser
             .click(&browser.find("#pay").await.expect("button"))
             .await
@@ -439,7 +412,7 @@ async fn two_tabs_paying_at_once_charge_once_and_both_show_it() {
             .await
             .expect("both tabs end succeeded");
     }
-    let charges = app.charges_of(&order_id).await;
+    let charges = app.charges_for(&order_id).await;
     assert_eq!(
         charges
             .iter()

@@ -262,6 +262,17 @@ impl TestApp {
         assert!(reached.is_ok(), "record {key} never reached {condition}");
     }
 
+    /// The sandbox's charges made for `order_id`.
+    pub async fn charges_for(&self, order_id: &str) -> Vec<Value> {
+        self.ledger().await["charges"]
+            .as_array()
+            .expect("charges")
+            .iter()
+            .filter(|c| c["order_id"] == order_id)
+            .cloned()
+            .collect()
+    }
+
     /// The `status` of the resource at `path`.
     pub async fn status_of(&self, path: &str) -> String {
         json_of(self.get(path).await).await["status"]

@@ -38,17 +38,6 @@ impl TestApp {
             .expect("due");
         reconciler::pass(&self.ctx).await.expect("reconciler pass")
     }
-
-    /// The sandbox's charges made for `order_id`.
-    async fn charges_for(&self, order_id: &str) -> Vec<Value> {
-        self.ledger().await["charges"]
-            .as_array()
-            .expect("charges")
-            .iter()
-            .filter(|c| c["order_id"] == order_id)
-            .cloned()
-            .collect()
-    }
 }
 
 fn succeeded(charges: &[Value]) -> usize {

@@ -69,6 +69,8 @@
     form.hidden = true;
     receipt.hidden = false;
     if (payment && payment.id) document.getElementById("receipt-id").textContent = payment.id;
+    var title = document.querySelector("h1");
+    if (title && title.firstChild) title.firstChild.textContent = "Paid ";
     show("succeeded", "Payment succeeded. You can close this page.");
   }
 

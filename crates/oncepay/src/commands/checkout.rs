@@ -56,20 +56,8 @@ impl Command for CreateCheckout {
         _at: At<NoRecoveryPoint, ()>,
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         let mut tx = ctx.pool.begin().await?;
-        let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
-            .await?
-            .ok_or_else(|| {
-                CommandError::Reject(Problem::not_found(ProblemCode::OrderNotFound, "order"))
-            })?;
-        if !order.status.is_payable() {
-            return Err(CommandError::Reject(Problem::new(
-                ProblemCode::OrderNotPayable,
-                format!(
-                    "the order is {}; only an order awaiting payment gets a checkout page",
-                    order.status.as_str()
-                ),
-            )));
-        }
+        let order = super::lock_order(&mut tx, run.merchant_id, self.order_id).await?;
+        super::ensure_payable(&order, "gets a checkout page")?;
         let (id, token) = (Uuid::now_v7(), new_token());
         let ttl_ms = i64::try_from(ctx.checkout.ttl.as_millis()).unwrap_or(i64::MAX);
         let expires_at = store::checkout::insert(

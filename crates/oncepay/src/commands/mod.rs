@@ -414,6 +414,41 @@ async fn resume_as<C: Command>(
     drive(ctx, claim, &command).await
 }
 
+/// The merchant's order, row-locked (step 1 of every command on an order),
+/// or the `404` the command answers.
+pub(crate) async fn lock_order(
+    tx: &mut sqlx::PgConnection,
+    merchant_id: Uuid,
+    order_id: Uuid,
+) -> Result<crate::domain::order::Order, CommandError> {
+    crate::store::orders::lock(tx, merchant_id, order_id)
+        .await?
+        .ok_or_else(|| {
+            CommandError::Reject(Problem::not_found(
+                crate::problem::ProblemCode::OrderNotFound,
+                "order",
+            ))
+        })
+}
+
+/// `409 order_not_payable` unless the order awaits payment; `what` says
+/// what only such an order gets ("can be paid").
+pub(crate) fn ensure_payable(
+    order: &crate::domain::order::Order,
+    what: &str,
+) -> Result<(), CommandError> {
+    if order.status.is_payable() {
+        return Ok(());
+    }
+    Err(CommandError::Reject(Problem::new(
+        crate::problem::ProblemCode::OrderNotPayable,
+        format!(
+            "the order is {}; only an order awaiting payment {what}",
+            order.status.as_str()
+        ),
+    )))
+}
+
 /// Serialises a resource as a stored response.
 pub fn json_response<T: Serialize>(
     status: u16,

@@ -157,11 +157,7 @@ impl CancelOrder {
         run: Run<'_>,
     ) -> Result<Step<CancelPoint, Option<refunds::Outstanding>>, CommandError> {
         let mut tx = ctx.pool.begin().await?;
-        let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
-            .await?
-            .ok_or_else(|| {
-                CommandError::Reject(Problem::not_found(ProblemCode::OrderNotFound, "order"))
-            })?;
+        let order = super::lock_order(&mut tx, run.merchant_id, self.order_id).await?;
         match order.status.cancel_plan() {
             CancelPlan::NotCancellable => Err(CommandError::Reject(Problem::new(
                 ProblemCode::OrderNotCancellable,

@@ -143,25 +143,13 @@ impl CreatePayment {
         run: Run<'_>,
     ) -> Result<Step<PaymentPoint, Payment>, CommandError> {
         let mut tx = ctx.pool.begin().await?;
-        let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
-            .await?
-            .ok_or_else(|| {
-                CommandError::Reject(Problem::not_found(ProblemCode::OrderNotFound, "order"))
-            })?;
+        let order = super::lock_order(&mut tx, run.merchant_id, self.order_id).await?;
         if store::payments::live_attempt_status(&mut tx, order.id).await?
             == Some(PaymentStatus::Pending)
         {
             return Err(CommandError::Reject(payment_in_progress()));
         }
-        if !order.status.is_payable() {
-            return Err(CommandError::Reject(Problem::new(
-                ProblemCode::OrderNotPayable,
-                format!(
-                    "the order is {}; only an order awaiting payment can be paid",
-                    order.status.as_str()
-                ),
-            )));
-        }
+        super::ensure_payable(&order, "can be paid")?;
         let new = NewAttempt {
             id: Uuid::now_v7(),
             merchant_id: run.merchant_id,

@@ -8,7 +8,8 @@
 //! - [`fault_proxy`]: the provider faults the sandbox cannot make;
 //! - [`lossy_tcp`]: answers lost between a client and the service;
 //! - [`ledger`]: the sandbox's books, where charges are counted;
-//! - [`browser`]: a real headless Chromium over WebDriver.
+//! - [`browser`]: a real headless Chromium over WebDriver;
+//! - [`receiver`]: a merchant's webhook receiver that records what it gets.
 //!
 //! It depends on no oncepay crate: it drives the `oncepay` binary and HTTP.
 
@@ -22,3 +23,4 @@ pub mod lossy_tcp;
 pub mod ports;
 pub mod processes;
 pub mod ready;
+pub mod receiver;

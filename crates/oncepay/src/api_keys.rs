@@ -32,6 +32,16 @@ pub async fn create(pool: &PgPool, merchant: &str) -> Result<String, StoreError>
     Ok(key)
 }
 
+/// Who a verified key speaks for, and that merchant's own rate limit (if
+/// it has one; otherwise the process default applies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    /// The merchant.
+    pub merchant_id: uuid::Uuid,
+    /// Its own rate limit.
+    pub limit: Option<crate::rate_limit::Limit>,
+}
+
 /// Verified keys remembered for a short time, so that a request does not
 /// pay a database round trip to authenticate. Unknown keys are never
 /// remembered. A revocation reaches every process at once through
@@ -39,8 +49,7 @@ pub async fn create(pool: &PgPool, merchant: &str) -> Result<String, StoreError>
 /// missed, a revoked key keeps working for at most the TTL.
 pub struct KeyCache {
     ttl: std::time::Duration,
-    entries:
-        std::sync::Mutex<std::collections::HashMap<[u8; 32], (uuid::Uuid, std::time::Instant)>>,
+    entries: std::sync::Mutex<std::collections::HashMap<[u8; 32], (Caller, std::time::Instant)>>,
 }
 
 /// Keys remembered at most; past that the cache starts over.
@@ -55,13 +64,13 @@ impl KeyCache {
         }
     }
 
-    /// The merchant of a key hash, if verified within the TTL.
-    pub fn get(&self, hash: &[u8; 32]) -> Option<uuid::Uuid> {
+    /// The caller of a key hash, if verified within the TTL.
+    pub fn get(&self, hash: &[u8; 32]) -> Option<Caller> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         entries
             .get(hash)
             .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(merchant, _)| *merchant)
+            .map(|(caller, _)| *caller)
     }
 
     /// Forgets a key (revoked, or expiring).
@@ -77,7 +86,7 @@ impl KeyCache {
     }
 
     /// Remembers a verified key.
-    pub fn put(&self, hash: [u8; 32], merchant: uuid::Uuid) {
+    pub fn put(&self, hash: [u8; 32], caller: Caller) {
         if self.ttl.is_zero() {
             return;
         }
@@ -85,7 +94,7 @@ impl KeyCache {
         if entries.len() >= KEY_CACHE_MAX {
             entries.clear();
         }
-        entries.insert(hash, (merchant, std::time::Instant::now()));
+        entries.insert(hash, (caller, std::time::Instant::now()));
     }
 }
 

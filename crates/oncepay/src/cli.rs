@@ -32,6 +32,31 @@ pub enum Command {
     /// Manage API keys.
     #[command(subcommand, name = "api-key")]
     ApiKey(ApiKeyCommand),
+    /// Manage merchants.
+    #[command(subcommand)]
+    Merchant(MerchantCommand),
+}
+
+/// `oncepay merchant …`.
+#[derive(Debug, Subcommand, PartialEq, Eq)]
+pub enum MerchantCommand {
+    /// Give a merchant its own rate limit (every process picks it up within
+    /// ONCEPAY_AUTH_CACHE_TTL), or with --default return it to the
+    /// process default (ONCEPAY_RATE_LIMIT_PER_SECOND / _BURST).
+    RateLimit {
+        /// The merchant's name.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: String,
+        /// Requests per second, sustained.
+        #[arg(long, required_unless_present = "default", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        per_second: Option<u32>,
+        /// Requests admitted at once after a quiet spell.
+        #[arg(long, required_unless_present = "default", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        burst: Option<u32>,
+        /// Drop the merchant's own limit.
+        #[arg(long, conflicts_with_all = ["per_second", "burst"])]
+        default: bool,
+    },
 }
 
 /// `oncepay api-key …`.
@@ -95,6 +120,19 @@ mod tests {
             })
         );
         assert!(p("api-key revoke --id not-a-uuid").is_err());
+        assert_eq!(
+            command("merchant rate-limit --merchant acme --per-second 5 --burst 10"),
+            Command::Merchant(MerchantCommand::RateLimit {
+                merchant: "acme".into(),
+                per_second: Some(5),
+                burst: Some(10),
+                default: false
+            })
+        );
+        assert!(p("merchant rate-limit --merchant acme --default").is_ok());
+        assert!(p("merchant rate-limit --merchant acme --per-second 5").is_err());
+        assert!(p("merchant rate-limit --merchant acme --per-second 0 --burst 1").is_err());
+        assert!(p("merchant rate-limit --merchant acme --default --burst 1").is_err());
     }
 
     #[test]

@@ -226,6 +226,24 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             },
             sweep_interval: self.duration("ONCEPAY_SWEEP_INTERVAL", Duration::from_secs(60))?,
             shutdown_timeout: self.duration("ONCEPAY_SHUTDOWN_TIMEOUT", Duration::from_secs(30))?,
+            merchant_webhooks: MerchantWebhooks {
+                schedule: self.get(
+                    "ONCEPAY_WEBHOOK_SCHEDULE",
+                    crate::domain::event::RetrySchedule::standard(),
+                    |v| {
+                        crate::domain::event::RetrySchedule::parse(v, parse_duration).map_err(|e| {
+                            format!("expected comma-separated durations (5s,5m,30m,...): {e}")
+                        })
+                    },
+                )?,
+                timeout: self.duration("ONCEPAY_WEBHOOK_TIMEOUT", Duration::from_secs(10))?,
+                allow_private: self.flag("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", false)?,
+                interval: self.duration("ONCEPAY_WEBHOOK_INTERVAL", Duration::from_millis(250))?,
+            },
+            rate_limit: crate::rate_limit::Limit::new(
+                self.number("ONCEPAY_RATE_LIMIT_PER_SECOND", 100i64, 0, 1_000_000)?,
+                self.number("ONCEPAY_RATE_LIMIT_BURST", 200i64, 1, 1_000_000)?,
+            ),
         })
     }
 
@@ -335,6 +353,25 @@ pub struct ServeConfig {
     pub sweep_interval: Duration,
     /// How long SIGTERM waits for in-flight requests.
     pub shutdown_timeout: Duration,
+    /// Outbound webhooks to merchants' endpoints.
+    pub merchant_webhooks: MerchantWebhooks,
+    /// Every merchant's rate limit unless it has its own; `None`: unlimited.
+    pub rate_limit: Option<crate::rate_limit::Limit>,
+}
+
+/// Settings of outbound webhooks (merchant notifications).
+#[derive(Debug, Clone)]
+pub struct MerchantWebhooks {
+    /// The waits between attempts (`ONCEPAY_WEBHOOK_SCHEDULE`).
+    pub schedule: crate::domain::event::RetrySchedule,
+    /// Per-attempt timeout (`ONCEPAY_WEBHOOK_TIMEOUT`).
+    pub timeout: Duration,
+    /// Endpoints on loopback or private addresses allowed
+    /// (`ONCEPAY_WEBHOOK_ALLOW_PRIVATE`): for development and tests only.
+    pub allow_private: bool,
+    /// How often the delivery worker looks for due deliveries
+    /// (`ONCEPAY_WEBHOOK_INTERVAL`).
+    pub interval: Duration,
 }
 
 /// Faults injected at random into charge and refund requests, set at start.

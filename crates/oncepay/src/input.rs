@@ -165,6 +165,25 @@ impl<'a> Obj<'a> {
             .collect()
     }
 
+    /// A required array of strings.
+    pub fn strings(&self, name: &str) -> Result<Vec<String>, Problem> {
+        let field = join(&self.path, name);
+        let Value::Array(items) = self.required(name)? else {
+            return Err(Problem::invalid_field(field, "must be an array of strings"));
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s.clone()),
+                other => Err(Problem::invalid_field(
+                    format!("{field}[{i}]"),
+                    &format!("must be a string, not {}", type_name(other)),
+                )),
+            })
+            .collect()
+    }
+
     /// An optional object of string values.
     pub fn string_map(&self, name: &str) -> Result<Vec<(String, String)>, Problem> {
         let field = join(&self.path, name);

@@ -9,7 +9,8 @@
 //! - [`provider`] — the payment provider trait and its HTTP client;
 //! - [`sandbox`] — the stand-alone sandbox provider;
 //! - [`workers`] — the reconciler and the sweeper;
-//! - [`events`] — inbound webhook events.
+//! - [`outbox`] — events written with the changes they report, for merchants;
+//! - [`provider_events`] — inbound provider webhook events.
 
 // Every public item says why it exists.
 #![warn(missing_docs)]
@@ -19,13 +20,16 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod domain;
-pub mod events;
 pub mod http;
 pub mod idempotency;
 pub mod input;
 pub mod metrics;
+pub mod outbound;
+pub mod outbox;
 pub mod problem;
 pub mod provider;
+pub mod provider_events;
+pub mod rate_limit;
 pub mod sandbox;
 pub mod startup;
 pub mod store;

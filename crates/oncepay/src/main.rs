@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use oncepay::cli::{ApiKeyCommand, Cli, Command};
+use oncepay::cli::{ApiKeyCommand, Cli, Command, MerchantCommand};
 use oncepay::config::Env;
 
 #[tokio::main]
@@ -80,6 +80,28 @@ async fn run(command: Command) -> anyhow::Result<()> {
             {
                 Some((k, _)) => println!("revoked {} ({})", k.id, k.prefix),
                 None => anyhow::bail!("no live API key with id {id}"),
+            }
+        }
+        Command::Merchant(MerchantCommand::RateLimit {
+            merchant,
+            per_second,
+            burst,
+            default: _,
+        }) => {
+            let url = env.database_url()?;
+            let pool = oncepay::store::pool(&url, 1)?;
+            let limit = per_second
+                .zip(burst)
+                .and_then(|(r, b)| oncepay::rate_limit::Limit::new(r.into(), b.into()));
+            if !oncepay::store::merchants::set_rate_limit(&pool, &merchant, limit)
+                .await
+                .context("setting the rate limit")?
+            {
+                anyhow::bail!("no merchant named {merchant:?}");
+            }
+            match limit {
+                Some(l) => println!("{merchant}: {} requests/s, burst {}", l.per_second, l.burst),
+                None => println!("{merchant}: the process default rate limit"),
             }
         }
         Command::Serve => {

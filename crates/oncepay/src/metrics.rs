@@ -39,6 +39,16 @@ pub struct Metrics {
     /// Provider reads made to confirm an inbound event, by result
     /// (confirmed, unconfirmed, mismatch).
     pub webhook_confirmations: IntCounterVec,
+    /// Events written to the outbox, by type.
+    pub events_written: IntCounterVec,
+    /// Attempts to deliver an event to a merchant's endpoint, by outcome
+    /// (delivered, retrying, gave_up, gone, refused_address).
+    pub deliveries: IntCounterVec,
+    /// Age in seconds of the oldest event not yet delivered to an endpoint
+    /// that still wants it (0 when none), as of the delivery worker's last look.
+    pub oldest_undelivered: prometheus::Gauge,
+    /// Requests refused by a merchant's rate limit.
+    pub rate_limited: IntCounter,
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -71,6 +81,12 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(swept.clone()));
+        let rate_limited = IntCounter::new(
+            "oncepay_rate_limited_total",
+            "Requests answered 429 by a merchant's rate limit",
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(rate_limited.clone()));
         let oldest_pending = GaugeVec::new(
             Opts::new(
                 "oncepay_oldest_pending_seconds",
@@ -80,6 +96,12 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(oldest_pending.clone()));
+        let oldest_undelivered = prometheus::Gauge::new(
+            "oncepay_webhook_oldest_undelivered_seconds",
+            "Age of the oldest event waiting for delivery to a merchant endpoint",
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(oldest_undelivered.clone()));
         Metrics {
             incidents: counter(
                 "oncepay_incidents_total",
@@ -92,6 +114,17 @@ impl Metrics {
                 &["kind"],
             ),
             oldest_pending,
+            oldest_undelivered,
+            events_written: counter(
+                "oncepay_events_total",
+                "Events written to the outbox, by type",
+                &["type"],
+            ),
+            deliveries: counter(
+                "oncepay_webhook_deliveries_total",
+                "Delivery attempts to merchant endpoints, by outcome",
+                &["outcome"],
+            ),
             webhook_confirmations: counter(
                 "oncepay_webhook_confirmations_total",
                 "Provider reads confirming inbound events, by result",
@@ -143,6 +176,7 @@ impl Metrics {
                 &["kind", "outcome"],
             ),
             swept,
+            rate_limited,
             registry,
         }
     }

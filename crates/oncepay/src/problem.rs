@@ -70,6 +70,9 @@ problem_codes! {
     ApiKeyNotFound = "api_key_not_found", 404, "API key not found";
     CheckoutExpired = "checkout_expired", 410, "Checkout expired";
     ConfirmationUnavailable = "confirmation_unavailable", 503, "The provider could not confirm the event now";
+    RateLimited = "rate_limited", 429, "Too many requests";
+    EventNotFound = "event_not_found", 404, "Event not found";
+    WebhookEndpointNotFound = "webhook_endpoint_not_found", 404, "Webhook endpoint not found";
     InternalError = "internal_error", 500, "Internal error";
     ServiceUnavailable = "service_unavailable", 503, "Service temporarily unavailable";
 }

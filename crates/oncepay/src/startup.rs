@@ -34,6 +34,9 @@ pub enum StartError {
     /// The provider client could not be built.
     #[error(transparent)]
     Provider(#[from] crate::provider::http::BuildError),
+    /// The webhook delivery client could not be built.
+    #[error("cannot build the webhook delivery client: {0}")]
+    Deliveries(#[from] reqwest::Error),
 }
 
 /// A built, not yet running, service.
@@ -95,6 +98,8 @@ impl Application {
             webhook_secret: config.webhook_secret.clone(),
             max_body_bytes: config.max_body_bytes,
             keys: keys.clone(),
+            rate_limits: crate::rate_limit::RateLimits::new(config.rate_limit),
+            webhook_allow_private: config.merchant_webhooks.allow_private,
             runtime: tokio::runtime::Handle::current(),
         });
         let server = HttpServer::new(move || {
@@ -127,8 +132,41 @@ impl Application {
         ));
         let reconciler_ctx = ctx.clone();
         let sweeper_ctx = ctx.clone();
+        let (delivery_ctx, gauge_ctx) = (ctx.clone(), ctx.clone());
+        let webhooks = &config.merchant_webhooks;
+        let deliverer = Arc::new(workers::deliveries::Deliverer::new(
+            webhooks.schedule.clone(),
+            webhooks.timeout,
+            webhooks.allow_private,
+        )?);
         let workers = vec![
             revocations,
+            tokio::spawn(workers::every(
+                "deliveries",
+                webhooks.interval,
+                stopped.clone(),
+                move || {
+                    let (ctx, deliverer) = (delivery_ctx.clone(), deliverer.clone());
+                    async move {
+                        if let Err(e) = workers::deliveries::pass(&ctx, &deliverer).await {
+                            tracing::warn!(error = %e, "delivery pass failed; retrying next interval");
+                        }
+                    }
+                },
+            )),
+            tokio::spawn(workers::every(
+                "delivery-gauge",
+                std::time::Duration::from_secs(5),
+                stopped.clone(),
+                move || {
+                    let ctx = gauge_ctx.clone();
+                    async move {
+                        if let Err(e) = workers::deliveries::measure(&ctx).await {
+                            tracing::debug!(error = %e, "could not measure undelivered events");
+                        }
+                    }
+                },
+            )),
             tokio::spawn(workers::every(
                 "reconciler",
                 config.reconcile_interval,

@@ -21,3 +21,23 @@ pub fn init(filter: &str, format: LogFormat) {
         LogFormat::Text => builder.with_ansi(false).try_init(),
     };
 }
+
+tokio::task_local! {
+    /// The `X-Request-Id` of the request a task works for, so that what a
+    /// request changes can name it (an event's trail) without every
+    /// function between the handler and the store passing it along.
+    static REQUEST_ID: std::sync::Arc<str>;
+}
+
+/// Runs `work` as part of the request `request_id`.
+pub async fn with_request_id<F: std::future::Future>(
+    request_id: std::sync::Arc<str>,
+    work: F,
+) -> F::Output {
+    REQUEST_ID.scope(request_id, work).await
+}
+
+/// The request the current task works for; `None` in background work.
+pub fn request_id() -> Option<std::sync::Arc<str>> {
+    REQUEST_ID.try_with(|id| id.clone()).ok()
+}

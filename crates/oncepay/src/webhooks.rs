@@ -54,6 +54,31 @@ impl WebhookSecret {
         Ok(Self { key })
     }
 
+    /// A new random secret (32 bytes: two v4 UUIDs from the operating
+    /// system's secure source, 244 random bits), for a merchant's endpoint.
+    pub fn generate() -> Self {
+        let mut key = Vec::with_capacity(32);
+        for _ in 0..2 {
+            key.extend_from_slice(uuid::Uuid::new_v4().as_bytes());
+        }
+        Self { key }
+    }
+
+    /// The secret of a stored HMAC key.
+    pub fn from_key(key: Vec<u8>) -> Self {
+        Self { key }
+    }
+
+    /// The HMAC key, as stored.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The `whsec_…` form a receiver configures.
+    pub fn to_whsec(&self) -> String {
+        format!("whsec_{}", B64.encode(&self.key))
+    }
+
     /// The public development secret (`ONCEPAY_WEBHOOK_SECRET`'s default).
     pub fn dev() -> Self {
         match Self::parse(DEV_WEBHOOK_SECRET) {

@@ -17,6 +17,7 @@ pub mod orders;
 pub mod payments;
 pub mod refunds;
 pub mod settle;
+pub mod webhook_endpoints;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -393,6 +394,12 @@ pub async fn resume(ctx: &AppContext, id: RecordId, lease: Lease) -> Result<(), 
         }
         refunds::CreateRefund::NAME => {
             resume_as::<refunds::CreateRefund>(ctx, &mut claim, &input).await
+        }
+        checkout::CreateCheckout::NAME => {
+            resume_as::<checkout::CreateCheckout>(ctx, &mut claim, &input).await
+        }
+        webhook_endpoints::CreateWebhookEndpoint::NAME => {
+            resume_as::<webhook_endpoints::CreateWebhookEndpoint>(ctx, &mut claim, &input).await
         }
         other => {
             tracing::error!(command = other, "cannot resume an unknown command");

@@ -175,6 +175,13 @@ impl CancelOrder {
                     crate::domain::order::OrderStatus::Cancelled,
                 )
                 .await?;
+                crate::outbox::order_changed(
+                    &mut tx,
+                    &ctx.metrics,
+                    &order,
+                    super::settle::Cause::Command,
+                )
+                .await?;
                 let response = order_response(200, &order)?;
                 Ok(Step::Complete { tx, response })
             }

@@ -175,6 +175,7 @@ impl CreatePayment {
             }
             Err(InsertAttemptError::Store(e)) => return Err(e.into()),
         };
+        crate::outbox::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Command).await?;
         // Counted before the driver commits: a commit that then fails
         // overcounts one pending, which the next transition corrects.
         ctx.metrics

@@ -66,10 +66,12 @@ pub async fn payment(
     let updated = match transition {
         Transition::Advance(status) => {
             let p = store::payments::set_status(tx, attempt_id, status, &facts).await?;
+            crate::outbox::payment_changed(tx, metrics, &p, cause).await?;
             if status == PaymentStatus::Succeeded {
                 let next = order.status.after_payment_succeeded();
                 if next != order.status {
-                    store::orders::set_status(tx, order_id, next).await?;
+                    let order = store::orders::set_status(tx, order_id, next).await?;
+                    crate::outbox::order_changed(tx, metrics, &order, cause).await?;
                 }
             }
             metrics
@@ -164,6 +166,7 @@ pub async fn refund(
                 observed.failure_code.as_deref(),
             )
             .await?;
+            crate::outbox::refund_changed(tx, metrics, &r, order_id, cause).await?;
             if status == PaymentStatus::Succeeded {
                 let payment = store::payments::add_refunded(tx, payment_id, r.amount).await?;
                 // An incident refund returns money for an attempt that never
@@ -178,7 +181,8 @@ pub async fn refund(
                     )
                 };
                 if next != order.status {
-                    store::orders::set_status(tx, order_id, next).await?;
+                    let order = store::orders::set_status(tx, order_id, next).await?;
+                    crate::outbox::order_changed(tx, metrics, &order, cause).await?;
                 }
             }
             metrics

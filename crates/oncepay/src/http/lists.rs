@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::{authenticate, ok_json, on_service_runtime, AppState};
 use crate::idempotency::store_problem;
 use crate::problem::Problem;
-use crate::store::pages::{Cursor, PageRequest};
+use crate::store::pages::{Cursor, Filter, PageRequest};
 use crate::store::{self, StoreError};
 
 type Reply = Result<HttpResponse, Problem>;
@@ -24,26 +24,69 @@ type Reply = Result<HttpResponse, Problem>;
 /// The most rows a page holds.
 pub const MAX_LIMIT: i64 = 100;
 
-/// Reads the query string into a page request; `statuses` are the values
-/// `status` may take for this resource.
-fn page_request(
+/// What one list accepts beyond the common parameters.
+pub(super) struct ListSpec {
+    /// The values `status` may take; empty: no `status` parameter.
+    pub statuses: &'static [&'static str],
+    /// Exact-match parameters, each naming a column and how to read it.
+    pub filters: &'static [(&'static str, FilterKind)],
+}
+
+/// How an exact-match parameter is read.
+pub(super) enum FilterKind {
+    /// An object id.
+    Id,
+    /// One of these values.
+    OneOf(fn() -> Vec<&'static str>),
+}
+
+/// Reads the query string into a page request.
+pub(super) fn page_request(
     query: &HashMap<String, String>,
-    statuses: &[&str],
+    spec: &ListSpec,
 ) -> Result<PageRequest, Problem> {
-    const KNOWN: &[&str] = &[
+    const COMMON: &[&str] = &[
         "limit",
         "starting_after",
         "ending_before",
-        "status",
         "customer_id",
         "created_gte",
         "created_lte",
     ];
-    if let Some(unknown) = query.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+    let known = |k: &str| {
+        COMMON.contains(&k)
+            || (k == "status" && !spec.statuses.is_empty())
+            || spec.filters.iter().any(|(name, _)| *name == k)
+    };
+    if let Some(unknown) = query.keys().find(|k| !known(k)) {
         return Err(Problem::invalid_field(
             unknown.clone(),
             "is not a parameter of this list",
         ));
+    }
+    let statuses = spec.statuses;
+    let mut equals = Vec::new();
+    for (name, kind) in spec.filters {
+        let Some(value) = query.get(*name) else {
+            continue;
+        };
+        let filter = match kind {
+            FilterKind::Id => Filter::Id(
+                Uuid::parse_str(value)
+                    .map_err(|_| Problem::invalid_field(*name, "must be an object id (UUID)"))?,
+            ),
+            FilterKind::OneOf(values) => {
+                let values = values();
+                if !values.contains(&value.as_str()) {
+                    return Err(Problem::invalid_field(
+                        *name,
+                        &format!("must be one of {}", values.join(", ")),
+                    ));
+                }
+                Filter::Text(value.clone())
+            }
+        };
+        equals.push((*name, filter));
     }
     let limit = match query.get("limit") {
         None => 10,
@@ -108,14 +151,15 @@ fn page_request(
         customer_id,
         created_gte: time("created_gte")?,
         created_lte: time("created_lte")?,
+        equals,
     })
 }
 
-async fn list<T, F, Fut>(
+pub(super) async fn list<T, F, Fut>(
     state: web::Data<AppState>,
     req: HttpRequest,
     query: web::Query<HashMap<String, String>>,
-    statuses: &'static [&'static str],
+    spec: &ListSpec,
     fetch: F,
 ) -> Reply
 where
@@ -124,7 +168,7 @@ where
     Fut: Future<Output = Result<(Vec<T>, bool), StoreError>> + Send + 'static,
 {
     let merchant_id = authenticate(&state, &req).await?;
-    let page = page_request(&query, statuses)?;
+    let page = page_request(&query, spec)?;
     let pool = state.ctx.pool.clone();
     let (data, has_more) = on_service_runtime(&state, async move {
         fetch(pool, merchant_id, page).await.map_err(store_problem)
@@ -139,16 +183,25 @@ pub async fn orders(
     req: HttpRequest,
     query: web::Query<HashMap<String, String>>,
 ) -> Reply {
-    const STATUSES: &[&str] = &["awaiting_payment", "paid", "refunded", "cancelled"];
+    const SPEC: ListSpec = ListSpec {
+        statuses: &["awaiting_payment", "paid", "refunded", "cancelled"],
+        filters: &[],
+    };
     list(
         state,
         req,
         query,
-        STATUSES,
+        &SPEC,
         |pool, merchant, page| async move { store::orders::list(&pool, merchant, &page).await },
     )
     .await
 }
+
+/// Payments and refunds share their statuses.
+const ATTEMPT_SPEC: ListSpec = ListSpec {
+    statuses: &["pending", "succeeded", "failed"],
+    filters: &[],
+};
 
 /// `GET /payments`.
 pub async fn payments(
@@ -156,12 +209,11 @@ pub async fn payments(
     req: HttpRequest,
     query: web::Query<HashMap<String, String>>,
 ) -> Reply {
-    const STATUSES: &[&str] = &["pending", "succeeded", "failed"];
     list(
         state,
         req,
         query,
-        STATUSES,
+        &ATTEMPT_SPEC,
         |pool, merchant, page| async move { store::payments::list(&pool, merchant, &page).await },
     )
     .await
@@ -173,12 +225,11 @@ pub async fn refunds(
     req: HttpRequest,
     query: web::Query<HashMap<String, String>>,
 ) -> Reply {
-    const STATUSES: &[&str] = &["pending", "succeeded", "failed"];
     list(
         state,
         req,
         query,
-        STATUSES,
+        &ATTEMPT_SPEC,
         |pool, merchant, page| async move { store::refunds::list(&pool, merchant, &page).await },
     )
     .await

@@ -55,7 +55,11 @@ pub async fn observe(
         .app_data::<web::Data<AppState>>()
         .map(|s| s.ctx.metrics.clone());
     let span = tracing::info_span!("request", request_id = %request_id, method = %method, path = %req.path());
-    let result = next.call(req).instrument(span.clone()).await;
+    let result = crate::telemetry::with_request_id(
+        request_id.as_str().into(),
+        next.call(req).instrument(span.clone()),
+    )
+    .await;
     let mut response = result?;
     let route = response
         .request()

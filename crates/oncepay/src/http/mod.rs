@@ -5,10 +5,12 @@
 
 mod api_keys;
 mod checkout;
+mod events;
 mod lists;
 mod middleware;
 mod ops;
 mod resources;
+mod webhook_endpoints;
 mod webhooks;
 
 use actix_web::http::header::{self, HeaderValue};
@@ -34,6 +36,11 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Recently verified API keys.
     pub keys: std::sync::Arc<crate::api_keys::KeyCache>,
+    /// Per-merchant rate limits of this process.
+    pub rate_limits: crate::rate_limit::RateLimits,
+    /// Whether webhook endpoints may have private addresses
+    /// (`ONCEPAY_WEBHOOK_ALLOW_PRIVATE`).
+    pub webhook_allow_private: bool,
     /// The process's main runtime, where all database work runs (see
     /// [`on_service_runtime`]).
     pub runtime: tokio::runtime::Handle,
@@ -50,11 +57,17 @@ where
     T: Send + 'static,
     F: std::future::Future<Output = Result<T, Problem>> + Send + 'static,
 {
-    // The request's span (and so its request id) goes along.
-    let joined = state
-        .runtime
-        .spawn(tracing::Instrument::in_current_span(work))
-        .await;
+    // The request's span and its request id go along.
+    let work = tracing::Instrument::in_current_span(work);
+    let joined = match crate::telemetry::request_id() {
+        Some(id) => {
+            state
+                .runtime
+                .spawn(crate::telemetry::with_request_id(id, work))
+                .await
+        }
+        None => state.runtime.spawn(work).await,
+    };
     match joined {
         Ok(answer) => answer,
         Err(e) => {
@@ -107,6 +120,21 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         resource("/payments/{id}/refunds", "POST").route(web::post().to(resources::create_refund)),
     )
     .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
+    .service(resource("/orders/{id}/events", "GET").route(web::get().to(events::order_trail)))
+    .service(resource("/payments/{id}/events", "GET").route(web::get().to(events::payment_trail)))
+    .service(resource("/refunds/{id}/events", "GET").route(web::get().to(events::refund_trail)))
+    .service(resource("/events", "GET").route(web::get().to(events::list_events)))
+    .service(resource("/events/{id}", "GET").route(web::get().to(events::get_event)))
+    .service(resource("/events/{id}/redeliver", "POST").route(web::post().to(events::redeliver)))
+    .service(
+        resource("/webhook_endpoints", "GET, POST")
+            .route(web::get().to(webhook_endpoints::list))
+            .route(web::post().to(webhook_endpoints::create)),
+    )
+    .service(
+        resource("/webhook_endpoints/{id}", "DELETE")
+            .route(web::delete().to(webhook_endpoints::delete)),
+    )
     .service(resource("/webhooks/{provider}", "POST").route(web::post().to(webhooks::receive)))
     .service(
         resource("/api_keys", "GET, POST")
@@ -199,7 +227,9 @@ fn ok_json<T: serde::Serialize>(value: &T) -> Result<HttpResponse, Problem> {
         .body(body))
 }
 
-/// The merchant behind `Authorization: Bearer <key>`; `401` otherwise.
+/// The merchant behind `Authorization: Bearer <key>` (`401` otherwise),
+/// admitted by its rate limit (`429` otherwise, before anything else is
+/// read or written, so the request is effect-free).
 async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Problem> {
     let unauthorized = || {
         Problem::new(
@@ -216,19 +246,31 @@ async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Probl
         .filter(|k| !k.is_empty())
         .ok_or_else(unauthorized)?;
     let hash = crate::api_keys::hash(key);
-    if let Some(merchant) = state.keys.get(&hash) {
-        return Ok(merchant);
+    let caller = match state.keys.get(&hash) {
+        Some(caller) => caller,
+        None => {
+            let pool = state.ctx.pool.clone();
+            let found = on_service_runtime(state, async move {
+                store::merchants::merchant_for_key(&pool, &hash)
+                    .await
+                    .map_err(crate::idempotency::store_problem)
+            })
+            .await?;
+            let caller = found.ok_or_else(unauthorized)?;
+            state.keys.put(hash, caller);
+            caller
+        }
+    };
+    if let Err(wait) = state.rate_limits.check(caller.merchant_id, caller.limit) {
+        state.ctx.metrics.rate_limited.inc();
+        let seconds = crate::rate_limit::retry_after_secs(wait);
+        return Err(Problem::new(
+            ProblemCode::RateLimited,
+            format!("too many requests for this merchant; retry in {seconds} s"),
+        )
+        .retry_after(seconds));
     }
-    let pool = state.ctx.pool.clone();
-    let found = on_service_runtime(state, async move {
-        store::merchants::merchant_for_key(&pool, &hash)
-            .await
-            .map_err(crate::idempotency::store_problem)
-    })
-    .await?;
-    let merchant = found.ok_or_else(unauthorized)?;
-    state.keys.put(hash, merchant);
-    Ok(merchant)
+    Ok(caller.merchant_id)
 }
 
 /// The `Idempotency-Key` header; never read from the URL.

@@ -42,7 +42,7 @@ pub async fn receive(
     }
     let (ctx, event_id) = (state.ctx.clone(), header("webhook-id").map(str::to_string));
     let outcome = super::on_service_runtime(&state, async move {
-        crate::events::apply(&ctx, &provider, event_id.as_deref(), &body).await
+        crate::provider_events::apply(&ctx, &provider, event_id.as_deref(), &body).await
     })
     .await?;
     state

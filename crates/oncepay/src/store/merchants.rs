@@ -37,22 +37,52 @@ pub async fn add_api_key(
     Ok(merchant_id)
 }
 
-/// Finds the merchant of a live key hash, noting when it was used.
-pub const MERCHANT_FOR_KEY: &str = "UPDATE api_key SET last_used_at = now()
-      WHERE key_hash = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())
-      RETURNING merchant_id";
+/// Finds the merchant of a live key hash (with its own rate limit),
+/// noting when the key was used.
+pub const MERCHANT_FOR_KEY: &str = "UPDATE api_key k SET last_used_at = now()
+      FROM merchant m
+      WHERE k.key_hash = $1 AND k.revoked_at IS NULL
+        AND (k.expires_at IS NULL OR k.expires_at > now()) AND m.id = k.merchant_id
+      RETURNING k.merchant_id, m.rate_limit_per_second, m.rate_limit_burst";
 
-/// The merchant owning a key hash, if the key exists, is not revoked and
+/// The caller a key hash speaks for, if the key exists, is not revoked and
 /// has not expired.
 pub async fn merchant_for_key(
     pool: &PgPool,
     key_hash: &[u8; 32],
-) -> Result<Option<Uuid>, StoreError> {
+) -> Result<Option<crate::api_keys::Caller>, StoreError> {
     let row = sqlx::query(MERCHANT_FOR_KEY)
         .bind(&key_hash[..])
         .fetch_optional(pool)
         .await?;
-    Ok(row.map(|r| r.try_get("merchant_id")).transpose()?)
+    let Some(row) = row else { return Ok(None) };
+    let rate: Option<i32> = row.try_get("rate_limit_per_second")?;
+    let burst: Option<i32> = row.try_get("rate_limit_burst")?;
+    Ok(Some(crate::api_keys::Caller {
+        merchant_id: row.try_get("merchant_id")?,
+        limit: rate
+            .zip(burst)
+            .and_then(|(r, b)| crate::rate_limit::Limit::new(r.into(), b.into())),
+    }))
+}
+
+/// Sets (or, with `None`, clears) a merchant's own rate limit. False if
+/// there is no such merchant.
+pub async fn set_rate_limit(
+    pool: &PgPool,
+    name: &str,
+    limit: Option<crate::rate_limit::Limit>,
+) -> Result<bool, StoreError> {
+    let as_i32 = |n: std::num::NonZeroU32| i32::try_from(n.get()).unwrap_or(i32::MAX);
+    let done = sqlx::query(
+        "UPDATE merchant SET rate_limit_per_second = $2, rate_limit_burst = $3 WHERE name = $1",
+    )
+    .bind(name)
+    .bind(limit.map(|l| as_i32(l.per_second)))
+    .bind(limit.map(|l| as_i32(l.burst)))
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 /// The channel on which revocations are announced to every process.

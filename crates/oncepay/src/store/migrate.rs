@@ -35,6 +35,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V5__api_keys",
         include_str!("../../migrations/V5__api_keys.sql"),
     ),
+    (
+        "V6__events",
+        include_str!("../../migrations/V6__events.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -4,6 +4,8 @@
 
 pub mod alarms;
 pub mod checkout;
+pub mod deliveries;
+pub mod events;
 pub mod idempotency;
 pub mod incidents;
 pub mod merchants;
@@ -12,6 +14,7 @@ pub mod orders;
 pub mod pages;
 pub mod payments;
 pub mod refunds;
+pub mod webhook_endpoints;
 pub mod webhooks;
 
 use std::str::FromStr;

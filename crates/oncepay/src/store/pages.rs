@@ -36,6 +36,18 @@ pub struct PageRequest {
     pub created_gte: Option<DateTime<Utc>>,
     /// Created at or before.
     pub created_lte: Option<DateTime<Utc>>,
+    /// Further exact matches, by column of the listed table (events: `type`,
+    /// `object_id`).
+    pub equals: Vec<(&'static str, Filter)>,
+}
+
+/// A value a column must equal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Filter {
+    /// A text column.
+    Text(String),
+    /// A UUID column.
+    Id(Uuid),
 }
 
 /// Appends the page's conditions and order to a query whose rows are those
@@ -64,6 +76,13 @@ pub fn finish(
     }
     if let Some(t) = page.created_lte {
         qb.push(format!(" AND {alias}.created_at <= ")).push_bind(t);
+    }
+    for (column, value) in &page.equals {
+        qb.push(format!(" AND {alias}.{column} = "));
+        match value {
+            Filter::Text(text) => qb.push_bind(text.clone()),
+            Filter::Id(id) => qb.push_bind(*id),
+        };
     }
     match page.cursor {
         Cursor::First => {

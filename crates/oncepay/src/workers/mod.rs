@@ -1,7 +1,8 @@
-//! Background work of `oncepay serve`: the reconciler and the sweeper. Both
-//! claim their rows in the database (`SKIP LOCKED`, leases), so any number
-//! of processes can run them at once.
+//! Background work of `oncepay serve`: the reconciler, the sweeper and the
+//! delivery of events to merchants. Each claims its rows in the database
+//! (`SKIP LOCKED`, leases), so any number of processes can run them at once.
 
+pub mod deliveries;
 pub mod reconciler;
 pub mod sweeper;
 

@@ -48,6 +48,10 @@ impl Default for Options {
                 ("ONCEPAY_SWEEP_INTERVAL", "1h".into()),
                 ("ONCEPAY_HTTP_WORKERS", "2".into()),
                 ("ONCEPAY_DB_POOL_SIZE", "10".into()),
+                // Tests fire bursts; the rate-limit test turns limits on.
+                ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
+                // Test receivers listen on loopback.
+                ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
             ],
             sandbox_env: vec![("ONCEPAY_SANDBOX_ASYNC_DELAY", "300ms".into())],
             fault_proxy: false,
@@ -412,6 +416,8 @@ pub fn serve_env(db_url: &str, sandbox: &str) -> Vec<(&'static str, String)> {
         ("ONCEPAY_PROVIDER_URL", sandbox.to_string()),
         ("ONCEPAY_HTTP_WORKERS", "2".into()),
         ("ONCEPAY_DB_POOL_SIZE", "10".into()),
+        ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
+        ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
     ]
 }
 

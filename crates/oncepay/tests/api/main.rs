@@ -3,6 +3,7 @@
 
 mod api_keys;
 mod checkout;
+mod events;
 mod helpers;
 mod idempotency;
 mod lists;

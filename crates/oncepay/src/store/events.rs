@@ -1,0 +1,224 @@
+//! SQL of the outbox: events written in the transaction of the change they
+//! report, with one delivery per subscribed endpoint, and the reads of the
+//! event list and of an object's or order's trail.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::StoreError;
+
+/// An event about to be written.
+pub struct NewEvent<'a> {
+    /// UUID v7: the event's id and the `webhook-id` of every delivery.
+    pub id: Uuid,
+    /// `payment.succeeded`, ...
+    pub event_type: &'a str,
+    /// `order`, `payment` or `refund`.
+    pub object_type: &'a str,
+    /// The object that changed.
+    pub object_id: Uuid,
+    /// The order it belongs to (its own id for an order); the merchant is
+    /// the order's.
+    pub order_id: Uuid,
+    /// The object after the change, as the API shows it.
+    pub data: Value,
+    /// `request`, `webhook`, `reconciler` or `incident`.
+    pub cause: &'a str,
+    /// The request that made the change, if one did.
+    pub request_id: Option<&'a str>,
+}
+
+/// Writes the event with the next sequence number of its object and a
+/// pending delivery for every live endpoint of the merchant subscribed to
+/// its type, in one statement. The caller holds the object's row lock, so
+/// `max + 1` cannot race; `event_object_sequence_uniq` guards it anyway.
+pub const APPEND: &str = "WITH ev AS (
+        INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
+                           data, cause, request_id)
+        SELECT $1, o.merchant_id, $2, $3, $4, $5,
+               COALESCE((SELECT max(sequence) FROM event WHERE object_id = $4), 0) + 1,
+               $6, $7, $8
+          FROM orders o WHERE o.id = $5
+        RETURNING id, merchant_id, type, object_id, sequence),
+     fan AS (
+        INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence)
+        SELECT ev.id, w.id, ev.object_id, ev.sequence
+          FROM ev JOIN webhook_endpoint w
+            ON w.merchant_id = ev.merchant_id AND w.deleted_at IS NULL
+           AND w.disabled_at IS NULL AND (ev.type = ANY (w.events) OR '*' = ANY (w.events))
+        RETURNING 1)
+     SELECT ev.sequence, (SELECT count(*) FROM fan) AS deliveries FROM ev";
+
+/// See [`APPEND`]; returns the event's sequence number.
+pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, StoreError> {
+    let row = sqlx::query(APPEND)
+        .bind(event.id)
+        .bind(event.event_type)
+        .bind(event.object_type)
+        .bind(event.object_id)
+        .bind(event.order_id)
+        .bind(&event.data)
+        .bind(event.cause)
+        .bind(event.request_id)
+        .fetch_optional(tx)
+        .await?
+        .ok_or_else(|| {
+            StoreError::Corrupt(format!(
+                "event for {} {}: order {} not found",
+                event.object_type, event.object_id, event.order_id
+            ))
+        })?;
+    Ok(row.try_get("sequence")?)
+}
+
+/// An event as the API shows it: what receivers get (`id`, `type`,
+/// `created_at`, `sequence`, `data.object`) and, for the trail, what made
+/// the change.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    /// UUID v7; the `webhook-id` of its deliveries.
+    pub id: Uuid,
+    /// `payment.succeeded`, ...
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// When the change committed (to the transaction's clock).
+    pub created_at: DateTime<Utc>,
+    /// 1, 2, 3... per object.
+    pub sequence: i32,
+    /// `{"object": …}`: the object after the change.
+    pub data: EventData,
+    /// `order`, `payment` or `refund`.
+    pub object_type: String,
+    /// Who made the change.
+    pub cause: String,
+    /// The request that made it, if one did.
+    pub request_id: Option<String>,
+}
+
+/// An event's `data`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventData {
+    /// The object after the change.
+    pub object: Value,
+}
+
+/// What a receiver is sent: exactly these fields, the same bytes on every
+/// attempt.
+#[derive(Debug, Serialize)]
+pub struct Delivered<'a> {
+    /// The event id.
+    pub id: Uuid,
+    /// Its type.
+    #[serde(rename = "type")]
+    pub event_type: &'a str,
+    /// When it happened.
+    pub created_at: DateTime<Utc>,
+    /// Its sequence within its object.
+    pub sequence: i32,
+    /// `{"object": …}`.
+    pub data: &'a EventData,
+}
+
+impl Event {
+    /// The body a receiver gets.
+    pub fn delivered(&self) -> Delivered<'_> {
+        Delivered {
+            id: self.id,
+            event_type: &self.event_type,
+            created_at: self.created_at,
+            sequence: self.sequence,
+            data: &self.data,
+        }
+    }
+}
+
+const EVENT_COLUMNS: &str =
+    "e.id, e.type, e.created_at, e.sequence, e.data, e.object_type, e.cause, e.request_id";
+
+/// Reads an event row selected with [`EVENT_COLUMNS`].
+pub fn from_row(row: &PgRow) -> Result<Event, StoreError> {
+    Ok(Event {
+        id: row.try_get("id")?,
+        event_type: row.try_get("type")?,
+        created_at: row.try_get("created_at")?,
+        sequence: row.try_get("sequence")?,
+        data: EventData {
+            object: row.try_get("data")?,
+        },
+        object_type: row.try_get("object_type")?,
+        cause: row.try_get("cause")?,
+        request_id: row.try_get("request_id")?,
+    })
+}
+
+/// One of the merchant's events.
+pub async fn get(pool: &PgPool, merchant_id: Uuid, id: Uuid) -> Result<Option<Event>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {EVENT_COLUMNS} FROM event e WHERE e.id = $1 AND e.merchant_id = $2"
+    ))
+    .bind(id)
+    .bind(merchant_id)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// One page of the merchant's events, newest first (see `store::pages`),
+/// optionally of one type and one object.
+pub async fn list(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    page: &super::pages::PageRequest,
+) -> Result<(Vec<Event>, bool), StoreError> {
+    let mut qb = sqlx::QueryBuilder::new(format!("SELECT {EVENT_COLUMNS} FROM event e"));
+    super::pages::finish(
+        &mut qb,
+        "e",
+        merchant_id,
+        "(SELECT o.customer_id FROM orders o WHERE o.id = e.order_id)",
+        page,
+    );
+    let rows = qb.build().fetch_all(pool).await?;
+    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
+    Ok(super::pages::page_of(items, page))
+}
+
+/// Every event of one of the merchant's objects (a payment or refund), in
+/// sequence order: its trail.
+pub async fn of_object(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    object_id: Uuid,
+) -> Result<Vec<Event>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {EVENT_COLUMNS} FROM event e WHERE e.object_id = $1 AND e.merchant_id = $2
+          ORDER BY e.sequence"
+    ))
+    .bind(object_id)
+    .bind(merchant_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Every event of one of the merchant's orders and of its payments and
+/// refunds, oldest first: the order's history.
+pub async fn of_order(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    order_id: Uuid,
+) -> Result<Vec<Event>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {EVENT_COLUMNS} FROM event e WHERE e.order_id = $1 AND e.merchant_id = $2
+          ORDER BY e.id"
+    ))
+    .bind(order_id)
+    .bind(merchant_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(from_row).collect()
+}

@@ -21,6 +21,9 @@ pub enum Policy {
     FailRandomly(f64),
     /// `410 Gone` to everything.
     Gone,
+    /// Hold every request a minute before answering `200` (a receiver that
+    /// hangs, so the sender is caught mid-delivery).
+    Stall,
 }
 
 /// One delivery as received.
@@ -34,7 +37,7 @@ pub struct Received {
     pub signature: String,
     /// The raw body.
     pub body: Bytes,
-    /// What the receiver answered.
+    /// What the receiver answered (0: it held the request instead).
     pub answered: u16,
 }
 
@@ -82,6 +85,8 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         Policy::FailRandomly(p) if fastrand::f64() < p => 500,
         Policy::FailRandomly(_) => 200,
         Policy::Gone => 410,
+        // Not an answer the sender waits for: recorded as none.
+        Policy::Stall => 0,
     };
     books.received.push(Received {
         id,
@@ -90,6 +95,10 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         body,
         answered,
     });
+    drop(books);
+    if policy == Policy::Stall {
+        tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    }
     HttpResponse::build(
         actix_web::http::StatusCode::from_u16(answered)
             .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR),

@@ -12,6 +12,7 @@ mod orders;
 mod payments;
 mod processes;
 mod provider_faults;
+mod rate_limits;
 mod refunds;
 mod schema;
 mod security;

@@ -1,5 +1,6 @@
 //! Several real `oncepay serve` processes on one database: storms spread over
-//! two processes, a SIGKILL between the charge and its commit, three
+//! two processes, a SIGKILL between the charge and its commit, a SIGKILL
+//! mid-delivery of a merchant webhook, three
 //! processes migrating a fresh database at once, and SIGTERM draining.
 
 use std::net::TcpListener;
@@ -320,4 +321,76 @@ async fn sigterm_finishes_in_flight_requests_then_exits() {
         .expect("exits")
         .expect("status");
     assert!(exit.success(), "clean exit: {exit:?}");
+}
+
+#[tokio::test]
+async fn a_delivery_cut_off_by_sigkill_is_made_by_another_process() {
+    use oncepay_testkit::receiver::{Policy, Receiver};
+    let cluster = Cluster::new().await;
+    let receiver = Receiver::start(Policy::Stall).expect("receiver");
+    let webhooks = [
+        ("ONCEPAY_WEBHOOK_TIMEOUT", "1s"),
+        ("ONCEPAY_WEBHOOK_INTERVAL", "50ms"),
+        ("ONCEPAY_WEBHOOK_SCHEDULE", "100ms,100ms,100ms,100ms"),
+    ];
+    let mut a = cluster.serve(&webhooks).await;
+    let r = cluster
+        .post(
+            &a.base,
+            "/webhook_endpoints",
+            "endpoint",
+            &json!({"url": receiver.url(), "events": ["*"]}),
+        )
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for i in 0..3 {
+        let order = cluster.create_order(&a.base, &format!("order-{i}")).await;
+        let r = cluster
+            .post(
+                &a.base,
+                "/payments",
+                &format!("pay-{i}"),
+                &json!({"order_id": order["id"], "payment_method": "tok_visa"}),
+            )
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    // A is mid-delivery (the receiver holds its request): kill it there.
+    let caught = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+        !receiver.received().is_empty()
+    })
+    .await;
+    assert!(caught.is_ok(), "A started delivering");
+    a.process.start_kill().expect("SIGKILL");
+    a.process.wait().await.expect("reaped");
+    receiver.set_policy(Policy::Accept);
+
+    let _b = cluster.serve(&webhooks).await;
+    let events: Vec<(uuid::Uuid,)> = sqlx::query_as("SELECT id FROM event")
+        .fetch_all(&cluster.db)
+        .await
+        .expect("events");
+    assert_eq!(
+        events.len(),
+        9,
+        "3 × (payment.pending, payment.succeeded, order.paid)"
+    );
+    let wanted: std::collections::BTreeSet<String> =
+        events.iter().map(|(id,)| id.to_string()).collect();
+    let delivered = oncepay_testkit::ready::until(Duration::from_secs(30), || async {
+        let got: std::collections::BTreeSet<String> =
+            receiver.accepted().into_iter().map(|r| r.id).collect();
+        got == wanted
+    })
+    .await;
+    assert!(delivered.is_ok(), "B delivered every event A had claimed");
+    // Duplicates are only repeats of one event, byte for byte.
+    let mut bodies = std::collections::BTreeMap::new();
+    for r in receiver.received() {
+        assert!(wanted.contains(&r.id), "only our events");
+        let first = bodies.entry(r.id.clone()).or_insert_with(|| r.body.clone());
+        assert_eq!(*first, r.body, "a retry repeats the event exactly");
+    }
 }

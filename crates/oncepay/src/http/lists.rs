@@ -135,13 +135,15 @@ pub(super) fn page_request(
             .transpose()
     };
     let customer_id = query.get("customer_id").cloned();
+    // Characters, not bytes, as customer ids are counted when orders are
+    // made; U+0000 cannot be stored, so no customer id holds one.
     if customer_id
         .as_ref()
-        .is_some_and(|c| c.is_empty() || c.len() > 64)
+        .is_some_and(|c| c.is_empty() || c.chars().count() > 64 || c.contains('\0'))
     {
         return Err(Problem::invalid_field(
             "customer_id",
-            "must be 1 to 64 characters",
+            "must be 1 to 64 characters, none of them U+0000",
         ));
     }
     Ok(PageRequest {

@@ -504,6 +504,10 @@ pub async fn check(
     clients: &Clients,
     expiry: &Expiry,
     (soak_time, settle_time): (Duration, Duration),
+    (received, secret): (
+        &[oncepay_testkit::receiver::Received],
+        &oncepay::webhooks::WebhookSecret,
+    ),
 ) -> Result<Report, String> {
     let f = facts(db, sandbox).await?;
     let scalar = |sql: &'static str| async move {
@@ -526,7 +530,7 @@ pub async fn check(
     let (answers, forward) = answers_match_storage(&f, intents);
     let (pending, executing) = nothing_left_open(counts);
     let gave_up = intents.iter().filter(|i| i.gave_up.is_some()).count() as u64;
-    let rows = vec![
+    let mut rows = vec![
         one_charge_per_succeeded_payment(&f),
         no_decline_the_provider_charged(&f),
         one_captured_charge_per_order(&f),
@@ -549,6 +553,9 @@ pub async fn check(
             gave_up,
         ),
     ];
+    for (name, checked, breaches) in crate::outbox::check(db, received, secret).await? {
+        rows.push(row(name, checked, breaches));
+    }
     let ok = rows.iter().all(|r| r.breaches == 0);
     let mut out = format!(
         "\n{} intents in {soak_time:.1?} (+{settle_time:.1?} to settle); {} payments, {} refunds, {} incidents.\n\n",

@@ -3,12 +3,14 @@
 //! fault driver SIGKILLs serve processes, restarts (or crashes) PostgreSQL
 //! and cuts the service's database connections, and the sandbox answers
 //! `5xx`, drops answers after charging, answers late, and delivers webhooks
-//! twice and out of order. When the faults stop and the reconciler has
+//! twice and out of order, and the merchant's webhook receiver fails a
+//! fifth of its deliveries. When the faults stop and the reconciler has
 //! settled everything, it checks the invariants by counting, prints them
 //! with the faults and retries, and exits non-zero on any breach.
 
 mod clients;
 mod invariants;
+mod outbox;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -22,6 +24,7 @@ use oncepay_testkit::fault_proxy::{Fault, FaultProxy, Route};
 use oncepay_testkit::lossy_tcp::LossyTcp;
 use oncepay_testkit::ports::free_port;
 use oncepay_testkit::processes::{sibling_binary, PgCluster, Service};
+use oncepay_testkit::receiver::{Policy, Receiver};
 
 /// oncepay-chaos — break the stack on purpose, then prove nothing was
 /// charged twice or lost.
@@ -166,6 +169,17 @@ async fn soak(
                     ("ONCEPAY_SWEEP_INTERVAL", "1s".into()),
                     ("ONCEPAY_HTTP_WORKERS", "2".into()),
                     ("ONCEPAY_LOG", "warn".into()),
+                    // The soak measures correctness, not the limiter.
+                    ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
+                    // The merchant's receiver is on loopback; retries come
+                    // fast (12 waits, ~16 s in all) so the soak settles.
+                    ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
+                    ("ONCEPAY_WEBHOOK_TIMEOUT", "1s".into()),
+                    ("ONCEPAY_WEBHOOK_INTERVAL", "100ms".into()),
+                    (
+                        "ONCEPAY_WEBHOOK_SCHEDULE",
+                        "200ms,400ms,800ms,1s,1s,1s,2s,2s,2s,2s,2s,2s".into(),
+                    ),
                 ]),
                 bases[i].clone(),
                 root.join(format!("serve-{i}.log")),
@@ -197,6 +211,20 @@ async fn soak(
         Duration::from_secs(3),
         Duration::from_secs(90),
     ));
+    // The merchant's receiver, failing a fifth of its deliveries.
+    let receiver =
+        Receiver::start(Policy::FailRandomly(0.2)).map_err(|e| format!("webhook receiver: {e}"))?;
+    let (status, endpoint) = clients
+        .post(
+            "/webhook_endpoints",
+            &format!("endpoint-{run_id}"),
+            &serde_json::json!({"url": receiver.url(), "events": ["*"]}),
+        )
+        .await?;
+    let secret = endpoint["secret"]
+        .as_str()
+        .and_then(|s| oncepay::webhooks::WebhookSecret::parse(s).ok())
+        .ok_or_else(|| format!("registering the webhook endpoint: {status} {endpoint}"))?;
     let started = Instant::now();
     match args.duration {
         Some(d) => eprintln!(
@@ -244,6 +272,7 @@ async fn soak(
         &clients,
         &expiry,
         (soak_time, settled),
+        (&receiver.received(), &secret),
     )
     .await?;
     println!("{}", report.text);
@@ -406,8 +435,9 @@ async fn inject(
     Ok(())
 }
 
-/// Waits until nothing is pending or executing here, and the sandbox has
-/// no webhook delivery or async settlement left to make. Returns how long
+/// Waits until nothing is pending or executing here (merchant webhook
+/// deliveries included), and the sandbox has no webhook delivery or async
+/// settlement left to make. Returns how long
 /// it took; past `patience` it says what is still open and goes on (the
 /// invariants will count it).
 async fn settle(db: &PgPool, sandbox: &str, patience: Duration) -> Result<Duration, String> {
@@ -417,7 +447,8 @@ async fn settle(db: &PgPool, sandbox: &str, patience: Duration) -> Result<Durati
         let open: Result<i64, _> = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM payment_attempt WHERE status = 'pending')
                   + (SELECT count(*) FROM refund WHERE status = 'pending')
-                  + (SELECT count(*) FROM idempotency_record WHERE state = 'executing')",
+                  + (SELECT count(*) FROM idempotency_record WHERE state = 'executing')
+                  + (SELECT count(*) FROM webhook_delivery WHERE state = 'pending')",
         )
         .fetch_one(db)
         .await;

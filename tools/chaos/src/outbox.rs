@@ -1,0 +1,209 @@
+//! The outbox's invariants, checked by counting after the soak: every
+//! state change wrote exactly one event (derived independently, from where
+//! each object ended up), every event reached the merchant's receiver,
+//! signed, in its object's sequence.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use oncepay::webhooks::WebhookSecret;
+use oncepay_testkit::receiver::Received;
+use serde_json::Value;
+use sqlx::{PgPool, Row};
+
+/// One invariant's name, how many things it checked and how many broke it.
+pub type Check = (&'static str, u64, u64);
+
+/// An object's events as stored: `(sequence, type)` in sequence order.
+type Trail = Vec<(i32, String)>;
+
+/// The event types each object must have, in order, given where it ended
+/// up: the state changes it went through.
+async fn expected(db: &PgPool) -> Result<HashMap<String, Vec<String>>, String> {
+    let q = |sql: &'static str| async move {
+        sqlx::query(sql)
+            .fetch_all(db)
+            .await
+            .map_err(|e| e.to_string())
+    };
+    let get = |r: &sqlx::postgres::PgRow, i: usize| -> Result<String, String> {
+        r.try_get::<String, _>(i).map_err(|e| e.to_string())
+    };
+    let mut out = HashMap::new();
+    for r in q("SELECT id::text, status FROM payment_attempt").await? {
+        let status = get(&r, 1)?;
+        let mut types = vec!["payment.pending".to_string()];
+        if status != "pending" {
+            types.push(format!("payment.{status}"));
+        }
+        out.insert(get(&r, 0)?, types);
+    }
+    for r in q("SELECT id::text, status FROM refund").await? {
+        let status = get(&r, 1)?;
+        let types = match status.as_str() {
+            "pending" => vec![],
+            _ => vec![format!("refund.{status}")],
+        };
+        out.insert(get(&r, 0)?, types);
+    }
+    // An order was paid if one of its attempts succeeded; a paid order
+    // was cancelled or refunded after that.
+    for r in q("SELECT o.id::text, o.status,
+                       EXISTS (SELECT 1 FROM payment_attempt p
+                                WHERE p.order_id = o.id AND p.status = 'succeeded')::text
+                  FROM orders o")
+    .await?
+    {
+        let (status, paid) = (get(&r, 1)?, get(&r, 2)? == "true");
+        let mut types = Vec::new();
+        if paid {
+            types.push("order.paid".to_string());
+        }
+        if status == "cancelled" || status == "refunded" {
+            types.push(format!("order.{status}"));
+        }
+        out.insert(get(&r, 0)?, types);
+    }
+    Ok(out)
+}
+
+async fn stored(db: &PgPool) -> Result<(HashMap<String, Trail>, HashSet<String>), String> {
+    let rows = sqlx::query(
+        "SELECT object_id::text, sequence, type, id::text FROM event ORDER BY object_id, sequence",
+    )
+    .fetch_all(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut trails: HashMap<String, Trail> = HashMap::new();
+    let mut ids = HashSet::new();
+    for r in rows {
+        let object: String = r.try_get(0).map_err(|e| e.to_string())?;
+        let sequence: i32 = r.try_get(1).map_err(|e| e.to_string())?;
+        let kind: String = r.try_get(2).map_err(|e| e.to_string())?;
+        ids.insert(r.try_get::<String, _>(3).map_err(|e| e.to_string())?);
+        trails.entry(object).or_default().push((sequence, kind));
+    }
+    Ok((trails, ids))
+}
+
+/// Every state change has exactly one event, in sequence 1, 2, 3...
+fn one_event_per_change(
+    expected: &HashMap<String, Vec<String>>,
+    trails: &HashMap<String, Trail>,
+) -> Check {
+    let changes: usize = expected.values().map(Vec::len).sum();
+    let mut breaches = 0;
+    for (object, types) in expected {
+        let trail = trails.get(object).cloned().unwrap_or_default();
+        let in_sequence = trail
+            .iter()
+            .enumerate()
+            .all(|(i, (seq, _))| usize::try_from(*seq).ok() == Some(i + 1));
+        let got: Vec<&String> = trail.iter().map(|(_, t)| t).collect();
+        if !in_sequence || got != types.iter().collect::<Vec<_>>() {
+            breaches += 1;
+        }
+    }
+    // Events of objects that do not exist are breaches too.
+    breaches += trails.keys().filter(|o| !expected.contains_key(*o)).count();
+    (
+        "every state change has exactly one event (in sequence)",
+        changes as u64,
+        breaches as u64,
+    )
+}
+
+/// Every event was accepted by the receiver at least once, and it got
+/// nothing that is not an event.
+fn every_event_delivered(ids: &HashSet<String>, received: &[Received]) -> Check {
+    let accepted: HashSet<&str> = received
+        .iter()
+        .filter(|r| (200..300).contains(&r.answered))
+        .map(|r| r.id.as_str())
+        .collect();
+    let missing = ids
+        .iter()
+        .filter(|id| !accepted.contains(id.as_str()))
+        .count();
+    let phantom = received.iter().filter(|r| !ids.contains(&r.id)).count();
+    (
+        "every event reached the merchant's receiver (and nothing else did)",
+        ids.len() as u64,
+        (missing + phantom) as u64,
+    )
+}
+
+/// Every delivery is signed with the endpoint's secret, and every copy of
+/// an event carries the same body.
+fn signed_and_identical(secret: &WebhookSecret, received: &[Received]) -> Check {
+    let mut first: HashMap<&str, &[u8]> = HashMap::new();
+    let mut breaches = 0;
+    for r in received {
+        let now = r.timestamp.parse().unwrap_or(0);
+        let valid = secret
+            .verify(
+                Some(&r.id),
+                Some(&r.timestamp),
+                Some(&r.signature),
+                &r.body,
+                now,
+            )
+            .is_ok();
+        let same = *first.entry(r.id.as_str()).or_insert(&r.body) == &r.body[..];
+        if !valid || !same {
+            breaches += 1;
+        }
+    }
+    (
+        "every delivery signed, every copy of an event identical",
+        received.len() as u64,
+        breaches,
+    )
+}
+
+/// Per object, the receiver first accepted its events in sequence order.
+fn delivered_in_sequence(received: &[Received]) -> Check {
+    let mut next: BTreeMap<String, i64> = BTreeMap::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    let (mut checked, mut breaches) = (0u64, 0u64);
+    for r in received.iter().filter(|r| (200..300).contains(&r.answered)) {
+        if !seen.insert(r.id.as_str()) {
+            continue;
+        }
+        checked += 1;
+        let Ok(body) = serde_json::from_slice::<Value>(&r.body) else {
+            breaches += 1;
+            continue;
+        };
+        let object = body["data"]["object"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let sequence = body["sequence"].as_i64().unwrap_or(-1);
+        let expected = next.entry(object).or_insert(1);
+        if sequence != *expected {
+            breaches += 1;
+        }
+        *expected = sequence + 1;
+    }
+    (
+        "no event reached the receiver out of its object's sequence",
+        checked,
+        breaches,
+    )
+}
+
+/// The outbox's rows of the invariant table.
+pub async fn check(
+    db: &PgPool,
+    received: &[Received],
+    secret: &WebhookSecret,
+) -> Result<Vec<Check>, String> {
+    let expected = expected(db).await?;
+    let (trails, ids) = stored(db).await?;
+    Ok(vec![
+        one_event_per_change(&expected, &trails),
+        every_event_delivered(&ids, received),
+        signed_and_identical(secret, received),
+        delivered_in_sequence(received),
+    ])
+}

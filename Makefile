@@ -43,7 +43,7 @@ run: db build ## start the sandbox and oncepay with a dev API key; print a curl 
 	@mkdir -p $(RUN_DIR)
 	@$(BIN) migrate >/dev/null
 	@$(BIN) sandbox > $(RUN_DIR)/sandbox.log 2>&1 & sandbox=$$!; \
-	$(BIN) serve > $(RUN_DIR)/serve.log 2>&1 & serve=$$!; \
+	ONCEPAY_WEBHOOK_ALLOW_PRIVATE=true $(BIN) serve > $(RUN_DIR)/serve.log 2>&1 & serve=$$!; \
 	trap 'kill $$sandbox $$serve 2>/dev/null' EXIT INT TERM; \
 	key=$$($(BIN) api-key create --merchant dev | tail -n 1); \
 	for i in $$(seq 1 100); do curl -sf http://127.0.0.1:8080/readyz >/dev/null && break; sleep 0.1; done; \

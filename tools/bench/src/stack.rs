@@ -63,6 +63,8 @@ impl Stack {
             .env("DATABASE_URL", &db_url)
             .env("ONCEPAY_BIND", format!("127.0.0.1:{serve_port}"))
             .env("ONCEPAY_PROVIDER_URL", &sandbox)
+            // The bench measures the service's capacity, not the limiter.
+            .env("ONCEPAY_RATE_LIMIT_PER_SECOND", "0")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true);

@@ -75,32 +75,35 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
     };
     let policy = *shared.policy.lock().unwrap_or_else(|p| p.into_inner());
     let id = header("webhook-id");
-    let mut books = shared.books();
-    let seen = books.seen.entry(id.clone()).or_insert(0);
-    *seen += 1;
-    let answered = match policy {
-        Policy::Accept => 200,
-        Policy::FailFirst(n) if *seen <= n => 500,
-        Policy::FailFirst(_) => 200,
-        Policy::FailRandomly(p) if fastrand::f64() < p => 500,
-        Policy::FailRandomly(_) => 200,
-        Policy::Gone => 410,
-        // Not an answer the sender waits for: recorded as none.
-        Policy::Stall => 0,
+    let answered = {
+        let mut books = shared.books();
+        let seen = books.seen.entry(id.clone()).or_insert(0);
+        *seen += 1;
+        let seen = *seen;
+        let answered = match policy {
+            Policy::Accept => 200,
+            Policy::FailFirst(n) if seen <= n => 500,
+            Policy::FailFirst(_) => 200,
+            Policy::FailRandomly(p) if fastrand::f64() < p => 500,
+            Policy::FailRandomly(_) => 200,
+            Policy::Gone => 410,
+            // Not an answer the sender waits for: recorded as none.
+            Policy::Stall => 0,
+        };
+        books.received.push(Received {
+            id,
+            timestamp: header("webhook-timestamp"),
+            signature: header("webhook-signature"),
+            body,
+            answered,
+        });
+        answered
     };
-    books.received.push(Received {
-        id,
-        timestamp: header("webhook-timestamp"),
-        signature: header("webhook-signature"),
-        body,
-        answered,
-    });
-    drop(books);
     if policy == Policy::Stall {
         tokio::time::sleep(std::time::Duration::from_secs(60)).await;
     }
     HttpResponse::build(
-        actix_web::http::StatusCode::from_u16(answered)
+        actix_web::http::StatusCode::from_u16(answered.max(200))
             .unwrap_or(actix_web::http::StatusCode::INTERNAL_SERVER_ERROR),
     )
     .finish()

@@ -495,20 +495,32 @@ fn nothing_left_open(counts: [i64; 4]) -> (Row3, Row3) {
     )
 }
 
+/// What the soak did and saw, for the checks.
+pub struct Soak<'a> {
+    /// What each intent saw.
+    pub intents: &'a [Intent],
+    /// The faults injected.
+    pub faults: &'a Faults,
+    /// The clients (their retry counts).
+    pub clients: &'a Clients,
+    /// The re-send after every key expired.
+    pub expiry: &'a Expiry,
+    /// How long the soak ran, and how long settling took.
+    pub times: (Duration, Duration),
+    /// What the merchant's receiver got.
+    pub webhooks: &'a crate::outbox::Receipts,
+}
+
 /// Checks every invariant and prints the tables.
-pub async fn check(
-    db: &PgPool,
-    sandbox: &str,
-    intents: &[Intent],
-    faults: &Faults,
-    clients: &Clients,
-    expiry: &Expiry,
-    (soak_time, settle_time): (Duration, Duration),
-    (received, secret): (
-        &[oncepay_testkit::receiver::Received],
-        &oncepay::webhooks::WebhookSecret,
-    ),
-) -> Result<Report, String> {
+pub async fn check(db: &PgPool, sandbox: &str, soak: &Soak<'_>) -> Result<Report, String> {
+    let Soak {
+        intents,
+        faults,
+        clients,
+        expiry,
+        times: (soak_time, settle_time),
+        webhooks,
+    } = *soak;
     let f = facts(db, sandbox).await?;
     let scalar = |sql: &'static str| async move {
         // Unreadable is a breach: -1 never passes a check.
@@ -553,7 +565,7 @@ pub async fn check(
             gave_up,
         ),
     ];
-    for (name, checked, breaches) in crate::outbox::check(db, received, secret).await? {
+    for (name, checked, breaches) in crate::outbox::check(db, webhooks).await? {
         rows.push(row(name, checked, breaches));
     }
     let ok = rows.iter().all(|r| r.breaches == 0);

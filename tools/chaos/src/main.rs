@@ -264,17 +264,19 @@ async fn soak(
     eprintln!("settled in {settled:.1?}; expiring every key and sending every intent again ...");
     let expiry = invariants::after_expiry(&db, &clients, &intents).await?;
     settle(&db, &sandbox_base, Duration::from_secs(400)).await?;
-    let report = invariants::check(
-        &db,
-        &sandbox_base,
-        &intents,
-        &faults,
-        &clients,
-        &expiry,
-        (soak_time, settled),
-        (&receiver.received(), &secret),
-    )
-    .await?;
+    let webhooks = outbox::Receipts {
+        received: receiver.received(),
+        secret,
+    };
+    let soak = invariants::Soak {
+        intents: &intents,
+        faults: &faults,
+        clients: &clients,
+        expiry: &expiry,
+        times: (soak_time, settled),
+        webhooks: &webhooks,
+    };
+    let report = invariants::check(&db, &sandbox_base, &soak).await?;
     println!("{}", report.text);
     for s in services.iter_mut() {
         s.kill().await;

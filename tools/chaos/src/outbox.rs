@@ -192,12 +192,17 @@ fn delivered_in_sequence(received: &[Received]) -> Check {
     )
 }
 
+/// What the merchant's receiver got, and the secret it verifies with.
+pub struct Receipts {
+    /// Every delivery, in arrival order.
+    pub received: Vec<Received>,
+    /// The endpoint's signing secret.
+    pub secret: WebhookSecret,
+}
+
 /// The outbox's rows of the invariant table.
-pub async fn check(
-    db: &PgPool,
-    received: &[Received],
-    secret: &WebhookSecret,
-) -> Result<Vec<Check>, String> {
+pub async fn check(db: &PgPool, receipts: &Receipts) -> Result<Vec<Check>, String> {
+    let (received, secret) = (&receipts.received[..], &receipts.secret);
     let expected = expected(db).await?;
     let (trails, ids) = stored(db).await?;
     Ok(vec![

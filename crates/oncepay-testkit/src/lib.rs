@@ -7,6 +7,7 @@
 //!   cluster that a harness may crash and restart;
 //! - [`fault_proxy`]: the provider faults the sandbox cannot make;
 //! - [`lossy_tcp`]: answers lost between a client and the service;
+//! - [`patroni`]: PostgreSQL under Patroni, etcd and HAProxy, for failovers;
 //! - [`ledger`]: the sandbox's books, where charges are counted;
 //! - [`browser`]: a real headless Chromium over WebDriver;
 //! - [`receiver`]: a merchant's webhook receiver that records what it gets.
@@ -20,6 +21,7 @@ pub mod browser;
 pub mod fault_proxy;
 pub mod ledger;
 pub mod lossy_tcp;
+pub mod patroni;
 pub mod ports;
 pub mod processes;
 pub mod ready;

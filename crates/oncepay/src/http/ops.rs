@@ -15,13 +15,20 @@ pub async fn healthz() -> HttpResponse {
 
 pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem> {
     let pool = state.ctx.pool.clone();
-    super::on_service_runtime(&state, async move {
-        sqlx::query("SELECT 1")
-            .execute(&pool)
+    // Ready means writable: behind a failover manager the address may
+    // briefly lead to a node that is (still, or newly) a standby.
+    let writable = super::on_service_runtime(&state, async move {
+        sqlx::query_scalar::<_, bool>("SELECT NOT pg_is_in_recovery()")
+            .fetch_one(&pool)
             .await
             .map_err(|_| Problem::unavailable("the database"))
     })
     .await?;
+    if !writable {
+        return Err(Problem::unavailable(
+            "a writable database (connected to a standby)",
+        ));
+    }
     Ok(HttpResponse::Ok().json(serde_json::json!({"status": "ready"})))
 }
 

@@ -52,8 +52,14 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Database(db)
                 if db.code().is_some_and(|c| {
                     // admin_shutdown, crash_shutdown, cannot_connect_now,
-                    // connection failures (class 08)
-                    c == "57P01" || c == "57P02" || c == "57P03" || c.starts_with("08")
+                    // connection failures (class 08), and
+                    // read_only_sql_transaction: a node that was demoted
+                    // during a failover (the write never happened there).
+                    c == "57P01"
+                        || c == "57P02"
+                        || c == "57P03"
+                        || c == "25006"
+                        || c.starts_with("08")
                 }) =>
             {
                 StoreError::Unavailable(e)
@@ -95,12 +101,18 @@ pub fn claims_pool(database_url: &str, max_connections: u32) -> Result<PgPool, S
     Ok(pool_with(options, max_connections))
 }
 
+/// Every pooled connection is pinged before it is handed out
+/// (`test_before_acquire`), so one broken by a failover or a restart is
+/// dropped there instead of failing a request; connections live at most
+/// 30 minutes, so none outlives a topology change for long.
 fn pool_with(options: PgConnectOptions, max_connections: u32) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max_connections)
         .min_connections(0)
         .acquire_timeout(Duration::from_secs(5))
         .idle_timeout(Duration::from_secs(300))
+        .max_lifetime(Duration::from_secs(1800))
+        .test_before_acquire(true)
         .connect_lazy_with(options)
 }
 

@@ -37,6 +37,8 @@ pub struct Options {
     pub sandbox_env: Vec<(&'static str, String)>,
     /// Put a fault proxy between oncepay and the sandbox.
     pub fault_proxy: bool,
+    /// The database to use instead of a fresh one on the test server.
+    pub database_url: Option<String>,
 }
 
 impl Default for Options {
@@ -55,6 +57,7 @@ impl Default for Options {
             ],
             sandbox_env: vec![("ONCEPAY_SANDBOX_ASYNC_DELAY", "300ms".into())],
             fault_proxy: false,
+            database_url: None,
         }
     }
 }
@@ -115,7 +118,10 @@ pub async fn spawn_app() -> TestApp {
 
 /// Starts a fresh database, sandbox and service.
 pub async fn spawn_app_with(options: Options) -> TestApp {
-    let db_url = fresh_database_url();
+    let db_url = options
+        .database_url
+        .clone()
+        .unwrap_or_else(fresh_database_url);
     let sandbox_listener = TcpListener::bind("127.0.0.1:0").expect("bind sandbox");
     let sandbox = format!("http://{}", sandbox_listener.local_addr().expect("addr"));
 

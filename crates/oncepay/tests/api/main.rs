@@ -4,6 +4,7 @@
 mod api_keys;
 mod checkout;
 mod events;
+mod failover;
 mod helpers;
 mod idempotency;
 mod lists;

@@ -129,9 +129,12 @@ async fn a_switchover_answers_503_then_recovers_without_a_restart() {
     );
     assert_ne!(cluster.leader().await, Some(old), "another node leads");
 
-    let others: Vec<&Seen> = seen
+    let others: Vec<String> = seen
         .iter()
-        .filter(|s| matches!(s, Seen::Other(..)))
+        .filter_map(|s| match s {
+            Seen::Other(status, body) => Some(format!("{status} {body}")),
+            _ => None,
+        })
         .collect();
     assert!(
         others.is_empty(),

@@ -15,7 +15,7 @@ export TEST_DATABASE_SERVER ?= $(PG_SERVER)
 BIN := target/debug/oncepay
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha ha-packages
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -117,3 +117,14 @@ CHAOS_ARGS ?=
 chaos: ## release build, then the fault soak (2,000 intents; CHAOS_ARGS="--duration 10m" for a soak); prints the invariants
 	cargo build --release -p oncepay -p oncepay-chaos
 	target/release/oncepay-chaos $(CHAOS_ARGS)
+
+ha-packages: ## install Debian's patroni, etcd-server and haproxy if missing (make chaos-ha and the failover test need them)
+	@if ! command -v patroni >/dev/null || ! command -v etcd >/dev/null || ! command -v haproxy >/dev/null; then \
+	  echo "installing patroni, etcd-server, haproxy (Debian packages) ..."; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq patroni etcd-server haproxy >/dev/null; \
+	fi
+
+chaos-ha: ha-packages ## the fault soak on PostgreSQL under Patroni (3 nodes, synchronous_mode, etcd, HAProxy) through 12 failovers; CHAOS_ARGS="--async-replication" shows the misconfiguration
+	cargo build --release -p oncepay -p oncepay-chaos
+	target/release/oncepay-chaos --ha $(CHAOS_ARGS)

@@ -363,6 +363,16 @@ impl HaCluster {
         Ok(old)
     }
 
+    /// Waits up to `limit` for a node other than `old` to lead; false if
+    /// none did.
+    pub async fn wait_for_leader_other_than(&self, old: usize, limit: Duration) -> bool {
+        self.wait_for(limit, "a new leader", || async {
+            self.leader().await.is_some_and(|l| l != old)
+        })
+        .await
+        .is_ok()
+    }
+
     /// SIGKILLs the leader's postmaster alone: Patroni, still holding the
     /// leader key, restarts it (crash recovery) or hands over.
     pub async fn kill_leader_postmaster(&self) -> Result<usize, String> {
@@ -387,28 +397,45 @@ impl HaCluster {
         Ok(())
     }
 
-    /// Pauses (`true`) or resumes every standby's WAL receiver (SIGSTOP /
-    /// SIGCONT): the standbys fall behind without anyone noticing, the
-    /// fault that makes asynchronous replication lose commits.
-    pub async fn pause_replication(&self, paused: bool) -> Result<u32, String> {
-        let mut n = 0;
+    /// Leaves every standby behind: its startup process (which would start
+    /// a new WAL receiver) is frozen with SIGSTOP and its WAL receiver
+    /// ended with SIGTERM, so the primary goes on acknowledging commits
+    /// that reach no standby: the fault that makes asynchronous replication
+    /// lose them. (Pausing the receiver alone is not enough: the primary's
+    /// WAL would wait in the socket's buffer and arrive on resume.) Returns
+    /// the frozen processes, for [`HaCluster::resume_recovery`].
+    pub async fn stop_replication(&self) -> Result<Vec<i32>, String> {
+        let mut frozen = Vec::new();
         for node in &self.nodes {
             let url = format!("postgres://postgres@127.0.0.1:{}/postgres", node.pg_port);
             let Ok(mut conn) = <sqlx::PgConnection as sqlx::Connection>::connect(&url).await else {
                 continue;
             };
-            let pids: Vec<i32> = sqlx::query_scalar(
-                "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walreceiver'",
+            let pids: Vec<(i32, String)> = sqlx::query_as(
+                "SELECT pid, backend_type FROM pg_stat_activity
+                  WHERE backend_type IN ('startup', 'walreceiver') ORDER BY backend_type",
             )
             .fetch_all(&mut conn)
             .await
             .unwrap_or_default();
-            for pid in pids {
-                signal(pid, if paused { "-STOP" } else { "-CONT" });
-                n += 1;
+            // The startup process first, so it cannot start a new receiver.
+            for (pid, kind) in pids {
+                if kind == "startup" {
+                    signal(pid, "-STOP");
+                    frozen.push(pid);
+                } else {
+                    signal(pid, "-TERM");
+                }
             }
         }
-        Ok(n)
+        Ok(frozen)
+    }
+
+    /// Thaws the processes [`HaCluster::stop_replication`] froze.
+    pub fn resume_recovery(&self, frozen: &[i32]) {
+        for pid in frozen {
+            signal(*pid, "-CONT");
+        }
     }
 
     /// Waits until every node runs again, one leads (with a synchronous

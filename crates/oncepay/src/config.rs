@@ -213,6 +213,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
             provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
             db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 8u32, 1, 1000)?,
+            db_start_timeout: self.duration("ONCEPAY_DB_START_TIMEOUT", Duration::from_secs(60))?,
             http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
             max_body_bytes: self.number("ONCEPAY_MAX_BODY_BYTES", 65_536usize, 1_024, 16 << 20)?,
             reconcile_interval: self
@@ -333,6 +334,9 @@ pub struct ServeConfig {
     pub provider_timeout: Duration,
     /// Largest number of database connections per process.
     pub db_pool_size: u32,
+    /// How long `serve` waits at start for a writable database (a failover
+    /// may be under way) before giving up.
+    pub db_start_timeout: Duration,
     /// Number of HTTP worker threads.
     pub http_workers: usize,
     /// Largest accepted request body.

@@ -52,7 +52,9 @@ impl Application {
     /// Migrates, binds `config.bind` (port 0 picks a free port) and starts
     /// the background workers.
     pub async fn build(config: ServeConfig) -> Result<Application, StartError> {
-        let applied = store::prepare_database(&config.database_url).await?;
+        let applied =
+            store::prepare_database_patiently(&config.database_url, config.db_start_timeout)
+                .await?;
         if !applied.is_empty() {
             tracing::info!(migrations = ?applied, "applied migrations");
         }

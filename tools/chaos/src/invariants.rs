@@ -244,6 +244,27 @@ fn one_effect_per_provider_key(f: &Facts) -> Row3 {
     row("no provider key with more than one effect", keys, breaches)
 }
 
+/// Every charge and refund the provider made belongs to a row we hold:
+/// a commit lost in a failover would leave money moved for a key we no
+/// longer know (and a retry would then make a second attempt).
+fn every_provider_effect_has_its_row(f: &Facts) -> Row3 {
+    let charges = f
+        .charge_by_key
+        .keys()
+        .filter(|k| !f.payments.contains_key(*k))
+        .count();
+    let refunds = f
+        .refund_by_key
+        .keys()
+        .filter(|k| !f.refunds.contains_key(*k))
+        .count();
+    row(
+        "every provider charge and refund has its row here (no lost commit)",
+        (f.charge_by_key.len() + f.refund_by_key.len()) as u64,
+        (charges + refunds) as u64,
+    )
+}
+
 fn refunds_within_payment(f: &Facts) -> Row3 {
     let mut breaches = 0;
     for (id, p) in &f.payments {
@@ -547,6 +568,7 @@ pub async fn check(db: &PgPool, sandbox: &str, soak: &Soak<'_>) -> Result<Report
         no_decline_the_provider_charged(&f),
         one_captured_charge_per_order(&f),
         one_effect_per_provider_key(&f),
+        every_provider_effect_has_its_row(&f),
         answers,
         forward,
         refunds_within_payment(&f),

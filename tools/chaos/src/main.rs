@@ -9,6 +9,7 @@
 //! with the faults and retries, and exits non-zero on any breach.
 
 mod clients;
+mod ha;
 mod invariants;
 mod outbox;
 
@@ -22,6 +23,7 @@ use sqlx::PgPool;
 use clients::{Clients, Intent};
 use oncepay_testkit::fault_proxy::{Fault, FaultProxy, Route};
 use oncepay_testkit::lossy_tcp::LossyTcp;
+use oncepay_testkit::patroni::HaCluster;
 use oncepay_testkit::ports::free_port;
 use oncepay_testkit::processes::{sibling_binary, PgCluster, Service};
 use oncepay_testkit::receiver::{Policy, Receiver};
@@ -47,6 +49,34 @@ struct Args {
     /// How many `oncepay serve` processes.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
     processes: u16,
+    /// Run on PostgreSQL under Patroni (three nodes, synchronous_mode, etcd,
+    /// HAProxy) and fail it over again and again (`make chaos-ha`).
+    #[arg(long)]
+    ha: bool,
+    /// With --ha: intents go on until this many failovers were made.
+    #[arg(long, default_value_t = 12, requires = "ha")]
+    failovers: usize,
+    /// With --ha: the misconfiguration — asynchronous replication, and
+    /// failovers that promote a standby left behind.
+    #[arg(long, requires = "ha")]
+    async_replication: bool,
+}
+
+/// The database under the soak.
+pub enum Database {
+    /// One private PostgreSQL server, crashed and restarted by the driver.
+    Single(PgCluster),
+    /// PostgreSQL under Patroni, failed over by the HA driver.
+    Ha(Box<HaCluster>, ha::Driver),
+}
+
+impl Database {
+    fn url(&self, name: &str) -> String {
+        match self {
+            Database::Single(pg) => pg.url(name),
+            Database::Ha(cluster, _) => cluster.url(name),
+        }
+    }
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -88,20 +118,37 @@ pub struct Faults {
 async fn run(args: &Args, root: &std::path::Path) -> Result<bool, String> {
     std::fs::create_dir_all(root).map_err(|e| e.to_string())?;
     let bin = sibling_binary("oncepay")?;
-    eprintln!("private PostgreSQL cluster in {} ...", root.display());
-    let pg = PgCluster::create(root).await?;
-    let outcome = soak(args, root, &pg, &bin).await;
-    pg.stop().await;
+    let mut database = if args.ha {
+        eprintln!(
+            "PostgreSQL under Patroni (3 nodes, synchronous_mode: {}), etcd and HAProxy in {} ...",
+            !args.async_replication,
+            root.display()
+        );
+        let options = oncepay_testkit::patroni::Options {
+            nodes: 3,
+            synchronous: !args.async_replication,
+        };
+        let cluster = HaCluster::start(&root.join("ha"), options).await?;
+        Database::Ha(Box::new(cluster), ha::Driver::new(args.async_replication))
+    } else {
+        eprintln!("private PostgreSQL cluster in {} ...", root.display());
+        Database::Single(PgCluster::create(root).await?)
+    };
+    let outcome = soak(args, root, &mut database, &bin).await;
+    match database {
+        Database::Single(pg) => pg.stop().await,
+        Database::Ha(cluster, _) => cluster.stop().await,
+    }
     outcome
 }
 
 async fn soak(
     args: &Args,
     root: &std::path::Path,
-    pg: &PgCluster,
+    database: &mut Database,
     bin: &std::path::Path,
 ) -> Result<bool, String> {
-    let db_url = pg.url("oncepay");
+    let db_url = database.url("oncepay");
     oncepay::store::prepare_database(&db_url)
         .await
         .map_err(|e| e.to_string())?;
@@ -225,6 +272,17 @@ async fn soak(
         .as_str()
         .and_then(|s| oncepay::webhooks::WebhookSecret::parse(s).ok())
         .ok_or_else(|| format!("registering the webhook endpoint: {status} {endpoint}"))?;
+    // In HA mode a probe writes all along, to measure each failover's window.
+    let successes: ha::Successes = Default::default();
+    let stop_probe = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = args.ha.then(|| {
+        tokio::spawn(ha::probe(
+            bases.clone(),
+            clients.api_key.clone(),
+            successes.clone(),
+            stop_probe.clone(),
+        ))
+    });
     let started = Instant::now();
     match args.duration {
         Some(d) => eprintln!(
@@ -242,7 +300,7 @@ async fn soak(
         &clients,
         &run_id,
         &mut faults,
-        pg,
+        database,
         &mut services,
         &proxy,
         &db,
@@ -251,6 +309,16 @@ async fn soak(
     proxy.heal();
     for l in &lossy {
         l.stop_losing();
+    }
+    let mut failovers = String::new();
+    if let Database::Ha(cluster, driver) = database {
+        driver.heal(cluster).await?;
+        stop_probe.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(probe) = probe {
+            let _ = probe.await;
+        }
+        let windows = ha::windows(&driver.events, &successes.lock().await);
+        failovers = ha::table(&windows);
     }
     faults.lost_answers = lossy.iter().map(LossyTcp::lost).sum();
     let soak_time = started.elapsed();
@@ -277,7 +345,7 @@ async fn soak(
         webhooks: &webhooks,
     };
     let report = invariants::check(&db, &sandbox_base, &soak).await?;
-    println!("{}", report.text);
+    println!("{}{failovers}", report.text);
     for s in services.iter_mut() {
         s.kill().await;
     }
@@ -293,23 +361,29 @@ async fn drive(
     clients: &Arc<Clients>,
     run_id: &str,
     faults: &mut Faults,
-    pg: &PgCluster,
+    database: &mut Database,
     services: &mut [Service],
     proxy: &FaultProxy,
     db: &PgPool,
 ) -> Result<Vec<Intent>, String> {
     let started = Instant::now();
-    let more = |spawned: usize| match args.duration {
-        Some(d) => started.elapsed() < d,
-        None => spawned < args.intents && started.elapsed() < args.max_duration,
+    let more = |spawned: usize, database: &Database| match (args.duration, database) {
+        (Some(d), _) => started.elapsed() < d,
+        (None, Database::Ha(_, driver)) => {
+            driver.events.len() < args.failovers && started.elapsed() < args.max_duration
+        }
+        (None, Database::Single(_)) => {
+            spawned < args.intents && started.elapsed() < args.max_duration
+        }
     };
+    let mut next_failover = Instant::now() + Duration::from_secs(3);
     let gate = Arc::new(tokio::sync::Semaphore::new(args.concurrency.into()));
     let mut work = tokio::task::JoinSet::new();
     let mut intents = Vec::new();
     let mut spawned = 0usize;
     let mut next_fault = Instant::now() + Duration::from_millis(500);
     loop {
-        let room = more(spawned) && gate.available_permits() > 0;
+        let room = more(spawned, database) && gate.available_permits() > 0;
         if room {
             let permit = gate
                 .clone()
@@ -324,9 +398,10 @@ async fn drive(
             spawned += 1;
             continue;
         }
-        if work.is_empty() && !more(spawned) {
+        if work.is_empty() && !more(spawned, database) {
             break;
         }
+        let failing_over = matches!(database, Database::Ha(..)) && more(spawned, database);
         tokio::select! {
             finished = work.join_next(), if !work.is_empty() => match finished {
                 Some(Ok(intent)) => intents.push(intent),
@@ -334,8 +409,15 @@ async fn drive(
                 None => {}
             },
             _ = tokio::time::sleep_until(next_fault.into()) => {
-                inject(faults, pg, services, proxy, db).await?;
+                inject(faults, database, services, proxy, db).await?;
                 next_fault = Instant::now() + Duration::from_millis(fastrand::u64(150..700));
+            }
+            _ = tokio::time::sleep_until(next_failover.into()), if failing_over => {
+                if let Database::Ha(cluster, driver) = database {
+                    driver.next(cluster).await?;
+                    eprintln!("failover {}: {}", driver.events.len(), driver.events.last().map_or("", |e| e.kind.describe()));
+                }
+                next_failover = Instant::now() + Duration::from_secs(4);
             }
         }
     }
@@ -346,7 +428,7 @@ async fn drive(
 /// fault lasts a spell and heals by itself.
 async fn inject(
     faults: &mut Faults,
-    pg: &PgCluster,
+    database: &Database,
     services: &mut [Service],
     proxy: &FaultProxy,
     db: &PgPool,
@@ -362,9 +444,21 @@ async fn inject(
             services[i].kill().await;
             faults.kills += 1;
             tokio::time::sleep(ms(200, 800)).await;
-            services[i].start("/readyz").await?;
+            // Under Patroni a failover may leave no primary for a while: the
+            // process is up when it lives, and ready when the database is.
+            let up = if matches!(database, Database::Ha(..)) {
+                "/healthz"
+            } else {
+                "/readyz"
+            };
+            services[i].start(up).await?;
         }
+        // Under Patroni the database fails over on its own clock instead.
+        4..=5 if matches!(database, Database::Ha(..)) => {}
         4..=5 => {
+            let Database::Single(pg) = database else {
+                return Ok(());
+            };
             let crash = fastrand::bool();
             pg.restart(crash).await?;
             if crash {

@@ -41,30 +41,32 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// Whether a database error means "unavailable for now; the same work may
+/// succeed later" rather than a fault of the request or the code.
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            // admin_shutdown, crash_shutdown, cannot_connect_now,
+            // connection failures (class 08), and
+            // read_only_sql_transaction: a node that was demoted during a
+            // failover (the write never happened there).
+            c == "57P01" || c == "57P02" || c == "57P03" || c == "25006" || c.starts_with("08")
+        }),
+        _ => false,
+    }
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
-        match &e {
-            sqlx::Error::Io(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed
-            | sqlx::Error::Tls(_) => StoreError::Unavailable(e),
-            sqlx::Error::Database(db)
-                if db.code().is_some_and(|c| {
-                    // admin_shutdown, crash_shutdown, cannot_connect_now,
-                    // connection failures (class 08), and
-                    // read_only_sql_transaction: a node that was demoted
-                    // during a failover (the write never happened there).
-                    c == "57P01"
-                        || c == "57P02"
-                        || c == "57P03"
-                        || c == "25006"
-                        || c.starts_with("08")
-                }) =>
-            {
-                StoreError::Unavailable(e)
-            }
-            _ => StoreError::Other(e),
+        if is_unavailable(&e) {
+            StoreError::Unavailable(e)
+        } else {
+            StoreError::Other(e)
         }
     }
 }
@@ -131,6 +133,28 @@ pub async fn prepare_database(database_url: &str) -> Result<Vec<String>, migrate
     let applied = migrate::run(&mut conn).await?;
     conn.close().await?;
     Ok(applied)
+}
+
+/// [`prepare_database`], retried while the database is unavailable (no
+/// primary yet, a failover under way, a node still read-only) for up to
+/// `patience`: a process started during a failover waits for the new
+/// primary instead of exiting. Any other error is returned at once.
+pub async fn prepare_database_patiently(
+    database_url: &str,
+    patience: Duration,
+) -> Result<Vec<String>, migrate::MigrateError> {
+    let started = std::time::Instant::now();
+    loop {
+        match prepare_database(database_url).await {
+            Err(migrate::MigrateError::Database(e))
+                if started.elapsed() < patience && is_unavailable(&e) =>
+            {
+                tracing::warn!("the database is unavailable at start; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 async fn create_database(options: &PgConnectOptions) -> Result<(), sqlx::Error> {

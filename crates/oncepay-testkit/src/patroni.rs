@@ -255,6 +255,18 @@ impl HaCluster {
         format!("postgres://postgres@127.0.0.1:{}/{name}", self.port)
     }
 
+    /// URLs of database `name` on each node that does not lead (directly,
+    /// not through HAProxy): where a test looks for what reached standbys.
+    pub async fn standby_urls(&self, name: &str) -> Vec<String> {
+        let leader = self.leader().await;
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| Some(*i) != leader)
+            .map(|(_, n)| format!("postgres://postgres@127.0.0.1:{}/{name}", n.pg_port))
+            .collect()
+    }
+
     /// Patroni's view of the members, from any node that answers.
     pub async fn members(&self) -> Option<Vec<Value>> {
         for node in &self.nodes {

@@ -179,3 +179,116 @@ async fn a_switchover_answers_503_then_recovers_without_a_restart() {
     app.db.close().await;
     cluster.stop().await;
 }
+
+/// The claims pool commits with `synchronous_commit = off`. Under a
+/// promotion that is safe because step 1 of a payment (the attempt row and
+/// its recovery point) commits synchronously before the provider is
+/// called, and a synchronous commit is acknowledged only once the
+/// synchronous standby holds the WAL up to it, the earlier claim included.
+/// So by the time money can move, the claim and the attempt are on the
+/// standby; if the primary then dies, the promoted standby has them and
+/// the retry resumes the same attempt (same provider key: one charge).
+#[tokio::test]
+async fn a_claim_is_on_the_standby_before_the_provider_is_called() {
+    if let Err(why) = patroni::available() {
+        assert!(
+            std::env::var_os("ONCEPAY_REQUIRE_HA").is_none(),
+            "ONCEPAY_REQUIRE_HA is set but the Patroni stack is missing: {why}"
+        );
+        eprintln!(
+            "\n*** SKIPPED a_claim_is_on_the_standby_before_the_provider_is_called: {why} ***\n"
+        );
+        return;
+    }
+    let root = std::env::temp_dir().join(format!("oncepay-ha-test-{}", Uuid::new_v4().simple()));
+    let mut cluster = HaCluster::start(
+        &root,
+        patroni::Options {
+            nodes: 2,
+            synchronous: true,
+        },
+    )
+    .await
+    .expect("the Patroni cluster starts");
+    let options = Options {
+        database_url: Some(cluster.url("oncepay")),
+        ..Options::default()
+    }
+    .serve("ONCEPAY_IDEMPOTENCY_LEASE", "1s")
+    .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off");
+    let app = Arc::new(spawn_app_with(options).await);
+    let order_id = app.create_order().await;
+    let body = serde_json::json!({"order_id": order_id, "payment_method": "tok_visa+delay=4000"});
+    let paying = {
+        let app = app.clone();
+        let body = body.clone();
+        tokio::spawn(async move {
+            app.post("/payments", "pay-across-failover", &body)
+                .await
+                .status()
+        })
+    };
+    // The provider holds the charge (its answer comes in 4 s): look at the
+    // standby, directly.
+    let charged = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+        app.charges_for(&order_id).await.len() == 1
+    })
+    .await;
+    assert!(charged.is_ok(), "the charge reached the provider");
+    let standby = cluster.standby_urls("oncepay").await;
+    assert_eq!(standby.len(), 1);
+    let mut replica = <sqlx::PgConnection as sqlx::Connection>::connect(&standby[0])
+        .await
+        .expect("standby connects");
+    let on_standby: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM idempotency_record
+                  WHERE idempotency_key = 'pay-across-failover' AND recovery_point = 'attempt_created'),
+                (SELECT count(*) FROM payment_attempt WHERE order_id = $1::uuid)",
+    )
+    .bind(&order_id)
+    .fetch_one(&mut replica)
+    .await
+    .expect("read the standby");
+    assert_eq!(
+        on_standby,
+        (1, 1),
+        "the claim and the attempt reached the standby first"
+    );
+    drop(replica);
+
+    // The primary's machine dies mid-payment; the standby is promoted.
+    let old = cluster.kill_leader().await.expect("kill the leader");
+    assert!(
+        cluster
+            .wait_for_leader_other_than(old, Duration::from_secs(30))
+            .await,
+        "the synchronous standby is promoted"
+    );
+    let first = paying.await.expect("task");
+    assert!(
+        first == StatusCode::SERVICE_UNAVAILABLE || first.is_success(),
+        "the interrupted request answered {first}"
+    );
+    cluster
+        .wait_until_writable(Duration::from_secs(30))
+        .await
+        .expect("writable again");
+    // The client retries with the same key until it has an answer.
+    let retried = oncepay_testkit::ready::until_some(Duration::from_secs(30), || async {
+        let r = app.post("/payments", "pay-across-failover", &body).await;
+        r.status().is_success().then_some(r)
+    })
+    .await
+    .expect("the retry succeeds");
+    let payment = json_of(retried).await;
+    assert_eq!(payment["status"], "succeeded");
+    assert_eq!(app.charges_for(&order_id).await.len(), 1, "one charge");
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt").await,
+        1,
+        "the same attempt, resumed"
+    );
+    cluster.revive(old).expect("revive");
+    app.db.close().await;
+    cluster.stop().await;
+}

@@ -9,7 +9,6 @@
 //! exercise the same faults.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
@@ -18,7 +17,7 @@ use std::time::Duration;
 use actix_web::body::{BodySize, MessageBody};
 use actix_web::http::{Method, StatusCode};
 use actix_web::web::{self, Bytes};
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::{HttpRequest, HttpResponse};
 
 /// Which provider calls a fault applies to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -198,8 +197,6 @@ impl FaultProxy {
     /// (`http://127.0.0.1:PORT`), passing everything until told otherwise.
     /// The server runs on the current tokio runtime.
     pub fn start(upstream: &str) -> std::io::Result<FaultProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let url = format!("http://{}", listener.local_addr()?);
         let shared = Arc::new(Shared {
             rules: Mutex::new(Rules::default()),
             upstream: upstream.trim_end_matches('/').to_string(),
@@ -208,18 +205,10 @@ impl FaultProxy {
                 .build()
                 .map_err(std::io::Error::other)?,
         });
-        let data = web::Data::from(shared.clone());
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(data.clone())
-                .app_data(web::PayloadConfig::new(1 << 20))
-                .default_service(web::to(handle))
-        })
-        .workers(1)
-        .disable_signals()
-        .listen(listener)?
-        .run();
-        tokio::spawn(server);
+        let url = format!(
+            "http://{}",
+            crate::loopback_http::serve(shared.clone(), handle)?
+        );
         Ok(FaultProxy { shared, url })
     }
 

@@ -20,6 +20,7 @@
 pub mod browser;
 pub mod fault_proxy;
 pub mod ledger;
+pub mod loopback_http;
 pub mod lossy_tcp;
 pub mod patroni;
 pub mod ports;

@@ -4,11 +4,10 @@
 //! told: accept, fail the first N deliveries of each event, or `410 Gone`.
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix_web::web::{self, Bytes};
-use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
+use actix_web::{HttpRequest, HttpResponse};
 
 /// How the receiver answers.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -112,24 +111,12 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
 impl Receiver {
     /// Starts a receiver on a free loopback port, on the current tokio runtime.
     pub fn start(policy: Policy) -> std::io::Result<Receiver> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
-        let url = format!("http://{}/hooks", listener.local_addr()?);
         let shared = Arc::new(Shared {
             policy: Mutex::new(policy),
             books: Mutex::new(Books::default()),
         });
-        let data = web::Data::from(shared.clone());
-        let server = HttpServer::new(move || {
-            App::new()
-                .app_data(data.clone())
-                .app_data(web::PayloadConfig::new(1 << 20))
-                .default_service(web::to(handle))
-        })
-        .workers(1)
-        .disable_signals()
-        .listen(listener)?
-        .run();
-        tokio::spawn(server);
+        let addr = crate::loopback_http::serve(shared.clone(), handle)?;
+        let url = format!("http://{addr}/hooks");
         Ok(Receiver { shared, url })
     }
 

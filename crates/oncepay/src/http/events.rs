@@ -130,10 +130,11 @@ async fn trail(state: &AppState, req: &HttpRequest, raw_id: &str, kind: Trail) -
         if !exists {
             return Ok(None);
         }
-        let events = match kind {
-            Trail::Order => store::events::of_order(&pool, merchant, id).await,
-            Trail::Payment | Trail::Refund => store::events::of_object(&pool, merchant, id).await,
+        let of = match kind {
+            Trail::Order => store::events::TrailOf::Order,
+            Trail::Payment | Trail::Refund => store::events::TrailOf::Object,
         };
+        let events = store::events::trail(&pool, merchant, of, id).await;
         events.map(Some).map_err(store_problem)
     })
     .await?
@@ -143,7 +144,7 @@ async fn trail(state: &AppState, req: &HttpRequest, raw_id: &str, kind: Trail) -
 
 /// Whose trail.
 #[derive(Clone, Copy)]
-enum Trail {
+pub(super) enum Trail {
     /// An order's, with its payments' and refunds'.
     Order,
     /// A payment attempt's.
@@ -162,30 +163,14 @@ impl Trail {
     }
 }
 
-/// `GET /orders/{id}/events`: the order's history, its payments' and
-/// refunds' included, oldest first.
-pub async fn order_trail(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-) -> Reply {
-    trail(&state, &req, &path, Trail::Order).await
-}
-
-/// `GET /payments/{id}/events`: every transition of the attempt, in sequence.
-pub async fn payment_trail(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-) -> Reply {
-    trail(&state, &req, &path, Trail::Payment).await
-}
-
-/// `GET /refunds/{id}/events`: every transition of the refund, in sequence.
-pub async fn refund_trail(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-) -> Reply {
-    trail(&state, &req, &path, Trail::Refund).await
+/// The route of a trail: `GET /orders/{id}/events` (the order's history,
+/// its payments' and refunds' included, oldest first),
+/// `GET /payments/{id}/events` and `GET /refunds/{id}/events` (every
+/// transition, in sequence).
+pub(super) fn trail_route(kind: Trail) -> actix_web::Route {
+    web::get().to(
+        move |state: web::Data<AppState>, req: HttpRequest, path: web::Path<String>| async move {
+            trail(&state, &req, &path, kind).await
+        },
+    )
 }

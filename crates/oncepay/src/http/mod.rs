@@ -120,9 +120,15 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         resource("/payments/{id}/refunds", "POST").route(web::post().to(resources::create_refund)),
     )
     .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
-    .service(resource("/orders/{id}/events", "GET").route(web::get().to(events::order_trail)))
-    .service(resource("/payments/{id}/events", "GET").route(web::get().to(events::payment_trail)))
-    .service(resource("/refunds/{id}/events", "GET").route(web::get().to(events::refund_trail)))
+    .service(
+        resource("/orders/{id}/events", "GET").route(events::trail_route(events::Trail::Order)),
+    )
+    .service(
+        resource("/payments/{id}/events", "GET").route(events::trail_route(events::Trail::Payment)),
+    )
+    .service(
+        resource("/refunds/{id}/events", "GET").route(events::trail_route(events::Trail::Refund)),
+    )
     .service(resource("/events", "GET").route(web::get().to(events::list_events)))
     .service(resource("/events/{id}", "GET").route(web::get().to(events::get_event)))
     .service(resource("/events/{id}/redeliver", "POST").route(web::post().to(events::redeliver)))

@@ -187,36 +187,31 @@ pub async fn list(
     Ok(super::pages::page_of(items, page))
 }
 
-/// Every event of one of the merchant's objects (a payment or refund), in
-/// sequence order: its trail.
-pub async fn of_object(
-    pool: &PgPool,
-    merchant_id: Uuid,
-    object_id: Uuid,
-) -> Result<Vec<Event>, StoreError> {
-    let rows = sqlx::query(&format!(
-        "SELECT {EVENT_COLUMNS} FROM event e WHERE e.object_id = $1 AND e.merchant_id = $2
-          ORDER BY e.sequence"
-    ))
-    .bind(object_id)
-    .bind(merchant_id)
-    .fetch_all(pool)
-    .await?;
-    rows.iter().map(from_row).collect()
+/// Whose events a trail gathers.
+#[derive(Debug, Clone, Copy)]
+pub enum TrailOf {
+    /// One object's (a payment's or a refund's), in sequence order.
+    Object,
+    /// An order's and its payments' and refunds', oldest first.
+    Order,
 }
 
-/// Every event of one of the merchant's orders and of its payments and
-/// refunds, oldest first: the order's history.
-pub async fn of_order(
+/// The trail of one of the merchant's objects or orders.
+pub async fn trail(
     pool: &PgPool,
     merchant_id: Uuid,
-    order_id: Uuid,
+    of: TrailOf,
+    id: Uuid,
 ) -> Result<Vec<Event>, StoreError> {
+    let (column, order) = match of {
+        TrailOf::Object => ("object_id", "sequence"),
+        TrailOf::Order => ("order_id", "id"),
+    };
     let rows = sqlx::query(&format!(
-        "SELECT {EVENT_COLUMNS} FROM event e WHERE e.order_id = $1 AND e.merchant_id = $2
-          ORDER BY e.id"
+        "SELECT {EVENT_COLUMNS} FROM event e WHERE e.{column} = $1 AND e.merchant_id = $2
+          ORDER BY e.{order}"
     ))
-    .bind(order_id)
+    .bind(id)
     .bind(merchant_id)
     .fetch_all(pool)
     .await?;

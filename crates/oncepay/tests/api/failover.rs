@@ -20,6 +20,30 @@ use uuid::Uuid;
 
 use crate::helpers::*;
 
+/// A two-node synchronous Patroni cluster, or `None` (said loudly) where
+/// the stack is not installed; with `ONCEPAY_REQUIRE_HA` set, a missing
+/// stack fails the test instead.
+async fn two_node_cluster(test: &str) -> Option<HaCluster> {
+    if let Err(why) = patroni::available() {
+        assert!(
+            std::env::var_os("ONCEPAY_REQUIRE_HA").is_none(),
+            "ONCEPAY_REQUIRE_HA is set but the Patroni stack is missing: {why}"
+        );
+        eprintln!("\n*** SKIPPED {test}: {why} ***\n");
+        return None;
+    }
+    let root = std::env::temp_dir().join(format!("oncepay-ha-test-{}", Uuid::new_v4().simple()));
+    let options = patroni::Options {
+        nodes: 2,
+        synchronous: true,
+    };
+    Some(
+        HaCluster::start(&root, options)
+            .await
+            .expect("the Patroni cluster starts"),
+    )
+}
+
 /// What one probe request got.
 #[derive(Debug)]
 enum Seen {
@@ -30,26 +54,11 @@ enum Seen {
 
 #[tokio::test]
 async fn a_switchover_answers_503_then_recovers_without_a_restart() {
-    if let Err(why) = patroni::available() {
-        assert!(
-            std::env::var_os("ONCEPAY_REQUIRE_HA").is_none(),
-            "ONCEPAY_REQUIRE_HA is set but the Patroni stack is missing: {why}"
-        );
-        eprintln!(
-            "\n*** SKIPPED a_switchover_answers_503_then_recovers_without_a_restart: {why} ***\n"
-        );
+    let Some(cluster) =
+        two_node_cluster("a_switchover_answers_503_then_recovers_without_a_restart").await
+    else {
         return;
-    }
-    let root = std::env::temp_dir().join(format!("oncepay-ha-test-{}", Uuid::new_v4().simple()));
-    let cluster = HaCluster::start(
-        &root,
-        patroni::Options {
-            nodes: 2,
-            synchronous: true,
-        },
-    )
-    .await
-    .expect("the Patroni cluster starts");
+    };
     let options = Options {
         database_url: Some(cluster.url("oncepay")),
         ..Options::default()
@@ -190,26 +199,11 @@ async fn a_switchover_answers_503_then_recovers_without_a_restart() {
 /// the retry resumes the same attempt (same provider key: one charge).
 #[tokio::test]
 async fn a_claim_is_on_the_standby_before_the_provider_is_called() {
-    if let Err(why) = patroni::available() {
-        assert!(
-            std::env::var_os("ONCEPAY_REQUIRE_HA").is_none(),
-            "ONCEPAY_REQUIRE_HA is set but the Patroni stack is missing: {why}"
-        );
-        eprintln!(
-            "\n*** SKIPPED a_claim_is_on_the_standby_before_the_provider_is_called: {why} ***\n"
-        );
+    let Some(mut cluster) =
+        two_node_cluster("a_claim_is_on_the_standby_before_the_provider_is_called").await
+    else {
         return;
-    }
-    let root = std::env::temp_dir().join(format!("oncepay-ha-test-{}", Uuid::new_v4().simple()));
-    let mut cluster = HaCluster::start(
-        &root,
-        patroni::Options {
-            nodes: 2,
-            synchronous: true,
-        },
-    )
-    .await
-    .expect("the Patroni cluster starts");
+    };
     let options = Options {
         database_url: Some(cluster.url("oncepay")),
         ..Options::default()

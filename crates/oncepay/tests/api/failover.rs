@@ -231,6 +231,31 @@ async fn a_claim_is_on_the_standby_before_the_provider_is_called() {
     assert!(charged.is_ok(), "the charge reached the provider");
     let standby = cluster.standby_urls("oncepay").await;
     assert_eq!(standby.len(), 1);
+    // A synchronous commit waits for the standby to have the WAL, not to
+    // have replayed it: note the WAL it has received now, let replay reach
+    // that point, then look.
+    let mut replica = <sqlx::PgConnection as sqlx::Connection>::connect(
+        &standby[0].replace("/oncepay", "/postgres"),
+    )
+    .await
+    .expect("standby connects");
+    let received: String = sqlx::query_scalar("SELECT pg_last_wal_receive_lsn()::text")
+        .fetch_one(&mut replica)
+        .await
+        .expect("received lsn");
+    let mut replayed = false;
+    for _ in 0..200 {
+        replayed = sqlx::query_scalar::<_, bool>("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn")
+            .bind(&received)
+            .fetch_one(&mut replica)
+            .await
+            .unwrap_or(false);
+        if replayed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(replayed, "the standby replays what it had received");
     let mut replica = <sqlx::PgConnection as sqlx::Connection>::connect(&standby[0])
         .await
         .expect("standby connects");

@@ -1,9 +1,16 @@
-//! The floor: what PostgreSQL alone does with the very statements the service
-//! runs for a scenario, in the same transactions, driven by `pgbench` with the
-//! same number of connections. The statements are the `pub const`s of
-//! `oncepay::store`, with their `$n` parameters inlined as literals (random
-//! per transaction where the service's would be), so a change to the
-//! service's SQL changes its floor too.
+//! What PostgreSQL alone can do for a scenario, measured with `pgbench`, in
+//! two ways:
+//!
+//! - the **ceiling**: the *least* SQL any correct implementation must run
+//!   for the scenario, written here once, independent of the service's own
+//!   statements (`minimal_*_script`), swept over 4, 8, 16, 32 and 64
+//!   connections, the best taken: what the service's throughput is divided
+//!   by;
+//! - the **same-SQL floor**: the very statements the service runs (the
+//!   `pub const`s of `oncepay::store`, `$n` inlined as literals, random per
+//!   transaction where the service's would be), in the same transactions,
+//!   on the service's number of connections: it tells how much of the gap
+//!   is the service's SQL and how much the rest.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -15,8 +22,6 @@ use oncepay::store::{idempotency, orders, payments, webhooks};
 pub struct Floor {
     /// Transactions per second (without connection time).
     pub tps: f64,
-    /// Mean latency in milliseconds.
-    pub latency_ms: f64,
 }
 
 /// Replaces `$1..$n` with literals, highest first so `$1` never eats `$10`.
@@ -210,6 +215,103 @@ pub fn pay_script(f: &Fixture) -> String {
     s
 }
 
+/// The least one idempotent create must do: the idempotency record with
+/// its fingerprint and completed response, and the order, in one
+/// transaction with one synchronous commit.
+pub fn minimal_create_script(f: &Fixture) -> String {
+    let m = quote(&f.merchant);
+    format!(
+        "\\set k random(1, 9000000000000000)
+BEGIN;
+INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
+    recovery_point, resource_id, response_status, response_body, response_location, expires_at)
+  VALUES ({m}, 'min-:client_id-:k', sha256('fp:client_id-:k'), 'create_order', {req}, 'completed',
+    'finished', md5('o:client_id-:k')::uuid, 201, convert_to({resp}, 'UTF8'), '/orders/x',
+    now() + interval '1 day');
+INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+  VALUES (md5('o:client_id-:k')::uuid, {m}, 'cus_42', '[{{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}}]',
+    2500, 'EUR', 'awaiting_payment', '{{}}', now(), now());
+COMMIT;
+",
+        req = quote(&f.order_request),
+        resp = quote(&f.order_response),
+    )
+}
+
+/// The least one payment must do (without the provider call): the attempt
+/// and its recovery point committed before the call; then the outcome, the
+/// order's status and the stored response; then the provider webhook's
+/// dedup row and its (no-op) state check. Three synchronous commits. The
+/// first line takes the next prepared order (the floor's own overhead).
+pub fn minimal_pay_script(f: &Fixture) -> String {
+    let m = quote(&f.merchant);
+    format!(
+        "\\set k random(1, 9000000000000000)
+SELECT id AS order_id FROM bench_floor_orders WHERE n = (SELECT nextval('bench_floor_seq')) \\gset
+BEGIN;
+INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
+    recovery_point, resource_id, expires_at)
+  VALUES ({m}, 'minpay-:client_id-:k', sha256('fp:client_id-:k'), 'create_payment', '{{}}', 'executing',
+    'attempt_created', md5('a:client_id-:k')::uuid, now() + interval '1 day');
+INSERT INTO payment_attempt (id, merchant_id, order_id, idempotency_key, amount, currency, status,
+    provider, payment_method, next_check_at, created_at, updated_at)
+  VALUES (md5('a:client_id-:k')::uuid, {m}, ':order_id', 'minpay-:client_id-:k', 2800, 'EUR', 'pending',
+    'sandbox', 'tok_visa', now() + interval '10 seconds', now(), now());
+COMMIT;
+BEGIN;
+UPDATE payment_attempt SET status = 'succeeded', provider_charge_id = 'ch-:client_id-:k', updated_at = now()
+  WHERE id = md5('a:client_id-:k')::uuid;
+UPDATE orders SET status = 'paid', updated_at = now() WHERE id = ':order_id';
+UPDATE idempotency_record SET state = 'completed', recovery_point = 'finished', response_status = 201,
+    response_body = convert_to({resp}, 'UTF8'), updated_at = now()
+  WHERE merchant_id = {m} AND idempotency_key = 'minpay-:client_id-:k';
+COMMIT;
+BEGIN;
+INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
+  VALUES ('sandbox', 'minevt-:client_id-:k', 'charge.succeeded', '{{}}', 'processed');
+UPDATE payment_attempt SET updated_at = now()
+  WHERE id = md5('a:client_id-:k')::uuid AND status = 'pending';
+COMMIT;
+",
+        resp = quote(&f.order_response),
+    )
+}
+
+/// The least a replay must do: one primary-key read of the completed record.
+pub fn minimal_replay_script(f: &Fixture) -> String {
+    format!(
+        "SELECT response_status, response_body FROM idempotency_record
+  WHERE merchant_id = {} AND idempotency_key = 'floor-replay';
+",
+        quote(&f.merchant)
+    )
+}
+
+/// The connection counts the ceiling is swept over.
+pub const SWEEP: [usize; 5] = [4, 8, 16, 32, 64];
+
+/// Runs `script` at every count of [`SWEEP`], `each` long; returns every
+/// point (the best is the ceiling).
+pub async fn sweep(
+    db_url: &str,
+    script: &str,
+    each: Duration,
+) -> Result<Vec<(usize, Floor)>, String> {
+    let mut points = Vec::new();
+    for clients in SWEEP {
+        points.push((clients, run(db_url, script, clients, each).await?));
+    }
+    Ok(points)
+}
+
+/// The best point of a sweep.
+pub fn best(points: &[(usize, Floor)]) -> Option<(usize, Floor)> {
+    points
+        .iter()
+        .copied()
+        .max_by(|a, b| a.1.tps.total_cmp(&b.1.tps))
+}
+
 /// Runs `script` with pgbench for `duration` on `clients` connections.
 pub async fn run(
     db_url: &str,
@@ -246,8 +348,8 @@ pub async fn run(
             .and_then(|l| l[prefix.len()..].split_whitespace().next())
             .and_then(|v| v.parse::<f64>().ok())
     };
-    match (number_after("tps = "), number_after("latency average = ")) {
-        (Some(tps), Some(latency_ms)) if out.status.success() => Ok(Floor { tps, latency_ms }),
+    match number_after("tps = ") {
+        Some(tps) if out.status.success() => Ok(Floor { tps }),
         _ => Err(format!("pgbench failed:\n{text}\nscript:\n{script}")),
     }
 }

@@ -75,6 +75,8 @@ struct Row {
     connections: usize,
     outcome: Outcome,
     floor: Option<(usize, floor::Floor)>,
+    /// The minimal-SQL ceiling at each connection count of the sweep.
+    ceiling: Vec<(usize, floor::Floor)>,
     check: String,
 }
 
@@ -202,6 +204,24 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The ceiling of a scenario: its minimal script swept over connection
+/// counts, each point at most 4 s (five points per scenario).
+async fn measure_ceiling(
+    b: &Bench<'_>,
+    script: &str,
+) -> Result<Vec<(usize, floor::Floor)>, String> {
+    if b.args.no_floor {
+        return Ok(Vec::new());
+    }
+    eprintln!("  ceiling (pgbench, minimal SQL, 4–64 connections) ...");
+    floor::sweep(
+        &b.stack.db_url,
+        script,
+        b.args.duration.min(Duration::from_secs(4)),
+    )
+    .await
+}
+
 /// The floor of a scenario run on `connections` (capped: PostgreSQL allows
 /// 100 connections by default, and the service and this program hold some).
 async fn measure_floor(
@@ -260,8 +280,9 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
         humanize(args.duration)
     );
     out += "The load driver, the sandbox, oncepay and PostgreSQL share the same cores.\n\n";
-    out += "| scenario | conns | req/s | p50 ms | p99 ms | p99.9 ms | errors | floor tx/s (conns, latency) | ratio | effects |\n";
-    out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    out += "| scenario | conns | req/s | p50 ms | p99 ms | p99.9 ms | errors | ceiling tx/s (best conns) | of ceiling | same-SQL floor tx/s (conns) | of same-SQL | effects |\n";
+    out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    let ratio = |rate: f64, tps: f64| format!("{:.2}×", rate / tps);
     for r in rows {
         let o = &r.outcome;
         let non_2xx: u64 = o
@@ -270,15 +291,16 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
             .filter(|(s, _)| !(200..300).contains(*s))
             .map(|(_, n)| n)
             .sum();
-        let (floor, ratio) = match r.floor {
-            Some((clients, f)) => (
-                format!("{:.0} ({clients}, {:.1} ms mean)", f.tps, f.latency_ms),
-                format!("{:.0} %", 100.0 * o.rate() / f.tps),
-            ),
+        let (ceiling, of_ceiling) = match floor::best(&r.ceiling) {
+            Some((clients, f)) => (format!("{:.0} ({clients})", f.tps), ratio(o.rate(), f.tps)),
+            None => ("—".into(), "—".into()),
+        };
+        let (floor, of_floor) = match r.floor {
+            Some((clients, f)) => (format!("{:.0} ({clients})", f.tps), ratio(o.rate(), f.tps)),
             None => ("—".into(), "—".into()),
         };
         out += &format!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |\n",
             r.scenario,
             r.connections,
             o.rate(),
@@ -286,10 +308,31 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
             o.ms(0.99),
             o.ms(0.999),
             o.errors + non_2xx,
+            ceiling,
+            of_ceiling,
             floor,
-            ratio,
+            of_floor,
             r.check
         );
+    }
+    let swept: Vec<&Row> = rows.iter().filter(|r| !r.ceiling.is_empty()).collect();
+    if !swept.is_empty() {
+        out += "\nThe ceilings' sweep (pgbench, minimal SQL; tx/s at each connection count):\n\n| scenario |";
+        for c in floor::SWEEP {
+            out += &format!(" {c} |");
+        }
+        out += "\n|---|";
+        for _ in floor::SWEEP {
+            out += "---:|";
+        }
+        out += "\n";
+        for r in swept {
+            out += &format!("| {} |", r.scenario);
+            for (_, f) in &r.ceiling {
+                out += &format!(" {:.0} |", f.tps);
+            }
+            out += "\n";
+        }
     }
     out += &format!(
         "\nRSS of `oncepay serve`: {:.1} MiB idle, {:.1} MiB peak under load.\n",
@@ -373,11 +416,13 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
     } else {
         None
     };
+    let ceiling = measure_ceiling(b, &floor::minimal_create_script(&b.fixture)).await?;
     Ok(Row {
         scenario: "create-order",
         connections: c,
         outcome,
         floor,
+        ceiling,
         check,
     })
 }
@@ -462,11 +507,13 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     } else {
         None
     };
+    let ceiling = measure_ceiling(b, &floor::minimal_pay_script(&b.fixture)).await?;
     Ok(Row {
         scenario: "pay",
         connections: c,
         outcome,
         floor,
+        ceiling,
         check,
     })
 }
@@ -520,11 +567,13 @@ async fn replay(b: &Bench<'_>) -> Result<Row, String> {
     } else {
         None
     };
+    let ceiling = measure_ceiling(b, &floor::minimal_replay_script(&b.fixture)).await?;
     Ok(Row {
         scenario: "replay",
         connections: rc,
         outcome,
         floor,
+        ceiling,
         check,
     })
 }
@@ -587,6 +636,7 @@ async fn mixed(b: &Bench<'_>) -> Result<Row, String> {
         connections: c,
         outcome,
         floor: None,
+        ceiling: Vec::new(),
         check,
     })
 }

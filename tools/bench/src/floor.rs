@@ -217,21 +217,20 @@ pub fn pay_script(f: &Fixture) -> String {
 
 /// The least one idempotent create must do: the idempotency record with
 /// its fingerprint and completed response, and the order, in one
-/// transaction with one synchronous commit.
+/// transaction with one synchronous commit, sent as one statement (one
+/// round trip).
 pub fn minimal_create_script(f: &Fixture) -> String {
     let m = quote(&f.merchant);
     format!(
         "\\set k random(1, 9000000000000000)
-BEGIN;
-INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
-    recovery_point, resource_id, response_status, response_body, response_location, expires_at)
+WITH r AS (INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request,
+    state, recovery_point, resource_id, response_status, response_body, response_location, expires_at)
   VALUES ({m}, 'min-:client_id-:k', sha256('fp:client_id-:k'), 'create_order', {req}, 'completed',
     'finished', md5('o:client_id-:k')::uuid, 201, convert_to({resp}, 'UTF8'), '/orders/x',
-    now() + interval '1 day');
+    now() + interval '1 day') RETURNING 1)
 INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
   VALUES (md5('o:client_id-:k')::uuid, {m}, 'cus_42', '[{{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}}]',
     2500, 'EUR', 'awaiting_payment', '{{}}', now(), now());
-COMMIT;
 ",
         req = quote(&f.order_request),
         resp = quote(&f.order_response),
@@ -241,37 +240,32 @@ COMMIT;
 /// The least one payment must do (without the provider call): the attempt
 /// and its recovery point committed before the call; then the outcome, the
 /// order's status and the stored response; then the provider webhook's
-/// dedup row and its (no-op) state check. Three synchronous commits. The
-/// first line takes the next prepared order (the floor's own overhead).
+/// dedup row and its (no-op) state check. Three transactions, each one
+/// statement (three round trips, three synchronous commits). The first
+/// line takes the next prepared order (the floor's own overhead).
 pub fn minimal_pay_script(f: &Fixture) -> String {
     let m = quote(&f.merchant);
     format!(
         "\\set k random(1, 9000000000000000)
 SELECT id AS order_id FROM bench_floor_orders WHERE n = (SELECT nextval('bench_floor_seq')) \\gset
-BEGIN;
+WITH a AS (INSERT INTO payment_attempt (id, merchant_id, order_id, idempotency_key, amount, currency,
+    status, provider, payment_method, next_check_at, created_at, updated_at)
+  VALUES (md5('a:client_id-:k')::uuid, {m}, ':order_id', 'minpay-:client_id-:k', 2800, 'EUR', 'pending',
+    'sandbox', 'tok_visa', now() + interval '10 seconds', now(), now()) RETURNING id)
 INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
     recovery_point, resource_id, expires_at)
-  VALUES ({m}, 'minpay-:client_id-:k', sha256('fp:client_id-:k'), 'create_payment', '{{}}', 'executing',
-    'attempt_created', md5('a:client_id-:k')::uuid, now() + interval '1 day');
-INSERT INTO payment_attempt (id, merchant_id, order_id, idempotency_key, amount, currency, status,
-    provider, payment_method, next_check_at, created_at, updated_at)
-  VALUES (md5('a:client_id-:k')::uuid, {m}, ':order_id', 'minpay-:client_id-:k', 2800, 'EUR', 'pending',
-    'sandbox', 'tok_visa', now() + interval '10 seconds', now(), now());
-COMMIT;
-BEGIN;
-UPDATE payment_attempt SET status = 'succeeded', provider_charge_id = 'ch-:client_id-:k', updated_at = now()
-  WHERE id = md5('a:client_id-:k')::uuid;
-UPDATE orders SET status = 'paid', updated_at = now() WHERE id = ':order_id';
+  SELECT {m}, 'minpay-:client_id-:k', sha256('fp:client_id-:k'), 'create_payment', '{{}}', 'executing',
+    'attempt_created', a.id, now() + interval '1 day' FROM a;
+WITH p AS (UPDATE payment_attempt SET status = 'succeeded', provider_charge_id = 'ch-:client_id-:k',
+    updated_at = now() WHERE id = md5('a:client_id-:k')::uuid RETURNING order_id),
+  o AS (UPDATE orders SET status = 'paid', updated_at = now() WHERE id IN (SELECT order_id FROM p) RETURNING 1)
 UPDATE idempotency_record SET state = 'completed', recovery_point = 'finished', response_status = 201,
     response_body = convert_to({resp}, 'UTF8'), updated_at = now()
-  WHERE merchant_id = {m} AND idempotency_key = 'minpay-:client_id-:k';
-COMMIT;
-BEGIN;
-INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
-  VALUES ('sandbox', 'minevt-:client_id-:k', 'charge.succeeded', '{{}}', 'processed');
+  WHERE merchant_id = {m} AND idempotency_key = 'minpay-:client_id-:k' AND EXISTS (SELECT 1 FROM o);
+WITH w AS (INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
+  VALUES ('sandbox', 'minevt-:client_id-:k', 'charge.succeeded', '{{}}', 'processed') RETURNING 1)
 UPDATE payment_attempt SET updated_at = now()
-  WHERE id = md5('a:client_id-:k')::uuid AND status = 'pending';
-COMMIT;
+  WHERE id = md5('a:client_id-:k')::uuid AND status = 'pending' AND EXISTS (SELECT 1 FROM w);
 ",
         resp = quote(&f.order_response),
     )

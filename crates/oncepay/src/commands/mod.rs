@@ -223,6 +223,14 @@ pub trait Command: Sized + Send + Sync {
     /// so a refused request never touches the key.
     fn parse(input: &CommandInput) -> Result<Self, Problem>;
 
+    /// The whole command as one statement that also claims its key, for a
+    /// command that makes one write and calls nobody (see
+    /// [`Engine::execute_in_one`](crate::idempotency::Engine::execute_in_one)):
+    /// the response and the statement. `None` (the default): steps only.
+    fn in_one(&self) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
+        None
+    }
+
     /// The next step from `at`. A business rejection is
     /// `Err(CommandError::Reject)`, stored and replayed like an answer.
     fn step(
@@ -255,6 +263,14 @@ pub async fn run<C: Command>(
         command: C::NAME,
         input: serde_json::to_value(input).map_err(|_| Problem::internal())?,
     };
+    if let Some((response, write)) = command.in_one() {
+        if let Some(response) = ctx.engine.execute_in_one(&request, response, write).await? {
+            return Ok(Answer {
+                response,
+                replayed: false,
+            });
+        }
+    }
     // A lost lease means another process resumed this command: go back to
     // waiting, which ends in its replay. Bounded, in case leases flap.
     for _ in 0..3 {

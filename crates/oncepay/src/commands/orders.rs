@@ -15,7 +15,9 @@ use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::store::{self, StoreError};
 
-/// Create an order. One step: the order and the stored response commit
+/// Create an order. When its key is new, the claim, the order and the
+/// stored response are one statement ([`Command::in_one`]); otherwise one
+/// step after the claim: the order and the stored response commit
 /// together, in one statement, so a crash leaves either both or neither.
 pub struct CreateOrder(NewOrder);
 
@@ -43,16 +45,23 @@ impl Command for CreateOrder {
             .map_err(Problem::rule)
     }
 
+    fn in_one(&self) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
+        let (order, response) = self.prepare().ok()?;
+        let write: crate::idempotency::OneShot = Box::new(move |pool, record, response| {
+            Box::pin(
+                async move { store::orders::insert_claiming(pool, record, &order, response).await },
+            )
+        });
+        Some((response, write))
+    }
+
     async fn step(
         &self,
         _ctx: &AppContext,
         _run: Run<'_>,
         _at: At<NoRecoveryPoint, ()>,
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
-        // The database keeps microseconds: round now so the answer and a
-        // later read show the same timestamps.
-        let order = Order::awaiting_payment(Uuid::now_v7(), &self.0, Utc::now().trunc_subsecs(6));
-        let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
+        let (order, response) = self.prepare()?;
         // One statement inserts the order and completes the record: a crash
         // leaves both or neither, and the create costs one round trip.
         let write: FencedWrite = Box::new(move |pool, record, token, response| {
@@ -61,6 +70,17 @@ impl Command for CreateOrder {
             })
         });
         Ok(Step::CompleteInOne { response, write })
+    }
+}
+
+impl CreateOrder {
+    /// The order to create (a new id, now) and its `201` answer.
+    fn prepare(&self) -> Result<(Order, StoredResponse), CommandError> {
+        // The database keeps microseconds: round now so the answer and a
+        // later read show the same timestamps.
+        let order = Order::awaiting_payment(Uuid::now_v7(), &self.0, Utc::now().trunc_subsecs(6));
+        let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
+        Ok((order, response))
     }
 }
 

@@ -3,7 +3,9 @@
 //!
 //! The protocol, decided by the database so that any number of processes
 //! agree:
-//! 1. [`Engine::begin`] claims `(merchant, key)`. The first request gets
+//! 1. [`Engine::begin`] claims `(merchant, key)` (a command that makes one
+//!    write and calls nobody first tries [`Engine::execute_in_one`]: claim,
+//!    effect and response in one statement, when the key is new). The first request gets
 //!    [`NextAction::Execute`] with a [`Claim`] holding a lease; a repeat of a
 //!    completed request gets [`NextAction::Replay`]; a repeat while the first
 //!    still executes waits (polling, holding no connection while it sleeps)
@@ -120,6 +122,20 @@ pub type FencedWrite = Box<
             &'a StoredResponse,
         ) -> std::pin::Pin<
             Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send + 'a>,
+        > + Send,
+>;
+
+/// A command's whole execution in one statement that also claims its key
+/// (see [`Engine::execute_in_one`]): given the new record and the response
+/// to store, it writes both with the effect, or nothing if the key is
+/// already taken (`Ok(false)`).
+pub type OneShot = Box<
+    dyn for<'a> FnOnce(
+            &'a PgPool,
+            &'a NewRecord<'a>,
+            &'a StoredResponse,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<bool, StoreError>> + Send + 'a>,
         > + Send,
 >;
 
@@ -253,6 +269,45 @@ impl Engine {
             }
             Cached::Unknown => Ok(None),
         }
+    }
+
+    /// The fast path of a command that makes one write and calls nobody
+    /// (create-order): claim, effect and stored response in one statement,
+    /// one round trip and one synchronous commit, if the key is new.
+    /// `Ok(None)`: the key has a record already (a repeat, a request in
+    /// flight, an expired record, another request): nothing was written,
+    /// and the caller goes through [`Engine::begin`], which decides.
+    pub async fn execute_in_one(
+        &self,
+        request: &IdempotentRequest,
+        response: StoredResponse,
+        write: OneShot,
+    ) -> Result<Option<StoredResponse>, Problem> {
+        let new = NewRecord {
+            id: &request.id,
+            fingerprint: request.fingerprint.as_bytes(),
+            command: request.command,
+            request: &request.input,
+            lease: self.config.lease,
+            ttl: self.config.ttl,
+        };
+        let since = Instant::now();
+        if !write(&self.pool, &new, &response)
+            .await
+            .map_err(store_problem)?
+        {
+            return Ok(None);
+        }
+        self.metrics.idempotency("executed");
+        // Written by this process after `since`: it lives at least the TTL
+        // from then.
+        self.cache.put(
+            request.id.clone(),
+            request.fingerprint,
+            Arc::new(response.clone()),
+            self.config.ttl.saturating_sub(since.elapsed()),
+        );
+        Ok(Some(response))
     }
 
     /// Claims the request's key and says what to do; see the module docs.

@@ -64,7 +64,7 @@ pub enum ClaimOutcome {
     Mismatch,
 }
 
-fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

@@ -88,6 +88,61 @@ pub async fn insert_completing(
     }
 }
 
+/// The whole of a create-order in one statement, when its key is new: the
+/// idempotency record inserted already completed with the response, and
+/// the order, inserted only if the record was (`ON CONFLICT DO NOTHING`:
+/// a concurrent duplicate waits on the unique index until this commits,
+/// then finds the key taken). One round trip, one synchronous commit.
+pub const INSERT_CLAIMING: &str = "WITH claim AS (
+        INSERT INTO idempotency_record
+               (merchant_id, idempotency_key, fingerprint, command, request, state,
+                recovery_point, resource_id, response_status, response_body, response_location,
+                expires_at)
+        VALUES ($2, $12, $13, $14, $15, 'completed', 'finished', $1, $9, $10, $11,
+                now() + $16::bigint * interval '1 millisecond')
+        ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+        RETURNING 1)
+     INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
+                         metadata, created_at, updated_at)
+     SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM claim)";
+
+/// See [`INSERT_CLAIMING`]. `false`: the key already has a record (live,
+/// expired, or another request's), nothing was written, and the caller
+/// goes through the engine's full protocol.
+pub async fn insert_claiming(
+    pool: &PgPool,
+    record: &super::idempotency::NewRecord<'_>,
+    order: &Order,
+    response: &StoredResponse,
+) -> Result<bool, StoreError> {
+    let items = serde_json::to_value(&order.items)
+        .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
+    let metadata = serde_json::to_value(&order.metadata)
+        .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
+    let status =
+        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
+    let done = sqlx::query(INSERT_CLAIMING)
+        .bind(order.id)
+        .bind(record.id.merchant_id)
+        .bind(&order.customer_id)
+        .bind(items)
+        .bind(order.amount)
+        .bind(&order.currency)
+        .bind(metadata)
+        .bind(order.created_at)
+        .bind(status)
+        .bind(&response.body)
+        .bind(&response.location)
+        .bind(&record.id.key)
+        .bind(record.fingerprint)
+        .bind(record.command)
+        .bind(record.request)
+        .bind(super::idempotency::millis(record.ttl))
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
 /// Reads one of the merchant's orders.
 pub async fn get(
     conn: &mut PgConnection,

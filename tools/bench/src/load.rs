@@ -1,5 +1,12 @@
-//! The closed-loop load driver: `connections` tasks, each sending its next
-//! request as soon as the previous answer arrived, for `duration`.
+//! The load driver, two ways:
+//!
+//! - closed loop ([`run`]): `connections` tasks, each sending its next
+//!   request as soon as the previous answer arrived — the maximum rate, but
+//!   at saturation its latencies are queueing, not service time;
+//! - open loop ([`run_open`]): requests sent at a constant rate whatever
+//!   the answers do, each one's latency measured from when it *should* have
+//!   been sent (coordinated omission corrected, as wrk2 does), so a stall
+//!   shows in every request it delayed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -98,6 +105,66 @@ pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> O
             *outcome.statuses.entry(status).or_insert(0) += n;
         }
         outcome.errors += errors;
+    }
+    outcome.elapsed = started.elapsed();
+    outcome
+}
+
+/// Sends requests at `rate` per second for `duration`, at most `in_flight`
+/// at once (a request that finds none free waits, and its wait counts);
+/// every latency runs from the request's scheduled send time.
+pub async fn run_open(
+    rate: f64,
+    duration: Duration,
+    in_flight: usize,
+    make: MakeRequest,
+) -> Outcome {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(in_flight)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap_or_default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1.0));
+    let started = Instant::now();
+    let total = (duration.as_secs_f64() * rate.max(1.0)) as u64;
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..total {
+        let scheduled = started + interval.mul_f64(n as f64);
+        tokio::time::sleep_until(scheduled.into()).await;
+        let Ok(permit) = gate.clone().acquire_owned().await else {
+            break;
+        };
+        let request = make(&client, (n as usize) % in_flight.max(1), n);
+        tasks.spawn(async move {
+            let _permit = permit;
+            match request.send().await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    let replayed = response.headers().contains_key("idempotent-replayed");
+                    let _ = response.bytes().await;
+                    Some((status, replayed, scheduled.elapsed()))
+                }
+                Err(_) => None,
+            }
+        });
+    }
+    let mut outcome = Outcome {
+        statuses: BTreeMap::new(),
+        errors: 0,
+        replayed: 0,
+        latency: histogram(),
+        elapsed: Duration::ZERO,
+    };
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(Some((status, replayed, latency))) => {
+                *outcome.statuses.entry(status).or_insert(0) += 1;
+                outcome.replayed += u64::from(replayed);
+                let _ = outcome.latency.record(latency.as_micros() as u64);
+            }
+            _ => outcome.errors += 1,
+        }
     }
     outcome.elapsed = started.elapsed();
     outcome

@@ -77,6 +77,8 @@ struct Row {
     floor: Option<(usize, floor::Floor)>,
     /// The minimal-SQL ceiling at each connection count of the sweep.
     ceiling: Vec<(usize, floor::Floor)>,
+    /// Open-loop runs: (share of the closed-loop maximum, outcome).
+    open: Vec<(f64, load::Outcome)>,
     check: String,
 }
 
@@ -204,6 +206,27 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// The scenario again at a constant 50 % and 80 % of the rate the closed
+/// loop reached, half the duration each: latencies at a load the service
+/// carries, not queueing at saturation.
+async fn open_loop(b: &Bench<'_>, max_rate: f64, make: &MakeRequest) -> Vec<(f64, load::Outcome)> {
+    let mut runs = Vec::new();
+    for share in [0.5, 0.8] {
+        let rate = max_rate * share;
+        eprintln!(
+            "  open loop at {rate:.0} req/s ({:.0} % of the maximum) ...",
+            share * 100.0
+        );
+        let d = b.args.duration / 2;
+        // Connection numbers of their own, so no key meets the closed loop's.
+        let space = 1_000_000 * (1 + runs.len());
+        let inner = make.clone();
+        let make: MakeRequest = Arc::new(move |client, c, n| inner(client, space + c, n));
+        runs.push((share, load::run_open(rate, d, 256, make).await));
+    }
+    runs
+}
+
 /// The ceiling of a scenario: its minimal script swept over connection
 /// counts, each point at most 4 s (five points per scenario).
 async fn measure_ceiling(
@@ -315,6 +338,32 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
             r.check
         );
     }
+    let opened: Vec<&Row> = rows.iter().filter(|r| !r.open.is_empty()).collect();
+    if !opened.is_empty() {
+        out += "\nOpen loop (a constant rate; each latency from the request's scheduled send time, coordinated omission corrected):\n\n";
+        out += "| scenario | share of max | target req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+        for r in opened {
+            for (share, o) in &r.open {
+                let non_2xx: u64 = o
+                    .statuses
+                    .iter()
+                    .filter(|(s, _)| !(200..300).contains(*s))
+                    .map(|(_, n)| n)
+                    .sum();
+                out += &format!(
+                    "| {} | {:.0} % | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {} |\n",
+                    r.scenario,
+                    share * 100.0,
+                    r.outcome.rate() * share,
+                    o.rate(),
+                    o.ms(0.5),
+                    o.ms(0.99),
+                    o.ms(0.999),
+                    o.errors + non_2xx
+                );
+            }
+        }
+    }
     let swept: Vec<&Row> = rows.iter().filter(|r| !r.ceiling.is_empty()).collect();
     if !swept.is_empty() {
         out += "\nThe ceilings' sweep (pgbench, minimal SQL; tx/s at each connection count):\n\n| scenario |";
@@ -400,7 +449,7 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&order_body())
         })
     };
-    let outcome = load::run(c, d, make).await;
+    let outcome = load::run(c, d, make.clone()).await;
     let created = count(b.db, "SELECT count(*) FROM orders").await? - before;
     b.sample_rss();
     let check = verdict(
@@ -417,12 +466,14 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
         None
     };
     let ceiling = measure_ceiling(b, &floor::minimal_create_script(&b.fixture)).await?;
+    let open = open_loop(b, outcome.rate(), &make).await;
     Ok(Row {
         scenario: "create-order",
         connections: c,
         outcome,
         floor,
         ceiling,
+        open,
         check,
     })
 }
@@ -468,7 +519,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
         })
     };
-    let outcome = load::run(c, d, make).await;
+    let outcome = load::run(c, d, make.clone()).await;
     b.sample_rss();
     let charges = ledger_charges(b.stack).await? - charges_before;
     let attempts = count(
@@ -508,12 +559,14 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         None
     };
     let ceiling = measure_ceiling(b, &floor::minimal_pay_script(&b.fixture)).await?;
+    let open = open_loop(b, outcome.rate(), &make).await;
     Ok(Row {
         scenario: "pay",
         connections: c,
         outcome,
         floor,
         ceiling,
+        open,
         check,
     })
 }
@@ -574,6 +627,7 @@ async fn replay(b: &Bench<'_>) -> Result<Row, String> {
         outcome,
         floor,
         ceiling,
+        open: Vec::new(),
         check,
     })
 }
@@ -637,6 +691,7 @@ async fn mixed(b: &Bench<'_>) -> Result<Row, String> {
         outcome,
         floor: None,
         ceiling: Vec::new(),
+        open: Vec::new(),
         check,
     })
 }

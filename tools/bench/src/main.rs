@@ -54,6 +54,13 @@ struct Args {
     /// Skip the pgbench floor.
     #[arg(long)]
     no_floor: bool,
+    /// Completed idempotency records (with their orders) put in the tables
+    /// before the scenarios, half of them already expired for the sweeper
+    /// (`make bench BENCH_ARGS="--records 10000000 --scenarios
+    /// create-order,replay"`, with `ONCEPAY_SWEEP_INTERVAL=1s`): how cost
+    /// grows with the tables.
+    #[arg(long, default_value_t = 0)]
+    records: u64,
 }
 
 impl Args {
@@ -169,6 +176,17 @@ async fn run(args: Args) -> Result<(), String> {
         merchant,
         peak_rss: std::cell::Cell::new(0),
     };
+    let mut grown = String::new();
+    if args.records > 0 {
+        populate(&db, merchant, args.records, &bench.fixture).await?;
+        grown += &format!(
+            "\nTables before the scenarios: {} completed idempotency records (half expired) and their orders; {}.\n",
+            args.records,
+            sizes(&db).await
+        );
+    }
+    let swept_before = sweeper_deleted(&bench).await;
+    let scenarios_started = std::time::Instant::now();
     let mut rows = Vec::new();
     for scenario in SCENARIOS.iter().filter(|s| args.wants(s)) {
         let row = match *scenario {
@@ -178,6 +196,15 @@ async fn run(args: Args) -> Result<(), String> {
             _ => mixed(&bench).await?,
         };
         rows.push(row);
+    }
+    if args.records > 0 {
+        let swept = sweeper_deleted(&bench).await.saturating_sub(swept_before);
+        let secs = scenarios_started.elapsed().as_secs_f64();
+        grown += &format!(
+            "After them: {}; the sweeper deleted {swept} expired records meanwhile ({:.0} rows/s over {secs:.0} s).\n",
+            sizes(&db).await,
+            swept as f64 / secs
+        );
     }
     let peak_rss_under_load = bench.peak_rss.get();
     let (_, peak_rss) = stack.memory_kib().unwrap_or((0, 0));
@@ -189,6 +216,7 @@ async fn run(args: Args) -> Result<(), String> {
         peak_rss_under_load.max(peak_rss),
     )
     .await;
+    let report = report + &grown;
     println!("{report}");
     write_report(&args.out, &report)?;
     eprintln!("written to {}", args.out.display());
@@ -204,6 +232,85 @@ async fn run(args: Args) -> Result<(), String> {
         return Err("an effect check failed: see the table".into());
     }
     Ok(())
+}
+
+/// Puts `n` completed idempotency records with their orders in the tables,
+/// a million per statement; every other one already expired. Ids are
+/// time-ordered (older than the run), as the service's UUID v7 are.
+async fn populate(db: &PgPool, merchant: Uuid, n: u64, f: &floor::Fixture) -> Result<(), String> {
+    const CHUNK: u64 = 1_000_000;
+    let mut done = 0;
+    while done < n {
+        let upto = (done + CHUNK).min(n);
+        eprintln!("populating records {done}..{upto} of {n} ...");
+        sqlx::query(
+            "WITH o AS (
+               INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+               SELECT (lpad(to_hex(1700000000000 + i), 12, '0') || substr(md5(i::text), 1, 20))::uuid, $1,
+                      'cus_pre', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}]', 2500, 'EUR',
+                      'awaiting_payment', '{}', now(), now()
+                 FROM generate_series($2::bigint, $3::bigint - 1) AS i
+               RETURNING id)
+             INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request,
+                 state, recovery_point, resource_id, response_status, response_body, response_location,
+                 created_at, updated_at, expires_at)
+             SELECT $1, 'pre-' || o.id, sha256(convert_to(o.id::text, 'UTF8')), 'create_order', $4::jsonb,
+                    'completed', 'finished', o.id, 201, convert_to($5, 'UTF8'), '/orders/' || o.id,
+                    now(), now(),
+                    CASE WHEN get_byte(decode(md5(o.id::text), 'hex'), 0) % 2 = 0
+                         THEN now() - interval '1 minute' ELSE now() + interval '1 day' END
+               FROM o",
+        )
+        .bind(merchant)
+        .bind(done as i64)
+        .bind(upto as i64)
+        .bind(&f.order_request)
+        .bind(&f.order_response)
+        .execute(db)
+        .await
+        .map_err(|e| format!("populating: {e}"))?;
+        done = upto;
+    }
+    // One statement each: VACUUM runs outside a transaction block.
+    for table in ["idempotency_record", "orders"] {
+        sqlx::raw_sql(&format!("VACUUM ANALYZE {table}"))
+            .execute(db)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The sizes of the two tables that grow with every create.
+async fn sizes(db: &PgPool) -> String {
+    let row: Result<(i64, i64, i64, i64, i64), _> = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM idempotency_record),
+                pg_table_size('idempotency_record'), pg_indexes_size('idempotency_record'),
+                pg_table_size('orders'), pg_indexes_size('orders')",
+    )
+    .fetch_one(db)
+    .await;
+    let mib = |b: i64| b as f64 / 1048576.0;
+    match row {
+        Ok((records, rt, ri, ot, oi)) => format!(
+            "{records} records; idempotency_record {:.0} MiB + {:.0} MiB of indexes, orders {:.0} MiB + {:.0} MiB of indexes",
+            mib(rt), mib(ri), mib(ot), mib(oi)
+        ),
+        Err(e) => format!("sizes unreadable: {e}"),
+    }
+}
+
+/// `oncepay_sweeper_deleted_total` from the service's metrics.
+async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
+    let text = match b.client.get(format!("{}/metrics", b.stack.base)).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => return 0,
+    };
+    text.lines()
+        .find(|l| l.starts_with("oncepay_sweeper_deleted_total "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 /// The scenario again at a constant 50 % and 80 % of the rate the closed

@@ -29,6 +29,17 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Nothing measured yet.
+    fn empty() -> Outcome {
+        Outcome {
+            statuses: BTreeMap::new(),
+            errors: 0,
+            replayed: 0,
+            latency: histogram(),
+            elapsed: Duration::ZERO,
+        }
+    }
+
     /// Answers per second.
     pub fn rate(&self) -> f64 {
         self.latency.len() as f64 / self.elapsed.as_secs_f64()
@@ -91,13 +102,7 @@ pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> O
             (latency, statuses, errors, replayed)
         });
     }
-    let mut outcome = Outcome {
-        statuses: BTreeMap::new(),
-        errors: 0,
-        replayed: 0,
-        latency: histogram(),
-        elapsed: Duration::ZERO,
-    };
+    let mut outcome = Outcome::empty();
     while let Some(Ok((latency, statuses, errors, replayed))) = tasks.join_next().await {
         outcome.replayed += replayed;
         let _ = outcome.latency.add(&latency);
@@ -149,13 +154,7 @@ pub async fn run_open(
             }
         });
     }
-    let mut outcome = Outcome {
-        statuses: BTreeMap::new(),
-        errors: 0,
-        replayed: 0,
-        latency: histogram(),
-        elapsed: Duration::ZERO,
-    };
+    let mut outcome = Outcome::empty();
     while let Some(done) = tasks.join_next().await {
         match done {
             Ok(Some((status, replayed, latency))) => {

@@ -302,7 +302,12 @@ async fn sizes(db: &PgPool) -> String {
 
 /// `oncepay_sweeper_deleted_total` from the service's metrics.
 async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
-    let text = match b.client.get(format!("{}/metrics", b.stack.base)).send().await {
+    let text = match b
+        .client
+        .get(format!("{}/metrics", b.stack.base))
+        .send()
+        .await
+    {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => return 0,
     };

@@ -271,6 +271,18 @@ impl Engine {
         }
     }
 
+    /// The record a request would insert.
+    fn new_record<'a>(&self, request: &'a IdempotentRequest) -> NewRecord<'a> {
+        NewRecord {
+            id: &request.id,
+            fingerprint: request.fingerprint.as_bytes(),
+            command: request.command,
+            request: &request.input,
+            lease: self.config.lease,
+            ttl: self.config.ttl,
+        }
+    }
+
     /// The fast path of a command that makes one write and calls nobody
     /// (create-order): claim, effect and stored response in one statement,
     /// one round trip and one synchronous commit, if the key is new.
@@ -283,14 +295,7 @@ impl Engine {
         response: StoredResponse,
         write: OneShot,
     ) -> Result<Option<StoredResponse>, Problem> {
-        let new = NewRecord {
-            id: &request.id,
-            fingerprint: request.fingerprint.as_bytes(),
-            command: request.command,
-            request: &request.input,
-            lease: self.config.lease,
-            ttl: self.config.ttl,
-        };
+        let new = self.new_record(request);
         let since = Instant::now();
         if !write(&self.pool, &new, &response)
             .await
@@ -317,14 +322,7 @@ impl Engine {
         }
         let deadline = Instant::now() + self.config.wait;
         let mut pause = Duration::from_millis(5);
-        let new = NewRecord {
-            id: &request.id,
-            fingerprint: request.fingerprint.as_bytes(),
-            command: request.command,
-            request: &request.input,
-            lease: self.config.lease,
-            ttl: self.config.ttl,
-        };
+        let new = self.new_record(request);
         loop {
             let claimed_at = Instant::now();
             if let Some(lease) = records::insert_or_reclaim(&self.claims, &new)

@@ -50,6 +50,34 @@ pub const INSERT_COMPLETING: &str = "WITH done AS (
                          metadata, created_at, updated_at)
      SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM done)";
 
+/// Binds `$1`..`$11` of the two order inserts: the order's columns, then
+/// the stored response's status, body and location.
+fn bind_order<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    merchant_id: Uuid,
+    order: &'q Order,
+    response: &'q StoredResponse,
+) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError> {
+    let items = serde_json::to_value(&order.items)
+        .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
+    let metadata = serde_json::to_value(&order.metadata)
+        .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
+    let status =
+        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
+    Ok(query
+        .bind(order.id)
+        .bind(merchant_id)
+        .bind(&order.customer_id)
+        .bind(items)
+        .bind(order.amount)
+        .bind(&order.currency)
+        .bind(metadata)
+        .bind(order.created_at)
+        .bind(status)
+        .bind(&response.body)
+        .bind(&response.location))
+}
+
 /// See [`INSERT_COMPLETING`]. Fails with `LeaseLost` (and writes nothing)
 /// if another process took the command over.
 pub async fn insert_completing(
@@ -59,28 +87,16 @@ pub async fn insert_completing(
     order: &Order,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let items = serde_json::to_value(&order.items)
-        .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
-    let metadata = serde_json::to_value(&order.metadata)
-        .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
-    let status =
-        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
-    let done = sqlx::query(INSERT_COMPLETING)
-        .bind(order.id)
-        .bind(record.merchant_id)
-        .bind(&order.customer_id)
-        .bind(items)
-        .bind(order.amount)
-        .bind(&order.currency)
-        .bind(metadata)
-        .bind(order.created_at)
-        .bind(status)
-        .bind(&response.body)
-        .bind(&response.location)
-        .bind(&record.key)
-        .bind(lease_token)
-        .execute(pool)
-        .await?;
+    let done = bind_order(
+        sqlx::query(INSERT_COMPLETING),
+        record.merchant_id,
+        order,
+        response,
+    )?
+    .bind(&record.key)
+    .bind(lease_token)
+    .execute(pool)
+    .await?;
     if done.rows_affected() == 1 {
         Ok(())
     } else {
@@ -115,31 +131,19 @@ pub async fn insert_claiming(
     order: &Order,
     response: &StoredResponse,
 ) -> Result<bool, StoreError> {
-    let items = serde_json::to_value(&order.items)
-        .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
-    let metadata = serde_json::to_value(&order.metadata)
-        .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
-    let status =
-        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
-    let done = sqlx::query(INSERT_CLAIMING)
-        .bind(order.id)
-        .bind(record.id.merchant_id)
-        .bind(&order.customer_id)
-        .bind(items)
-        .bind(order.amount)
-        .bind(&order.currency)
-        .bind(metadata)
-        .bind(order.created_at)
-        .bind(status)
-        .bind(&response.body)
-        .bind(&response.location)
-        .bind(&record.id.key)
-        .bind(record.fingerprint)
-        .bind(record.command)
-        .bind(record.request)
-        .bind(super::idempotency::millis(record.ttl))
-        .execute(pool)
-        .await?;
+    let done = bind_order(
+        sqlx::query(INSERT_CLAIMING),
+        record.id.merchant_id,
+        order,
+        response,
+    )?
+    .bind(&record.id.key)
+    .bind(record.fingerprint)
+    .bind(record.command)
+    .bind(record.request)
+    .bind(super::idempotency::millis(record.ttl))
+    .execute(pool)
+    .await?;
     Ok(done.rows_affected() == 1)
 }
 

@@ -44,6 +44,23 @@ pub async fn list_events(
     .await
 }
 
+/// The caller's merchant and the path's event id (`404` if not a UUID).
+async fn event_of_path(
+    state: &AppState,
+    req: &HttpRequest,
+    path: &str,
+) -> Result<(uuid::Uuid, uuid::Uuid), Problem> {
+    let merchant = authenticate(state, req).await?;
+    Ok((
+        merchant,
+        path_uuid(path, ProblemCode::EventNotFound, "event")?,
+    ))
+}
+
+fn event_not_found() -> Problem {
+    Problem::not_found(ProblemCode::EventNotFound, "event")
+}
+
 /// `GET /events/{id}`: the event, where its delivery to each endpoint
 /// stands, and every attempt.
 pub async fn get_event(
@@ -51,9 +68,7 @@ pub async fn get_event(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Reply {
-    let merchant = authenticate(&state, &req).await?;
-    let code = ProblemCode::EventNotFound;
-    let id = path_uuid(&path, code, "event")?;
+    let (merchant, id) = event_of_path(&state, &req, &path).await?;
     let pool = state.ctx.pool.clone();
     let found = on_service_runtime(&state, async move {
         let Some(event) = store::events::get(&pool, merchant, id)
@@ -68,7 +83,7 @@ pub async fn get_event(
         Ok(Some((event, deliveries, attempts)))
     })
     .await?;
-    let (event, deliveries, attempts) = found.ok_or_else(|| Problem::not_found(code, "event"))?;
+    let (event, deliveries, attempts) = found.ok_or_else(event_not_found)?;
     let mut body = json!(event);
     body["deliveries"] = json!(deliveries);
     body["attempts"] = json!(attempts);
@@ -86,9 +101,7 @@ pub async fn redeliver(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Reply {
-    let merchant = authenticate(&state, &req).await?;
-    let code = ProblemCode::EventNotFound;
-    let id = path_uuid(&path, code, "event")?;
+    let (merchant, id) = event_of_path(&state, &req, &path).await?;
     let pool = state.ctx.pool.clone();
     let queued = on_service_runtime(&state, async move {
         store::deliveries::redeliver(&pool, merchant, id)
@@ -96,7 +109,7 @@ pub async fn redeliver(
             .map_err(store_problem)
     })
     .await?
-    .ok_or_else(|| Problem::not_found(code, "event"))?;
+    .ok_or_else(event_not_found)?;
     let body = serde_json::to_vec(&json!({"id": id, "deliveries": queued}))
         .map_err(|_| Problem::internal())?;
     Ok(HttpResponse::Accepted()

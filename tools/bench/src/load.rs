@@ -45,6 +45,17 @@ impl Outcome {
         self.latency.len() as f64 / self.elapsed.as_secs_f64()
     }
 
+    /// Requests that failed: no answer, or an answer other than 2xx.
+    pub fn failures(&self) -> u64 {
+        let non_2xx: u64 = self
+            .statuses
+            .iter()
+            .filter(|(s, _)| !(200..300).contains(*s))
+            .map(|(_, n)| n)
+            .sum();
+        self.errors + non_2xx
+    }
+
     /// Answers with this status.
     pub fn count(&self, status: u16) -> u64 {
         self.statuses.get(&status).copied().unwrap_or(0)

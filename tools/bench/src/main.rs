@@ -417,23 +417,18 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
     out += "The load driver, the sandbox, oncepay and PostgreSQL share the same cores.\n\n";
     out += "| scenario | conns | req/s | p50 ms | p99 ms | p99.9 ms | errors | ceiling tx/s (best conns) | of ceiling | same-SQL floor tx/s (conns) | of same-SQL | effects |\n";
     out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
-    let ratio = |rate: f64, tps: f64| format!("{:.2}×", rate / tps);
+    // A database measurement as "tx/s (conns)" and the service's rate over it.
+    let against = |point: Option<(usize, floor::Floor)>, rate: f64| match point {
+        Some((clients, f)) => (
+            format!("{:.0} ({clients})", f.tps),
+            format!("{:.2}×", rate / f.tps),
+        ),
+        None => ("—".to_string(), "—".to_string()),
+    };
     for r in rows {
         let o = &r.outcome;
-        let non_2xx: u64 = o
-            .statuses
-            .iter()
-            .filter(|(s, _)| !(200..300).contains(*s))
-            .map(|(_, n)| n)
-            .sum();
-        let (ceiling, of_ceiling) = match floor::best(&r.ceiling) {
-            Some((clients, f)) => (format!("{:.0} ({clients})", f.tps), ratio(o.rate(), f.tps)),
-            None => ("—".into(), "—".into()),
-        };
-        let (floor, of_floor) = match r.floor {
-            Some((clients, f)) => (format!("{:.0} ({clients})", f.tps), ratio(o.rate(), f.tps)),
-            None => ("—".into(), "—".into()),
-        };
+        let (ceiling, of_ceiling) = against(floor::best(&r.ceiling), o.rate());
+        let (floor, of_floor) = against(r.floor, o.rate());
         out += &format!(
             "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |\n",
             r.scenario,
@@ -442,7 +437,7 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
             o.ms(0.5),
             o.ms(0.99),
             o.ms(0.999),
-            o.errors + non_2xx,
+            o.failures(),
             ceiling,
             of_ceiling,
             floor,
@@ -456,12 +451,6 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
         out += "| scenario | share of max | target req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
         for r in opened {
             for (share, o) in &r.open {
-                let non_2xx: u64 = o
-                    .statuses
-                    .iter()
-                    .filter(|(s, _)| !(200..300).contains(*s))
-                    .map(|(_, n)| n)
-                    .sum();
                 out += &format!(
                     "| {} | {:.0} % | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {} |\n",
                     r.scenario,
@@ -471,7 +460,7 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
                     o.ms(0.5),
                     o.ms(0.99),
                     o.ms(0.999),
-                    o.errors + non_2xx
+                    o.failures()
                 );
             }
         }

@@ -220,6 +220,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 .duration("ONCEPAY_RECONCILE_INTERVAL", Duration::from_secs(2))?,
             reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
             pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
+            webhook_command_wait: self
+                .duration("ONCEPAY_WEBHOOK_COMMAND_WAIT", Duration::from_millis(250))?,
             checkout_ttl: self.duration("ONCEPAY_CHECKOUT_TTL", Duration::from_secs(3600))?,
             public_url: match (self.lookup)("ONCEPAY_PUBLIC_URL") {
                 Some(v) if !v.trim().is_empty() => Some(self.url("ONCEPAY_PUBLIC_URL", "")?),
@@ -348,6 +350,9 @@ pub struct ServeConfig {
     /// How long a payment or refund may stay pending before an alarm (error
     /// log, counter) is raised for it.
     pub pending_alarm: Duration,
+    /// How long a provider event that would settle a charge waits for the
+    /// command still executing on it (see `provider_events`).
+    pub webhook_command_wait: Duration,
     /// How long a checkout page's token works.
     pub checkout_ttl: Duration,
     /// How browsers reach the service (`ONCEPAY_PUBLIC_URL`); `None`: the

@@ -30,39 +30,101 @@ fn cause_of(cause: Cause, request_id: Option<&str>) -> EventCause {
     }
 }
 
-async fn write<T: Serialize>(
-    tx: &mut PgConnection,
-    metrics: &Metrics,
+/// An event made from a change, not yet written: what the change's
+/// statement writes with it. Built apart from the write so that a change
+/// made in one statement (see `store::payments::insert_claiming`) can carry
+/// its events in that same statement.
+pub struct Pending {
+    id: Uuid,
+    event_type: EventType,
+    object_id: Uuid,
+    order_id: Uuid,
+    data: serde_json::Value,
+    cause: EventCause,
+    request_id: Option<std::sync::Arc<str>>,
+}
+
+impl Pending {
+    /// The row to insert.
+    pub fn as_new(&self) -> NewEvent<'_> {
+        NewEvent {
+            id: self.id,
+            event_type: self.event_type.as_str(),
+            object_type: self.event_type.object().as_str(),
+            object_id: self.object_id,
+            order_id: self.order_id,
+            data: &self.data,
+            cause: self.cause.as_str(),
+            request_id: self.request_id.as_deref(),
+        }
+    }
+}
+
+/// Counts events once the statement that wrote them has run. Counted
+/// before the caller commits: a commit that then fails overcounts, as the
+/// transition counters do.
+pub fn count(metrics: &Metrics, events: &[Pending]) {
+    for event in events {
+        metrics
+            .events_written
+            .with_label_values(&[event.event_type.as_str()])
+            .inc();
+    }
+}
+
+fn build<T: Serialize>(
     event_type: EventType,
     (object_id, order_id): (Uuid, Uuid),
     object: &T,
     cause: impl FnOnce(Option<&str>) -> EventCause,
-) -> Result<(), StoreError> {
+) -> Result<Pending, StoreError> {
     let data = serde_json::to_value(object)
         .map_err(|e| StoreError::Corrupt(format!("serialising an event's object: {e}")))?;
     let request_id = crate::telemetry::request_id();
-    let request_id = request_id.as_deref();
-    store::events::append(
-        tx,
-        &NewEvent {
-            id: Uuid::now_v7(),
-            event_type: event_type.as_str(),
-            object_type: event_type.object().as_str(),
-            object_id,
-            order_id,
-            data,
-            cause: cause(request_id).as_str(),
-            request_id,
-        },
-    )
-    .await?;
-    // Counted before the caller commits: a commit that then fails
-    // overcounts by one, as the transition counters do.
-    metrics
-        .events_written
-        .with_label_values(&[event_type.as_str()])
-        .inc();
+    Ok(Pending {
+        id: Uuid::now_v7(),
+        event_type,
+        object_id,
+        order_id,
+        data,
+        cause: cause(request_id.as_deref()),
+        request_id,
+    })
+}
+
+async fn write(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    event: Option<Pending>,
+) -> Result<(), StoreError> {
+    let Some(event) = event else {
+        return Ok(());
+    };
+    store::events::append(tx, &event.as_new()).await?;
+    count(metrics, std::slice::from_ref(&event));
     Ok(())
+}
+
+/// The event of an order that reached its status (`order.paid`,
+/// `.cancelled`, `.refunded`); `None` for a status no event reports.
+pub fn of_order(order: &Order, cause: Cause) -> Result<Option<Pending>, StoreError> {
+    EventType::of_order(order.status)
+        .map(|event_type| {
+            build(event_type, (order.id, order.id), order, |r| {
+                cause_of(cause, r)
+            })
+        })
+        .transpose()
+}
+
+/// The event of a payment attempt created pending or reaching a final status.
+pub fn of_payment(payment: &Payment, cause: Cause) -> Result<Pending, StoreError> {
+    build(
+        EventType::of_payment(payment.status),
+        (payment.id, payment.order_id),
+        payment,
+        |r| cause_of(cause, r),
+    )
 }
 
 /// An order reached its status (`order.paid`, `.cancelled`, `.refunded`).
@@ -72,13 +134,7 @@ pub async fn order_changed(
     order: &Order,
     cause: Cause,
 ) -> Result<(), StoreError> {
-    let Some(event_type) = EventType::of_order(order.status) else {
-        return Ok(());
-    };
-    write(tx, metrics, event_type, (order.id, order.id), order, |r| {
-        cause_of(cause, r)
-    })
-    .await
+    write(tx, metrics, of_order(order, cause)?).await
 }
 
 /// A payment attempt was created pending or reached a final status.
@@ -88,16 +144,7 @@ pub async fn payment_changed(
     payment: &Payment,
     cause: Cause,
 ) -> Result<(), StoreError> {
-    let event_type = EventType::of_payment(payment.status);
-    write(
-        tx,
-        metrics,
-        event_type,
-        (payment.id, payment.order_id),
-        payment,
-        |r| cause_of(cause, r),
-    )
-    .await
+    write(tx, metrics, Some(of_payment(payment, cause)?)).await
 }
 
 /// A refund reached a final status. A refund oncepay made itself, to
@@ -109,25 +156,19 @@ pub async fn refund_changed(
     order_id: Uuid,
     cause: Cause,
 ) -> Result<(), StoreError> {
-    let Some(event_type) = EventType::of_refund(refund.status) else {
-        return Ok(());
-    };
     let incident = refund.incident;
-    write(
-        tx,
-        metrics,
-        event_type,
-        (refund.id, order_id),
-        refund,
-        |r| {
-            if incident {
-                EventCause::Incident
-            } else {
-                cause_of(cause, r)
-            }
-        },
-    )
-    .await
+    let event = EventType::of_refund(refund.status)
+        .map(|event_type| {
+            build(event_type, (refund.id, order_id), refund, |r| {
+                if incident {
+                    EventCause::Incident
+                } else {
+                    cause_of(cause, r)
+                }
+            })
+        })
+        .transpose()?;
+    write(tx, metrics, event).await
 }
 
 #[cfg(test)]

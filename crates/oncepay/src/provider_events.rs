@@ -21,11 +21,16 @@
 //! report of money taken, so it must not be spent on an outage.
 //!
 //! Events are deduplicated by `(provider, event id)` with the payload kept;
-//! the dedup row and the effect commit in one transaction. Duplicates,
-//! stale events and events that change nothing cost no provider read.
+//! the dedup row and the effect commit in one transaction; an event that
+//! applies nothing (the usual case: the command settled first) is recorded
+//! with its outcome in one statement. Duplicates, stale events and events
+//! that change nothing cost no provider read.
+
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::commands::settle::{self, Cause};
@@ -73,6 +78,41 @@ impl Object {
 enum Target {
     Charge(Payment),
     Refund(Refund),
+}
+
+/// The attempt an event would move, once no command executes on it, or
+/// once `ONCEPAY_WEBHOOK_COMMAND_WAIT` (250 ms) has passed. A provider
+/// often sends a charge's webhook while the command that made the charge
+/// is about to settle it with the provider's own answer to its call; once
+/// it has, the event changes nothing, and costs neither a confirmation
+/// read nor row locks. Bounded: a command whose process died holds its
+/// lease until the lease expires, and after the wait the event is
+/// confirmed and applied as usual. Polls, holding no connection while it
+/// sleeps.
+async fn after_command(
+    ctx: &AppContext,
+    mut found: store::payments::Found,
+    event: &Object,
+) -> Result<Payment, StoreError> {
+    let deadline = Instant::now() + ctx.webhook_command_wait;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let would_move = matches!(
+            found.attempt.status.transition(event.state.status),
+            Transition::Advance(_)
+        );
+        let now = Instant::now();
+        if !found.command_executing || !would_move || now >= deadline {
+            return Ok(found.attempt);
+        }
+        tokio::time::sleep(pause.min(deadline - now)).await;
+        pause = (pause * 2).min(Duration::from_millis(25));
+        let mut conn = ctx.pool.acquire().await?;
+        match store::payments::find_again(&mut conn, found.attempt.id).await? {
+            Some(again) => found = again,
+            None => return Ok(found.attempt),
+        }
+    }
 }
 
 impl Target {
@@ -189,19 +229,27 @@ async fn apply_parsed(
     }
     let kind = envelope.event_type.split('.').next().unwrap_or_default();
     let object: Option<Object> = serde_json::from_value(envelope.data.object.clone()).ok();
-    let target = match (kind, &object) {
+    let (mut charge, mut refund) = (None, None);
+    match (kind, &object) {
         ("charge", Some(o)) => {
-            store::payments::find_by_charge(&mut conn, provider, &o.state.id, o.key())
-                .await?
-                .map(Target::Charge)
+            charge =
+                store::payments::find_by_charge(&mut conn, provider, &o.state.id, o.key()).await?;
         }
-        ("refund", Some(o)) => store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.key())
-            .await?
-            .map(Target::Refund),
+        ("refund", Some(o)) => {
+            refund = store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.key()).await?;
+        }
+        _ => {}
+    }
+    // No connection is held while the provider answers, or while the
+    // command settles.
+    drop(conn);
+    let target = match (charge, refund, &object) {
+        (Some(found), _, Some(event)) => {
+            Some(Target::Charge(after_command(ctx, found, event).await?))
+        }
+        (_, Some(refund), _) => Some(Target::Refund(refund)),
         _ => None,
     };
-    // No connection is held while the provider answers.
-    drop(conn);
     let (outcome, truth) = match (&target, &object) {
         (None, Some(_)) if matches!(kind, "charge" | "refund") => {
             (Outcome::plain("unknown_charge"), None)
@@ -212,13 +260,33 @@ async fn apply_parsed(
         },
         _ => (Outcome::plain("ignored"), None),
     };
+    let target_and_truth = match (target, truth) {
+        (Some(target), Some(truth)) => (target, truth),
+        // Nothing to apply: the event and its outcome in one statement.
+        _ => {
+            let done = store::webhooks::Done {
+                provider,
+                event_id,
+                event_type: &envelope.event_type,
+                payload,
+                outcome: outcome.label,
+                confirmed: outcome.confirmed,
+                detail: outcome.detail.as_deref(),
+            };
+            if !store::webhooks::record_done(&ctx.pool, &done).await? {
+                return Ok(Applied::Done("duplicate"));
+            }
+            log_unapplied(envelope, event_id, object.as_ref(), &outcome);
+            return Ok(Applied::Done(outcome.label));
+        }
+    };
     let mut tx = ctx.pool.begin().await?;
     if !store::webhooks::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
         tx.commit().await?;
         return Ok(Applied::Done("duplicate"));
     }
-    let label = match (&target, truth) {
-        (Some(Target::Charge(p)), Some(truth)) => {
+    let label = match target_and_truth {
+        (Target::Charge(p), truth) => {
             let (_, t) = settle::payment(
                 &mut tx,
                 &ctx.metrics,
@@ -229,12 +297,11 @@ async fn apply_parsed(
             .await?;
             label(t)
         }
-        (Some(Target::Refund(r)), Some(truth)) => {
+        (Target::Refund(r), truth) => {
             let (_, t) =
                 settle::refund(&mut tx, &ctx.metrics, r.id, &truth, Cause::Webhook).await?;
             label(t)
         }
-        _ => outcome.label,
     };
     store::webhooks::set_outcome(
         &mut tx,
@@ -246,21 +313,26 @@ async fn apply_parsed(
     )
     .await?;
     tx.commit().await?;
-    match label {
+    Ok(Applied::Done(label))
+}
+
+/// Logs an event that was recorded without changing anything, when a
+/// person may need to look at it.
+fn log_unapplied(envelope: &Envelope, event_id: &str, object: Option<&Object>, outcome: &Outcome) {
+    match outcome.label {
         "unknown_charge" => {
             tracing::warn!(event_type = %envelope.event_type, event_id, "webhook for an unknown charge stored")
         }
         "unconfirmed" | "mismatch" => tracing::warn!(
             event_type = %envelope.event_type,
             event_id,
-            object_id = object.as_ref().map(|o| o.state.id.as_str()).unwrap_or_default(),
-            outcome = label,
+            object_id = object.map(|o| o.state.id.as_str()).unwrap_or_default(),
+            outcome = outcome.label,
             detail = outcome.detail.as_deref().unwrap_or_default(),
             "webhook not confirmed by the provider; it changed nothing"
         ),
         _ => {}
     }
-    Ok(Applied::Done(label))
 }
 
 /// What an event about a known object may do.

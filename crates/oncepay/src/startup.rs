@@ -86,6 +86,7 @@ impl Application {
             metrics,
             reconcile_after: config.reconcile_after,
             pending_alarm: config.pending_alarm,
+            webhook_command_wait: config.webhook_command_wait,
             checkout: crate::commands::CheckoutSettings {
                 ttl: config.checkout_ttl,
                 public_url: config

@@ -51,6 +51,9 @@ pub struct AppContext {
     pub reconcile_after: Duration,
     /// How long a payment or refund may stay pending before it raises an alarm.
     pub pending_alarm: Duration,
+    /// How long a provider event that would settle a charge waits for the
+    /// command still executing on it (`ONCEPAY_WEBHOOK_COMMAND_WAIT`).
+    pub webhook_command_wait: Duration,
     /// Hosted checkout pages.
     pub checkout: CheckoutSettings,
 }
@@ -195,7 +198,28 @@ pub enum Step<P, M> {
         response: StoredResponse,
         /// The statement.
         write: FencedWrite,
+        /// If the statement may find the rows it was computed from moved
+        /// (and then writes nothing): the memo the driver asks for this
+        /// step again with. `None`: writing nothing means the lease is lost.
+        otherwise: Option<M>,
     },
+}
+
+/// What [`Command::first_step_claiming`] finds: the step to write with the
+/// claim, or `None` for the full protocol.
+pub type FirstStepClaiming<P, M> = Result<Option<ClaimingStep<P, M>>, StoreError>;
+
+/// A command's first step, to be written with the claim of its key in one
+/// statement (see [`Command::first_step_claiming`]).
+pub struct ClaimingStep<P, M> {
+    /// The point the record starts at: the step is done once written.
+    pub point: P,
+    /// The resource the step creates.
+    pub resource: Uuid,
+    /// Handed to the next step.
+    pub memo: M,
+    /// The statement.
+    pub write: crate::idempotency::ClaimingWrite,
 }
 
 /// What a step may know of the execution it belongs to: whose it is and
@@ -231,6 +255,20 @@ pub trait Command: Sized + Send + Sync {
         None
     }
 
+    /// The first step with the claim of its key, as one statement (see
+    /// [`Engine::claim_with_step`](crate::idempotency::Engine::claim_with_step)),
+    /// for the common case of a new key whose step would succeed: what it
+    /// reads to decide (without locks: the statement checks again) and the
+    /// statement. `None` (the default, or when the step would not simply
+    /// succeed): the engine's full protocol runs, and the step with it.
+    fn first_step_claiming(
+        &self,
+        _ctx: &AppContext,
+        _merchant_id: Uuid,
+    ) -> impl Future<Output = FirstStepClaiming<Self::Point, Self::Memo>> + Send {
+        async { Ok(None) }
+    }
+
     /// The next step from `at`. A business rejection is
     /// `Err(CommandError::Reject)`, stored and replayed like an answer.
     fn step(
@@ -263,12 +301,45 @@ pub async fn run<C: Command>(
         command: C::NAME,
         input: serde_json::to_value(input).map_err(|_| Problem::internal())?,
     };
+    if let Some(response) = ctx
+        .engine
+        .replay_from_memory(&request.id, &request.fingerprint)?
+    {
+        return Ok(Answer {
+            response,
+            replayed: true,
+        });
+    }
     if let Some((response, write)) = command.in_one() {
         if let Some(response) = ctx.engine.execute_in_one(&request, response, write).await? {
             return Ok(Answer {
                 response,
                 replayed: false,
             });
+        }
+    }
+    let first = command
+        .first_step_claiming(ctx, request.id.merchant_id)
+        .await
+        .map_err(store_problem)?;
+    if let Some(first) = first {
+        let claimed = ctx
+            .engine
+            .claim_with_step(&request, first.point.as_str(), first.resource, first.write)
+            .await?;
+        if let Some(mut claim) = claimed {
+            match drive(ctx, &mut claim, command, Some(first.memo)).await {
+                Ok(response) => {
+                    ctx.engine.remember(&claim, request.fingerprint, &response);
+                    return Ok(Answer {
+                        response,
+                        replayed: false,
+                    });
+                }
+                // Another process resumed it: wait for its answer below.
+                Err(Drive::LeaseLost) => {}
+                Err(Drive::Failed(problem)) => return Err(problem),
+            }
         }
     }
     // A lost lease means another process resumed this command: go back to
@@ -281,7 +352,7 @@ pub async fn run<C: Command>(
                     replayed: true,
                 })
             }
-            NextAction::Execute(mut claim) => match drive(ctx, &mut claim, command).await {
+            NextAction::Execute(mut claim) => match drive(ctx, &mut claim, command, None).await {
                 Ok(response) => {
                     ctx.engine.remember(&claim, request.fingerprint, &response);
                     return Ok(Answer {
@@ -302,11 +373,13 @@ enum Drive {
     Failed(Problem),
 }
 
-/// Executes a claimed command step by step and applies the keep/free rules.
+/// Executes a claimed command step by step and applies the keep/free rules;
+/// `memo` is what a step already run in this process handed on.
 async fn drive<C: Command>(
     ctx: &AppContext,
     claim: &mut Claim,
     command: &C,
+    memo: Option<C::Memo>,
 ) -> Result<StoredResponse, Drive> {
     // One span per execution: which command, which key (hashed: keys may
     // carry a client's own identifiers), and where it starts from.
@@ -316,7 +389,7 @@ async fn drive<C: Command>(
         key_hash = %claim.key_hash(),
         recovery_point = %claim.recovery_point(),
     );
-    let executed = tracing::Instrument::instrument(steps(ctx, claim, command), span).await;
+    let executed = tracing::Instrument::instrument(steps(ctx, claim, command, memo), span).await;
     match executed {
         Ok(done) => Ok(done.into_response()),
         Err(CommandError::Reject(problem)) => {
@@ -344,8 +417,8 @@ async fn steps<C: Command>(
     ctx: &AppContext,
     claim: &mut Claim,
     command: &C,
+    mut memo: Option<C::Memo>,
 ) -> Result<Completed, CommandError> {
-    let mut memo: Option<C::Memo> = None;
     loop {
         let at = match (claim.recovery_point(), claim.resource_id()) {
             (STARTED, _) => At::Start,
@@ -385,9 +458,22 @@ async fn steps<C: Command>(
                 tx.commit().await?;
                 return Ok(done);
             }
-            Step::CompleteInOne { response, write } => {
-                return Ok(claim.complete_fenced(&ctx.pool, response, write).await?);
-            }
+            Step::CompleteInOne {
+                response,
+                write,
+                otherwise,
+            } => match claim.complete_fenced(&ctx.pool, response, write).await? {
+                Some(done) => return Ok(done),
+                None => match otherwise {
+                    Some(next) => {
+                        tracing::debug!(
+                            "rows moved under the one-statement write; again under locks"
+                        );
+                        memo = Some(next);
+                    }
+                    None => return Err(StoreError::LeaseLost.into()),
+                },
+            },
         }
     }
 }
@@ -434,7 +520,7 @@ async fn resume_as<C: Command>(
     input: &CommandInput,
 ) -> Result<StoredResponse, Drive> {
     let command = C::parse(input).map_err(Drive::Failed)?;
-    drive(ctx, claim, &command).await
+    drive(ctx, claim, &command, None).await
 }
 
 /// The merchant's order, row-locked (step 1 of every command on an order),

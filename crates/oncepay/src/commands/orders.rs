@@ -69,7 +69,11 @@ impl Command for CreateOrder {
                 store::orders::insert_completing(pool, record, token, &order, response).await
             })
         });
-        Ok(Step::CompleteInOne { response, write })
+        Ok(Step::CompleteInOne {
+            response,
+            write,
+            otherwise: None,
+        })
     }
 }
 

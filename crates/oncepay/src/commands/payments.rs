@@ -7,19 +7,29 @@
 //! A crash after 1 resumes at 2 with the same attempt id, so the provider
 //! sees the same key and charges once. An unknown outcome is stored as a
 //! `202 pending` answer and settled later by webhook or reconciler.
+//!
+//! The common case costs three round trips to the database: a read of the
+//! order, then step 1 with the claim of the key as one statement
+//! ([`Command::first_step_claiming`]), then step 3 as one statement
+//! (`settle::Known`). Each checks under its row locks that what it was
+//! computed from has not moved, and writes nothing if it has; the command
+//! then takes the locking path, which decides every other case.
 
-use chrono::Utc;
+use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
 use super::settle::{self, Cause};
 use super::{
-    json_response, recovery_points, AppContext, At, Command, CommandError, CommandInput, Run, Step,
+    json_response, recovery_points, AppContext, At, ClaimingStep, Command, CommandError,
+    CommandInput, FirstStepClaiming, Run, Step,
 };
+use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus};
+use crate::idempotency::{ClaimingWrite, StoredResponse};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
-use crate::provider::{CallOutcome, ChargeRequest};
-use crate::store::payments::{InsertAttemptError, NewAttempt};
+use crate::provider::{CallOutcome, ChargeRequest, ProviderObject};
+use crate::store::payments::{ClaimingAttempt, InsertAttemptError, NewAttempt};
 use crate::store::{self, StoreError};
 
 recovery_points! {
@@ -29,6 +39,27 @@ recovery_points! {
         /// the charge with the attempt id as the provider key.
         AttemptCreated = "attempt_created",
     }
+}
+
+/// What a payment's steps hand on within one process.
+#[derive(Debug)]
+pub enum PaymentMemo {
+    /// Step 1 ran here: the attempt it created and the order as it was.
+    Created {
+        /// The new attempt.
+        attempt: Payment,
+        /// Its order, as step 1 saw it.
+        order: Order,
+    },
+    /// The provider answered (`None`: the outcome is unknown), and the
+    /// one-statement settlement found the rows moved: settle under locks
+    /// with this answer, without asking the provider again.
+    Charged {
+        /// The attempt charged.
+        attempt: Payment,
+        /// What the provider said.
+        observed: Option<ProviderObject>,
+    },
 }
 
 /// Pay an order with a provider token.
@@ -46,8 +77,7 @@ pub fn uuid_field(obj: &Obj<'_>, name: &str) -> Result<Uuid, Problem> {
 impl Command for CreatePayment {
     const NAME: &'static str = "create_payment";
     type Point = PaymentPoint;
-    /// The attempt step 1 inserted.
-    type Memo = Payment;
+    type Memo = PaymentMemo;
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let body = Obj::root(&input.body)?;
@@ -69,19 +99,87 @@ impl Command for CreatePayment {
         })
     }
 
+    async fn first_step_claiming(
+        &self,
+        ctx: &AppContext,
+        merchant_id: Uuid,
+    ) -> FirstStepClaiming<PaymentPoint, PaymentMemo> {
+        let mut conn = ctx.pool.acquire().await?;
+        let Some(order) = store::orders::get_unpaid(&mut conn, merchant_id, self.order_id).await?
+        else {
+            // Not found, not payable or in progress: the full protocol
+            // decides, and stores the rejection.
+            return Ok(None);
+        };
+        // The database keeps microseconds: the memo and a later read must
+        // show the same timestamps.
+        let attempt = Payment::pending(
+            Uuid::now_v7(),
+            &order,
+            ctx.provider.name(),
+            &self.payment_method,
+            Utc::now().trunc_subsecs(6),
+        );
+        let event = crate::outbox::of_payment(&attempt, Cause::Command)?;
+        let metrics = ctx.metrics.clone();
+        let check_after = ctx.reconcile_after;
+        let memo = PaymentMemo::Created {
+            attempt: attempt.clone(),
+            order: order.clone(),
+        };
+        let resource = attempt.id;
+        let write: ClaimingWrite = Box::new(move |record, lease_token, recovery_point| {
+            Box::pin(async move {
+                let events = [event.as_new()];
+                let claiming = ClaimingAttempt {
+                    record,
+                    lease_token,
+                    recovery_point,
+                    attempt: &attempt,
+                    order_version: order.updated_at,
+                    check_after,
+                    events: &events,
+                };
+                let written = store::payments::insert_claiming(&mut conn, &claiming).await?;
+                if written {
+                    count_pending(&metrics);
+                    crate::outbox::count(&metrics, std::slice::from_ref(&event));
+                }
+                Ok(written)
+            })
+        });
+        Ok(Some(ClaimingStep {
+            point: PaymentPoint::AttemptCreated,
+            resource,
+            memo,
+            write,
+        }))
+    }
+
     async fn step(
         &self,
         ctx: &AppContext,
         run: Run<'_>,
-        at: At<PaymentPoint, Payment>,
-    ) -> Result<Step<PaymentPoint, Payment>, CommandError> {
-        let (attempt, resumed) = match at {
+        at: At<PaymentPoint, PaymentMemo>,
+    ) -> Result<Step<PaymentPoint, PaymentMemo>, CommandError> {
+        // Step 2, outside any transaction: no connection is held while the
+        // provider answers. Skipped if a webhook or the reconciler already
+        // settled the attempt.
+        let (attempt, order, observed) = match at {
             At::Start => return self.create_attempt(ctx, run).await,
             At::After {
                 point: PaymentPoint::AttemptCreated,
-                memo: Some(attempt),
+                memo: Some(PaymentMemo::Created { attempt, order }),
                 ..
-            } => (attempt, false),
+            } => {
+                let observed = charge(ctx, &attempt).await;
+                (attempt, Some(order), observed)
+            }
+            At::After {
+                point: PaymentPoint::AttemptCreated,
+                memo: Some(PaymentMemo::Charged { attempt, observed }),
+                ..
+            } => (attempt, None, observed),
             // Resumed after a crash: the attempt as it is now (a webhook or
             // the reconciler may have settled it meanwhile).
             At::After {
@@ -93,25 +191,33 @@ impl Command for CreatePayment {
                 let attempt = store::payments::get(&mut conn, run.merchant_id, resource)
                     .await?
                     .ok_or_else(|| StoreError::Corrupt(format!("attempt {resource} vanished")))?;
-                (attempt, true)
+                drop(conn);
+                // The charge may have reached the provider before the
+                // crash: look first, so a provider whose keys expire
+                // cannot charge twice.
+                let observed = if attempt.status.is_final() {
+                    None
+                } else {
+                    look_up_or_charge(ctx, &attempt).await
+                };
+                (attempt, None, observed)
             }
         };
+
+        // Step 3, in one statement when nothing moved since step 1.
+        if let (Some(order), Some(object)) = (&order, &observed) {
+            if let Some(known) = settle::Known::plan(&attempt, order, object)? {
+                let response = payment_response(known.attempt())?;
+                return Ok(Step::CompleteInOne {
+                    response,
+                    write: known.into_write(ctx.metrics.clone()),
+                    otherwise: Some(PaymentMemo::Charged { attempt, observed }),
+                });
+            }
+        }
+
+        // Step 3, under locks.
         let attempt_id = attempt.id;
-
-        // Step 2, outside any transaction: no connection is held while the
-        // provider answers. Skipped if a webhook or the reconciler already
-        // settled the attempt.
-        let observed = if attempt.status.is_final() {
-            None
-        } else if resumed {
-            // The charge may have reached the provider before the crash:
-            // look first, so a provider whose keys expire cannot charge twice.
-            look_up_or_charge(ctx, &attempt).await
-        } else {
-            charge(ctx, &attempt).await
-        };
-
-        // Step 3.
         let mut tx = ctx.pool.begin().await?;
         let payment = match observed {
             Some(object) => {
@@ -129,10 +235,25 @@ impl Command for CreatePayment {
                 .await?
                 .ok_or_else(|| StoreError::Corrupt(format!("attempt {attempt_id} vanished")))?,
         };
-        let status = if payment.status.is_final() { 201 } else { 202 };
-        let response = json_response(status, &payment, Some(format!("/payments/{}", payment.id)))?;
+        let response = payment_response(&payment)?;
         Ok(Step::Complete { tx, response })
     }
+}
+
+/// The answer: `201` once the payment is final, `202` while pending.
+fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
+    let status = if payment.status.is_final() { 201 } else { 202 };
+    json_response(status, payment, Some(format!("/payments/{}", payment.id)))
+}
+
+/// Counts a new pending attempt. Counted before the driver commits: a
+/// commit that then fails overcounts one pending, which the next
+/// transition corrects.
+fn count_pending(metrics: &crate::metrics::Metrics) {
+    metrics
+        .payment_transitions
+        .with_label_values(&["pending", "command"])
+        .inc();
 }
 
 impl CreatePayment {
@@ -141,7 +262,7 @@ impl CreatePayment {
         &self,
         ctx: &AppContext,
         run: Run<'_>,
-    ) -> Result<Step<PaymentPoint, Payment>, CommandError> {
+    ) -> Result<Step<PaymentPoint, PaymentMemo>, CommandError> {
         let mut tx = ctx.pool.begin().await?;
         let order = super::lock_order(&mut tx, run.merchant_id, self.order_id).await?;
         if store::payments::live_attempt_status(&mut tx, order.id).await?
@@ -176,17 +297,12 @@ impl CreatePayment {
             Err(InsertAttemptError::Store(e)) => return Err(e.into()),
         };
         crate::outbox::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Command).await?;
-        // Counted before the driver commits: a commit that then fails
-        // overcounts one pending, which the next transition corrects.
-        ctx.metrics
-            .payment_transitions
-            .with_label_values(&["pending", "command"])
-            .inc();
+        count_pending(&ctx.metrics);
         Ok(Step::Record {
             tx,
             point: PaymentPoint::AttemptCreated,
             resource: attempt.id,
-            memo: attempt,
+            memo: PaymentMemo::Created { attempt, order },
         })
     }
 }

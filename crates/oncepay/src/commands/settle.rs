@@ -3,10 +3,15 @@
 //! move state the same way (forward only, order updated in the same
 //! transaction). Locks are taken order → payment → refund everywhere.
 
+use std::sync::Arc;
+
+use chrono::{SubsecRound, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
+use crate::idempotency::FencedWrite;
 use crate::metrics::Metrics;
 use crate::provider::ProviderObject;
 use crate::store::{self, StoreError};
@@ -132,6 +137,104 @@ pub async fn payment(
         Transition::Unchanged | Transition::Ignored => current,
     };
     Ok((updated, transition))
+}
+
+/// A command's own charge, settled from what the command knows: the
+/// attempt it created (pending, no provider facts yet) and its order as it
+/// read them. Written in one statement with the command's completion
+/// (`store::payments::settle_completing`), which checks under the row locks
+/// that both are still as known and writes nothing otherwise; the command
+/// then settles through [`payment`]. The rules are [`payment`]'s: the
+/// domain's transition, the order's `after_payment_succeeded`, the same
+/// events.
+pub struct Known {
+    order: (Order, Order),
+    attempt: Payment,
+    status: PaymentStatus,
+    events: Vec<crate::outbox::Pending>,
+}
+
+impl Known {
+    /// The settlement, if the observation advances the attempt (the one
+    /// case the statement handles; anything else goes through [`payment`]).
+    pub fn plan(
+        attempt: &Payment,
+        order: &Order,
+        observed: &ProviderObject,
+    ) -> Result<Option<Known>, StoreError> {
+        let Transition::Advance(status) = attempt.status.transition(observed.status) else {
+            return Ok(None);
+        };
+        if attempt.provider_charge_id.is_some()
+            || attempt.failure_code.is_some()
+            || attempt.failure_message.is_some()
+        {
+            return Ok(None);
+        }
+        // The database keeps microseconds: the answer and a later read
+        // must show the same timestamps.
+        let now = Utc::now().trunc_subsecs(6);
+        let after = attempt.with_facts(
+            status,
+            non_empty(&observed.id),
+            observed.failure_code.as_deref(),
+            observed.failure_message.as_deref(),
+            now,
+        );
+        let mut events = vec![crate::outbox::of_payment(&after, Cause::Command)?];
+        let next = match status {
+            PaymentStatus::Succeeded => order.status.after_payment_succeeded(),
+            _ => order.status,
+        };
+        let order_after = if next == order.status {
+            order.clone()
+        } else {
+            let moved = Order {
+                status: next,
+                updated_at: now,
+                ..order.clone()
+            };
+            events.extend(crate::outbox::of_order(&moved, Cause::Command)?);
+            moved
+        };
+        Ok(Some(Known {
+            order: (order.clone(), order_after),
+            attempt: after,
+            status,
+            events,
+        }))
+    }
+
+    /// The attempt as it becomes.
+    pub fn attempt(&self) -> &Payment {
+        &self.attempt
+    }
+
+    /// The statement that writes it with the command's completion, for
+    /// the driver to run under the claim's fence.
+    pub fn into_write(self, metrics: Arc<Metrics>) -> FencedWrite {
+        Box::new(move |pool, record, token, response| {
+            Box::pin(async move {
+                let events: Vec<_> = self.events.iter().map(|e| e.as_new()).collect();
+                let settlement = store::payments::KnownSettlement {
+                    order: (&self.order.0, &self.order.1),
+                    attempt: &self.attempt,
+                    events: &events,
+                };
+                let written =
+                    store::payments::settle_completing(pool, &settlement, record, token, response)
+                        .await?;
+                if written {
+                    metrics
+                        .payment_transitions
+                        .with_label_values(&[self.status.as_str(), Cause::Command.label()])
+                        .inc();
+                    crate::outbox::count(&metrics, &self.events);
+                }
+                Ok(written)
+            })
+        })
+    }
 }
 
 /// Applies a refund's reported state to the refund (and its payment and order).

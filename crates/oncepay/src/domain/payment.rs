@@ -99,6 +99,63 @@ pub struct Payment {
     pub payment_method: String,
 }
 
+impl Payment {
+    /// A new attempt, pending, as it will be stored (`now` rounded to the
+    /// database's microseconds): its event and memo can be made before the
+    /// row is written, in the statement that writes it.
+    pub fn pending(
+        id: uuid::Uuid,
+        order: &crate::domain::order::Order,
+        provider: &str,
+        payment_method: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Payment {
+        Payment {
+            id,
+            order_id: order.id,
+            amount: order.amount,
+            currency: order.currency.clone(),
+            status: PaymentStatus::Pending,
+            provider: provider.to_string(),
+            provider_charge_id: None,
+            failure_code: None,
+            failure_message: None,
+            refunded_amount: 0,
+            created_at: now,
+            updated_at: now,
+            payment_method: payment_method.to_string(),
+        }
+    }
+
+    /// This attempt after the provider's facts are written with `status`,
+    /// as `store::payments::set_status` writes them: a charge id once known
+    /// is kept, a failure is kept unless a new one is reported.
+    pub fn with_facts(
+        &self,
+        status: PaymentStatus,
+        charge_id: Option<&str>,
+        failure_code: Option<&str>,
+        failure_message: Option<&str>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Payment {
+        Payment {
+            status,
+            provider_charge_id: self
+                .provider_charge_id
+                .clone()
+                .or_else(|| charge_id.map(str::to_string)),
+            failure_code: failure_code
+                .map(str::to_string)
+                .or_else(|| self.failure_code.clone()),
+            failure_message: failure_message
+                .map(str::to_string)
+                .or_else(|| self.failure_message.clone()),
+            updated_at: now,
+            ..self.clone()
+        }
+    }
+}
+
 /// A refund as the API shows it (contract section 3).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Refund {

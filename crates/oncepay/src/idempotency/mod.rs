@@ -113,7 +113,9 @@ impl Completed {
 
 /// Writes that complete a record in the same statement as the command's
 /// own effect (one round trip, one commit), given the record and its fencing
-/// token: the statement must update the record only under that token.
+/// token: the statement must update the record only under that token, and
+/// write all or nothing. `Ok(false)`: it wrote nothing (the lease is lost,
+/// or the rows the statement was computed from have moved).
 pub type FencedWrite = Box<
     dyn for<'a> FnOnce(
             &'a PgPool,
@@ -121,7 +123,22 @@ pub type FencedWrite = Box<
             Uuid,
             &'a StoredResponse,
         ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<(), StoreError>> + Send + 'a>,
+            Box<dyn std::future::Future<Output = Result<bool, StoreError>> + Send + 'a>,
+        > + Send,
+>;
+
+/// A command's first step written with the claim of its key, in one
+/// statement (see [`Engine::claim_with_step`]): given the new record, our
+/// lease's fencing token and the recovery point the record starts at, it
+/// writes the claim and the step's effect together, or nothing
+/// (`Ok(false)`: the key has a record, or the step's preconditions moved).
+pub type ClaimingWrite = Box<
+    dyn for<'a> FnOnce(
+            &'a NewRecord<'a>,
+            Uuid,
+            &'a str,
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = Result<bool, StoreError>> + Send + 'a>,
         > + Send,
 >;
 
@@ -194,14 +211,15 @@ impl Claim {
 
     /// Completes the claim with `write`, a statement that makes the
     /// command's effect and stores `response` together under the fence.
+    /// `None`: the statement wrote nothing (see [`FencedWrite`]).
     pub async fn complete_fenced(
         &self,
         pool: &PgPool,
         response: StoredResponse,
         write: FencedWrite,
-    ) -> Result<Completed, StoreError> {
-        write(pool, &self.id, self.lease.token, &response).await?;
-        Ok(Completed(response))
+    ) -> Result<Option<Completed>, StoreError> {
+        let written = write(pool, &self.id, self.lease.token, &response).await?;
+        Ok(written.then_some(Completed(response)))
     }
 
     /// Records that a step finished, inside the step's own transaction.
@@ -313,6 +331,40 @@ impl Engine {
             self.config.ttl.saturating_sub(since.elapsed()),
         );
         Ok(Some(response))
+    }
+
+    /// The fast path of a command whose first step makes one write before
+    /// it calls anyone (a payment: the attempt, before the charge): the
+    /// claim, the step's effect and its recovery point in one statement,
+    /// one round trip and one synchronous commit, if the key is new and
+    /// the step's preconditions hold. `Ok(Some)`: the claim, already at
+    /// `point` with `resource`, for the driver to go on from. `Ok(None)`:
+    /// nothing was written, and the caller goes through [`Engine::begin`].
+    pub async fn claim_with_step(
+        &self,
+        request: &IdempotentRequest,
+        point: &str,
+        resource: Uuid,
+        write: ClaimingWrite,
+    ) -> Result<Option<Claim>, Problem> {
+        let new = self.new_record(request);
+        let token = Uuid::new_v4();
+        let claimed_at = Instant::now();
+        if !write(&new, token, point).await.map_err(store_problem)? {
+            return Ok(None);
+        }
+        self.metrics.idempotency("executed");
+        Ok(Some(Claim {
+            id: request.id.clone(),
+            lease: Lease {
+                token,
+                recovery_point: point.to_string(),
+                resource_id: Some(resource),
+                command: request.command.to_string(),
+                request: request.input.clone(),
+            },
+            fresh_since: Some(claimed_at),
+        }))
     }
 
     /// Claims the request's key and says what to do; see the module docs.

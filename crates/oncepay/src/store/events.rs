@@ -25,7 +25,7 @@ pub struct NewEvent<'a> {
     /// the order's.
     pub order_id: Uuid,
     /// The object after the change, as the API shows it.
-    pub data: Value,
+    pub data: &'a Value,
     /// `request`, `webhook`, `reconciler` or `incident`.
     pub cause: &'a str,
     /// The request that made the change, if one did.
@@ -61,7 +61,7 @@ pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, 
         .bind(event.object_type)
         .bind(event.object_id)
         .bind(event.order_id)
-        .bind(&event.data)
+        .bind(event.data)
         .bind(event.cause)
         .bind(event.request_id)
         .fetch_optional(tx)
@@ -73,6 +73,81 @@ pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, 
             ))
         })?;
     Ok(row.try_get("sequence")?)
+}
+
+/// The events of a change made in one statement (see
+/// `store::payments::INSERT_CLAIMING`), as the tail of its `WITH` list:
+/// the statement defines a CTE `new_events` over [`NEW_EVENTS_FROM_PARAMS`]
+/// (no rows when its change did not happen), and this writes each row as
+/// [`APPEND`] writes one: its object's next sequence number and a delivery
+/// per subscribed endpoint. The statement holds every object's row lock,
+/// and a batch names each object once, so `max + 1` cannot race.
+macro_rules! append_new_events {
+    () => {
+        "ev AS (
+        INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
+                           data, cause, request_id)
+        SELECT n.id, o.merchant_id, n.type, n.object_type, n.object_id, n.order_id,
+               COALESCE((SELECT max(e.sequence) FROM event e WHERE e.object_id = n.object_id), 0) + 1,
+               n.data, n.cause, n.request_id
+          FROM new_events n JOIN orders o ON o.id = n.order_id
+        RETURNING id, merchant_id, type, object_id, sequence),
+     fan AS (
+        INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence)
+        SELECT ev.id, w.id, ev.object_id, ev.sequence
+          FROM ev JOIN webhook_endpoint w
+            ON w.merchant_id = ev.merchant_id AND w.deleted_at IS NULL
+           AND w.disabled_at IS NULL AND (ev.type = ANY (w.events) OR '*' = ANY (w.events))
+        RETURNING 1)"
+    };
+}
+pub(crate) use append_new_events;
+
+/// A batch of events as rows, from the first eight parameters of the
+/// statement, bound by [`bind_events`].
+macro_rules! new_events_from_params {
+    () => {
+        "unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::uuid[], $6::jsonb[],
+                $7::text[], $8::text[])
+             AS n(id, type, object_type, object_id, order_id, data, cause, request_id)"
+    };
+}
+pub(crate) use new_events_from_params;
+
+/// Binds a batch of events as `$1`..`$8` (see [`new_events_from_params`]).
+pub fn bind_events<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    events: &[NewEvent<'_>],
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(events.iter().map(|e| e.id).collect::<Vec<_>>())
+        .bind(
+            events
+                .iter()
+                .map(|e| e.event_type.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.object_type.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .bind(events.iter().map(|e| e.object_id).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.order_id).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.data.clone()).collect::<Vec<_>>())
+        .bind(
+            events
+                .iter()
+                .map(|e| e.cause.to_string())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            events
+                .iter()
+                .map(|e| e.request_id.map(str::to_string))
+                .collect::<Vec<_>>(),
+        )
 }
 
 /// An event as the API shows it: what receivers get (`id`, `type`,

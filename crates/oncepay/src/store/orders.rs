@@ -78,15 +78,15 @@ fn bind_order<'q>(
         .bind(&response.location))
 }
 
-/// See [`INSERT_COMPLETING`]. Fails with `LeaseLost` (and writes nothing)
-/// if another process took the command over.
+/// See [`INSERT_COMPLETING`]. `false` (and nothing written) if another
+/// process took the command over.
 pub async fn insert_completing(
     pool: &PgPool,
     record: &RecordId,
     lease_token: Uuid,
     order: &Order,
     response: &StoredResponse,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let done = bind_order(
         sqlx::query(INSERT_COMPLETING),
         record.merchant_id,
@@ -97,11 +97,7 @@ pub async fn insert_completing(
     .bind(lease_token)
     .execute(pool)
     .await?;
-    if done.rows_affected() == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
+    Ok(done.rows_affected() == 1)
 }
 
 /// The whole of a create-order in one statement, when its key is new: the
@@ -183,6 +179,32 @@ pub async fn lock(
         .bind(id)
         .bind(merchant_id)
         .fetch_optional(tx)
+        .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Reads an order that awaits payment and has no live attempt.
+pub const GET_UNPAID: &str = concat!(
+    "SELECT ",
+    order_columns!(),
+    " FROM orders o WHERE id = $1 AND merchant_id = $2 AND status = 'awaiting_payment'
+        AND NOT EXISTS (SELECT 1 FROM payment_attempt p
+                         WHERE p.order_id = o.id AND p.status IN ('pending', 'succeeded'))"
+);
+
+/// One of the merchant's orders, if it awaits payment and no attempt is
+/// pending or succeeded: the state a payment's one-statement first step
+/// starts from (`store::payments::insert_claiming`). A plain read: that
+/// statement checks again, under the row lock, that the order is unchanged.
+pub async fn get_unpaid(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<Order>, StoreError> {
+    let row = sqlx::query(GET_UNPAID)
+        .bind(id)
+        .bind(merchant_id)
+        .fetch_optional(conn)
         .await?;
     row.as_ref().map(from_row).transpose()
 }

@@ -9,6 +9,7 @@ use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use super::StoreError;
+use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus};
 
 /// The columns every read of a payment attempt returns, in `from_row`'s order.
@@ -122,6 +123,203 @@ pub async fn insert(
     }
 }
 
+/// A payment's first step and the claim of its key in one statement (one
+/// round trip, one synchronous commit), when the key is new: the order,
+/// locked and still as the caller read it (`awaiting_payment`, same
+/// `updated_at`); the idempotency record, claimed under our lease and
+/// already at the step's recovery point; the pending attempt; its event.
+/// Each part is written only if the one before was, so the statement
+/// writes all or nothing: nothing when the key has a record (`ON CONFLICT
+/// DO NOTHING`) or the order moved, and an error, mapped to nothing, when
+/// the attempt's constraints refuse it (a live attempt, the key used).
+pub const INSERT_CLAIMING: &str = concat!(
+    "WITH o AS (
+        SELECT id FROM orders
+         WHERE id = $9 AND merchant_id = $10 AND status = 'awaiting_payment'
+           AND updated_at = $11 AND amount = $12 AND currency = $13
+           FOR UPDATE),
+     claim AS (
+        INSERT INTO idempotency_record
+               (merchant_id, idempotency_key, fingerprint, command, request, state,
+                recovery_point, resource_id, lease_token, lease_expires_at, expires_at)
+        SELECT $10, $14, $15, $16, $17, 'executing', $21, $22, $18,
+               now() + $19::bigint * interval '1 millisecond',
+               now() + $20::bigint * interval '1 millisecond'
+          FROM o
+        ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+        RETURNING 1),
+     att AS (
+        INSERT INTO payment_attempt
+               (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
+                payment_method, next_check_at, created_at, updated_at)
+        SELECT $22, $10, $9, $14, $12, $13, 'pending', $23, $24,
+               now() + $26::bigint * interval '1 millisecond', $25, $25
+         WHERE EXISTS (SELECT 1 FROM claim)
+        RETURNING id),
+     new_events AS (
+        SELECT n.* FROM ",
+    super::events::new_events_from_params!(),
+    " WHERE EXISTS (SELECT 1 FROM att)),
+     ",
+    super::events::append_new_events!(),
+    "
+     SELECT (SELECT count(*) FROM att) AS written"
+);
+
+/// What [`insert_claiming`] writes.
+pub struct ClaimingAttempt<'a> {
+    /// The idempotency record to claim.
+    pub record: &'a super::idempotency::NewRecord<'a>,
+    /// Our lease's fencing token.
+    pub lease_token: Uuid,
+    /// The recovery point the record starts at: the step is done.
+    pub recovery_point: &'a str,
+    /// The attempt, as `Payment::pending` made it from the order read.
+    pub attempt: &'a Payment,
+    /// The order's `updated_at` when it was read.
+    pub order_version: DateTime<Utc>,
+    /// When the reconciler should first look at it if it stays pending.
+    pub check_after: Duration,
+    /// The attempt's events.
+    pub events: &'a [super::events::NewEvent<'a>],
+}
+
+/// See [`INSERT_CLAIMING`]. `false`: nothing was written, and the caller
+/// goes through the engine's full protocol, which decides.
+pub async fn insert_claiming(
+    conn: &mut PgConnection,
+    w: &ClaimingAttempt<'_>,
+) -> Result<bool, StoreError> {
+    let query = super::events::bind_events(sqlx::query(INSERT_CLAIMING), w.events)
+        .bind(w.attempt.order_id)
+        .bind(w.record.id.merchant_id)
+        .bind(w.order_version)
+        .bind(w.attempt.amount)
+        .bind(&w.attempt.currency)
+        .bind(&w.record.id.key)
+        .bind(w.record.fingerprint)
+        .bind(w.record.command)
+        .bind(w.record.request)
+        .bind(w.lease_token)
+        .bind(super::idempotency::millis(w.record.lease))
+        .bind(super::idempotency::millis(w.record.ttl))
+        .bind(w.recovery_point)
+        .bind(w.attempt.id)
+        .bind(&w.attempt.provider)
+        .bind(&w.attempt.payment_method)
+        .bind(w.attempt.created_at)
+        .bind(super::idempotency::millis(w.check_after));
+    match query.fetch_one(conn).await {
+        Ok(row) => Ok(row.try_get::<i64, _>("written")? == 1),
+        Err(e) => match super::violated_constraint(&e) {
+            Some("payment_attempt_order_key_uniq" | "payment_attempt_one_live_per_order") => {
+                Ok(false)
+            }
+            _ => Err(e.into()),
+        },
+    }
+}
+
+/// A command's own charge settled, and the command completed, in one
+/// statement (one round trip, one synchronous commit): the order, the
+/// attempt and the idempotency record are locked first (in that order, as
+/// everywhere) and checked to be as the command knows them — the order
+/// with the status and `updated_at` it read, the attempt still pending
+/// with no provider facts, the record under our lease — and only if all
+/// three are, the attempt takes its new status and facts, the order its
+/// new status (when it moves), the record the response, and the events
+/// are written. Otherwise nothing is written (a webhook or the reconciler
+/// settled the attempt first, or the lease was lost), and the caller
+/// settles the usual way, under locks.
+pub const SETTLE_COMPLETING: &str = concat!(
+    "WITH o AS (
+        SELECT id FROM orders WHERE id = $9 AND status = $10 AND updated_at = $11 FOR UPDATE),
+     pl AS (
+        SELECT id FROM payment_attempt
+         WHERE id = $13 AND order_id = $9 AND status = 'pending' AND provider_charge_id IS NULL
+           AND failure_code IS NULL AND failure_message IS NULL
+           FOR UPDATE),
+     r AS (
+        SELECT 1 FROM idempotency_record
+         WHERE merchant_id = $19 AND idempotency_key = $20 AND lease_token = $21
+           AND state = 'executing'
+           FOR UPDATE),
+     go AS (
+        SELECT (SELECT count(*) FROM o) = 1 AND (SELECT count(*) FROM pl) = 1
+               AND (SELECT count(*) FROM r) = 1 AS ok),
+     p AS (
+        UPDATE payment_attempt
+           SET status = $14, provider_charge_id = $15, failure_code = $16,
+               failure_message = $17, updated_at = $18
+         WHERE id = $13 AND (SELECT ok FROM go)
+        RETURNING 1),
+     ord AS (
+        UPDATE orders SET status = $12, updated_at = $18
+         WHERE id = $9 AND $12 <> $10 AND (SELECT ok FROM go)
+        RETURNING 1),
+     rec AS (
+        UPDATE idempotency_record
+           SET state = 'completed', recovery_point = 'finished', lease_token = NULL,
+               lease_expires_at = NULL, response_status = $22, response_body = $23,
+               response_location = $24, updated_at = now()
+         WHERE merchant_id = $19 AND idempotency_key = $20 AND (SELECT ok FROM go)
+        RETURNING 1),
+     new_events AS (
+        SELECT n.* FROM ",
+    super::events::new_events_from_params!(),
+    " WHERE (SELECT ok FROM go)),
+     ",
+    super::events::append_new_events!(),
+    "
+     SELECT ok FROM go"
+);
+
+/// What [`settle_completing`] checks and writes: the rows as the command
+/// knows them and as they become.
+pub struct KnownSettlement<'a> {
+    /// The order as read, and as it becomes.
+    pub order: (&'a Order, &'a Order),
+    /// The attempt as it becomes (it was pending, with no provider facts).
+    pub attempt: &'a Payment,
+    /// The changes' events.
+    pub events: &'a [super::events::NewEvent<'a>],
+}
+
+/// See [`SETTLE_COMPLETING`]. `false`: nothing was written.
+pub async fn settle_completing(
+    pool: &PgPool,
+    s: &KnownSettlement<'_>,
+    record: &super::idempotency::RecordId,
+    lease_token: Uuid,
+    response: &super::idempotency::StoredResponse,
+) -> Result<bool, StoreError> {
+    let (order, order_after) = s.order;
+    let after = s.attempt;
+    let status =
+        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
+    let ok: Option<bool> = super::events::bind_events(sqlx::query(SETTLE_COMPLETING), s.events)
+        .bind(order.id)
+        .bind(order.status.as_str())
+        .bind(order.updated_at)
+        .bind(order_after.status.as_str())
+        .bind(after.id)
+        .bind(after.status.as_str())
+        .bind(&after.provider_charge_id)
+        .bind(&after.failure_code)
+        .bind(&after.failure_message)
+        .bind(after.updated_at)
+        .bind(record.merchant_id)
+        .bind(&record.key)
+        .bind(lease_token)
+        .bind(status)
+        .bind(&response.body)
+        .bind(&response.location)
+        .fetch_one(pool)
+        .await?
+        .try_get("ok")?;
+    Ok(ok == Some(true))
+}
+
 /// The order's live attempt, if any.
 pub const LIVE_ATTEMPT_STATUS: &str = "SELECT status FROM payment_attempt
           WHERE order_id = $1 AND status IN ('pending', 'succeeded')";
@@ -178,14 +376,44 @@ pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, St
     row.as_ref().map(from_row).transpose()
 }
 
+/// Whether a command is still executing on the attempt `p`: its
+/// idempotency record, at the attempt's recovery point, under a live lease.
+macro_rules! command_executing {
+    () => {
+        "EXISTS (SELECT 1 FROM idempotency_record r
+                  WHERE r.merchant_id = p.merchant_id AND r.idempotency_key = p.idempotency_key
+                    AND r.resource_id = p.id AND r.state = 'executing'
+                    AND r.lease_expires_at > now()) AS command_executing"
+    };
+}
+
 /// Finds an attempt by charge id or key.
 pub const FIND_BY_CHARGE: &str = concat!(
     "SELECT ",
-    payment_columns!(),
-    " FROM payment_attempt
-          WHERE provider = $1 AND (provider_charge_id = $2 OR id = $3)
-          ORDER BY id = $3 DESC LIMIT 1"
+    payment_columns_p!(),
+    ", ",
+    command_executing!(),
+    " FROM payment_attempt p
+          WHERE p.provider = $1 AND (p.provider_charge_id = $2 OR p.id = $3)
+          ORDER BY p.id = $3 DESC LIMIT 1"
 );
+
+/// An attempt as a provider event finds it.
+#[derive(Debug)]
+pub struct Found {
+    /// The attempt.
+    pub attempt: Payment,
+    /// True while the command that made it is still executing (it will
+    /// settle the attempt itself, with the provider's answer to its call).
+    pub command_executing: bool,
+}
+
+fn found_from_row(row: &PgRow) -> Result<Found, StoreError> {
+    Ok(Found {
+        attempt: from_row(row)?,
+        command_executing: row.try_get("command_executing")?,
+    })
+}
 
 /// Finds the attempt a provider charge belongs to, by the charge id or by
 /// the provider idempotency key (our attempt id), whichever is known; the
@@ -197,14 +425,29 @@ pub async fn find_by_charge(
     provider: &str,
     charge_id: &str,
     attempt_id: Option<Uuid>,
-) -> Result<Option<Payment>, StoreError> {
+) -> Result<Option<Found>, StoreError> {
     let row = sqlx::query(FIND_BY_CHARGE)
         .bind(provider)
         .bind(charge_id)
         .bind(attempt_id)
         .fetch_optional(tx)
         .await?;
-    row.as_ref().map(from_row).transpose()
+    row.as_ref().map(found_from_row).transpose()
+}
+
+/// Reads an attempt again, as [`find_by_charge`] found it.
+pub async fn find_again(conn: &mut PgConnection, id: Uuid) -> Result<Option<Found>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        payment_columns_p!(),
+        ", ",
+        command_executing!(),
+        " FROM payment_attempt p WHERE p.id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(found_from_row).transpose()
 }
 
 /// The order's attempt made with idempotency key `key`, if any.

@@ -30,6 +30,47 @@ pub async fn record(
     Ok(done.rows_affected() == 1)
 }
 
+/// Records an event with its outcome, unless already recorded.
+pub const RECORD_DONE: &str =
+    "INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome, confirmed_at,
+                                detail)
+         VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN now() END, $7) ON CONFLICT DO NOTHING";
+
+/// An event and what it did, recorded at once: for an event that changes
+/// nothing, one statement instead of a transaction of four round trips.
+pub struct Done<'a> {
+    /// The provider's name.
+    pub provider: &'a str,
+    /// The provider's event id.
+    pub event_id: &'a str,
+    /// `charge.succeeded`, ...
+    pub event_type: &'a str,
+    /// The event as received.
+    pub payload: &'a Value,
+    /// What it did (see [`set_outcome`]).
+    pub outcome: &'a str,
+    /// Whether a provider read confirmed it.
+    pub confirmed: bool,
+    /// Why it was not applied.
+    pub detail: Option<&'a str>,
+}
+
+/// Records an event that applies nothing, with its outcome; `false` if
+/// `(provider, event id)` was already recorded (a duplicate delivery).
+pub async fn record_done(pool: &sqlx::PgPool, done: &Done<'_>) -> Result<bool, StoreError> {
+    let result = sqlx::query(RECORD_DONE)
+        .bind(done.provider)
+        .bind(done.event_id)
+        .bind(done.event_type)
+        .bind(done.payload)
+        .bind(done.outcome)
+        .bind(done.confirmed)
+        .bind(done.detail)
+        .execute(pool)
+        .await?;
+    Ok(result.rows_affected() == 1)
+}
+
 /// Notes what an event did.
 pub const SET_OUTCOME: &str = "UPDATE webhook_event
         SET outcome = $3, confirmed_at = CASE WHEN $4 THEN now() END, detail = $5

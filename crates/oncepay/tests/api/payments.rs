@@ -329,3 +329,69 @@ async fn futures_join4(app: &TestApp) -> Vec<oncepay::workers::reconciler::Pass>
     let (a, b, c, d) = tokio::join!(pass(), pass(), pass(), pass());
     [a, b, c, d].into_iter().map(|p| p.expect("pass")).collect()
 }
+
+#[tokio::test]
+async fn concurrent_payments_of_one_order_under_different_keys_charge_once() {
+    // Ten clients pay the same order at once, each with its own key: one
+    // attempt is made and charged; every other request is refused as in
+    // progress (while the first is pending) or not payable (once paid),
+    // and a repeat of any key answers what it answered first.
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let body = json!({"order_id": order_id, "payment_method": "tok_visa+delay=100"});
+    let keys: Vec<String> = (0..10).map(|_| uuid::Uuid::new_v4().to_string()).collect();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        let request = app
+            .http
+            .post(format!("{}/payments", app.base))
+            .bearer_auth(&app.key)
+            .header("Idempotency-Key", key)
+            .json(&body);
+        tasks.spawn(async move {
+            let r = request.send().await.expect("sent");
+            (i, r.status(), json_of(r).await)
+        });
+    }
+    let mut answers = vec![(StatusCode::OK, serde_json::Value::Null); keys.len()];
+    while let Some(done) = tasks.join_next().await {
+        let (i, status, body) = done.expect("task");
+        answers[i] = (status, body);
+    }
+    let created: Vec<_> = answers
+        .iter()
+        .filter(|(s, _)| *s == StatusCode::CREATED)
+        .collect();
+    assert_eq!(created.len(), 1, "{answers:?}");
+    assert_eq!(created[0].1["status"], "succeeded");
+    for (status, body) in &answers {
+        if *status != StatusCode::CREATED {
+            assert_eq!(*status, StatusCode::CONFLICT, "{body}");
+            assert!(
+                matches!(
+                    body["code"].as_str(),
+                    Some("payment_in_progress" | "order_not_payable")
+                ),
+                "{body}"
+            );
+        }
+    }
+    assert_eq!(app.charges_for(&order_id).await.len(), 1);
+    let attempts = app
+        .count(&format!(
+            "SELECT count(*) FROM payment_attempt WHERE order_id = '{order_id}'"
+        ))
+        .await;
+    assert_eq!(attempts, 1);
+    let pending_events = app
+        .count(&format!(
+            "SELECT count(*) FROM event WHERE order_id = '{order_id}' AND type = 'payment.pending'"
+        ))
+        .await;
+    assert_eq!(pending_events, 1);
+    for (key, (status, answer)) in keys.iter().zip(&answers) {
+        let again = app.post("/payments", key, &body).await;
+        assert_eq!(again.status(), *status);
+        assert_eq!(&json_of(again).await, answer);
+    }
+}

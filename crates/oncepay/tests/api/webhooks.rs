@@ -194,3 +194,87 @@ async fn a_signed_event_of_an_unknown_shape_is_kept_not_refused() {
         .await;
     assert_eq!(kept, 1);
 }
+
+/// The causes of the events of one object, in sequence order.
+async fn event_causes(app: &TestApp, object_id: &str, event_type: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT cause FROM event WHERE object_id = $1::uuid AND type = $2 ORDER BY sequence",
+    )
+    .bind(object_id)
+    .bind(event_type)
+    .fetch_all(&app.db)
+    .await
+    .expect("events")
+}
+
+#[tokio::test]
+async fn a_webhook_that_overtakes_its_command_waits_for_it_and_needs_no_confirmation_read() {
+    // The sandbox charges, sends `charge.succeeded` at once, and answers
+    // the charge 400 ms later: the webhook arrives while the command is
+    // still executing, and waits for it (up to the configured 30 s).
+    let app = spawn_app_with(Options::default().serve("ONCEPAY_WEBHOOK_COMMAND_WAIT", "30s")).await;
+    let order_id = app.create_order().await;
+    let (status, payment) = app.pay(&order_id, "tok_visa+delay=400").await;
+    assert_eq!(status, StatusCode::CREATED, "{payment}");
+    assert_eq!(payment["status"], "succeeded");
+    wait_for_ledger_total(&app.http, &app.sandbox, "webhooks_delivered", 1).await;
+    let id = payment["id"].as_str().expect("id");
+
+    // The command settled it with the provider's answer to its call; the
+    // webhook then changed nothing, so it needed no provider read.
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_event WHERE outcome = 'processed' AND confirmed_at IS NULL")
+            .await,
+        1
+    );
+    assert_eq!(
+        event_causes(&app, id, "payment.succeeded").await,
+        ["request"]
+    );
+    assert_eq!(
+        event_causes(&app, &order_id, "order.paid").await,
+        ["request"]
+    );
+    assert_eq!(app.charges_for(&order_id).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_webhook_that_settles_first_leaves_the_command_one_answer_and_one_set_of_events() {
+    // The webhook waits only 50 ms for the command, whose charge is
+    // answered after 2.5 s: the webhook confirms with the provider and
+    // settles the payment first. The command's one-statement settlement
+    // then finds the attempt moved, writes nothing, and settles under
+    // locks, where it finds nothing left to change.
+    let app =
+        spawn_app_with(Options::default().serve("ONCEPAY_WEBHOOK_COMMAND_WAIT", "50ms")).await;
+    let order_id = app.create_order().await;
+    let key = uuid::Uuid::new_v4().to_string();
+    let body = json!({"order_id": order_id, "payment_method": "tok_visa+delay=2500"});
+    let first = app.post("/payments", &key, &body).await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let payment = json_of(first).await;
+    assert_eq!(payment["status"], "succeeded");
+    let id = payment["id"].as_str().expect("id");
+
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_event WHERE outcome = 'processed' AND confirmed_at IS NOT NULL")
+            .await,
+        1
+    );
+    assert_eq!(event_causes(&app, id, "payment.pending").await, ["request"]);
+    assert_eq!(
+        event_causes(&app, id, "payment.succeeded").await,
+        ["webhook"]
+    );
+    assert_eq!(
+        event_causes(&app, &order_id, "order.paid").await,
+        ["webhook"]
+    );
+    assert_eq!(app.charges_for(&order_id).await.len(), 1);
+    // The answer is the payment as stored, and a repeat replays it.
+    let stored = json_of(app.get(&format!("/payments/{id}")).await).await;
+    assert_eq!(payment, stored);
+    let again = app.post("/payments", &key, &body).await;
+    assert_eq!(again.status(), StatusCode::CREATED);
+    assert_eq!(json_of(again).await, payment);
+}

@@ -47,37 +47,16 @@ pub struct Fixture {
     pub order_response: String,
 }
 
-/// The service commits claims with `synchronous_commit = off` (on a pool of
-/// its own); pgbench has one connection per client, so the floor switches
-/// the setting around the claim, at the cost of two cheap extra statements.
-fn claim(sql: String) -> String {
-    format!("SET synchronous_commit = off;\n{sql}SET synchronous_commit = on;\n")
-}
-
-/// One create-order: the claim, then the order inserted and the record
-/// completed in one statement. (API keys are cached by the service, so no
-/// authentication query runs per request.)
+/// One create-order as the service runs it for a new key: the claim, the
+/// order and the completed record in one statement. (API keys are cached
+/// by the service, so no authentication query runs per request.)
 pub fn create_order_script(f: &Fixture) -> String {
     let key = "'bench-:client_id-:k'";
-    let token = "md5('t:client_id-:k')::uuid";
     let order_id = "md5('o:client_id-:k')::uuid";
     let merchant = quote(&f.merchant);
     let mut s = String::from("\\set k random(1, 9000000000000000)\n");
-    s += &claim(inline(
-        idempotency::INSERT_OR_RECLAIM,
-        &[
-            &merchant,
-            key,
-            "sha256('fp:client_id-:k')",
-            "'create_order'",
-            &quote(&f.order_request),
-            token,
-            "30000",
-            "86400000",
-        ],
-    ));
     s += &inline(
-        orders::INSERT_COMPLETING,
+        orders::INSERT_CLAIMING,
         &[
             order_id,
             &merchant,
@@ -91,7 +70,10 @@ pub fn create_order_script(f: &Fixture) -> String {
             &format!("convert_to({}, 'UTF8')", quote(&f.order_response)),
             "'/orders/x'",
             key,
-            token,
+            "sha256('fp:client_id-:k')",
+            "'create_order'",
+            &quote(&f.order_request),
+            "86400000",
         ],
     );
     s
@@ -120,9 +102,33 @@ pub fn replay_script(f: &Fixture) -> String {
     s
 }
 
-/// One payment's statements without the provider call: claim, step 1,
-/// step 3, and the sandbox's webhook for it. The
-/// first line (taking the next prepared order) is the floor's own overhead.
+/// An event of a batch, for [`event_arrays`]: id, type, object type and
+/// object id, as SQL literals or expressions.
+struct FloorEvent<'a>(&'a str, &'a str, &'a str, &'a str);
+
+/// An event batch's eight arrays (`store::events::new_events_from_params`)
+/// as literals.
+fn event_arrays(order: &str, events: &[FloorEvent<'_>]) -> Vec<String> {
+    let array = |items: Vec<String>, ty: &str| format!("ARRAY[{}]::{ty}[]", items.join(", "));
+    let each = |value: &str| vec![value.to_string(); events.len()];
+    vec![
+        array(events.iter().map(|e| e.0.to_string()).collect(), "uuid"),
+        array(events.iter().map(|e| quote(e.1)).collect(), "text"),
+        array(events.iter().map(|e| quote(e.2)).collect(), "text"),
+        array(events.iter().map(|e| e.3.to_string()).collect(), "uuid"),
+        array(each(order), "uuid"),
+        array(each("'{\"status\":\"x\"}'"), "jsonb"),
+        array(each("'request'"), "text"),
+        array(each("'req-1'"), "text"),
+    ]
+}
+
+/// One payment's statements as the service runs them, without the
+/// provider call: the read of the order; step 1 with the claim (and the
+/// attempt's event) in one statement; step 3 with the completion (and two
+/// events) in one statement; and the sandbox's webhook for the charge,
+/// which finds it settled and is recorded in one statement. The first
+/// line (taking the next prepared order) is the floor's own overhead.
 pub fn pay_script(f: &Fixture) -> String {
     let merchant = quote(&f.merchant);
     let key = "'pay-:client_id-:k'";
@@ -130,12 +136,26 @@ pub fn pay_script(f: &Fixture) -> String {
     let attempt = "md5('a:client_id-:k')::uuid";
     let charge = "'ch-:client_id-:k'";
     let order = "':order_id'::uuid";
+    let created = "date_trunc('milliseconds', now())";
     let mut s = String::from("\\set k random(1, 9000000000000000)\n");
-    s += "SELECT id AS order_id FROM bench_floor_orders WHERE n = (SELECT nextval('bench_floor_seq')) \\gset\n";
-    s += &claim(inline(
-        idempotency::INSERT_OR_RECLAIM,
-        &[
+    s += "SELECT id AS order_id, updated_at AS order_version FROM bench_floor_orders JOIN orders USING (id) WHERE n = (SELECT nextval('bench_floor_seq')) \\gset\n";
+    s += &inline(orders::GET_UNPAID, &[order, &merchant]);
+    let mut params = event_arrays(
+        order,
+        &[FloorEvent(
+            "md5('e1:client_id-:k')::uuid",
+            "payment.pending",
+            "payment",
+            attempt,
+        )],
+    );
+    params.extend(
+        [
+            order,
             &merchant,
+            "':order_version'",
+            "2800",
+            "'EUR'",
             key,
             "sha256('fp:client_id-:k')",
             "'create_payment'",
@@ -143,75 +163,70 @@ pub fn pay_script(f: &Fixture) -> String {
             token,
             "30000",
             "86400000",
-        ],
-    ));
-    s += "BEGIN;\n";
-    s += &inline(orders::LOCK, &[order, &merchant]);
-    s += &inline(payments::LIVE_ATTEMPT_STATUS, &[order]);
-    s += &inline(
-        payments::INSERT,
-        &[
+            "'attempt_created'",
             attempt,
-            &merchant,
-            order,
-            key,
-            "2800",
-            "'EUR'",
             "'sandbox'",
             "'tok_visa'",
-            "now()",
+            created,
             "10000",
+        ]
+        .map(String::from),
+    );
+    s += &inline(
+        payments::INSERT_CLAIMING,
+        &params.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    let mut params = event_arrays(
+        order,
+        &[
+            FloorEvent(
+                "md5('e2:client_id-:k')::uuid",
+                "payment.succeeded",
+                "payment",
+                attempt,
+            ),
+            FloorEvent("md5('e3:client_id-:k')::uuid", "order.paid", "order", order),
         ],
     );
-    s += &inline(
-        idempotency::RECORD_STEP,
-        &[&merchant, key, token, "'attempt_created'", attempt],
-    );
-    s += "COMMIT;\n";
-    s += "BEGIN;\n";
-    s += &inline(orders::LOCK_BY_ID, &[order]);
-    s += &inline(payments::LOCK, &[attempt]);
-    s += &inline(
-        payments::SET_STATUS,
-        &[attempt, "'succeeded'", charge, "NULL", "NULL"],
-    );
-    s += &inline(orders::SET_STATUS, &[order, "'paid'"]);
-    s += &inline(
-        idempotency::COMPLETE,
-        &[
+    params.extend(
+        [
+            order,
+            "'awaiting_payment'",
+            "':order_version'",
+            "'paid'",
+            attempt,
+            "'succeeded'",
+            charge,
+            "NULL",
+            "NULL",
+            "now()",
             &merchant,
             key,
             token,
             "201",
             &format!("convert_to({}, 'UTF8')", quote(&f.order_response)),
             "'/payments/x'",
-        ],
+        ]
+        .map(String::from),
     );
-    s += "COMMIT;\n";
-    s += "BEGIN;\n";
     s += &inline(
-        webhooks::RECORD,
+        payments::SETTLE_COMPLETING,
+        &params.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    s += &inline(webhooks::EXISTS, &["'sandbox'", "'evt-:client_id-:k'"]);
+    s += &inline(payments::FIND_BY_CHARGE, &["'sandbox'", charge, attempt]);
+    s += &inline(
+        webhooks::RECORD_DONE,
         &[
             "'sandbox'",
             "'evt-:client_id-:k'",
             "'charge.succeeded'",
             "'{}'",
-        ],
-    );
-    s += &inline(payments::FIND_BY_CHARGE, &["'sandbox'", charge, attempt]);
-    s += &inline(orders::LOCK_BY_ID, &[order]);
-    s += &inline(payments::LOCK, &[attempt]);
-    s += &inline(
-        webhooks::SET_OUTCOME,
-        &[
-            "'sandbox'",
-            "'evt-:client_id-:k'",
             "'processed'",
-            "true",
+            "false",
             "NULL",
         ],
     );
-    s += "COMMIT;\n";
     s
 }
 

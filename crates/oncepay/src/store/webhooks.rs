@@ -98,6 +98,10 @@ pub async fn set_outcome(
     Ok(())
 }
 
+/// Whether an event was recorded (see [`exists`]).
+pub const EXISTS: &str =
+    "SELECT EXISTS (SELECT 1 FROM webhook_event WHERE provider = $1 AND event_id = $2)";
+
 /// Whether `(provider, event id)` was recorded already: a duplicate costs
 /// no provider read.
 pub async fn exists(
@@ -105,12 +109,10 @@ pub async fn exists(
     provider: &str,
     event_id: &str,
 ) -> Result<bool, StoreError> {
-    let found: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM webhook_event WHERE provider = $1 AND event_id = $2)",
-    )
-    .bind(provider)
-    .bind(event_id)
-    .fetch_one(conn)
-    .await?;
+    let found: bool = sqlx::query_scalar(EXISTS)
+        .bind(provider)
+        .bind(event_id)
+        .fetch_one(conn)
+        .await?;
     Ok(found)
 }

@@ -123,6 +123,15 @@ impl Target {
         }
     }
 
+    /// Whether the event would move what we hold (so it must be confirmed
+    /// by the provider before anything is applied).
+    fn needs_confirmation(&self, event: &Object) -> bool {
+        matches!(
+            self.status().transition(event.state.status),
+            Transition::Advance(_) | Transition::Contradicted
+        )
+    }
+
     /// A fact of the event that contradicts what we hold, if any.
     fn mismatch(&self, event: &Object) -> Option<String> {
         let (known_id, amount, currency) = match self {
@@ -224,9 +233,6 @@ async fn apply_parsed(
     payload: &Value,
 ) -> Result<Applied, StoreError> {
     let mut conn = ctx.pool.acquire().await?;
-    if store::webhooks::exists(&mut conn, provider, event_id).await? {
-        return Ok(Applied::Done("duplicate"));
-    }
     let kind = envelope.event_type.split('.').next().unwrap_or_default();
     let object: Option<Object> = serde_json::from_value(envelope.data.object.clone()).ok();
     let (mut charge, mut refund) = (None, None);
@@ -250,6 +256,16 @@ async fn apply_parsed(
         (_, Some(refund), _) => Some(Target::Refund(refund)),
         _ => None,
     };
+    // A duplicate is answered before it costs a provider read; one that
+    // needs no read is found by its recording (`ON CONFLICT DO NOTHING`).
+    if let (Some(target), Some(event)) = (&target, &object) {
+        if target.needs_confirmation(event) {
+            let mut conn = ctx.pool.acquire().await?;
+            if store::webhooks::exists(&mut conn, provider, event_id).await? {
+                return Ok(Applied::Done("duplicate"));
+            }
+        }
+    }
     let (outcome, truth) = match (&target, &object) {
         (None, Some(_)) if matches!(kind, "charge" | "refund") => {
             (Outcome::plain("unknown_charge"), None)
@@ -347,11 +363,13 @@ enum Judged {
 /// and, when the provider confirmed the event, the provider's own object to
 /// apply (never the event's).
 async fn judge(ctx: &AppContext, target: &Target, event: &Object) -> Judged {
-    match target.status().transition(event.state.status) {
+    if !target.needs_confirmation(event) {
         // Nothing would move: no read needed, nothing applied.
-        Transition::Unchanged => return Judged::Apply(Outcome::plain("processed"), None),
-        Transition::Ignored => return Judged::Apply(Outcome::plain("ignored"), None),
-        Transition::Advance(_) | Transition::Contradicted => {}
+        let label = match target.status().transition(event.state.status) {
+            Transition::Ignored => "ignored",
+            _ => "processed",
+        };
+        return Judged::Apply(Outcome::plain(label), None);
     }
     if let Some(detail) = target.mismatch(event) {
         return confirmation(ctx, "mismatch", detail);

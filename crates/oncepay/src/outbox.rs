@@ -45,6 +45,18 @@ pub struct Pending {
 }
 
 impl Pending {
+    /// The event without some of its object's fields, which the statement
+    /// that writes it fills in from a row it reads (see
+    /// `store::payments::INSERT_CLAIMING`).
+    pub fn without(mut self, fields: &[&str]) -> Pending {
+        if let Some(object) = self.data.as_object_mut() {
+            for field in fields {
+                object.remove(*field);
+            }
+        }
+        self
+    }
+
     /// The row to insert.
     pub fn as_new(&self) -> NewEvent<'_> {
         NewEvent {

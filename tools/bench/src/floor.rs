@@ -124,8 +124,8 @@ fn event_arrays(order: &str, events: &[FloorEvent<'_>]) -> Vec<String> {
 }
 
 /// One payment's statements as the service runs them, without the
-/// provider call: the read of the order; step 1 with the claim (and the
-/// attempt's event) in one statement; step 3 with the completion (and two
+/// provider call: step 1 with the claim (and the attempt's event) in one
+/// statement; step 3 with the completion (and two
 /// events) in one statement; and the sandbox's webhook for the charge,
 /// which finds it settled and is recorded in one statement. The first
 /// line (taking the next prepared order) is the floor's own overhead.
@@ -139,7 +139,6 @@ pub fn pay_script(f: &Fixture) -> String {
     let created = "date_trunc('milliseconds', now())";
     let mut s = String::from("\\set k random(1, 9000000000000000)\n");
     s += "SELECT id AS order_id, updated_at AS order_version FROM bench_floor_orders JOIN orders USING (id) WHERE n = (SELECT nextval('bench_floor_seq')) \\gset\n";
-    s += &inline(orders::GET_UNPAID, &[order, &merchant]);
     let mut params = event_arrays(
         order,
         &[FloorEvent(
@@ -153,18 +152,15 @@ pub fn pay_script(f: &Fixture) -> String {
         [
             order,
             &merchant,
-            "':order_version'",
-            "2800",
-            "'EUR'",
             key,
             "sha256('fp:client_id-:k')",
             "'create_payment'",
             "'{}'",
+            "'attempt_created'",
+            attempt,
             token,
             "30000",
             "86400000",
-            "'attempt_created'",
-            attempt,
             "'sandbox'",
             "'tok_visa'",
             created,

@@ -216,10 +216,8 @@ pub struct ClaimingStep<P, M> {
     pub point: P,
     /// The resource the step creates.
     pub resource: Uuid,
-    /// Handed to the next step.
-    pub memo: M,
-    /// The statement.
-    pub write: crate::idempotency::ClaimingWrite,
+    /// The statement; it returns what the step hands on.
+    pub write: crate::idempotency::ClaimingWrite<M>,
 }
 
 /// What a step may know of the execution it belongs to: whose it is and
@@ -257,10 +255,9 @@ pub trait Command: Sized + Send + Sync {
 
     /// The first step with the claim of its key, as one statement (see
     /// [`Engine::claim_with_step`](crate::idempotency::Engine::claim_with_step)),
-    /// for the common case of a new key whose step would succeed: what it
-    /// reads to decide (without locks: the statement checks again) and the
-    /// statement. `None` (the default, or when the step would not simply
-    /// succeed): the engine's full protocol runs, and the step with it.
+    /// for the common case of a new key whose step would succeed. `None`
+    /// (the default): the engine's full protocol runs, and the step with
+    /// it; so it does when the statement writes nothing.
     fn first_step_claiming(
         &self,
         _ctx: &AppContext,
@@ -327,8 +324,8 @@ pub async fn run<C: Command>(
             .engine
             .claim_with_step(&request, first.point.as_str(), first.resource, first.write)
             .await?;
-        if let Some(mut claim) = claimed {
-            match drive(ctx, &mut claim, command, Some(first.memo)).await {
+        if let Some((mut claim, memo)) = claimed {
+            match drive(ctx, &mut claim, command, Some(memo)).await {
                 Ok(response) => {
                     ctx.engine.remember(&claim, request.fingerprint, &response);
                     return Ok(Answer {

@@ -102,56 +102,64 @@ impl Command for CreatePayment {
     async fn first_step_claiming(
         &self,
         ctx: &AppContext,
-        merchant_id: Uuid,
+        _merchant_id: Uuid,
     ) -> FirstStepClaiming<PaymentPoint, PaymentMemo> {
-        let mut conn = ctx.pool.acquire().await?;
-        let Some(order) = store::orders::get_unpaid(&mut conn, merchant_id, self.order_id).await?
-        else {
-            // Not found, not payable or in progress: the full protocol
-            // decides, and stores the rejection.
-            return Ok(None);
-        };
+        let attempt_id = Uuid::now_v7();
         // The database keeps microseconds: the memo and a later read must
         // show the same timestamps.
-        let attempt = Payment::pending(
-            Uuid::now_v7(),
-            &order,
-            ctx.provider.name(),
+        let now = Utc::now().trunc_subsecs(6);
+        let provider = ctx.provider.name();
+        // The event's object is the attempt as stored, but for the order's
+        // amount and currency, which the statement takes from the order's
+        // locked row (the order is not read before).
+        let draft = Payment::pending(
+            attempt_id,
+            (self.order_id, 0, ""),
+            provider,
             &self.payment_method,
-            Utc::now().trunc_subsecs(6),
+            now,
         );
-        let event = crate::outbox::of_payment(&attempt, Cause::Command)?;
-        let metrics = ctx.metrics.clone();
-        let check_after = ctx.reconcile_after;
-        let memo = PaymentMemo::Created {
-            attempt: attempt.clone(),
-            order: order.clone(),
-        };
-        let resource = attempt.id;
-        let write: ClaimingWrite = Box::new(move |record, lease_token, recovery_point| {
-            Box::pin(async move {
-                let events = [event.as_new()];
-                let claiming = ClaimingAttempt {
-                    record,
-                    lease_token,
-                    recovery_point,
-                    attempt: &attempt,
-                    order_version: order.updated_at,
-                    check_after,
-                    events: &events,
-                };
-                let written = store::payments::insert_claiming(&mut conn, &claiming).await?;
-                if written {
+        let event =
+            crate::outbox::of_payment(&draft, Cause::Command)?.without(&["amount", "currency"]);
+        let (pool, metrics) = (ctx.pool.clone(), ctx.metrics.clone());
+        let (order_id, check_after) = (self.order_id, ctx.reconcile_after);
+        let payment_method = self.payment_method.clone();
+        let provider = provider.to_string();
+        let write: ClaimingWrite<PaymentMemo> =
+            Box::new(move |record, lease_token, recovery_point| {
+                Box::pin(async move {
+                    let events = [event.as_new()];
+                    let claiming = ClaimingAttempt {
+                        record,
+                        lease_token,
+                        recovery_point,
+                        order_id,
+                        attempt_id,
+                        provider: &provider,
+                        payment_method: &payment_method,
+                        now,
+                        check_after,
+                        events: &events,
+                    };
+                    let Some(order) = store::payments::insert_claiming(&pool, &claiming).await?
+                    else {
+                        return Ok(None);
+                    };
                     count_pending(&metrics);
                     crate::outbox::count(&metrics, std::slice::from_ref(&event));
-                }
-                Ok(written)
-            })
-        });
+                    let attempt = Payment::pending(
+                        attempt_id,
+                        (order.id, order.amount, &order.currency),
+                        &provider,
+                        &payment_method,
+                        now,
+                    );
+                    Ok(Some(PaymentMemo::Created { attempt, order }))
+                })
+            });
         Ok(Some(ClaimingStep {
             point: PaymentPoint::AttemptCreated,
-            resource,
-            memo,
+            resource: attempt_id,
             write,
         }))
     }

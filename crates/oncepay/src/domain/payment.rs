@@ -100,21 +100,21 @@ pub struct Payment {
 }
 
 impl Payment {
-    /// A new attempt, pending, as it will be stored (`now` rounded to the
-    /// database's microseconds): its event and memo can be made before the
-    /// row is written, in the statement that writes it.
+    /// A new attempt, pending, as it is stored (`now` rounded to the
+    /// database's microseconds), for the order `order_id` and its amount
+    /// and currency.
     pub fn pending(
         id: uuid::Uuid,
-        order: &crate::domain::order::Order,
+        (order_id, amount, currency): (uuid::Uuid, i64, &str),
         provider: &str,
         payment_method: &str,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Payment {
         Payment {
             id,
-            order_id: order.id,
-            amount: order.amount,
-            currency: order.currency.clone(),
+            order_id,
+            amount,
+            currency: currency.to_string(),
             status: PaymentStatus::Pending,
             provider: provider.to_string(),
             provider_charge_id: None,

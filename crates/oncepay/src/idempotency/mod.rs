@@ -130,15 +130,16 @@ pub type FencedWrite = Box<
 /// A command's first step written with the claim of its key, in one
 /// statement (see [`Engine::claim_with_step`]): given the new record, our
 /// lease's fencing token and the recovery point the record starts at, it
-/// writes the claim and the step's effect together, or nothing
-/// (`Ok(false)`: the key has a record, or the step's preconditions moved).
-pub type ClaimingWrite = Box<
+/// writes the claim and the step's effect together and returns what the
+/// step hands on (`T`), or writes nothing (`Ok(None)`: the key has a
+/// record, or the step's preconditions do not hold).
+pub type ClaimingWrite<T> = Box<
     dyn for<'a> FnOnce(
             &'a NewRecord<'a>,
             Uuid,
             &'a str,
         ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<bool, StoreError>> + Send + 'a>,
+            Box<dyn std::future::Future<Output = Result<Option<T>, StoreError>> + Send + 'a>,
         > + Send,
 >;
 
@@ -338,23 +339,24 @@ impl Engine {
     /// claim, the step's effect and its recovery point in one statement,
     /// one round trip and one synchronous commit, if the key is new and
     /// the step's preconditions hold. `Ok(Some)`: the claim, already at
-    /// `point` with `resource`, for the driver to go on from. `Ok(None)`:
-    /// nothing was written, and the caller goes through [`Engine::begin`].
-    pub async fn claim_with_step(
+    /// `point` with `resource`, for the driver to go on from, and what the
+    /// step hands on. `Ok(None)`: nothing was written, and the caller goes
+    /// through [`Engine::begin`].
+    pub async fn claim_with_step<T>(
         &self,
         request: &IdempotentRequest,
         point: &str,
         resource: Uuid,
-        write: ClaimingWrite,
-    ) -> Result<Option<Claim>, Problem> {
+        write: ClaimingWrite<T>,
+    ) -> Result<Option<(Claim, T)>, Problem> {
         let new = self.new_record(request);
         let token = Uuid::new_v4();
         let claimed_at = Instant::now();
-        if !write(&new, token, point).await.map_err(store_problem)? {
+        let Some(handed_on) = write(&new, token, point).await.map_err(store_problem)? else {
             return Ok(None);
-        }
+        };
         self.metrics.idempotency("executed");
-        Ok(Some(Claim {
+        let claim = Claim {
             id: request.id.clone(),
             lease: Lease {
                 token,
@@ -364,7 +366,8 @@ impl Engine {
                 request: request.input.clone(),
             },
             fresh_since: Some(claimed_at),
-        }))
+        };
+        Ok(Some((claim, handed_on)))
     }
 
     /// Claims the request's key and says what to do; see the module docs.

@@ -15,8 +15,10 @@ macro_rules! order_columns {
         "id, customer_id, items, amount, currency, status, metadata, created_at, updated_at"
     };
 }
+pub(crate) use order_columns;
 
-fn from_row(row: &PgRow) -> Result<Order, StoreError> {
+/// Reads an order selected with [`order_columns`].
+pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
     let status: String = row.try_get("status")?;
     Ok(Order {
         id: row.try_get("id")?,
@@ -179,32 +181,6 @@ pub async fn lock(
         .bind(id)
         .bind(merchant_id)
         .fetch_optional(tx)
-        .await?;
-    row.as_ref().map(from_row).transpose()
-}
-
-/// Reads an order that awaits payment and has no live attempt.
-pub const GET_UNPAID: &str = concat!(
-    "SELECT ",
-    order_columns!(),
-    " FROM orders o WHERE id = $1 AND merchant_id = $2 AND status = 'awaiting_payment'
-        AND NOT EXISTS (SELECT 1 FROM payment_attempt p
-                         WHERE p.order_id = o.id AND p.status IN ('pending', 'succeeded'))"
-);
-
-/// One of the merchant's orders, if it awaits payment and no attempt is
-/// pending or succeeded: the state a payment's one-statement first step
-/// starts from (`store::payments::insert_claiming`). A plain read: that
-/// statement checks again, under the row lock, that the order is unchanged.
-pub async fn get_unpaid(
-    conn: &mut PgConnection,
-    merchant_id: Uuid,
-    id: Uuid,
-) -> Result<Option<Order>, StoreError> {
-    let row = sqlx::query(GET_UNPAID)
-        .bind(id)
-        .bind(merchant_id)
-        .fetch_optional(conn)
         .await?;
     row.as_ref().map(from_row).transpose()
 }

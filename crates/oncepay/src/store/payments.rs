@@ -125,26 +125,31 @@ pub async fn insert(
 
 /// A payment's first step and the claim of its key in one statement (one
 /// round trip, one synchronous commit), when the key is new: the order,
-/// locked and still as the caller read it (`awaiting_payment`, same
-/// `updated_at`); the idempotency record, claimed under our lease and
-/// already at the step's recovery point; the pending attempt; its event.
-/// Each part is written only if the one before was, so the statement
+/// locked, if it awaits payment with no live attempt; the idempotency
+/// record, claimed under our lease and already at the step's recovery
+/// point; the pending attempt, with the order's amount and currency; its
+/// event, whose object gets the same amount and currency from the order's
+/// row. Each part is written only if the one before was, so the statement
 /// writes all or nothing: nothing when the key has a record (`ON CONFLICT
-/// DO NOTHING`) or the order moved, and an error, mapped to nothing, when
-/// the attempt's constraints refuse it (a live attempt, the key used).
+/// DO NOTHING`) or the order is not payable, and an error, mapped to
+/// nothing, when the attempt's constraints refuse it (a live attempt that
+/// committed meanwhile, the key used). Returns the order as locked.
 pub const INSERT_CLAIMING: &str = concat!(
     "WITH o AS (
-        SELECT id FROM orders
+        SELECT ",
+    super::orders::order_columns!(),
+    " FROM orders
          WHERE id = $9 AND merchant_id = $10 AND status = 'awaiting_payment'
-           AND updated_at = $11 AND amount = $12 AND currency = $13
+           AND NOT EXISTS (SELECT 1 FROM payment_attempt p
+                            WHERE p.order_id = $9 AND p.status IN ('pending', 'succeeded'))
            FOR UPDATE),
      claim AS (
         INSERT INTO idempotency_record
                (merchant_id, idempotency_key, fingerprint, command, request, state,
                 recovery_point, resource_id, lease_token, lease_expires_at, expires_at)
-        SELECT $10, $14, $15, $16, $17, 'executing', $21, $22, $18,
-               now() + $19::bigint * interval '1 millisecond',
-               now() + $20::bigint * interval '1 millisecond'
+        SELECT $10, $11, $12, $13, $14, 'executing', $15, $16, $17,
+               now() + $18::bigint * interval '1 millisecond',
+               now() + $19::bigint * interval '1 millisecond'
           FROM o
         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
         RETURNING 1),
@@ -152,18 +157,21 @@ pub const INSERT_CLAIMING: &str = concat!(
         INSERT INTO payment_attempt
                (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
                 payment_method, next_check_at, created_at, updated_at)
-        SELECT $22, $10, $9, $14, $12, $13, 'pending', $23, $24,
-               now() + $26::bigint * interval '1 millisecond', $25, $25
-         WHERE EXISTS (SELECT 1 FROM claim)
+        SELECT $16, $10, o.id, $11, o.amount, o.currency, 'pending', $20, $21,
+               now() + $23::bigint * interval '1 millisecond', $22, $22
+          FROM o WHERE EXISTS (SELECT 1 FROM claim)
         RETURNING id),
      new_events AS (
-        SELECT n.* FROM ",
+        SELECT n.id, n.type, n.object_type, n.object_id, n.order_id,
+               n.data || jsonb_build_object('amount', o.amount, 'currency', o.currency) AS data,
+               n.cause, n.request_id
+          FROM ",
     super::events::new_events_from_params!(),
-    " WHERE EXISTS (SELECT 1 FROM att)),
+    ", o WHERE EXISTS (SELECT 1 FROM att)),
      ",
     super::events::append_new_events!(),
     "
-     SELECT (SELECT count(*) FROM att) AS written"
+     SELECT o.* FROM o WHERE EXISTS (SELECT 1 FROM att)"
 );
 
 /// What [`insert_claiming`] writes.
@@ -174,46 +182,50 @@ pub struct ClaimingAttempt<'a> {
     pub lease_token: Uuid,
     /// The recovery point the record starts at: the step is done.
     pub recovery_point: &'a str,
-    /// The attempt, as `Payment::pending` made it from the order read.
-    pub attempt: &'a Payment,
-    /// The order's `updated_at` when it was read.
-    pub order_version: DateTime<Utc>,
+    /// The order to pay.
+    pub order_id: Uuid,
+    /// The new attempt's id (also its provider key).
+    pub attempt_id: Uuid,
+    /// Provider name.
+    pub provider: &'a str,
+    /// Provider token.
+    pub payment_method: &'a str,
+    /// Creation time, in the database's microseconds.
+    pub now: DateTime<Utc>,
     /// When the reconciler should first look at it if it stays pending.
     pub check_after: Duration,
-    /// The attempt's events.
+    /// The attempt's events, their objects without the order's amount and
+    /// currency (the statement adds them).
     pub events: &'a [super::events::NewEvent<'a>],
 }
 
-/// See [`INSERT_CLAIMING`]. `false`: nothing was written, and the caller
+/// See [`INSERT_CLAIMING`]. `None`: nothing was written, and the caller
 /// goes through the engine's full protocol, which decides.
 pub async fn insert_claiming(
-    conn: &mut PgConnection,
+    pool: &PgPool,
     w: &ClaimingAttempt<'_>,
-) -> Result<bool, StoreError> {
+) -> Result<Option<Order>, StoreError> {
     let query = super::events::bind_events(sqlx::query(INSERT_CLAIMING), w.events)
-        .bind(w.attempt.order_id)
+        .bind(w.order_id)
         .bind(w.record.id.merchant_id)
-        .bind(w.order_version)
-        .bind(w.attempt.amount)
-        .bind(&w.attempt.currency)
         .bind(&w.record.id.key)
         .bind(w.record.fingerprint)
         .bind(w.record.command)
         .bind(w.record.request)
+        .bind(w.recovery_point)
+        .bind(w.attempt_id)
         .bind(w.lease_token)
         .bind(super::idempotency::millis(w.record.lease))
         .bind(super::idempotency::millis(w.record.ttl))
-        .bind(w.recovery_point)
-        .bind(w.attempt.id)
-        .bind(&w.attempt.provider)
-        .bind(&w.attempt.payment_method)
-        .bind(w.attempt.created_at)
+        .bind(w.provider)
+        .bind(w.payment_method)
+        .bind(w.now)
         .bind(super::idempotency::millis(w.check_after));
-    match query.fetch_one(conn).await {
-        Ok(row) => Ok(row.try_get::<i64, _>("written")? == 1),
+    match query.fetch_optional(pool).await {
+        Ok(row) => row.as_ref().map(super::orders::from_row).transpose(),
         Err(e) => match super::violated_constraint(&e) {
             Some("payment_attempt_order_key_uniq" | "payment_attempt_one_live_per_order") => {
-                Ok(false)
+                Ok(None)
             }
             _ => Err(e.into()),
         },

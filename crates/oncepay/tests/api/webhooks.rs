@@ -236,6 +236,27 @@ async fn a_webhook_that_overtakes_its_command_waits_for_it_and_needs_no_confirma
         ["request"]
     );
     assert_eq!(app.charges_for(&order_id).await.len(), 1);
+    assert_events_show_the_payment_as_stored(&app, id).await;
+}
+
+/// A payment's two events carry the payment as GET shows it: as created
+/// (pending), then as settled.
+async fn assert_events_show_the_payment_as_stored(app: &TestApp, id: &str) {
+    let stored = json_of(app.get(&format!("/payments/{id}")).await).await;
+    let r = app.get(&format!("/payments/{id}/events")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let trail = json_of(r).await;
+    let objects: Vec<&Value> = trail["data"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| &e["data"]["object"])
+        .collect();
+    let mut created = stored.clone();
+    created["status"] = json!("pending");
+    created["provider_charge_id"] = Value::Null;
+    created["updated_at"] = stored["created_at"].clone();
+    assert_eq!(objects, [&created, &stored]);
 }
 
 #[tokio::test]
@@ -271,6 +292,7 @@ async fn a_webhook_that_settles_first_leaves_the_command_one_answer_and_one_set_
         ["webhook"]
     );
     assert_eq!(app.charges_for(&order_id).await.len(), 1);
+    assert_events_show_the_payment_as_stored(&app, id).await;
     // The answer is the payment as stored, and a repeat replays it.
     let stored = json_of(app.get(&format!("/payments/{id}")).await).await;
     assert_eq!(payment, stored);

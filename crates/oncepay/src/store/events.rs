@@ -32,38 +32,9 @@ pub struct NewEvent<'a> {
     pub request_id: Option<&'a str>,
 }
 
-/// Writes the event with the next sequence number of its object and a
-/// pending delivery for every live endpoint of the merchant subscribed to
-/// its type, in one statement. The caller holds the object's row lock, so
-/// `max + 1` cannot race; `event_object_sequence_uniq` guards it anyway.
-pub const APPEND: &str = "WITH ev AS (
-        INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
-                           data, cause, request_id)
-        SELECT $1, o.merchant_id, $2, $3, $4, $5,
-               COALESCE((SELECT max(sequence) FROM event WHERE object_id = $4), 0) + 1,
-               $6, $7, $8
-          FROM orders o WHERE o.id = $5
-        RETURNING id, merchant_id, type, object_id, sequence),
-     fan AS (
-        INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence)
-        SELECT ev.id, w.id, ev.object_id, ev.sequence
-          FROM ev JOIN webhook_endpoint w
-            ON w.merchant_id = ev.merchant_id AND w.deleted_at IS NULL
-           AND w.disabled_at IS NULL AND (ev.type = ANY (w.events) OR '*' = ANY (w.events))
-        RETURNING 1)
-     SELECT ev.sequence, (SELECT count(*) FROM fan) AS deliveries FROM ev";
-
 /// See [`APPEND`]; returns the event's sequence number.
 pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, StoreError> {
-    let row = sqlx::query(APPEND)
-        .bind(event.id)
-        .bind(event.event_type)
-        .bind(event.object_type)
-        .bind(event.object_id)
-        .bind(event.order_id)
-        .bind(event.data)
-        .bind(event.cause)
-        .bind(event.request_id)
+    let row = bind_events(sqlx::query(APPEND), std::slice::from_ref(event))
         .fetch_optional(tx)
         .await?
         .ok_or_else(|| {
@@ -75,13 +46,15 @@ pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, 
     Ok(row.try_get("sequence")?)
 }
 
-/// The events of a change made in one statement (see
-/// `store::payments::INSERT_CLAIMING`), as the tail of its `WITH` list:
-/// the statement defines a CTE `new_events` over [`NEW_EVENTS_FROM_PARAMS`]
-/// (no rows when its change did not happen), and this writes each row as
-/// [`APPEND`] writes one: its object's next sequence number and a delivery
-/// per subscribed endpoint. The statement holds every object's row lock,
-/// and a batch names each object once, so `max + 1` cannot race.
+/// The events of a change, as the tail of a statement's `WITH` list (a
+/// change made in one statement, `store::payments::INSERT_CLAIMING`, or
+/// one event, [`APPEND`]): the statement defines a CTE `new_events` over
+/// [`new_events_from_params`] (no rows when its change did not happen), and
+/// this writes each row with its object's next sequence number and a
+/// pending delivery for every live endpoint of the merchant subscribed to
+/// its type. The statement holds every object's row lock, and a batch
+/// names each object once, so `max + 1` cannot race;
+/// `event_object_sequence_uniq` guards it anyway.
 macro_rules! append_new_events {
     () => {
         "ev AS (
@@ -119,29 +92,19 @@ pub fn bind_events<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     events: &[NewEvent<'_>],
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    let texts = |field: for<'a> fn(&'a NewEvent<'a>) -> &'a str| -> Vec<String> {
+        events.iter().map(|e| field(e).to_string()).collect()
+    };
+    let ids =
+        |field: fn(&NewEvent<'_>) -> Uuid| -> Vec<Uuid> { events.iter().map(field).collect() };
     query
-        .bind(events.iter().map(|e| e.id).collect::<Vec<_>>())
-        .bind(
-            events
-                .iter()
-                .map(|e| e.event_type.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.object_type.to_string())
-                .collect::<Vec<_>>(),
-        )
-        .bind(events.iter().map(|e| e.object_id).collect::<Vec<_>>())
-        .bind(events.iter().map(|e| e.order_id).collect::<Vec<_>>())
+        .bind(ids(|e| e.id))
+        .bind(texts(|e| e.event_type))
+        .bind(texts(|e| e.object_type))
+        .bind(ids(|e| e.object_id))
+        .bind(ids(|e| e.order_id))
         .bind(events.iter().map(|e| e.data.clone()).collect::<Vec<_>>())
-        .bind(
-            events
-                .iter()
-                .map(|e| e.cause.to_string())
-                .collect::<Vec<_>>(),
-        )
+        .bind(texts(|e| e.cause))
         .bind(
             events
                 .iter()
@@ -149,6 +112,18 @@ pub fn bind_events<'q>(
                 .collect::<Vec<_>>(),
         )
 }
+
+/// Writes one event and its deliveries in one statement: a batch of one
+/// (see [`append_new_events`]).
+pub const APPEND: &str = concat!(
+    "WITH new_events AS (SELECT * FROM ",
+    new_events_from_params!(),
+    "),
+     ",
+    append_new_events!(),
+    "
+     SELECT ev.sequence FROM ev"
+);
 
 /// An event as the API shows it: what receivers get (`id`, `type`,
 /// `created_at`, `sequence`, `data.object`) and, for the trail, what made

@@ -33,6 +33,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+use crate::commands::local_runs::Waited;
 use crate::commands::settle::{self, Cause};
 use crate::commands::AppContext;
 use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
@@ -87,8 +88,9 @@ enum Target {
 /// it has, the event changes nothing, and costs neither a confirmation
 /// read nor row locks. Bounded: a command whose process died holds its
 /// lease until the lease expires, and after the wait the event is
-/// confirmed and applied as usual. Polls, holding no connection while it
-/// sleeps.
+/// confirmed and applied as usual. Holds no connection while it waits:
+/// woken when the command ends if it runs in this process
+/// ([`LocalRuns`](crate::commands::local_runs::LocalRuns)), else polling.
 async fn after_command(
     ctx: &AppContext,
     mut found: store::payments::Found,
@@ -105,10 +107,17 @@ async fn after_command(
         if !found.command_executing || !would_move || now >= deadline {
             return Ok(found.attempt);
         }
-        tokio::time::sleep(pause.min(deadline - now)).await;
-        pause = (pause * 2).min(Duration::from_millis(25));
+        let attempt_id = found.attempt.id;
+        let woken = ctx
+            .local_runs
+            .wait_for_end(attempt_id, deadline - now)
+            .await;
+        if woken == Waited::NotHere {
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_millis(25));
+        }
         let mut conn = ctx.pool.acquire().await?;
-        match store::payments::find_again(&mut conn, found.attempt.id).await? {
+        match store::payments::find_again(&mut conn, attempt_id).await? {
             Some(again) => found = again,
             None => return Ok(found.attempt),
         }

@@ -87,6 +87,7 @@ impl Application {
             reconcile_after: config.reconcile_after,
             pending_alarm: config.pending_alarm,
             webhook_command_wait: config.webhook_command_wait,
+            local_runs: Default::default(),
             checkout: crate::commands::CheckoutSettings {
                 ttl: config.checkout_ttl,
                 public_url: config

@@ -318,6 +318,28 @@ async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// Lets the database finish what earlier phases left it (a checkpoint of
+/// their dirty pages, autovacuum of the rows they wrote) before a phase is
+/// measured: without it, an open loop run right after a pgbench sweep
+/// measured the sweep's aftermath (create-order at 80 %: p99 197 ms after
+/// the sweep, 25 ms without it). Waits at most 30 s.
+async fn quiesce(db: &PgPool) {
+    let _ = sqlx::query("CHECKPOINT").execute(db).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        let busy: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
+        )
+        .fetch_one(db)
+        .await
+        .unwrap_or(0);
+        if busy == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The scenario again at a constant 50 % and 80 % of the rate the closed
 /// loop reached, half the duration each: latencies at a load the service
 /// carries, not queueing at saturation.
@@ -329,6 +351,7 @@ async fn open_loop(b: &Bench<'_>, max_rate: f64, make: &MakeRequest) -> Vec<(f64
             "  open loop at {rate:.0} req/s ({:.0} % of the maximum) ...",
             share * 100.0
         );
+        quiesce(b.db).await;
         let d = b.args.duration / 2;
         // Connection numbers of their own, so no key meets the closed loop's.
         let space = 1_000_000 * (1 + runs.len());
@@ -550,6 +573,7 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&order_body())
         })
     };
+    quiesce(b.db).await;
     let outcome = load::run(c, d, make.clone()).await;
     let created = count(b.db, "SELECT count(*) FROM orders").await? - before;
     b.sample_rss();
@@ -560,6 +584,7 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
             outcome.count(201)
         ),
     );
+    let open = open_loop(b, outcome.rate(), &make).await;
     let floor = if !b.args.no_floor {
         eprintln!("  floor (pgbench) ...");
         Some(measure_floor(b.stack, &floor::create_order_script(&b.fixture), c, d).await?)
@@ -567,7 +592,6 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
         None
     };
     let ceiling = measure_ceiling(b, &floor::minimal_create_script(&b.fixture)).await?;
-    let open = open_loop(b, outcome.rate(), &make).await;
     Ok(Row {
         scenario: "create-order",
         connections: c,
@@ -620,6 +644,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
         })
     };
+    quiesce(b.db).await;
     let outcome = load::run(c, d, make.clone()).await;
     b.sample_rss();
     let charges = ledger_charges(b.stack).await? - charges_before;
@@ -634,6 +659,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         charges == ok && attempts == ok,
         format!("{charges} sandbox charges, {attempts} succeeded attempts for {ok} answers 201"),
     );
+    let open = open_loop(b, outcome.rate(), &make).await;
     let floor = if !b.args.no_floor {
         eprintln!("  floor (pgbench) ...");
         sqlx::raw_sql(
@@ -660,7 +686,6 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         None
     };
     let ceiling = measure_ceiling(b, &floor::minimal_pay_script(&b.fixture)).await?;
-    let open = open_loop(b, outcome.rate(), &make).await;
     Ok(Row {
         scenario: "pay",
         connections: c,
@@ -693,6 +718,7 @@ async fn replay(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&order_body())
         })
     };
+    quiesce(b.db).await;
     let outcome = load::run(rc, d, make).await;
     b.sample_rss();
     let executions = count(b.db, "SELECT count(*) FROM orders").await? - before;
@@ -775,6 +801,7 @@ async fn mixed(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&order_body())
         })
     };
+    quiesce(b.db).await;
     let outcome = load::run(c, d, make).await;
     b.sample_rss();
     let executed = count(b.db, "SELECT count(*) FROM orders").await? - before;

@@ -13,6 +13,7 @@
 //! the key and what waits.
 
 pub mod checkout;
+pub mod local_runs;
 pub mod orders;
 pub mod payments;
 pub mod refunds;
@@ -54,6 +55,8 @@ pub struct AppContext {
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (`ONCEPAY_WEBHOOK_COMMAND_WAIT`).
     pub webhook_command_wait: Duration,
+    /// Commands executing in this process, for webhooks waiting on them.
+    pub local_runs: local_runs::LocalRuns,
     /// Hosted checkout pages.
     pub checkout: CheckoutSettings,
 }
@@ -416,6 +419,9 @@ async fn steps<C: Command>(
     command: &C,
     mut memo: Option<C::Memo>,
 ) -> Result<Completed, CommandError> {
+    // Held until the last write committed or the command failed: a webhook
+    // waiting here for this command is woken when this returns.
+    let mut executing = claim.resource_id().map(|r| ctx.local_runs.enter(r));
     loop {
         let at = match (claim.recovery_point(), claim.resource_id()) {
             (STARTED, _) => At::Start,
@@ -447,6 +453,9 @@ async fn steps<C: Command>(
             } => {
                 claim.record_step(&mut tx, point.as_str(), resource).await?;
                 tx.commit().await?;
+                if executing.is_none() {
+                    executing = Some(ctx.local_runs.enter(resource));
+                }
                 tracing::debug!(point = point.as_str(), "step recorded");
                 memo = Some(next);
             }

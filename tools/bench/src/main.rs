@@ -357,7 +357,12 @@ async fn open_loop(b: &Bench<'_>, max_rate: f64, make: &MakeRequest) -> Vec<(f64
         let space = 1_000_000 * (1 + runs.len());
         let inner = make.clone();
         let make: MakeRequest = Arc::new(move |client, c, n| inner(client, space + c, n));
-        runs.push((share, load::run_open(rate, d, 256, make).await));
+        // As many connections as the closed loop, as wrk2 keeps a fixed
+        // set: a request that finds them all busy waits, and its wait
+        // counts. (Up to 256 opened under a backlog cost more in new
+        // connections than they relieved, and tipped 80 % into overload.)
+        let connections = usize::from(b.args.connections);
+        runs.push((share, load::run_open(rate, d, connections, make).await));
     }
     runs
 }

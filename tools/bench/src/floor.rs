@@ -282,6 +282,50 @@ UPDATE payment_attempt SET updated_at = now()
     )
 }
 
+/// [`minimal_pay_script`] with what the merchant-webhooks issue adds to
+/// every payment: the transactional outbox's three event rows (the
+/// attempt's `payment.created` with step 1, `payment.succeeded` and the
+/// order's `order.paid` with the outcome), each carrying an object of the
+/// size the service stores. Not the ceiling (the issue's least SQL has no
+/// outbox): a second reference that shows how much of the gap is the
+/// outbox every correct oncepay must also write.
+pub fn minimal_pay_with_outbox_script(f: &Fixture) -> String {
+    let m = quote(&f.merchant);
+    format!(
+        "\\set k random(1, 9000000000000000)
+SELECT id AS order_id FROM bench_floor_orders WHERE n = (SELECT nextval('bench_floor_seq')) \\gset
+WITH a AS (INSERT INTO payment_attempt (id, merchant_id, order_id, idempotency_key, amount, currency,
+    status, provider, payment_method, next_check_at, created_at, updated_at)
+  VALUES (md5('a:client_id-:k')::uuid, {m}, ':order_id', 'minpayo-:client_id-:k', 2800, 'EUR', 'pending',
+    'sandbox', 'tok_visa', now() + interval '10 seconds', now(), now()) RETURNING id, order_id),
+  e AS (INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence, data, cause)
+    SELECT md5('e1:client_id-:k')::uuid, {m}::uuid, 'payment.created', 'payment', a.id, a.order_id, 1, {obj}::jsonb,
+      'request' FROM a)
+INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
+    recovery_point, resource_id, expires_at)
+  SELECT {m}, 'minpayo-:client_id-:k', sha256('fp:client_id-:k'), 'create_payment', '{{}}', 'executing',
+    'attempt_created', a.id, now() + interval '1 day' FROM a;
+WITH p AS (UPDATE payment_attempt SET status = 'succeeded', provider_charge_id = 'ch-:client_id-:k',
+    updated_at = now() WHERE id = md5('a:client_id-:k')::uuid RETURNING id, order_id),
+  o AS (UPDATE orders SET status = 'paid', updated_at = now() WHERE id IN (SELECT order_id FROM p) RETURNING id),
+  e AS (INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence, data, cause)
+    SELECT md5('e2:client_id-:k')::uuid, {m}::uuid, 'payment.succeeded', 'payment', p.id, p.order_id, 2, {obj}::jsonb,
+      'request' FROM p
+    UNION ALL
+    SELECT md5('e3:client_id-:k')::uuid, {m}::uuid, 'order.paid', 'order', o.id, o.id, 1, {obj}::jsonb,
+      'request' FROM o)
+UPDATE idempotency_record SET state = 'completed', recovery_point = 'finished', response_status = 201,
+    response_body = convert_to({obj}, 'UTF8'), updated_at = now()
+  WHERE merchant_id = {m} AND idempotency_key = 'minpayo-:client_id-:k' AND EXISTS (SELECT 1 FROM o);
+WITH w AS (INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
+  VALUES ('sandbox', 'minevto-:client_id-:k', 'charge.succeeded', '{{}}', 'processed') RETURNING 1)
+UPDATE payment_attempt SET updated_at = now()
+  WHERE id = md5('a:client_id-:k')::uuid AND status = 'pending' AND EXISTS (SELECT 1 FROM w);
+",
+        obj = quote(&f.order_response),
+    )
+}
+
 /// The least a replay must do: one primary-key read of the completed record.
 pub fn minimal_replay_script(f: &Fixture) -> String {
     format!(

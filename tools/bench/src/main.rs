@@ -86,6 +86,9 @@ struct Row {
     ceiling: Vec<(usize, floor::Floor)>,
     /// Open-loop runs: (share of the closed-loop maximum, outcome).
     open: Vec<(f64, load::Outcome)>,
+    /// pay only: the ceiling's SQL plus the outbox's event rows, at the
+    /// ceiling's best connection count (an explanation, not the ceiling).
+    with_outbox: Option<(usize, floor::Floor)>,
     check: String,
 }
 
@@ -512,6 +515,16 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
             out += "\n";
         }
     }
+    for r in rows {
+        if let Some((clients, f)) = r.with_outbox {
+            out += &format!(
+                "\n{}'s ceiling with the outbox's event rows added (three per payment, as the service writes them; {clients} connections): {:.0} tx/s, the service {:.2}× of it.\n",
+                r.scenario,
+                f.tps,
+                r.outcome.rate() / f.tps
+            );
+        }
+    }
     out += &format!(
         "\nRSS of `oncepay serve`: {:.1} MiB idle, {:.1} MiB peak under load.\n",
         idle_rss as f64 / 1024.0,
@@ -604,6 +617,7 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
         floor,
         ceiling,
         open,
+        with_outbox: None,
         check,
     })
 }
@@ -691,6 +705,18 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         None
     };
     let ceiling = measure_ceiling(b, &floor::minimal_pay_script(&b.fixture)).await?;
+    let with_outbox = match floor::best(&ceiling) {
+        Some((clients, _)) => {
+            eprintln!("  the ceiling with the outbox's events ({clients} connections) ...");
+            let script = floor::minimal_pay_with_outbox_script(&b.fixture);
+            let each = d.min(Duration::from_secs(4));
+            Some((
+                clients,
+                floor::run(&b.stack.db_url, &script, clients, each).await?,
+            ))
+        }
+        None => None,
+    };
     Ok(Row {
         scenario: "pay",
         connections: c,
@@ -698,6 +724,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         floor,
         ceiling,
         open,
+        with_outbox,
         check,
     })
 }
@@ -760,6 +787,7 @@ async fn replay(b: &Bench<'_>) -> Result<Row, String> {
         floor,
         ceiling,
         open: Vec::new(),
+        with_outbox: None,
         check,
     })
 }
@@ -825,6 +853,7 @@ async fn mixed(b: &Bench<'_>) -> Result<Row, String> {
         floor: None,
         ceiling: Vec::new(),
         open: Vec::new(),
+        with_outbox: None,
         check,
     })
 }

@@ -321,19 +321,26 @@ async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// Lets the database finish what earlier phases left it (a checkpoint of
-/// their dirty pages, autovacuum of the rows they wrote) before a phase is
+/// Lets the database finish what earlier phases left it before a phase is
 /// measured: without it, an open loop run right after a pgbench sweep
 /// measured the sweep's aftermath (create-order at 80 %: p99 197 ms after
-/// the sweep, 25 ms without it). Waits at most 30 s.
-async fn quiesce(db: &PgPool) {
-    let _ = sqlx::query("CHECKPOINT").execute(db).await;
+/// the sweep, 25 ms without it), and an autovacuum of the tables the
+/// sweeps and the preparation filled could start mid-phase (pay at 80 %
+/// fell to 327 of 426 req/s in a full run, never in pay-only runs). So:
+/// vacuum and analyse now, on our schedule (not with `--records`, where
+/// the sweeper's deletes and autovacuum's pace are part of what is
+/// measured), checkpoint, and wait (at most 30 s) for any autovacuum.
+async fn quiesce(b: &Bench<'_>) {
+    if b.args.records == 0 {
+        let _ = sqlx::raw_sql("VACUUM (ANALYZE)").execute(b.db).await;
+    }
+    let _ = sqlx::query("CHECKPOINT").execute(b.db).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {
         let busy: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
         )
-        .fetch_one(db)
+        .fetch_one(b.db)
         .await
         .unwrap_or(0);
         if busy == 0 {
@@ -354,7 +361,7 @@ async fn open_loop(b: &Bench<'_>, max_rate: f64, make: &MakeRequest) -> Vec<(f64
             "  open loop at {rate:.0} req/s ({:.0} % of the maximum) ...",
             share * 100.0
         );
-        quiesce(b.db).await;
+        quiesce(b).await;
         let d = b.args.duration / 2;
         // Connection numbers of their own, so no key meets the closed loop's.
         let space = 1_000_000 * (1 + runs.len());
@@ -365,7 +372,20 @@ async fn open_loop(b: &Bench<'_>, max_rate: f64, make: &MakeRequest) -> Vec<(f64
         // counts. (Up to 256 opened under a backlog cost more in new
         // connections than they relieved, and tipped 80 % into overload.)
         let connections = usize::from(b.args.connections);
-        runs.push((share, load::run_open(rate, d, connections, make).await));
+        let outcome = load::run_open(rate, d, connections, make).await;
+        // What the provider's webhooks came to so far: a webhook that gave
+        // up waiting for its command is confirmed by a provider read.
+        if let Ok(rows) = sqlx::query_as::<_, (String, bool, i64)>(
+            "SELECT outcome, confirmed_at IS NOT NULL, count(*) FROM webhook_event GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .fetch_all(b.db)
+        .await
+        {
+            if !rows.is_empty() {
+                eprintln!("    webhooks so far (outcome, confirmed by a read, count): {rows:?}");
+            }
+        }
+        runs.push((share, outcome));
     }
     runs
 }
@@ -591,7 +611,7 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&order_body())
         })
     };
-    quiesce(b.db).await;
+    quiesce(b).await;
     let outcome = load::run(c, d, make.clone()).await;
     let created = count(b.db, "SELECT count(*) FROM orders").await? - before;
     b.sample_rss();
@@ -663,7 +683,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
         })
     };
-    quiesce(b.db).await;
+    quiesce(b).await;
     let outcome = load::run(c, d, make.clone()).await;
     b.sample_rss();
     let charges = ledger_charges(b.stack).await? - charges_before;
@@ -750,7 +770,7 @@ async fn replay(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&order_body())
         })
     };
-    quiesce(b.db).await;
+    quiesce(b).await;
     let outcome = load::run(rc, d, make).await;
     b.sample_rss();
     let executions = count(b.db, "SELECT count(*) FROM orders").await? - before;
@@ -834,7 +854,7 @@ async fn mixed(b: &Bench<'_>) -> Result<Row, String> {
                 .json(&order_body())
         })
     };
-    quiesce(b.db).await;
+    quiesce(b).await;
     let outcome = load::run(c, d, make).await;
     b.sample_rss();
     let executed = count(b.db, "SELECT count(*) FROM orders").await? - before;

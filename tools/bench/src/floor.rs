@@ -255,31 +255,7 @@ INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, statu
 /// statement (three round trips, three synchronous commits). The first
 /// line takes the next prepared order (the floor's own overhead).
 pub fn minimal_pay_script(f: &Fixture) -> String {
-    let m = quote(&f.merchant);
-    format!(
-        "\\set k random(1, 9000000000000000)
-SELECT id AS order_id FROM bench_floor_orders WHERE n = (SELECT nextval('bench_floor_seq')) \\gset
-WITH a AS (INSERT INTO payment_attempt (id, merchant_id, order_id, idempotency_key, amount, currency,
-    status, provider, payment_method, next_check_at, created_at, updated_at)
-  VALUES (md5('a:client_id-:k')::uuid, {m}, ':order_id', 'minpay-:client_id-:k', 2800, 'EUR', 'pending',
-    'sandbox', 'tok_visa', now() + interval '10 seconds', now(), now()) RETURNING id)
-INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
-    recovery_point, resource_id, expires_at)
-  SELECT {m}, 'minpay-:client_id-:k', sha256('fp:client_id-:k'), 'create_payment', '{{}}', 'executing',
-    'attempt_created', a.id, now() + interval '1 day' FROM a;
-WITH p AS (UPDATE payment_attempt SET status = 'succeeded', provider_charge_id = 'ch-:client_id-:k',
-    updated_at = now() WHERE id = md5('a:client_id-:k')::uuid RETURNING order_id),
-  o AS (UPDATE orders SET status = 'paid', updated_at = now() WHERE id IN (SELECT order_id FROM p) RETURNING 1)
-UPDATE idempotency_record SET state = 'completed', recovery_point = 'finished', response_status = 201,
-    response_body = convert_to({resp}, 'UTF8'), updated_at = now()
-  WHERE merchant_id = {m} AND idempotency_key = 'minpay-:client_id-:k' AND EXISTS (SELECT 1 FROM o);
-WITH w AS (INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
-  VALUES ('sandbox', 'minevt-:client_id-:k', 'charge.succeeded', '{{}}', 'processed') RETURNING 1)
-UPDATE payment_attempt SET updated_at = now()
-  WHERE id = md5('a:client_id-:k')::uuid AND status = 'pending' AND EXISTS (SELECT 1 FROM w);
-",
-        resp = quote(&f.order_response),
-    )
+    pay_script_with(f, false)
 }
 
 /// [`minimal_pay_script`] with what the merchant-webhooks issue adds to
@@ -290,39 +266,68 @@ UPDATE payment_attempt SET updated_at = now()
 /// outbox): a second reference that shows how much of the gap is the
 /// outbox every correct oncepay must also write.
 pub fn minimal_pay_with_outbox_script(f: &Fixture) -> String {
+    pay_script_with(f, true)
+}
+
+/// The minimal pay script, with or without the outbox's event rows (as
+/// extra CTEs of the same statements, so the round trips are the same).
+fn pay_script_with(f: &Fixture, outbox: bool) -> String {
     let m = quote(&f.merchant);
+    let obj = quote(&f.order_response);
+    // Keys of their own, so both scripts can run on one database.
+    let tag = if outbox { "minpayo" } else { "minpay" };
+    let event = |id: &str, kind: &str, object_type: &str, from: &str, order: &str, seq: u8| {
+        format!(
+            "SELECT md5('{id}:client_id-:k')::uuid, {m}::uuid, '{kind}', '{object_type}', {from}.id, \
+             {order}, {seq}, {obj}::jsonb, 'request' FROM {from}"
+        )
+    };
+    let insert_events = |rows: &[String]| {
+        format!(
+            ",\n  e AS (INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence, data, cause)\n    {})",
+            rows.join("\n    UNION ALL\n    ")
+        )
+    };
+    let (created, settled) = if outbox {
+        (
+            insert_events(&[event(
+                "e1",
+                "payment.created",
+                "payment",
+                "a",
+                "a.order_id",
+                1,
+            )]),
+            insert_events(&[
+                event("e2", "payment.succeeded", "payment", "p", "p.order_id", 2),
+                event("e3", "order.paid", "order", "o", "o.id", 1),
+            ]),
+        )
+    } else {
+        (String::new(), String::new())
+    };
     format!(
         "\\set k random(1, 9000000000000000)
 SELECT id AS order_id FROM bench_floor_orders WHERE n = (SELECT nextval('bench_floor_seq')) \\gset
 WITH a AS (INSERT INTO payment_attempt (id, merchant_id, order_id, idempotency_key, amount, currency,
     status, provider, payment_method, next_check_at, created_at, updated_at)
-  VALUES (md5('a:client_id-:k')::uuid, {m}, ':order_id', 'minpayo-:client_id-:k', 2800, 'EUR', 'pending',
-    'sandbox', 'tok_visa', now() + interval '10 seconds', now(), now()) RETURNING id, order_id),
-  e AS (INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence, data, cause)
-    SELECT md5('e1:client_id-:k')::uuid, {m}::uuid, 'payment.created', 'payment', a.id, a.order_id, 1, {obj}::jsonb,
-      'request' FROM a)
+  VALUES (md5('a:client_id-:k')::uuid, {m}, ':order_id', '{tag}-:client_id-:k', 2800, 'EUR', 'pending',
+    'sandbox', 'tok_visa', now() + interval '10 seconds', now(), now()) RETURNING id, order_id){created}
 INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command, request, state,
     recovery_point, resource_id, expires_at)
-  SELECT {m}, 'minpayo-:client_id-:k', sha256('fp:client_id-:k'), 'create_payment', '{{}}', 'executing',
+  SELECT {m}, '{tag}-:client_id-:k', sha256('fp:client_id-:k'), 'create_payment', '{{}}', 'executing',
     'attempt_created', a.id, now() + interval '1 day' FROM a;
 WITH p AS (UPDATE payment_attempt SET status = 'succeeded', provider_charge_id = 'ch-:client_id-:k',
     updated_at = now() WHERE id = md5('a:client_id-:k')::uuid RETURNING id, order_id),
-  o AS (UPDATE orders SET status = 'paid', updated_at = now() WHERE id IN (SELECT order_id FROM p) RETURNING id),
-  e AS (INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence, data, cause)
-    SELECT md5('e2:client_id-:k')::uuid, {m}::uuid, 'payment.succeeded', 'payment', p.id, p.order_id, 2, {obj}::jsonb,
-      'request' FROM p
-    UNION ALL
-    SELECT md5('e3:client_id-:k')::uuid, {m}::uuid, 'order.paid', 'order', o.id, o.id, 1, {obj}::jsonb,
-      'request' FROM o)
+  o AS (UPDATE orders SET status = 'paid', updated_at = now() WHERE id IN (SELECT order_id FROM p) RETURNING id){settled}
 UPDATE idempotency_record SET state = 'completed', recovery_point = 'finished', response_status = 201,
     response_body = convert_to({obj}, 'UTF8'), updated_at = now()
-  WHERE merchant_id = {m} AND idempotency_key = 'minpayo-:client_id-:k' AND EXISTS (SELECT 1 FROM o);
+  WHERE merchant_id = {m} AND idempotency_key = '{tag}-:client_id-:k' AND EXISTS (SELECT 1 FROM o);
 WITH w AS (INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
-  VALUES ('sandbox', 'minevto-:client_id-:k', 'charge.succeeded', '{{}}', 'processed') RETURNING 1)
+  VALUES ('sandbox', '{tag}-evt-:client_id-:k', 'charge.succeeded', '{{}}', 'processed') RETURNING 1)
 UPDATE payment_attempt SET updated_at = now()
   WHERE id = md5('a:client_id-:k')::uuid AND status = 'pending' AND EXISTS (SELECT 1 FROM w);
 ",
-        obj = quote(&f.order_response),
     )
 }
 

@@ -325,11 +325,12 @@ async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
 /// measured: without it, an open loop run right after a pgbench sweep
 /// measured the sweep's aftermath (create-order at 80 %: p99 197 ms after
 /// the sweep, 25 ms without it), and an autovacuum of the tables the
-/// sweeps and the preparation filled could start mid-phase (pay at 80 %
-/// fell to 327 of 426 req/s in a full run, never in pay-only runs). So:
-/// vacuum and analyse now, on our schedule (not with `--records`, where
-/// the sweeper's deletes and autovacuum's pace are part of what is
-/// measured), checkpoint, and wait (at most 30 s) for any autovacuum.
+/// sweeps and the preparation filled could start mid-phase. So: vacuum and
+/// analyse now, on our schedule (not with `--records`, where the sweeper's
+/// deletes and autovacuum's pace are part of what is measured), checkpoint,
+/// and wait (at most 30 s) for any autovacuum. Analysing every table as the
+/// service then finds it is also how the plan hazard behind
+/// `oncepay::store::KEYED_ACCESS` was found.
 async fn quiesce(b: &Bench<'_>) {
     if b.args.records == 0 {
         let _ = sqlx::raw_sql("VACUUM (ANALYZE)").execute(b.db).await;

@@ -324,17 +324,12 @@ async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
 /// Lets the database finish what earlier phases left it before a phase is
 /// measured: without it, an open loop run right after a pgbench sweep
 /// measured the sweep's aftermath (create-order at 80 %: p99 197 ms after
-/// the sweep, 25 ms without it), and an autovacuum of the tables the
-/// sweeps and the preparation filled could start mid-phase. So: vacuum and
-/// analyse now, on our schedule (not with `--records`, where the sweeper's
-/// deletes and autovacuum's pace are part of what is measured), checkpoint,
-/// and wait (at most 30 s) for any autovacuum. Analysing every table as the
-/// service then finds it is also how the plan hazard behind
-/// `oncepay::store::KEYED_ACCESS` was found.
+/// the sweep, 25 ms without it). Checkpoints, then waits (at most 30 s)
+/// for any autovacuum. It does not vacuum or analyse itself: analysing
+/// `payment_attempt` while it is empty leaves the service's generic plans
+/// scanning it whole as it fills (BENCHMARKS.md, step 15), which a bench
+/// should report, not cause.
 async fn quiesce(b: &Bench<'_>) {
-    if b.args.records == 0 {
-        let _ = sqlx::raw_sql("VACUUM (ANALYZE)").execute(b.db).await;
-    }
     let _ = sqlx::query("CHECKPOINT").execute(b.db).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while std::time::Instant::now() < deadline {

@@ -85,7 +85,7 @@ pub fn pool(database_url: &str, max_connections: u32) -> Result<PgPool, StoreErr
     let options = PgConnectOptions::from_str(database_url)
         .map_err(StoreError::Other)?
         .application_name("oncepay")
-        .options([GENERIC_PLANS, KEYED_ACCESS]);
+        .options([GENERIC_PLANS]);
     Ok(pool_with(options, max_connections))
 }
 
@@ -98,20 +98,6 @@ pub fn pool(database_url: &str, max_connections: u32) -> Result<PgPool, StoreErr
 /// their execution), which cost the pay path more CPU than its SQL.
 pub const GENERIC_PLANS: (&str, &str) = ("plan_cache_mode", "force_generic_plan");
 
-/// A table is read whole only when no index can serve the query. A generic
-/// plan is made once per connection and kept until the table is next
-/// analysed; one made while a table was nearly empty (analysed right after
-/// a deploy, or by autovacuum after its first 50 rows) scans it whole, and
-/// keeps scanning it as it grows, until autovacuum analyses it again, up to
-/// a minute later. Measured (`make bench` after a `VACUUM ANALYZE` of the
-/// empty `payment_attempt`): pay fell from ~520 to 294–410 req/s, step 1
-/// taking 1.7 ms instead of 0.5, `auto_explain` showing sequential scans
-/// of `payment_attempt` and `event` past 8,000 rows. The service's hot
-/// statements find their rows by key, so this only takes away the
-/// planner's bet that a table stays small; a query no index can serve
-/// still scans the table.
-pub const KEYED_ACCESS: (&str, &str) = ("enable_seqscan", "off");
-
 /// Opens the pool for idempotency claims, whose connections commit with
 /// `synchronous_commit = off`. Only statements that record no effect run
 /// there (claiming a key, taking a lease over, freeing an effect-free key):
@@ -123,7 +109,7 @@ pub fn claims_pool(database_url: &str, max_connections: u32) -> Result<PgPool, S
     let options = PgConnectOptions::from_str(database_url)
         .map_err(StoreError::Other)?
         .application_name("oncepay-claims")
-        .options([("synchronous_commit", "off"), GENERIC_PLANS, KEYED_ACCESS]);
+        .options([("synchronous_commit", "off"), GENERIC_PLANS]);
     Ok(pool_with(options, max_connections))
 }
 

@@ -395,37 +395,3 @@ async fn concurrent_payments_of_one_order_under_different_keys_charge_once() {
         assert_eq!(&json_of(again).await, answer);
     }
 }
-
-/// The pay path's lookups by key keep using their indexes when the plan
-/// was made while the table was empty (analysed right after a deploy, or
-/// by autovacuum after its first rows): the service's connections never
-/// bet that a table stays small (`store::KEYED_ACCESS`). A sequential scan
-/// there made every payment slower as the table filled, until the next
-/// ANALYZE.
-#[tokio::test]
-async fn lookups_by_key_use_their_index_even_when_planned_on_an_empty_table() {
-    let app = spawn_app().await;
-    sqlx::raw_sql("VACUUM ANALYZE payment_attempt, event")
-        .execute(&app.db)
-        .await
-        .expect("analyse the empty tables");
-    let lookups = [
-        // Step 1: does the order have a live attempt?
-        "EXPLAIN SELECT 1 FROM payment_attempt p WHERE p.order_id = $1 AND p.status IN ('pending', 'succeeded')",
-        // Every event: the object's last sequence.
-        "EXPLAIN SELECT max(e.sequence) FROM event e WHERE e.object_id = $1",
-    ];
-    let mut conn = app.ctx.pool.acquire().await.expect("a service connection");
-    for lookup in lookups {
-        let plan: Vec<String> = sqlx::query_scalar(lookup)
-            .bind(uuid::Uuid::now_v7())
-            .fetch_all(&mut *conn)
-            .await
-            .expect("explain");
-        let plan = plan.join("\n");
-        assert!(
-            !plan.contains("Seq Scan"),
-            "{lookup}\nscans the whole table:\n{plan}"
-        );
-    }
-}

@@ -153,22 +153,22 @@ pub async fn redeliver(
     merchant_id: Uuid,
     event_id: Uuid,
 ) -> Result<Option<i64>, StoreError> {
-    let row = sqlx::query(
+    let row = sqlx::query(concat!(
         "WITH ev AS (
             SELECT id, merchant_id, type, object_id, sequence FROM event
              WHERE id = $1 AND merchant_id = $2),
          queued AS (
             INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence)
             SELECT ev.id, w.id, ev.object_id, ev.sequence
-              FROM ev JOIN webhook_endpoint w
-                ON w.merchant_id = ev.merchant_id AND w.deleted_at IS NULL
-               AND w.disabled_at IS NULL AND (ev.type = ANY (w.events) OR '*' = ANY (w.events))
+              ",
+        super::events::subscribers_of_ev!(),
+        "
             ON CONFLICT (event_id, endpoint_id) DO UPDATE
                SET state = 'pending', attempts = 0, next_attempt_at = now(),
                    claim_token = NULL, delivered_at = NULL
             RETURNING 1)
          SELECT (SELECT count(*) FROM ev) AS found, (SELECT count(*) FROM queued) AS queued",
-    )
+    ))
     .bind(event_id)
     .bind(merchant_id)
     .fetch_one(pool)

@@ -57,7 +57,8 @@ pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, 
 /// `event_object_sequence_uniq` guards it anyway.
 macro_rules! append_new_events {
     () => {
-        "ev AS (
+        concat!(
+            "ev AS (
         INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
                            data, cause, request_id)
         SELECT n.id, o.merchant_id, n.type, n.object_type, n.object_id, n.order_id,
@@ -68,13 +69,26 @@ macro_rules! append_new_events {
      fan AS (
         INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence)
         SELECT ev.id, w.id, ev.object_id, ev.sequence
-          FROM ev JOIN webhook_endpoint w
-            ON w.merchant_id = ev.merchant_id AND w.deleted_at IS NULL
-           AND w.disabled_at IS NULL AND (ev.type = ANY (w.events) OR '*' = ANY (w.events))
+          ",
+            $crate::store::events::subscribers_of_ev!(),
+            "
         RETURNING 1)"
+        )
     };
 }
 pub(crate) use append_new_events;
+
+/// The live endpoints of the merchant of the event in the CTE `ev` that
+/// subscribe to its type, as `w`: the one fan-out rule, shared by writing
+/// an event and redelivering it.
+macro_rules! subscribers_of_ev {
+    () => {
+        "FROM ev JOIN webhook_endpoint w
+            ON w.merchant_id = ev.merchant_id AND w.deleted_at IS NULL
+           AND w.disabled_at IS NULL AND (ev.type = ANY (w.events) OR '*' = ANY (w.events))"
+    };
+}
+pub(crate) use subscribers_of_ev;
 
 /// A batch of events as rows, from the first eight parameters of the
 /// statement, bound by [`bind_events`].

@@ -13,6 +13,11 @@ export DATABASE_URL
 export TEST_DATABASE_SERVER ?= $(PG_SERVER)
 
 BIN := target/debug/oncepay
+# One release build for make bench, make chaos and make chaos-ha: built
+# apart, the bench's hdrhistogram turns on features of byteorder and
+# num-traits that the chaos harness does not, and each target rebuilt sqlx
+# and oncepay after the other (about 2 minutes each way).
+RELEASE_BUILD := cargo build --release -p oncepay -p oncepay-bench -p oncepay-chaos
 RUN_DIR := .run
 
 .PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha ha-packages
@@ -110,12 +115,12 @@ clean: ## remove build output and the local run folder (not .pgdata/)
 
 BENCH_ARGS ?=
 bench: db ## release build, then load oncepay next to the pgbench floor; prints the table and writes BENCHMARKS.md
-	cargo build --release -p oncepay -p oncepay-bench
+	$(RELEASE_BUILD)
 	target/release/oncepay-bench $(BENCH_ARGS)
 
 CHAOS_ARGS ?=
 chaos: ## release build, then the fault soak (2,000 intents; CHAOS_ARGS="--duration 10m" for a soak); prints the invariants
-	cargo build --release -p oncepay -p oncepay-chaos
+	$(RELEASE_BUILD)
 	target/release/oncepay-chaos $(CHAOS_ARGS)
 
 ha-packages: ## install Debian's patroni, etcd-server and haproxy if missing (make chaos-ha and the failover test need them)
@@ -126,5 +131,5 @@ ha-packages: ## install Debian's patroni, etcd-server and haproxy if missing (ma
 	fi
 
 chaos-ha: ha-packages ## the fault soak on PostgreSQL under Patroni (3 nodes, synchronous_mode, etcd, HAProxy) through 12 failovers; CHAOS_ARGS="--async-replication" shows the misconfiguration
-	cargo build --release -p oncepay -p oncepay-chaos
+	$(RELEASE_BUILD)
 	target/release/oncepay-chaos --ha $(CHAOS_ARGS)

@@ -89,7 +89,42 @@ struct Row {
     /// pay only: the ceiling's SQL plus the outbox's event rows, at the
     /// ceiling's best connection count (an explanation, not the ceiling).
     with_outbox: Option<(usize, floor::Floor)>,
+    /// pay only: how long after the closed loop ended its provider webhooks
+    /// went on arriving. Their work belongs to the loop's payments, so the
+    /// rate the service sustains counts this time too.
+    drained: Option<Duration>,
     check: String,
+}
+
+impl Row {
+    /// A scenario's closed loop and its check; the references and open
+    /// loops that go with it, where it has them, are set by the caller.
+    fn closed_loop(
+        scenario: &'static str,
+        connections: usize,
+        outcome: Outcome,
+        check: String,
+    ) -> Row {
+        Row {
+            scenario,
+            connections,
+            outcome,
+            floor: None,
+            ceiling: Vec::new(),
+            open: Vec::new(),
+            with_outbox: None,
+            drained: None,
+            check,
+        }
+    }
+
+    /// The closed loop's rate with its deferred work counted: what the open
+    /// loop's shares are taken of.
+    fn sustained_rate(&self) -> f64 {
+        let d = self.outcome.elapsed.as_secs_f64();
+        let tail = self.drained.unwrap_or_default().as_secs_f64();
+        self.outcome.rate() * d / (d + tail)
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -321,17 +356,20 @@ async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
-/// Lets the database finish what earlier phases left it before a phase is
-/// measured: without it, an open loop run right after a pgbench sweep
-/// measured the sweep's aftermath (create-order at 80 %: p99 197 ms after
-/// the sweep, 25 ms without it). Checkpoints, then waits (at most 30 s)
-/// for any autovacuum. It does not vacuum or analyse itself: analysing
-/// `payment_attempt` while it is empty leaves the service's generic plans
-/// scanning it whole as it fills (BENCHMARKS.md, step 15), which a bench
-/// should report, not cause.
+/// Lets the service and the database finish what earlier phases left them
+/// before a phase is measured: without it, an open loop run right after a
+/// pgbench sweep measured the sweep's aftermath (create-order at 80 %: p99
+/// 197 ms after the sweep, 25 ms without it), and one run right after
+/// pay's closed loop began with that loop's provider webhooks still
+/// arriving. Waits (at most 30 s in all) until the sandbox has no webhook
+/// left to deliver, then checkpoints and waits for any autovacuum. It does
+/// not vacuum or analyse itself: analysing a table while it is nearly
+/// empty leaves the service's generic plans scanning it whole as it fills
+/// (BENCHMARKS.md, step 15), which a bench should report, not cause.
 async fn quiesce(b: &Bench<'_>) {
-    let _ = sqlx::query("CHECKPOINT").execute(b.db).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    sandbox_drained(b, Duration::from_secs(30)).await;
+    let _ = sqlx::query("CHECKPOINT").execute(b.db).await;
     while std::time::Instant::now() < deadline {
         let busy: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'",
@@ -344,6 +382,23 @@ async fn quiesce(b: &Bench<'_>) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Waits (at most `patience`) until the sandbox has no webhook left to
+/// deliver; returns how long that took.
+async fn sandbox_drained(b: &Bench<'_>, patience: Duration) -> Duration {
+    let started = std::time::Instant::now();
+    while started.elapsed() < patience {
+        let in_flight = oncepay_testkit::ledger::read(&b.client, &b.stack.sandbox)
+            .await
+            .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(0))
+            .unwrap_or(0);
+        if in_flight == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    started.elapsed()
 }
 
 /// The scenario again at a constant 50 % and 80 % of the rate the closed
@@ -532,6 +587,18 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
         }
     }
     for r in rows {
+        if let Some(tail) = r.drained {
+            out += &format!(
+                "\n{}'s provider webhooks went on arriving {:.1} s after its closed loop ended: counting that time, {:.0} req/s{}; the open loop's shares are of this rate.\n",
+                r.scenario,
+                tail.as_secs_f64(),
+                r.sustained_rate(),
+                floor::best(&r.ceiling).map_or(String::new(), |(_, f)| format!(
+                    " ({:.2}× of the ceiling)",
+                    r.sustained_rate() / f.tps
+                ))
+            );
+        }
         if let Some((clients, f)) = r.with_outbox {
             out += &format!(
                 "\n{}'s ceiling with the outbox's event rows added (three per payment, as the service writes them; {clients} connections): {:.0} tx/s, the service {:.2}× of it.\n",
@@ -627,14 +694,10 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
     };
     let ceiling = measure_ceiling(b, &floor::minimal_create_script(&b.fixture)).await?;
     Ok(Row {
-        scenario: "create-order",
-        connections: c,
-        outcome,
         floor,
         ceiling,
         open,
-        with_outbox: None,
-        check,
+        ..Row::closed_loop("create-order", c, outcome, check)
     })
 }
 
@@ -681,6 +744,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     };
     quiesce(b).await;
     let outcome = load::run(c, d, make.clone()).await;
+    let drained = sandbox_drained(b, Duration::from_secs(30)).await;
     b.sample_rss();
     let charges = ledger_charges(b.stack).await? - charges_before;
     let attempts = count(
@@ -694,8 +758,12 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         charges == ok && attempts == ok,
         format!("{charges} sandbox charges, {attempts} succeeded attempts for {ok} answers 201"),
     );
-    let open = open_loop(b, outcome.rate(), &make).await;
-    let floor = if !b.args.no_floor {
+    let mut row = Row {
+        drained: Some(drained),
+        ..Row::closed_loop("pay", c, outcome, check)
+    };
+    row.open = open_loop(b, row.sustained_rate(), &make).await;
+    row.floor = if !b.args.no_floor {
         eprintln!("  floor (pgbench) ...");
         sqlx::raw_sql(
             "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
@@ -720,8 +788,8 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     } else {
         None
     };
-    let ceiling = measure_ceiling(b, &floor::minimal_pay_script(&b.fixture)).await?;
-    let with_outbox = match floor::best(&ceiling) {
+    row.ceiling = measure_ceiling(b, &floor::minimal_pay_script(&b.fixture)).await?;
+    row.with_outbox = match floor::best(&row.ceiling) {
         Some((clients, _)) => {
             eprintln!("  the ceiling with the outbox's events ({clients} connections) ...");
             let script = floor::minimal_pay_with_outbox_script(&b.fixture);
@@ -733,16 +801,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         }
         None => None,
     };
-    Ok(Row {
-        scenario: "pay",
-        connections: c,
-        outcome,
-        floor,
-        ceiling,
-        open,
-        with_outbox,
-        check,
-    })
+    Ok(row)
 }
 
 /// replay: one key, many connections.
@@ -797,14 +856,9 @@ async fn replay(b: &Bench<'_>) -> Result<Row, String> {
     };
     let ceiling = measure_ceiling(b, &floor::minimal_replay_script(&b.fixture)).await?;
     Ok(Row {
-        scenario: "replay",
-        connections: rc,
-        outcome,
         floor,
         ceiling,
-        open: Vec::new(),
-        with_outbox: None,
-        check,
+        ..Row::closed_loop("replay", rc, outcome, check)
     })
 }
 
@@ -862,14 +916,5 @@ async fn mixed(b: &Bench<'_>) -> Result<Row, String> {
             outcome.replayed
         ),
     );
-    Ok(Row {
-        scenario: "mixed",
-        connections: c,
-        outcome,
-        floor: None,
-        ceiling: Vec::new(),
-        open: Vec::new(),
-        with_outbox: None,
-        check,
-    })
+    Ok(Row::closed_loop("mixed", c, outcome, check))
 }

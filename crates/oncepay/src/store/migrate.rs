@@ -39,6 +39,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V6__events",
         include_str!("../../migrations/V6__events.sql"),
     ),
+    (
+        "V7__first_statistics",
+        include_str!("../../migrations/V7__first_statistics.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

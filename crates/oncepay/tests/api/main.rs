@@ -11,6 +11,7 @@ mod lists;
 mod ops;
 mod orders;
 mod payments;
+mod plans;
 mod processes;
 mod provider_faults;
 mod rate_limits;

@@ -1,0 +1,150 @@
+//! The plans a new deployment runs on. Every statement runs on its generic
+//! plan (`store::GENERIC_PLANS`), made once per connection and kept until
+//! the table's statistics change; plans made from statistics of a nearly
+//! empty table scan it whole while it grows. Migration V7 makes autovacuum
+//! take a growing table's first statistics only once key lookups beat a
+//! scan; this holds it to that.
+
+use crate::helpers::*;
+use sqlx::{Executor, PgConnection, Row};
+
+/// The tables that grow with traffic: each must wait as long as the ones
+/// whose lookups are planned below.
+const GROWING: &[&str] = &[
+    "orders",
+    "payment_attempt",
+    "refund",
+    "idempotency_record",
+    "webhook_event",
+    "checkout_session",
+    "event",
+    "webhook_delivery",
+    "webhook_attempt",
+];
+
+/// The lookups every create and payment makes, each in the shape of the
+/// store's statement that makes it (same table, same key columns), with
+/// arguments (`{m}` is the merchant): the record by key, the order,
+/// the order's live attempt, the attempt of a provider charge (webhooks),
+/// the object's last event sequence.
+const LOOKUPS: &[(&str, &str, &str)] = &[
+    (
+        "record_by_key",
+        "SELECT state FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2",
+        "'{m}', 'k'",
+    ),
+    (
+        "order_by_id",
+        "SELECT status FROM orders WHERE id = $1",
+        "'{m}'",
+    ),
+    (
+        "live_attempt",
+        "SELECT id FROM payment_attempt WHERE order_id = $1 AND status IN ('pending', 'succeeded')",
+        "'{m}'",
+    ),
+    (
+        "attempt_by_charge",
+        "SELECT id FROM payment_attempt WHERE provider = $1 AND provider_charge_id = $2",
+        "'sandbox', 'ch_x'",
+    ),
+    (
+        "last_sequence",
+        "SELECT max(sequence) FROM event WHERE object_id = $1",
+        "'{m}'",
+    ),
+];
+
+/// How many rows change in a table before autovacuum first vacuums or
+/// analyses it (the least of its three thresholds; PostgreSQL's defaults
+/// where the table sets none).
+async fn first_automatic_pass(db: &mut PgConnection, table: &str) -> i64 {
+    let options: Vec<String> = sqlx::query_scalar(
+        "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE relname = $1 AND relkind = 'r'",
+    )
+    .bind(table)
+    .fetch_one(&mut *db)
+    .await
+    .expect("the table exists");
+    let option = |name: &str, default: i64| {
+        options
+            .iter()
+            .find_map(|o| o.strip_prefix(&format!("{name}=")))
+            .map_or(default, |v| v.parse().expect("a number"))
+    };
+    option("autovacuum_analyze_threshold", 50)
+        .min(option("autovacuum_vacuum_threshold", 50))
+        .min(option("autovacuum_vacuum_insert_threshold", 1000))
+}
+
+#[tokio::test]
+async fn a_growing_tables_first_statistics_keep_key_lookups_on_their_indexes() {
+    let app = spawn_app().await;
+    // A connection of its own: the settings below stay on it.
+    let mut db = app.db.acquire().await.expect("connects").detach();
+
+    let n = first_automatic_pass(&mut db, "orders").await;
+    for table in GROWING {
+        assert_eq!(
+            first_automatic_pass(&mut db, table).await,
+            n,
+            "{table} waits for as many rows as orders before its first statistics"
+        );
+    }
+
+    // The table as autovacuum first finds it: n rows of each kind, the
+    // soonest a pass can start. Then the statistics that pass takes.
+    let merchant: uuid::Uuid = sqlx::query_scalar("SELECT id FROM merchant LIMIT 1")
+        .fetch_one(&mut db)
+        .await
+        .expect("the test merchant");
+    let fill = format!(
+        "INSERT INTO orders SELECT gen_random_uuid(), '{merchant}', 'cus_1',
+                '[{{\"sku\":\"book\",\"quantity\":1,\"unit_amount\":1250}}]', 1250, 'EUR', 'paid',
+                '{{}}', now(), now()
+           FROM generate_series(1, {n});
+         INSERT INTO payment_attempt (id, merchant_id, order_id, idempotency_key, amount, currency,
+                status, provider, payment_method, provider_charge_id, next_check_at, created_at,
+                updated_at)
+         SELECT gen_random_uuid(), merchant_id, id, 'pay-' || id, 1250, 'EUR', 'succeeded',
+                'sandbox', 'tok_visa', 'ch_' || md5(id::text), now(), now(), now()
+           FROM orders;
+         INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
+                data, cause)
+         SELECT gen_random_uuid(), merchant_id, 'order.paid', 'order', id, id, 1,
+                '{{\"object\":{{\"status\":\"paid\"}}}}', 'request'
+           FROM orders;
+         INSERT INTO idempotency_record (merchant_id, idempotency_key, fingerprint, command,
+                request, state, recovery_point, response_status, response_body, expires_at)
+         SELECT merchant_id, 'create-' || id, '\\x00', 'create_order', '{{}}', 'completed',
+                'done', 201, '\\x00', now() + interval '1 day'
+           FROM orders;
+         ANALYZE orders, payment_attempt, event, idempotency_record;"
+    );
+    db.execute(fill.as_str())
+        .await
+        .expect("filled and analysed");
+
+    let (setting, value) = oncepay::store::GENERIC_PLANS;
+    db.execute(format!("SET {setting} = {value}").as_str())
+        .await
+        .expect("generic plans");
+    for (name, sql, args) in LOOKUPS {
+        db.execute(format!("PREPARE {name} AS {sql}").as_str())
+            .await
+            .expect("prepared");
+        let args = args.replace("{m}", &merchant.to_string());
+        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN EXECUTE {name}({args})"))
+            .fetch_all(&mut db)
+            .await
+            .expect("explained")
+            .iter()
+            .map(|r| r.get::<String, _>(0))
+            .collect();
+        let plan = plan.join("\n");
+        assert!(
+            plan.contains("Index") && !plan.contains("Seq Scan"),
+            "{name} uses an index after the first automatic statistics ({n} rows):\n{plan}"
+        );
+    }
+}

@@ -306,9 +306,41 @@ impl HaCluster {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         Err(format!(
-            "the Patroni cluster never reached {what} in {limit:?} (logs in {})",
-            self.root.display()
+            "the Patroni cluster never reached {what} in {limit:?} (logs in {}, removed when the cluster drops; their ends:){}",
+            self.root.display(),
+            self.log_tails()
         ))
+    }
+
+    /// The last lines of every log under the cluster's folder: the folder
+    /// is removed when the cluster drops, and a CI run shows only what the
+    /// failing test printed.
+    fn log_tails(&self) -> String {
+        const LINES: usize = 20;
+        let mut logs = Vec::new();
+        let mut dirs = vec![self.root.clone()];
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "log") {
+                    logs.push(path);
+                }
+            }
+        }
+        logs.sort();
+        let mut out = String::new();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(LINES)..];
+            out.push_str(&format!("\n--- {}\n{}", log.display(), tail.join("\n")));
+        }
+        out
     }
 
     /// Waits until a write commits through HAProxy.

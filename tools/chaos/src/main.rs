@@ -543,6 +543,7 @@ async fn settle(db: &PgPool, sandbox: &str, patience: Duration) -> Result<Durati
         let open: Result<i64, _> = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM payment_attempt WHERE status = 'pending')
                   + (SELECT count(*) FROM refund WHERE status = 'pending')
+                  + (SELECT count(*) FROM payment_attempt WHERE decline_check_at IS NOT NULL)
                   + (SELECT count(*) FROM idempotency_record WHERE state = 'executing')
                   + (SELECT count(*) FROM webhook_delivery WHERE state = 'pending')",
         )

@@ -38,6 +38,17 @@ impl Cause {
     }
 }
 
+/// Whether an attempt that moves to `status` on what `cause` observed must
+/// be confirmed later by one status read (the reconciler's). A decline in a
+/// charge's own answer may be an answer replaced on its way (a gateway, a
+/// proxy, a provider bug) while the money moved; the provider's webhook
+/// would tell, but a webhook can be lost, and the order is payable again at
+/// once. What a webhook or the reconciler observed was read from the
+/// provider's record already.
+pub fn decline_to_confirm(status: PaymentStatus, cause: Cause) -> bool {
+    status == PaymentStatus::Failed && matches!(cause, Cause::Command)
+}
+
 fn missing(what: &str, id: Uuid) -> StoreError {
     StoreError::Corrupt(format!("{what} {id} vanished during settlement"))
 }
@@ -71,6 +82,9 @@ pub async fn payment(
     let updated = match transition {
         Transition::Advance(status) => {
             let p = store::payments::set_status(tx, attempt_id, status, &facts).await?;
+            if decline_to_confirm(status, cause) {
+                store::payments::confirm_decline_later(tx, attempt_id).await?;
+            }
             crate::outbox::payment_changed(tx, metrics, &p, cause).await?;
             if status == PaymentStatus::Succeeded {
                 let next = order.status.after_payment_succeeded();
@@ -220,6 +234,7 @@ impl Known {
                     order: (&self.order.0, &self.order.1),
                     attempt: &self.attempt,
                     events: &events,
+                    confirm_decline: decline_to_confirm(self.status, Cause::Command),
                 };
                 let written =
                     store::payments::settle_completing(pool, &settlement, record, token, response)

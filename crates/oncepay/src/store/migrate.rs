@@ -43,6 +43,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V7__first_statistics",
         include_str!("../../migrations/V7__first_statistics.sql"),
     ),
+    (
+        "V8__decline_checks",
+        include_str!("../../migrations/V8__decline_checks.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

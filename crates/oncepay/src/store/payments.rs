@@ -262,7 +262,8 @@ pub const SETTLE_COMPLETING: &str = concat!(
      p AS (
         UPDATE payment_attempt
            SET status = $14, provider_charge_id = $15, failure_code = $16,
-               failure_message = $17, updated_at = $18
+               failure_message = $17, updated_at = $18,
+               decline_check_at = CASE WHEN $25 THEN next_check_at END
          WHERE id = $13 AND (SELECT ok FROM go)
         RETURNING 1),
      ord AS (
@@ -295,6 +296,9 @@ pub struct KnownSettlement<'a> {
     pub attempt: &'a Payment,
     /// The changes' events.
     pub events: &'a [super::events::NewEvent<'a>],
+    /// Whether the attempt's decline is to be confirmed by a status read
+    /// (see [`confirm_decline_later`]).
+    pub confirm_decline: bool,
 }
 
 /// See [`SETTLE_COMPLETING`]. `false`: nothing was written.
@@ -326,6 +330,7 @@ pub async fn settle_completing(
         .bind(status)
         .bind(&response.body)
         .bind(&response.location)
+        .bind(s.confirm_decline)
         .fetch_one(pool)
         .await?
         .try_get("ok")?;
@@ -579,6 +584,50 @@ pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>
     rows.iter()
         .map(|row| Ok((from_row(row)?, row.try_get("merchant_id")?)))
         .collect()
+}
+
+/// Queues a failed attempt for one confirming status read, due when the
+/// reconciler would have checked it had it stayed pending (see
+/// `commands::settle::decline_to_confirm`).
+pub async fn confirm_decline_later(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempt SET decline_check_at = next_check_at WHERE id = $1")
+        .bind(id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// Claims up to `limit` failed attempts whose decline is due for its
+/// confirming read, pushing the next try back as [`claim_due`] does, so a
+/// read that proves nothing is tried again later and never by two
+/// reconcilers at once.
+pub async fn claim_declines_due(pool: &PgPool, limit: i64) -> Result<Vec<Payment>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "UPDATE payment_attempt p
+            SET decline_check_at = now() + least(interval '5 minutes',
+                                   interval '1 second' * power(2, least(p.check_count, 10))),
+                check_count = p.check_count + 1
+           FROM (SELECT id FROM payment_attempt
+                  WHERE decline_check_at <= now() AND status = 'failed'
+                  ORDER BY decline_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
+          WHERE p.id = due.id
+         RETURNING ",
+        payment_columns_p!()
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Takes a failed attempt off the queue of declines to confirm: the
+/// provider's record was read.
+pub async fn decline_confirmed(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE payment_attempt SET decline_check_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 /// The order's succeeded attempt, row-locked.

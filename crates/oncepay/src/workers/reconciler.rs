@@ -5,6 +5,9 @@
 //!   the provider (a safe read) and settled; one the provider never received
 //!   is sent again with the same provider key, which charges at most once.
 //!   A read that proves nothing (see `provider::classify`) settles nothing;
+//! - a decline that came in a charge's own answer is confirmed by one status
+//!   read after the same delay (`settle::decline_to_confirm` says why): a
+//!   charge the provider took anyway becomes an incident, refunded;
 //! - payments and refunds pending past the alarm threshold are logged at
 //!   error level and counted, once each, and the age of the oldest is kept
 //!   in a gauge, so an unknown outcome never ends in silence.
@@ -18,6 +21,7 @@ use crate::commands::settle::{self, Cause};
 use crate::commands::{self, payments, refunds, AppContext};
 use crate::domain::payment::{Payment, Refund};
 use crate::idempotency::Claim;
+use crate::provider::CallOutcome;
 use crate::store::{self, StoreError};
 
 /// Rows claimed per kind and pass.
@@ -34,6 +38,9 @@ pub struct Pass {
     pub payments_settled: u32,
     /// Refunds moved to a final state.
     pub refunds_settled: u32,
+    /// Declines whose confirming read is done (an incident if it found a
+    /// charge).
+    pub declines_confirmed: u32,
     /// Rows that failed and wait for their next check.
     pub errors: u32,
     /// Payments and refunds newly past the alarm threshold.
@@ -86,6 +93,27 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
             }
         }
     }
+    for payment in store::payments::claim_declines_due(&ctx.pool, BATCH).await? {
+        match confirm_decline(ctx, &payment).await {
+            Ok(confirmed) => {
+                done.declines_confirmed += u32::from(confirmed);
+                count(
+                    ctx,
+                    "decline",
+                    if confirmed {
+                        "confirmed"
+                    } else {
+                        "unconfirmed"
+                    },
+                );
+            }
+            Err(e) => {
+                tracing::warn!(payment_id = %payment.id, error = %e, "confirming a decline failed; it is retried at its next check");
+                done.errors += 1;
+                count(ctx, "decline", "error");
+            }
+        }
+    }
     for (refund, _merchant) in store::refunds::claim_due(&ctx.pool, BATCH).await? {
         match settle_refund(ctx, &refund).await {
             Ok(settled) => {
@@ -124,6 +152,39 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
     .await?;
     tx.commit().await?;
     Ok(p.status.is_final())
+}
+
+/// Reads a declined attempt's charge at the provider once; a charge it
+/// took anyway is settled as an incident (`settle::payment` finds the
+/// contradiction and refunds it). True if the provider's record was read
+/// and is final; a read that proves nothing, or a charge still pending
+/// there, is tried again at the next check. Never charges: the order is
+/// payable again, and a new intent may have paid it.
+async fn confirm_decline(ctx: &AppContext, payment: &Payment) -> Result<bool, StoreError> {
+    let observed = match ctx.provider.find_charge(payment.id).await {
+        CallOutcome::Known(object) if object.status.is_final() => Some(object),
+        CallOutcome::Known(_) => return Ok(false),
+        // The charge never reached the provider: nothing was taken.
+        CallOutcome::NotFound => None,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(payment_id = %payment.id, %reason, "a decline's confirming read proved nothing; it is retried");
+            return Ok(false);
+        }
+    };
+    let mut tx = ctx.pool.begin().await?;
+    if let Some(object) = &observed {
+        settle::payment(
+            &mut tx,
+            &ctx.metrics,
+            (payment.id, payment.order_id),
+            object,
+            Cause::Reconciler,
+        )
+        .await?;
+    }
+    store::payments::decline_confirmed(&mut tx, payment.id).await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// The same for a pending refund.

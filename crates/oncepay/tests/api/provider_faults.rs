@@ -26,12 +26,19 @@ impl TestApp {
             .expect("this test runs with a fault proxy")
     }
 
-    /// One reconciler pass with every pending row due now.
+    /// One reconciler pass with every pending row and every decline to
+    /// confirm due now.
     async fn reconcile(&self) -> reconciler::Pass {
         sqlx::query("UPDATE payment_attempt SET next_check_at = now() WHERE status = 'pending'")
             .execute(&self.db)
             .await
             .expect("due");
+        sqlx::query(
+            "UPDATE payment_attempt SET decline_check_at = now() WHERE decline_check_at IS NOT NULL",
+        )
+        .execute(&self.db)
+        .await
+        .expect("due");
         sqlx::query("UPDATE refund SET next_check_at = now() WHERE status = 'pending'")
             .execute(&self.db)
             .await
@@ -298,6 +305,108 @@ async fn money_taken_for_a_payment_held_as_failed_is_refunded_as_an_incident() {
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(second["status"], "succeeded");
     assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
+}
+
+#[tokio::test]
+async fn a_charge_behind_a_declined_answer_is_found_and_refunded_without_any_webhook() {
+    // Webhooks off: the provider never reports the charge it took.
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    app.proxy().set(
+        Route::Charge,
+        Fault::ForwardThenAnswer {
+            status: 402,
+            body: r#"{"code":"card_declined","detail":"declined"}"#.into(),
+        },
+    );
+    let (status, first) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(first["status"], "failed");
+    app.proxy().heal();
+    let first_id = first["id"].as_str().expect("id");
+    wait_for_charge_status(&app, first_id, "succeeded").await;
+    // The customer, told "declined", pays again, and that charge is real.
+    let (status, second) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(second["status"], "succeeded");
+
+    // A read that proves nothing concludes nothing: the decline stays to
+    // be confirmed.
+    app.proxy()
+        .set(Route::StatusRead, Fault::answer(403, "forbidden"));
+    let pass = app.reconcile().await;
+    assert_eq!(pass.declines_confirmed, 0);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+    app.proxy().heal();
+    let pass = app.reconcile().await;
+    assert_eq!(pass.declines_confirmed, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM incident WHERE kind = 'charge_on_failed_attempt'")
+            .await,
+        1
+    );
+
+    // The incident's refund returns the first charge whole; the second
+    // stays: the customer paid once.
+    app.reconcile().await;
+    let charges = app.charges_for(&order_id).await;
+    assert_eq!(charges.len(), 2);
+    for charge in &charges {
+        let refunded = if charge["idempotency_key"] == first_id {
+            charge["amount"].clone()
+        } else {
+            json!(0)
+        };
+        assert_eq!(charge["amount_refunded"], refunded, "{charge}");
+    }
+    assert_eq!(
+        app.status_of(&format!("/payments/{first_id}")).await,
+        "failed"
+    );
+    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
+    // Confirmed once: later passes neither read it again nor record more.
+    let reads = app.proxy().forwarded(Route::StatusRead);
+    let pass = app.reconcile().await;
+    assert_eq!(pass.declines_confirmed, 0);
+    assert_eq!(app.proxy().forwarded(Route::StatusRead), reads);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 1);
+    assert_eq!(app.ledger().await["totals"]["refunds"], 1);
+}
+
+#[tokio::test]
+async fn a_true_decline_costs_one_confirming_read_and_nothing_else() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    let (status, declined) = app.pay(&order_id, "tok_declined").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(declined["status"], "failed");
+    let (status, paid) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(paid["status"], "succeeded");
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt WHERE decline_check_at IS NOT NULL")
+            .await,
+        1,
+        "only the decline waits for its confirming read"
+    );
+
+    let reads = app.proxy().forwarded(Route::StatusRead);
+    let pass = app.reconcile().await;
+    assert_eq!(pass.declines_confirmed, 1);
+    assert_eq!(app.proxy().forwarded(Route::StatusRead), reads + 1);
+    let pass = app.reconcile().await;
+    assert_eq!(pass.declines_confirmed, 0);
+    assert_eq!(app.proxy().forwarded(Route::StatusRead), reads + 1);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+    assert_eq!(app.ledger().await["totals"]["refunds"], 0);
+    assert_eq!(
+        app.status_of(&format!(
+            "/payments/{}",
+            declined["id"].as_str().expect("id")
+        ))
+        .await,
+        "failed"
+    );
 }
 
 #[tokio::test]

@@ -544,6 +544,7 @@ async fn settle(db: &PgPool, sandbox: &str, patience: Duration) -> Result<Durati
             "SELECT (SELECT count(*) FROM payment_attempt WHERE status = 'pending')
                   + (SELECT count(*) FROM refund WHERE status = 'pending')
                   + (SELECT count(*) FROM payment_attempt WHERE decline_check_at IS NOT NULL)
+                  + (SELECT count(*) FROM refund WHERE decline_check_at IS NOT NULL)
                   + (SELECT count(*) FROM idempotency_record WHERE state = 'executing')
                   + (SELECT count(*) FROM webhook_delivery WHERE state = 'pending')",
         )

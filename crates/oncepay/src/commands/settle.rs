@@ -38,13 +38,14 @@ impl Cause {
     }
 }
 
-/// Whether an attempt that moves to `status` on what `cause` observed must
-/// be confirmed later by one status read (the reconciler's). A decline in a
-/// charge's own answer may be an answer replaced on its way (a gateway, a
-/// proxy, a provider bug) while the money moved; the provider's webhook
-/// would tell, but a webhook can be lost, and the order is payable again at
-/// once. What a webhook or the reconciler observed was read from the
-/// provider's record already.
+/// Whether a payment or refund that moves to `status` on what `cause`
+/// observed must be confirmed later by one status read (the reconciler's).
+/// A decline in a charge's or refund's own answer may be an answer replaced
+/// on its way (a gateway, a proxy, a provider bug) while the money moved;
+/// the provider's webhook would tell, but a webhook can be lost, and the
+/// order is payable (or the amount refundable) again at once. What a
+/// webhook or the reconciler observed was read from the provider's record
+/// already.
 pub fn decline_to_confirm(status: PaymentStatus, cause: Cause) -> bool {
     status == PaymentStatus::Failed && matches!(cause, Cause::Command)
 }
@@ -285,6 +286,9 @@ pub async fn refund(
             )
             .await?;
             crate::outbox::refund_changed(tx, metrics, &r, order_id, cause).await?;
+            if decline_to_confirm(status, cause) {
+                store::refunds::confirm_decline_later(tx, refund_id).await?;
+            }
             if status == PaymentStatus::Succeeded {
                 let payment = store::payments::add_refunded(tx, payment_id, r.amount).await?;
                 // An incident refund returns money for an attempt that never

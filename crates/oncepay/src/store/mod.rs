@@ -2,6 +2,19 @@
 //! plain async functions over a pool or a transaction. Handlers and commands
 //! never write SQL themselves.
 
+/// When the reconciler next looks at a row it claims (alias `$a`): each
+/// further check waits twice as long, up to five minutes. The claim's push
+/// is also its lease, so no two reconcilers work on one row at once.
+macro_rules! next_check_after_claim {
+    ($a:literal) => {
+        concat!(
+            "now() + least(interval '5 minutes', interval '1 second' * power(2, least(",
+            $a,
+            ".check_count, 10)))"
+        )
+    };
+}
+
 pub mod alarms;
 pub mod checkout;
 pub mod deliveries;

@@ -562,14 +562,13 @@ pub async fn add_refunded(
 }
 
 /// Claims up to `limit` pending attempts due for a check, pushing their next
-/// check back (a lease), so that several reconcilers never work on the same
-/// attempt at once. Each further check waits longer, up to five minutes.
+/// check back (`next_check_after_claim`).
 pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>, StoreError> {
     let rows = sqlx::query(concat!(
         "UPDATE payment_attempt p
-            SET next_check_at = now() + least(interval '5 minutes',
-                                interval '1 second' * power(2, least(p.check_count, 10))),
-                check_count = p.check_count + 1
+            SET next_check_at = ",
+        next_check_after_claim!("p"),
+        ", check_count = p.check_count + 1
            FROM (SELECT id FROM payment_attempt
                   WHERE status = 'pending' AND next_check_at <= now()
                   ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
@@ -598,15 +597,14 @@ pub async fn confirm_decline_later(tx: &mut PgConnection, id: Uuid) -> Result<()
 }
 
 /// Claims up to `limit` failed attempts whose decline is due for its
-/// confirming read, pushing the next try back as [`claim_due`] does, so a
-/// read that proves nothing is tried again later and never by two
-/// reconcilers at once.
+/// confirming read, pushing the next try back as [`claim_due`] does: a read
+/// that proves nothing is tried again later.
 pub async fn claim_declines_due(pool: &PgPool, limit: i64) -> Result<Vec<Payment>, StoreError> {
     let rows = sqlx::query(concat!(
         "UPDATE payment_attempt p
-            SET decline_check_at = now() + least(interval '5 minutes',
-                                   interval '1 second' * power(2, least(p.check_count, 10))),
-                check_count = p.check_count + 1
+            SET decline_check_at = ",
+        next_check_after_claim!("p"),
+        ", check_count = p.check_count + 1
            FROM (SELECT id FROM payment_attempt
                   WHERE decline_check_at <= now() AND status = 'failed'
                   ORDER BY decline_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due

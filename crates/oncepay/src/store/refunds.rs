@@ -234,9 +234,9 @@ pub async fn set_status(
 pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Refund, Uuid)>, StoreError> {
     let rows = sqlx::query(concat!(
         "UPDATE refund r
-            SET next_check_at = now() + least(interval '5 minutes',
-                                interval '1 second' * power(2, least(r.check_count, 10))),
-                check_count = r.check_count + 1
+            SET next_check_at = ",
+        next_check_after_claim!("r"),
+        ", check_count = r.check_count + 1
            FROM (SELECT id FROM refund
                   WHERE status = 'pending' AND next_check_at <= now()
                   ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
@@ -251,6 +251,46 @@ pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Refund, Uuid)>,
     rows.iter()
         .map(|row| Ok((from_row(row)?, row.try_get("merchant_id")?)))
         .collect()
+}
+
+/// Queues a failed refund for one confirming status read (see
+/// `payments::confirm_decline_later`).
+pub async fn confirm_decline_later(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE refund SET decline_check_at = next_check_at WHERE id = $1")
+        .bind(id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// Claims up to `limit` failed refunds whose decline is due for its
+/// confirming read (see `payments::claim_declines_due`).
+pub async fn claim_declines_due(pool: &PgPool, limit: i64) -> Result<Vec<Refund>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "UPDATE refund r
+            SET decline_check_at = ",
+        next_check_after_claim!("r"),
+        ", check_count = r.check_count + 1
+           FROM (SELECT id FROM refund
+                  WHERE decline_check_at <= now() AND status = 'failed'
+                  ORDER BY decline_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
+          WHERE r.id = due.id
+         RETURNING ",
+        refund_columns_r!()
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Takes a failed refund off the queue of declines to confirm.
+pub async fn decline_confirmed(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query("UPDATE refund SET decline_check_at = NULL WHERE id = $1")
+        .bind(id)
+        .execute(tx)
+        .await?;
+    Ok(())
 }
 
 /// The payment and order a refund belongs to (no lock: used to lock those first).

@@ -5,9 +5,10 @@
 //!   the provider (a safe read) and settled; one the provider never received
 //!   is sent again with the same provider key, which charges at most once.
 //!   A read that proves nothing (see `provider::classify`) settles nothing;
-//! - a decline that came in a charge's own answer is confirmed by one status
-//!   read after the same delay (`settle::decline_to_confirm` says why): a
-//!   charge the provider took anyway becomes an incident, refunded;
+//! - a decline that came in a charge's or refund's own answer is confirmed
+//!   by one status read after the same delay (`settle::decline_to_confirm`
+//!   says why): a charge the provider took anyway becomes an incident,
+//!   refunded; a refund it paid anyway, an incident for a person;
 //! - payments and refunds pending past the alarm threshold are logged at
 //!   error level and counted, once each, and the age of the oldest is kept
 //!   in a gauge, so an unknown outcome never ends in silence.
@@ -21,8 +22,9 @@ use crate::commands::settle::{self, Cause};
 use crate::commands::{self, payments, refunds, AppContext};
 use crate::domain::payment::{Payment, Refund};
 use crate::idempotency::Claim;
-use crate::provider::CallOutcome;
+use crate::provider::{CallOutcome, ProviderObject};
 use crate::store::{self, StoreError};
+use uuid::Uuid;
 
 /// Rows claimed per kind and pass.
 const BATCH: i64 = 50;
@@ -38,8 +40,8 @@ pub struct Pass {
     pub payments_settled: u32,
     /// Refunds moved to a final state.
     pub refunds_settled: u32,
-    /// Declines whose confirming read is done (an incident if it found a
-    /// charge).
+    /// Declines (of payments and refunds) whose confirming read is done (an
+    /// incident if it found the money moved).
     pub declines_confirmed: u32,
     /// Rows that failed and wait for their next check.
     pub errors: u32,
@@ -94,25 +96,12 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
         }
     }
     for payment in store::payments::claim_declines_due(&ctx.pool, BATCH).await? {
-        match confirm_decline(ctx, &payment).await {
-            Ok(confirmed) => {
-                done.declines_confirmed += u32::from(confirmed);
-                count(
-                    ctx,
-                    "decline",
-                    if confirmed {
-                        "confirmed"
-                    } else {
-                        "unconfirmed"
-                    },
-                );
-            }
-            Err(e) => {
-                tracing::warn!(payment_id = %payment.id, error = %e, "confirming a decline failed; it is retried at its next check");
-                done.errors += 1;
-                count(ctx, "decline", "error");
-            }
-        }
+        let confirmed = confirm_payment_decline(ctx, &payment).await;
+        declines(ctx, &mut done, payment.id, confirmed);
+    }
+    for refund in store::refunds::claim_declines_due(&ctx.pool, BATCH).await? {
+        let confirmed = confirm_refund_decline(ctx, &refund).await;
+        declines(ctx, &mut done, refund.id, confirmed);
     }
     for (refund, _merchant) in store::refunds::claim_due(&ctx.pool, BATCH).await? {
         match settle_refund(ctx, &refund).await {
@@ -154,37 +143,77 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
     Ok(p.status.is_final())
 }
 
+/// What a decline's confirming read proved: `None`, nothing yet (a read
+/// that proves nothing, or a record still pending there: tried again at
+/// the next check); `Some(None)`, the provider never received the call, so
+/// no money moved; `Some(Some(object))`, its final record.
+fn confirming_read(read: CallOutcome, id: Uuid) -> Option<Option<ProviderObject>> {
+    match read {
+        CallOutcome::Known(object) if object.status.is_final() => Some(Some(object)),
+        CallOutcome::Known(_) => None,
+        CallOutcome::NotFound => Some(None),
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(%id, %reason, "a decline's confirming read proved nothing; it is retried");
+            None
+        }
+    }
+}
+
 /// Reads a declined attempt's charge at the provider once; a charge it
 /// took anyway is settled as an incident (`settle::payment` finds the
-/// contradiction and refunds it). True if the provider's record was read
-/// and is final; a read that proves nothing, or a charge still pending
-/// there, is tried again at the next check. Never charges: the order is
-/// payable again, and a new intent may have paid it.
-async fn confirm_decline(ctx: &AppContext, payment: &Payment) -> Result<bool, StoreError> {
-    let observed = match ctx.provider.find_charge(payment.id).await {
-        CallOutcome::Known(object) if object.status.is_final() => Some(object),
-        CallOutcome::Known(_) => return Ok(false),
-        // The charge never reached the provider: nothing was taken.
-        CallOutcome::NotFound => None,
-        CallOutcome::Unknown(reason) => {
-            tracing::warn!(payment_id = %payment.id, %reason, "a decline's confirming read proved nothing; it is retried");
-            return Ok(false);
-        }
+/// contradiction and refunds it). True if the provider's final record was
+/// read. Never charges: the order is payable again, and a new intent may
+/// have paid it.
+async fn confirm_payment_decline(ctx: &AppContext, payment: &Payment) -> Result<bool, StoreError> {
+    let read = ctx.provider.find_charge(payment.id).await;
+    let Some(observed) = confirming_read(read, payment.id) else {
+        return Ok(false);
     };
     let mut tx = ctx.pool.begin().await?;
     if let Some(object) = &observed {
-        settle::payment(
-            &mut tx,
-            &ctx.metrics,
-            (payment.id, payment.order_id),
-            object,
-            Cause::Reconciler,
-        )
-        .await?;
+        let owners = (payment.id, payment.order_id);
+        settle::payment(&mut tx, &ctx.metrics, owners, object, Cause::Reconciler).await?;
     }
     store::payments::decline_confirmed(&mut tx, payment.id).await?;
     tx.commit().await?;
     Ok(true)
+}
+
+/// The same for a declined refund: one paid anyway is recorded as an
+/// incident for a person (`settle::refund`). Never sends the refund again.
+async fn confirm_refund_decline(ctx: &AppContext, refund: &Refund) -> Result<bool, StoreError> {
+    let read = ctx.provider.find_refund(refund.id).await;
+    let Some(observed) = confirming_read(read, refund.id) else {
+        return Ok(false);
+    };
+    let mut tx = ctx.pool.begin().await?;
+    if let Some(object) = &observed {
+        settle::refund(&mut tx, &ctx.metrics, refund.id, object, Cause::Reconciler).await?;
+    }
+    store::refunds::decline_confirmed(&mut tx, refund.id).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Counts one decline's confirmation; a failure is logged and retried at
+/// its next check.
+fn declines(ctx: &AppContext, done: &mut Pass, id: Uuid, confirmed: Result<bool, StoreError>) {
+    match confirmed {
+        Ok(confirmed) => {
+            done.declines_confirmed += u32::from(confirmed);
+            let outcome = if confirmed {
+                "confirmed"
+            } else {
+                "unconfirmed"
+            };
+            count(ctx, "decline", outcome);
+        }
+        Err(e) => {
+            tracing::warn!(%id, error = %e, "confirming a decline failed; it is retried at its next check");
+            done.errors += 1;
+            count(ctx, "decline", "error");
+        }
+    }
 }
 
 /// The same for a pending refund.

@@ -33,12 +33,14 @@ impl TestApp {
             .execute(&self.db)
             .await
             .expect("due");
-        sqlx::query(
-            "UPDATE payment_attempt SET decline_check_at = now() WHERE decline_check_at IS NOT NULL",
-        )
-        .execute(&self.db)
-        .await
-        .expect("due");
+        for table in ["payment_attempt", "refund"] {
+            sqlx::query(&format!(
+                "UPDATE {table} SET decline_check_at = now() WHERE decline_check_at IS NOT NULL"
+            ))
+            .execute(&self.db)
+            .await
+            .expect("due");
+        }
         sqlx::query("UPDATE refund SET next_check_at = now() WHERE status = 'pending'")
             .execute(&self.db)
             .await
@@ -407,6 +409,50 @@ async fn a_true_decline_costs_one_confirming_read_and_nothing_else() {
         .await,
         "failed"
     );
+}
+
+#[tokio::test]
+async fn a_refund_paid_behind_a_declined_answer_is_found_without_any_webhook() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    let (_, payment) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(payment["status"], "succeeded");
+    let refunds = format!("/payments/{}/refunds", payment["id"].as_str().expect("id"));
+    // The provider pays the refund, but its answer says declined.
+    app.proxy().set(
+        Route::Refund,
+        Fault::ForwardThenAnswer {
+            status: 402,
+            body: r#"{"code":"card_declined","detail":"declined"}"#.into(),
+        },
+    );
+    let r = app
+        .post(&refunds, "refund-1", &json!({"amount": 1000}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refund = json_of(r).await;
+    assert_eq!(refund["status"], "failed");
+    app.proxy().heal();
+    assert_eq!(app.ledger().await["totals"]["refunds"], 1, "the money went");
+
+    let pass = app.reconcile().await;
+    assert_eq!(pass.declines_confirmed, 1);
+    assert_eq!(
+        app.count("SELECT count(*) FROM incident WHERE kind = 'refund_on_failed_refund'")
+            .await,
+        1,
+        "a person is told"
+    );
+    assert!(app
+        .ctx
+        .metrics
+        .render()
+        .contains("oncepay_incidents_total{kind=\"refund_on_failed_refund\"} 1"));
+    // Confirmed once; never sent again.
+    let pass = app.reconcile().await;
+    assert_eq!(pass.declines_confirmed, 0);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 1);
+    assert_eq!(app.ledger().await["totals"]["refunds"], 1);
 }
 
 #[tokio::test]

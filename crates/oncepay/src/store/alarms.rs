@@ -1,5 +1,6 @@
 //! SQL of the pending alarm: payments and refunds whose outcome has been
-//! unknown for too long.
+//! unknown for too long (still pending, or a decline not yet confirmed by
+//! the provider's record).
 
 use std::time::Duration;
 
@@ -19,20 +20,20 @@ pub struct Alarm {
     pub pending_seconds: f64,
 }
 
-/// Marks (once) and returns the payments and refunds pending for longer
-/// than `after`. The mark makes each alarm fire once, in whichever process
+/// Marks (once) and returns the payments and refunds created longer than
+/// `after` ago whose outcome is still unknown. The mark makes each alarm fire once, in whichever process
 /// gets there first.
 pub async fn raise(pool: &PgPool, after: Duration) -> Result<Vec<Alarm>, StoreError> {
     let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
     let rows = sqlx::query(
         "WITH p AS (
             UPDATE payment_attempt SET alarmed_at = now()
-             WHERE status = 'pending' AND alarmed_at IS NULL
+             WHERE (status = 'pending' OR decline_check_at IS NOT NULL) AND alarmed_at IS NULL
                AND created_at < now() - $1::bigint * interval '1 millisecond'
             RETURNING 'payment' AS kind, id, extract(epoch FROM now() - created_at)::float8 AS age),
          r AS (
             UPDATE refund SET alarmed_at = now()
-             WHERE status = 'pending' AND alarmed_at IS NULL
+             WHERE (status = 'pending' OR decline_check_at IS NOT NULL) AND alarmed_at IS NULL
                AND created_at < now() - $1::bigint * interval '1 millisecond'
             RETURNING 'refund' AS kind, id, extract(epoch FROM now() - created_at)::float8 AS age)
          SELECT * FROM p UNION ALL SELECT * FROM r",

@@ -482,3 +482,28 @@ async fn a_pending_payment_past_the_alarm_threshold_is_logged_and_counted_once()
         .expect("gauge");
     assert!(oldest >= 60.0, "{oldest}");
 }
+
+#[tokio::test]
+async fn a_decline_the_provider_never_confirms_raises_the_alarm_once() {
+    let app = spawn_app_with(through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "100ms")).await;
+    let order_id = app.create_order().await;
+    let (_, declined) = app.pay(&order_id, "tok_declined").await;
+    assert_eq!(declined["status"], "failed");
+    app.proxy()
+        .set(Route::StatusRead, Fault::answer(403, "forbidden"));
+    sqlx::query("UPDATE payment_attempt SET created_at = now() - interval '1 minute'")
+        .execute(&app.db)
+        .await
+        .expect("age it");
+    let pass = app.reconcile().await;
+    assert_eq!((pass.declines_confirmed, pass.alarms), (0, 1));
+    let pass = app.reconcile().await;
+    assert_eq!((pass.declines_confirmed, pass.alarms), (0, 0), "once");
+    assert!(app
+        .ctx
+        .metrics
+        .render()
+        .contains("oncepay_pending_alarms_total{kind=\"payment\"} 1"));
+    app.proxy().heal();
+    assert_eq!(app.reconcile().await.declines_confirmed, 1);
+}

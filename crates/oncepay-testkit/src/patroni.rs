@@ -137,7 +137,26 @@ impl HaCluster {
     /// Starts etcd, the nodes and HAProxy under `root`, and waits until a
     /// primary answers through HAProxy (and, in synchronous mode, until it
     /// has a synchronous standby).
+    ///
+    /// A start that fails is tried once more from scratch (the failed one's
+    /// processes killed and folder removed, new ports): the ports are picked
+    /// free but bound only later by etcd, PostgreSQL and HAProxy, so a busy
+    /// machine can take one meanwhile. The first failure is printed with
+    /// the ends of its logs.
     pub async fn start(root: &Path, options: Options) -> Result<HaCluster, String> {
+        match HaCluster::start_once(root, options).await {
+            Ok(cluster) => Ok(cluster),
+            Err(first) => {
+                eprintln!("the Patroni cluster did not start; starting it again: {first}");
+                let _ = std::fs::remove_dir_all(root);
+                HaCluster::start_once(root, options)
+                    .await
+                    .map_err(|second| format!("{second}\n(after a first failure: {first})"))
+            }
+        }
+    }
+
+    async fn start_once(root: &Path, options: Options) -> Result<HaCluster, String> {
         let pg_bin = available()?;
         std::fs::create_dir_all(root).map_err(|e| e.to_string())?;
         let (client, peer) = (free_port()?, free_port()?);

@@ -32,27 +32,16 @@ async fn two_node_cluster(test: &str) -> Option<HaCluster> {
         eprintln!("\n*** SKIPPED {test}: {why} ***\n");
         return None;
     }
+    let root = std::env::temp_dir().join(format!("oncepay-ha-test-{}", Uuid::new_v4().simple()));
     let options = patroni::Options {
         nodes: 2,
         synchronous: true,
     };
-    // A start that fails is tried once more from scratch (new folder, new
-    // ports): the ports are picked free but bound only later by etcd,
-    // PostgreSQL and HAProxy, so a busy machine can take one meanwhile. The
-    // first failure is printed with its logs; a second fails the test.
-    let mut failures = Vec::new();
-    for _ in 0..2 {
-        let root =
-            std::env::temp_dir().join(format!("oncepay-ha-test-{}", Uuid::new_v4().simple()));
-        match HaCluster::start(&root, options).await {
-            Ok(cluster) => return Some(cluster),
-            Err(e) => {
-                eprintln!("the Patroni cluster did not start: {e}");
-                failures.push(e);
-            }
-        }
-    }
-    panic!("the Patroni cluster did not start, twice: {failures:#?}");
+    Some(
+        HaCluster::start(&root, options)
+            .await
+            .expect("the Patroni cluster starts"),
+    )
 }
 
 /// What one probe request got.

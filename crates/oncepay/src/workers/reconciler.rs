@@ -9,9 +9,10 @@
 //!   by one status read after the same delay (`settle::decline_to_confirm`
 //!   says why): a charge the provider took anyway becomes an incident,
 //!   refunded; a refund it paid anyway, an incident for a person;
-//! - payments and refunds pending past the alarm threshold are logged at
-//!   error level and counted, once each, and the age of the oldest is kept
-//!   in a gauge, so an unknown outcome never ends in silence.
+//! - payments and refunds pending (or with a decline unconfirmed) past the
+//!   alarm threshold are logged at error level and counted, once each, and
+//!   the age of the oldest pending is kept in a gauge, so an unknown outcome
+//!   never ends in silence.
 //!
 //! Rows are claimed with `FOR UPDATE SKIP LOCKED` and a lease (the next
 //! check time), so several processes share the work without overlap, and no

@@ -49,6 +49,15 @@ impl TestApp {
     }
 }
 
+/// A lying gateway: the call reaches the provider and moves the money, and
+/// the answer that comes back is a decline.
+fn declined_after_the_fact() -> Fault {
+    Fault::ForwardThenAnswer {
+        status: 402,
+        body: r#"{"code":"card_declined","detail":"declined"}"#.into(),
+    }
+}
+
 fn succeeded(charges: &[Value]) -> usize {
     charges
         .iter()
@@ -233,13 +242,7 @@ async fn money_taken_for_a_payment_held_as_failed_is_refunded_as_an_incident() {
     let app = spawn_app_with(through_a_fault_proxy()).await;
     let order_id = app.create_order().await;
     // The provider charges, but its answer says declined (a lying gateway).
-    app.proxy().set(
-        Route::Charge,
-        Fault::ForwardThenAnswer {
-            status: 402,
-            body: r#"{"code":"card_declined","detail":"declined"}"#.into(),
-        },
-    );
+    app.proxy().set(Route::Charge, declined_after_the_fact());
     let (status, payment) = app.pay(&order_id, "tok_visa").await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(payment["status"], "failed");
@@ -314,13 +317,7 @@ async fn a_charge_behind_a_declined_answer_is_found_and_refunded_without_any_web
     // Webhooks off: the provider never reports the charge it took.
     let app = spawn_app_with(through_a_fault_proxy()).await;
     let order_id = app.create_order().await;
-    app.proxy().set(
-        Route::Charge,
-        Fault::ForwardThenAnswer {
-            status: 402,
-            body: r#"{"code":"card_declined","detail":"declined"}"#.into(),
-        },
-    );
+    app.proxy().set(Route::Charge, declined_after_the_fact());
     let (status, first) = app.pay(&order_id, "tok_visa").await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(first["status"], "failed");
@@ -419,13 +416,7 @@ async fn a_refund_paid_behind_a_declined_answer_is_found_without_any_webhook() {
     assert_eq!(payment["status"], "succeeded");
     let refunds = format!("/payments/{}/refunds", payment["id"].as_str().expect("id"));
     // The provider pays the refund, but its answer says declined.
-    app.proxy().set(
-        Route::Refund,
-        Fault::ForwardThenAnswer {
-            status: 402,
-            body: r#"{"code":"card_declined","detail":"declined"}"#.into(),
-        },
-    );
+    app.proxy().set(Route::Refund, declined_after_the_fact());
     let r = app
         .post(&refunds, "refund-1", &json!({"amount": 1000}))
         .await;

@@ -9,7 +9,13 @@
 //   with backoff, and the request is sent again with the SAME key when the
 //   server has no record of it; a reload with a stored key does the same;
 // - succeeded shows a receipt, no Pay button, and forgets the key;
-// - failed shows the reason and allows a new attempt with a NEW key.
+// - failed shows the reason and allows a new attempt with a NEW key;
+// - an order that can no longer be paid (cancelled, refunded) ends on
+//   "closed", and a link that no longer works on "expired".
+// Every way ends: a request is sent again at most RESENDS times per intent
+// (counted in sessionStorage, so a reload does not reset it), polls back
+// off to POLL_MAX_MS and stop after POLL_ROUNDS with an honest "unknown"
+// ("do not pay again; reload later"), and a 429's Retry-After is obeyed.
 // The server decides anyway: one order, one live attempt.
 (function () {
   "use strict";
@@ -87,7 +93,36 @@
     show("checking", "Checking the payment status. Please do not pay again.");
   }
 
+  // Final: nothing more to do on this page, and nothing more is sent.
+  function ended(state, text) {
+    forget();
+    busy = true;
+    form.hidden = true;
+    show(state, text);
+  }
+  function closed() { ended("closed", "This order can no longer be paid."); }
+  function expired() { ended("expired", "This checkout link is no longer valid. Ask the shop for a new one."); }
+
+  // Final for this visit: the outcome is still unknown after every poll.
+  // The key stays stored, so a reload asks again (never pays again).
+  function unknown() {
+    setBusy("Payment status unknown");
+    show("unknown", "We could not confirm the payment yet. Do not pay again: reload this page in a few minutes to see its outcome.");
+  }
+
+  var RESENDS = 3;
+  var POLL_FIRST_MS = 500;
+  var POLL_MAX_MS = 8000;
+  var POLL_ROUNDS = 20;
+
   function sleep(ms) { return new Promise(function (r) { window.setTimeout(r, ms); }); }
+
+  // The pause a 429 or 503 asks for (Retry-After, in seconds), bounded.
+  function retryAfter(r, fallback) {
+    var seconds = parseInt(r.headers.get("Retry-After") || "", 10);
+    if (!(seconds > 0)) return fallback;
+    return Math.min(Math.max(seconds * 1000, POLL_FIRST_MS), 60000);
+  }
 
   function timed(url, options, ms) {
     var controller = new AbortController();
@@ -99,8 +134,10 @@
   }
 
   // Sends the intent's request: a final answer ends it; anything else
-  // (timeout, lost answer, 5xx, in flight) moves to checking.
+  // (timeout, lost answer, 5xx, in flight, not payable) asks the status.
   function send(intent) {
+    intent.sent = (intent.sent || 0) + 1;
+    remember(intent);
     return timed(base + "/payments", {
       method: "POST",
       headers: { "Content-Type": "application/json", "Idempotency-Key": intent.key },
@@ -110,44 +147,57 @@
         if (r.status === 201 || r.status === 202) {
           if (body.status === "succeeded") return succeeded(body);
           if (body.status === "failed") return failed(body);
-          return poll(intent);
+          return poll(intent, POLL_FIRST_MS);
         }
-        if (r.status === 409 && body.code === "order_not_payable") return poll(intent);
-        if (r.status >= 500 || r.status === 409 || r.status === 429) return poll(intent);
-        if (r.status === 410 || r.status === 404) {
-          forget();
-          busy = true;
-          show("failed", "This checkout link is no longer valid.");
-          return;
+        if (r.status === 410 || r.status === 404) return expired();
+        if (r.status === 409 && body.code === "idempotency_key_reused") {
+          return failed({ failure_message: "This payment could not be sent again." });
+        }
+        // order_not_payable: paid by another tab, or closed; the status says which.
+        if (r.status === 409 || r.status === 429 || r.status >= 500) {
+          return poll(intent, retryAfter(r, POLL_FIRST_MS));
         }
         failed({ failure_message: body.detail || "The payment could not be made." });
       });
-    }, function () { return poll(intent); });
+    }, function () { return poll(intent, POLL_FIRST_MS); });
   }
 
-  // Polls the status with backoff until the outcome is known; sends the
+  // Asks the status with backoff until the outcome is known, sending the
   // same request again (same key) while the server has no record of it.
-  function poll(intent) {
+  function poll(intent, firstPause) {
     checking();
-    var pause = 400;
-    var resent = 0;
-    function round() {
+    var pause = POLL_FIRST_MS;
+    var rounds = 0;
+    function again(ms) {
+      rounds += 1;
+      if (rounds > POLL_ROUNDS) return unknown();
+      return sleep(ms).then(ask);
+    }
+    function ask() {
       return timed(base + "/status?key=" + encodeURIComponent(intent.key), { method: "GET" }, 8000)
-        .then(function (r) { return r.ok ? r.json() : null; }, function () { return null; })
+        .then(function (r) {
+          if (r.status === 404 || r.status === 410) return { expired: true };
+          if (!r.ok) return { wait: retryAfter(r, 0) };
+          return r.json().catch(function () { return {}; });
+        }, function () { return {}; })
         .then(function (s) {
-          if (s) {
+          if (s.expired) return expired();
+          if (s.order_status) {
             if (s.attempt && s.attempt.status === "succeeded") return succeeded(s.attempt);
             if (s.order_status === "paid") return succeeded(s.latest);
             if (s.attempt && s.attempt.status === "failed") return failed(s.attempt);
-            if (!s.attempt && (!s.latest || s.latest.status !== "pending") && resent < 5) {
-              resent += 1;
-              return send(intent);
+            if (s.order_status !== "awaiting_payment") return closed();
+            var noRecord = !s.attempt && !(s.latest && s.latest.status === "pending");
+            if (noRecord && (intent.sent || 0) < RESENDS) {
+              return sleep(pause).then(function () { return send(intent); });
             }
           }
-          return sleep(pause).then(function () { pause = Math.min(pause * 2, 4000); return round(); });
+          var wait = Math.max(s.wait || 0, pause);
+          pause = Math.min(pause * 2, POLL_MAX_MS);
+          return again(wait);
         });
     }
-    return round();
+    return firstPause ? sleep(firstPause).then(ask) : ask();
   }
 
   function start(event) {
@@ -169,6 +219,10 @@
 
   if (form.dataset.initial === "succeeded") {
     succeeded(null);
+    return;
+  }
+  if (form.dataset.initial === "closed") {
+    closed();
     return;
   }
   var pending = saved();

@@ -38,13 +38,18 @@ pub async fn create(pool: &PgPool, merchant: &str) -> Result<String, StoreError>
 pub struct Caller {
     /// The merchant.
     pub merchant_id: uuid::Uuid,
+    /// When the key stops working (its `expires_at`, on this process's
+    /// monotonic clock), if it has an expiry. A cached key is never
+    /// accepted past it, whatever the cache's TTL.
+    pub expires_at: Option<std::time::Instant>,
     /// Its own rate limit.
     pub limit: Option<crate::rate_limit::Limit>,
 }
 
 /// Verified keys remembered for a short time, so that a request does not
 /// pay a database round trip to authenticate. Unknown keys are never
-/// remembered. A revocation reaches every process at once through
+/// remembered, and a key with an expiry is remembered only until it
+/// expires (a rotated key's grace period ends on time in every process). A revocation reaches every process at once through
 /// PostgreSQL `NOTIFY` ([`listen_for_revocations`]); if a notification is
 /// missed, a revoked key keeps working for at most the TTL.
 pub struct KeyCache {
@@ -67,9 +72,12 @@ impl KeyCache {
     /// The caller of a key hash, if verified within the TTL.
     pub fn get(&self, hash: &[u8; 32]) -> Option<Caller> {
         let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
         entries
             .get(hash)
-            .filter(|(_, at)| at.elapsed() < self.ttl)
+            .filter(|(caller, at)| {
+                now.duration_since(*at) < self.ttl && caller.expires_at.is_none_or(|end| now < end)
+            })
             .map(|(caller, _)| *caller)
     }
 
@@ -151,6 +159,20 @@ mod tests {
         let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(super::parse_hex_hash(&hex), Some(hash));
         assert_eq!(super::parse_hex_hash("zz"), None);
+    }
+
+    #[test]
+    fn a_cached_key_is_refused_at_its_expiry_whatever_the_ttl() {
+        let cache = super::KeyCache::new(std::time::Duration::from_secs(30));
+        let soon = super::Caller {
+            merchant_id: uuid::Uuid::nil(),
+            limit: None,
+            expires_at: Some(std::time::Instant::now() + std::time::Duration::from_millis(50)),
+        };
+        cache.put([1; 32], soon);
+        assert_eq!(cache.get(&[1; 32]), Some(soon));
+        std::thread::sleep(std::time::Duration::from_millis(80));
+        assert_eq!(cache.get(&[1; 32]), None);
     }
 
     #[test]

@@ -216,6 +216,14 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             db_start_timeout: self.duration("ONCEPAY_DB_START_TIMEOUT", Duration::from_secs(60))?,
             http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
             max_body_bytes: self.number("ONCEPAY_MAX_BODY_BYTES", 65_536usize, 1_024, 16 << 20)?,
+            header_timeout: self.duration("ONCEPAY_HEADER_TIMEOUT", Duration::from_secs(5))?,
+            body_timeout: self.duration("ONCEPAY_BODY_TIMEOUT", Duration::from_secs(10))?,
+            slow_bodies_per_client: self.number(
+                "ONCEPAY_SLOW_BODIES_PER_CLIENT",
+                32usize,
+                1,
+                1_000_000,
+            )?,
             reconcile_interval: self
                 .duration("ONCEPAY_RECONCILE_INTERVAL", Duration::from_secs(2))?,
             reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
@@ -246,6 +254,24 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             rate_limit: crate::rate_limit::Limit::new(
                 self.number("ONCEPAY_RATE_LIMIT_PER_SECOND", 100i64, 0, 1_000_000)?,
                 self.number("ONCEPAY_RATE_LIMIT_BURST", 200i64, 1, 1_000_000)?,
+            ),
+            checkout_rate_limit: crate::rate_limit::Limit::new(
+                self.number("ONCEPAY_CHECKOUT_RATE_LIMIT_PER_SECOND", 2i64, 0, 1_000_000)?,
+                self.number("ONCEPAY_CHECKOUT_RATE_LIMIT_BURST", 20i64, 1, 1_000_000)?,
+            ),
+            checkout_address_rate_limit: crate::rate_limit::Limit::new(
+                self.number(
+                    "ONCEPAY_CHECKOUT_ADDRESS_RATE_LIMIT_PER_SECOND",
+                    20i64,
+                    0,
+                    1_000_000,
+                )?,
+                self.number(
+                    "ONCEPAY_CHECKOUT_ADDRESS_RATE_LIMIT_BURST",
+                    100i64,
+                    1,
+                    1_000_000,
+                )?,
             ),
         })
     }
@@ -343,6 +369,15 @@ pub struct ServeConfig {
     pub http_workers: usize,
     /// Largest accepted request body.
     pub max_body_bytes: usize,
+    /// How long a request head may take to arrive before `408`
+    /// (`ONCEPAY_HEADER_TIMEOUT`).
+    pub header_timeout: Duration,
+    /// How long a request body may take to arrive before `408`
+    /// (`ONCEPAY_BODY_TIMEOUT`).
+    pub body_timeout: Duration,
+    /// Bodies one client address may be slow to send at once before `429`
+    /// (`ONCEPAY_SLOW_BODIES_PER_CLIENT`).
+    pub slow_bodies_per_client: usize,
     /// How often the reconciler looks for work.
     pub reconcile_interval: Duration,
     /// How long a payment or refund stays pending before the reconciler asks the provider.
@@ -366,6 +401,10 @@ pub struct ServeConfig {
     pub merchant_webhooks: MerchantWebhooks,
     /// Every merchant's rate limit unless it has its own; `None`: unlimited.
     pub rate_limit: Option<crate::rate_limit::Limit>,
+    /// Each checkout session's rate limit; `None`: unlimited.
+    pub checkout_rate_limit: Option<crate::rate_limit::Limit>,
+    /// Each client address's rate limit on the checkout; `None`: unlimited.
+    pub checkout_address_rate_limit: Option<crate::rate_limit::Limit>,
 }
 
 /// Settings of outbound webhooks (merchant notifications).

@@ -79,6 +79,10 @@ pub enum UrlRefused {
     /// Not a URL oncepay can POST to.
     #[error("must be an absolute http:// or https:// URL with a host, without user name or password, at most 2048 characters")]
     Malformed,
+    /// It holds a control character or white space, which a URL parser
+    /// silently drops or trims: the URL shown would not be the one called.
+    #[error("must not contain control characters or white space (write them percent-encoded)")]
+    ControlCharacter,
     /// It is, or resolves to, an address inside a private network.
     #[error("{host} is {ip}, a loopback, private, link-local or reserved address; oncepay sends webhooks only to public addresses")]
     PrivateAddress {
@@ -93,6 +97,9 @@ pub enum UrlRefused {
 pub fn parse_url(raw: &str) -> Result<Url, UrlRefused> {
     if raw.len() > MAX_URL_LEN {
         return Err(UrlRefused::Malformed);
+    }
+    if raw.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(UrlRefused::ControlCharacter);
     }
     let url = Url::parse(raw).map_err(|_| UrlRefused::Malformed)?;
     let scheme_ok = matches!(url.scheme(), "http" | "https");
@@ -317,6 +324,16 @@ mod tests {
         }
         let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN));
         assert_eq!(parse_url(&long), Err(UrlRefused::Malformed));
+        for bad in [
+            "https://example.com/a\nb",
+            "https://example.com/a\tb",
+            " https://example.com/",
+            "https://example.com/\u{7f}",
+            "https://example.com/\u{85}",
+            "https://exa mple.com/",
+        ] {
+            assert_eq!(parse_url(bad), Err(UrlRefused::ControlCharacter), "{bad:?}");
+        }
     }
 
     #[tokio::test]

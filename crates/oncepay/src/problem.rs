@@ -52,6 +52,7 @@ problem_codes! {
     InvalidField = "invalid_field", 400, "Field of the wrong shape";
     ValidationFailed = "validation_failed", 422, "Request breaks a rule";
     PayloadTooLarge = "payload_too_large", 413, "Request body too large";
+    RequestTimeout = "request_timeout", 408, "Request not received in time";
     Unauthorized = "unauthorized", 401, "Missing or unknown API key";
     WebhookSignatureInvalid = "webhook_signature_invalid", 401, "Webhook signature invalid";
     UnsupportedProvider = "unsupported_provider", 404, "Unknown webhook provider";

@@ -189,7 +189,8 @@ impl Outcome {
 }
 
 /// Applies one verified event; returns its outcome label (`processed`,
-/// `duplicate`, `ignored`, `unknown_charge`, `unconfirmed`, `mismatch`).
+/// `duplicate`, `ignored`, `unknown_charge`, `unconfirmed`, `mismatch`,
+/// `rejected`).
 pub async fn apply(
     ctx: &AppContext,
     provider: &str,
@@ -198,6 +199,9 @@ pub async fn apply(
 ) -> Result<&'static str, Problem> {
     let payload: Value = serde_json::from_slice(body)
         .map_err(|_| Problem::new(ProblemCode::MalformedJson, "the event is not JSON"))?;
+    if let Some(path) = nul_at(&payload, &mut String::new()) {
+        return reject_unstorable(ctx, provider, header_id, &payload, &path).await;
+    }
     // A signed event of a shape we do not know is still kept and answered
     // 200 (never lost): it is recorded as ignored, for a person to look at.
     let envelope: Envelope = serde_json::from_value(payload.clone()).unwrap_or(Envelope {
@@ -224,6 +228,93 @@ pub async fn apply(
         }
         Err(e) => Err(store_problem(e)),
     }
+}
+
+/// The path of the first string or key holding U+0000, which PostgreSQL
+/// cannot store (`text`, `jsonb`).
+fn nul_at(value: &Value, path: &mut String) -> Option<String> {
+    match value {
+        Value::String(s) if s.contains('\0') => Some(path.clone()),
+        Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| {
+            let len = path.len();
+            path.push_str(&format!("[{i}]"));
+            let found = nul_at(v, path);
+            path.truncate(len);
+            found
+        }),
+        Value::Object(map) => map.iter().find_map(|(k, v)| {
+            let len = path.len();
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(k);
+            let found = if k.contains('\0') {
+                Some(path.clone())
+            } else {
+                nul_at(v, path)
+            };
+            path.truncate(len);
+            found
+        }),
+        _ => None,
+    }
+}
+
+/// Every U+0000 written as the six characters `\u0000`, so the value can
+/// be stored and a person reads where it was.
+fn without_nul(value: &Value) -> Value {
+    let clean = |s: &str| s.replace('\0', "\\u0000");
+    match value {
+        Value::String(s) => Value::String(clean(s)),
+        Value::Array(items) => Value::Array(items.iter().map(without_nul).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (clean(k), without_nul(v)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// A signed event holding U+0000 cannot be stored as it came, and a
+/// provider retries an event until it is accepted: it is recorded as
+/// `rejected` (its NULs written out), counted, logged, and answered `200`,
+/// so it is neither lost nor retried for ever. It moves nothing.
+async fn reject_unstorable(
+    ctx: &AppContext,
+    provider: &str,
+    header_id: Option<&str>,
+    payload: &Value,
+    path: &str,
+) -> Result<&'static str, Problem> {
+    let stored = without_nul(payload);
+    let event_id = stored
+        .get("id")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| header_id.map(str::to_string))
+        .ok_or_else(|| Problem::invalid_field("id", "is required"))?;
+    let event_type = stored
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("unrecognised");
+    let path = path.replace('\0', "\\u0000");
+    let field = if path.is_empty() { "the event" } else { &path };
+    let detail = format!("{field} holds U+0000, which cannot be stored; nothing was applied");
+    tracing::error!(event_id, %detail, "provider event rejected");
+    let done = store::webhooks::Done {
+        provider,
+        event_id: &event_id,
+        event_type,
+        payload: &stored,
+        outcome: "rejected",
+        confirmed: false,
+        detail: Some(&detail),
+    };
+    let recorded = store::webhooks::record_done(&ctx.pool, &done)
+        .await
+        .map_err(store_problem)?;
+    Ok(if recorded { "rejected" } else { "duplicate" })
 }
 
 /// What handling an event came to.

@@ -40,20 +40,21 @@ impl Limit {
     }
 }
 
-/// Every merchant's limiter in this process.
-pub struct RateLimits {
+/// Every merchant's limiter in this process (or, keyed otherwise, every
+/// checkout session's or client address's: see `http::checkout`).
+pub struct RateLimits<K = Uuid> {
     default: Option<Limit>,
-    limiters: Mutex<HashMap<Uuid, (Limit, Arc<DefaultDirectRateLimiter>)>>,
+    limiters: Mutex<HashMap<K, (Limit, Arc<DefaultDirectRateLimiter>)>>,
     clock: DefaultClock,
 }
 
-/// Merchants remembered at most; past that the map starts over (a merchant
-/// then gets a full burst again, which is harmless).
-const MAX_MERCHANTS: usize = 100_000;
+/// Keys remembered at most; past that the map starts over (a key then gets
+/// a full burst again, which is harmless).
+const MAX_KEYS: usize = 100_000;
 
-impl RateLimits {
-    /// Limits with this default (`None`: no limit unless a merchant has one).
-    pub fn new(default: Option<Limit>) -> RateLimits {
+impl<K: std::hash::Hash + Eq> RateLimits<K> {
+    /// Limits with this default (`None`: no limit unless a key has its own).
+    pub fn new(default: Option<Limit>) -> RateLimits<K> {
         RateLimits {
             default,
             limiters: Mutex::new(HashMap::new()),
@@ -61,18 +62,18 @@ impl RateLimits {
         }
     }
 
-    /// Admits one request of `merchant` (whose own limit, if set, is
-    /// `own`), or says how long to wait before the next would be admitted.
-    pub fn check(&self, merchant: Uuid, own: Option<Limit>) -> Result<(), Duration> {
+    /// Admits one request of `key` (whose own limit, if set, is `own`), or
+    /// says how long to wait before the next would be admitted.
+    pub fn check(&self, key: K, own: Option<Limit>) -> Result<(), Duration> {
         let Some(limit) = own.or(self.default) else {
             return Ok(());
         };
         let limiter = {
             let mut limiters = self.limiters.lock().unwrap_or_else(|p| p.into_inner());
-            if limiters.len() >= MAX_MERCHANTS && !limiters.contains_key(&merchant) {
+            if limiters.len() >= MAX_KEYS && !limiters.contains_key(&key) {
                 limiters.clear();
             }
-            let entry = limiters.entry(merchant).or_insert_with(|| fresh(limit));
+            let entry = limiters.entry(key).or_insert_with(|| fresh(limit));
             // The merchant's limit changed: start its new limiter.
             if entry.0 != limit {
                 *entry = fresh(limit);
@@ -103,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_burst_is_admitted_then_the_rest_wait() {
-        let limits = RateLimits::new(Limit::new(1, 3));
+        let limits: RateLimits = RateLimits::new(Limit::new(1, 3));
         let m = Uuid::now_v7();
         for _ in 0..3 {
             assert_eq!(limits.check(m, None), Ok(()));
@@ -119,7 +120,7 @@ mod tests {
 
     #[test]
     fn a_merchant_limit_overrides_the_default_and_none_means_unlimited() {
-        let limits = RateLimits::new(None);
+        let limits: RateLimits = RateLimits::new(None);
         let m = Uuid::now_v7();
         for _ in 0..1000 {
             assert_eq!(limits.check(m, None), Ok(()));

@@ -100,9 +100,17 @@ impl Application {
         let state = web::Data::new(AppState {
             ctx: ctx.clone(),
             webhook_secret: config.webhook_secret.clone(),
-            max_body_bytes: config.max_body_bytes,
+            body_limits: http::BodyLimits::new(
+                config.max_body_bytes,
+                config.body_timeout,
+                config.slow_bodies_per_client,
+            ),
             keys: keys.clone(),
             rate_limits: crate::rate_limit::RateLimits::new(config.rate_limit),
+            checkout_limits: http::CheckoutLimits::new(
+                config.checkout_rate_limit,
+                config.checkout_address_rate_limit,
+            ),
             webhook_allow_private: config.merchant_webhooks.allow_private,
             runtime: tokio::runtime::Handle::current(),
         });
@@ -124,6 +132,7 @@ impl Application {
                 .configure(http::routes)
         })
         .workers(config.http_workers)
+        .client_request_timeout(config.header_timeout)
         .shutdown_timeout(config.shutdown_timeout.as_secs().max(1))
         .listen(listener)?
         .run();

@@ -36,9 +36,12 @@ impl Command for CreateWebhookEndpoint {
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let body = Obj::root(&input.body)?;
         body.only(&["url", "events"])?;
-        let url = body.string("url")?;
-        crate::outbound::parse_url(&url)
-            .map_err(|e| Problem::rule(RuleViolation::new("url", e.to_string())))?;
+        // Stored (and listed) as the URL the deliveries will call: the
+        // parser's normal form (lower-case scheme and host, dot segments
+        // resolved), not the text as sent.
+        let url = crate::outbound::parse_url(&body.string("url")?)
+            .map_err(|e| Problem::rule(RuleViolation::new("url", e.to_string())))?
+            .to_string();
         let mut events = body.strings("events")?;
         if events.is_empty() || events.len() > MAX_TYPES {
             return Err(Problem::rule(RuleViolation::new(

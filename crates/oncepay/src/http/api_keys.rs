@@ -38,7 +38,7 @@ pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> Reply {
 /// now (0 to a week), so clients can move over without downtime.
 pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload) -> Reply {
     let merchant = authenticate(&state, &req).await?;
-    let bytes = read_body(&req, payload, state.max_body_bytes).await?;
+    let bytes = read_body(&state, &req, payload).await?;
     let body = parse_body(&bytes, true)?;
     let obj = Obj::root(&body)?;
     obj.only(&["expire_current_in_seconds"])?;

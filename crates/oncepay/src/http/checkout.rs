@@ -12,6 +12,8 @@
 //! - `GET /checkout/{token}/status?key=K`: the order's status, the attempt
 //!   that key made (if any) and the latest attempt.
 
+use std::net::IpAddr;
+
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
@@ -23,11 +25,12 @@ use crate::commands::checkout::{token_hash, CreateCheckout, TOKEN_PREFIX};
 use crate::commands::payments::CreatePayment;
 use crate::commands::CommandInput;
 use crate::domain::money::Currency;
-use crate::domain::order::Order;
+use crate::domain::order::{Order, OrderStatus};
 use crate::domain::payment::Payment;
-use crate::idempotency::{store_problem, Fingerprint, RecordId};
+use crate::idempotency::{store_problem, Fingerprint, IdempotencyKey, RecordId};
 use crate::input::{parse_body, Obj};
 use crate::problem::{Problem, ProblemCode};
+use crate::rate_limit::{Limit, RateLimits};
 use crate::store::{self, checkout::Session};
 
 type Reply = Result<HttpResponse, Problem>;
@@ -48,6 +51,45 @@ pub async fn create(
 ) -> Reply {
     let id = path_uuid(&path, ProblemCode::OrderNotFound, "order").map(Some);
     money_command::<CreateCheckout>(&state, &req, payload, id, true).await
+}
+
+/// The public checkout's own rate limits. Its endpoints take no API key,
+/// so the merchant's limit cannot apply: each session (by its token's hash,
+/// checked before any database read) and each client address has its own
+/// (`ONCEPAY_CHECKOUT_RATE_LIMIT_*`, `ONCEPAY_CHECKOUT_ADDRESS_RATE_LIMIT_*`).
+/// A page polls far below them; a runaway tab or a script does not.
+pub struct CheckoutLimits {
+    session: RateLimits<[u8; 32]>,
+    address: RateLimits<IpAddr>,
+}
+
+impl CheckoutLimits {
+    /// Limits per session and per client address (`None`: unlimited).
+    pub fn new(per_session: Option<Limit>, per_address: Option<Limit>) -> CheckoutLimits {
+        CheckoutLimits {
+            session: RateLimits::new(per_session),
+            address: RateLimits::new(per_address),
+        }
+    }
+}
+
+/// Admits one checkout request, or `429 rate_limited` with `Retry-After`.
+fn admit(state: &AppState, req: &HttpRequest, token: &str) -> Result<(), Problem> {
+    let limits = &state.checkout_limits;
+    let by_address = match req.peer_addr() {
+        Some(peer) => limits.address.check(peer.ip(), None),
+        None => Ok(()),
+    };
+    let admitted = by_address.and_then(|()| limits.session.check(token_hash(token), None));
+    admitted.map_err(|wait| {
+        state.ctx.metrics.rate_limited.inc();
+        let seconds = crate::rate_limit::retry_after_secs(wait);
+        Problem::new(
+            ProblemCode::RateLimited,
+            format!("too many requests for this checkout; retry in {seconds} s"),
+        )
+        .retry_after(seconds)
+    })
 }
 
 /// Why a token opens nothing.
@@ -159,8 +201,9 @@ fn page(title: &str, main: &str) -> String {
 }
 
 /// `GET /checkout/{token}`: the page, or a clear error page (`404`/`410`).
-pub async fn show(state: web::Data<AppState>, path: web::Path<String>) -> Reply {
+pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<String>) -> Reply {
     use actix_web::http::StatusCode;
+    admit(&state, &req, &path)?;
     let session = match session_of(&state, &path).await? {
         Ok(session) => session,
         Err(closed) => {
@@ -197,7 +240,13 @@ pub async fn show(state: web::Data<AppState>, path: web::Path<String>) -> Reply 
             )
         })
         .collect();
-    let paid = order.status.as_str() == "paid";
+    // The page starts where the order is: paid shows the receipt, an order
+    // that can no longer be paid says so, and neither offers a Pay button.
+    let initial = match order.status {
+        OrderStatus::AwaitingPayment => "idle",
+        OrderStatus::Paid => "succeeded",
+        OrderStatus::Refunded | OrderStatus::Cancelled => "closed",
+    };
     let main = format!(
         "<header>\n<p class=\"merchant\">Secure checkout</p>\n<h1>Pay <span class=\"amount\">{total}</span></h1>\n\
          <p class=\"order\">Order {order_id}</p>\n</header>\n\
@@ -214,7 +263,7 @@ pub async fn show(state: web::Data<AppState>, path: web::Path<String>) -> Reply 
         total = escape(&total),
         order_id = order.id,
         token = escape(&path),
-        initial = if paid { "succeeded" } else { "idle" },
+        initial = initial,
     );
     Ok(html(
         StatusCode::OK,
@@ -236,23 +285,25 @@ fn attempt_json(p: &Payment) -> Value {
     })
 }
 
-/// The engine's key for a key the browser made: scoped to the session.
-fn scoped_key(session: &Session, key: &str) -> String {
-    format!("checkout:{}:{key}", session.id)
-}
-
 /// `GET /checkout/{token}/status?key=K`.
 pub async fn status(
     state: web::Data<AppState>,
+    req: HttpRequest,
     path: web::Path<String>,
     query: web::Query<StatusQuery>,
 ) -> Reply {
+    admit(&state, &req, &path)?;
     let session = live_session(&state, &path).await?;
     let (order, attempts) = order_and_attempts(&state, &session, true).await?;
-    let mine = match &query.key {
+    // A key that no page could have made has made no attempt.
+    let key = query
+        .key
+        .as_deref()
+        .and_then(|k| IdempotencyKey::try_from(k).ok());
+    let mine = match key {
         Some(key) => {
-            let (pool, order_id, key) =
-                (state.ctx.pool.clone(), order.id, scoped_key(&session, key));
+            let (pool, order_id) = (state.ctx.pool.clone(), order.id);
+            let key = RecordId::checkout(session.merchant_id, session.id, &key).key;
             on_service_runtime(&state, async move {
                 let mut conn = pool.acquire().await.map_err(|e| store_problem(e.into()))?;
                 store::payments::by_key(&mut conn, order_id, &key)
@@ -278,9 +329,10 @@ pub async fn pay(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
+    admit(&state, &req, &path)?;
     let session = live_session(&state, &path).await?;
     let key = idempotency_key(&req)?;
-    let bytes = read_body(&req, payload, state.max_body_bytes).await?;
+    let bytes = read_body(&state, &req, payload).await?;
     let body = parse_body(&bytes, false)?;
     let obj = Obj::root(&body)?;
     obj.only(&["payment_method"])?;
@@ -289,10 +341,7 @@ pub async fn pay(
         path_id: None,
         body: json!({"order_id": session.order_id, "payment_method": method}),
     };
-    let id = RecordId {
-        merchant_id: session.merchant_id,
-        key: scoped_key(&session, key.as_str()),
-    };
+    let id = RecordId::checkout(session.merchant_id, session.id, &key);
     let fingerprint = Fingerprint::of("POST", req.path(), &body);
     run_command::<CreatePayment>(&state, id, fingerprint, input).await
 }

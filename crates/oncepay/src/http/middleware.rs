@@ -43,11 +43,28 @@ fn method_label(method: &actix_web::http::Method) -> &'static str {
     }
 }
 
+/// `400 invalid_field` naming the query parameter whose name or value
+/// decodes to U+0000, which no endpoint accepts and PostgreSQL cannot
+/// store. A raw NUL cannot reach here (the HTTP parser refuses it), so
+/// `%00` is the only way to send one.
+fn nul_in_query(query: &str) -> Option<crate::problem::Problem> {
+    let pair = query.split('&').find(|pair| pair.contains("%00"))?;
+    let name = pair
+        .split('=')
+        .next()
+        .unwrap_or_default()
+        .replace("%00", "\\u0000");
+    Some(crate::problem::Problem::invalid_field(
+        format!("query parameter {name}"),
+        "must not contain the character U+0000 (NUL)",
+    ))
+}
+
 /// The middleware function; see the module docs.
 pub async fn observe(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    next: Next<impl MessageBody + 'static>,
+) -> Result<ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {
     let started = Instant::now();
     let request_id = client_request_id(&req).unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let method = method_label(req.method());
@@ -55,12 +72,15 @@ pub async fn observe(
         .app_data::<web::Data<AppState>>()
         .map(|s| s.ctx.metrics.clone());
     let span = tracing::info_span!("request", request_id = %request_id, method = %method, path = %req.path());
-    let result = crate::telemetry::with_request_id(
-        request_id.as_str().into(),
-        next.call(req).instrument(span.clone()),
-    )
-    .await;
-    let mut response = result?;
+    let mut response = match nul_in_query(req.query_string()) {
+        Some(problem) => req.into_response(actix_web::ResponseError::error_response(&problem)),
+        None => crate::telemetry::with_request_id(
+            request_id.as_str().into(),
+            next.call(req).instrument(span.clone()),
+        )
+        .await?
+        .map_into_boxed_body(),
+    };
     let route = response
         .request()
         .match_pattern()

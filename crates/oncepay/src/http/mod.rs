@@ -4,6 +4,7 @@
 //! call a command or a store read, answer.
 
 mod api_keys;
+mod body;
 mod checkout;
 mod events;
 mod lists;
@@ -18,6 +19,8 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use uuid::Uuid;
 
+pub use body::BodyLimits;
+pub use checkout::CheckoutLimits;
 pub use middleware::observe;
 pub use ops::OPENAPI;
 
@@ -32,12 +35,14 @@ pub struct AppState {
     pub ctx: std::sync::Arc<AppContext>,
     /// Verifies inbound webhooks.
     pub webhook_secret: crate::webhooks::WebhookSecret,
-    /// Largest accepted body.
-    pub max_body_bytes: usize,
+    /// Size, time and slow-client bounds of request bodies.
+    pub body_limits: body::BodyLimits,
     /// Recently verified API keys.
     pub keys: std::sync::Arc<crate::api_keys::KeyCache>,
     /// Per-merchant rate limits of this process.
     pub rate_limits: crate::rate_limit::RateLimits,
+    /// The public checkout's rate limits (per session, per address).
+    pub checkout_limits: checkout::CheckoutLimits,
     /// Whether webhook endpoints may have private addresses
     /// (`ONCEPAY_WEBHOOK_ALLOW_PRIVATE`).
     pub webhook_allow_private: bool,
@@ -298,37 +303,13 @@ fn idempotency_key(req: &HttpRequest) -> Result<IdempotencyKey, Problem> {
         .map_err(|e| Problem::new(ProblemCode::IdempotencyKeyInvalid, e.to_string()))
 }
 
-/// Reads the body, refusing more than `limit` bytes with `413` as soon as
-/// the declared length or the bytes read pass it.
+/// Reads the body within the process's limits (see [`body`]).
 async fn read_body(
+    state: &AppState,
     req: &HttpRequest,
     payload: web::Payload,
-    limit: usize,
 ) -> Result<web::Bytes, Problem> {
-    let too_large = || {
-        Problem::new(
-            ProblemCode::PayloadTooLarge,
-            format!("the body must be at most {limit} bytes"),
-        )
-    };
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    if declared.is_some_and(|n| n > limit) {
-        return Err(too_large());
-    }
-    // The outer error is the limit (a chunked body carries no length to
-    // check up front); the inner one is a body that could not be read.
-    match payload.to_bytes_limited(limit).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => Err(Problem::new(
-            ProblemCode::MalformedJson,
-            "the body could not be read",
-        )),
-        Err(_) => Err(too_large()),
-    }
+    body::read(&state.body_limits, req, payload).await
 }
 
 /// A path `{id}` as a UUID; anything else is a resource that does not exist.

@@ -31,15 +31,12 @@ pub(super) async fn money_command<C: Command + 'static>(
     let merchant_id = authenticate(state, req).await?;
     let path_id = path_id?;
     let key = idempotency_key(req)?;
-    let bytes = read_body(req, payload, state.max_body_bytes).await?;
+    let bytes = read_body(state, req, payload).await?;
     let input = CommandInput {
         path_id,
         body: parse_body(&bytes, body_optional)?,
     };
-    let id = RecordId {
-        merchant_id,
-        key: key.as_str().to_string(),
-    };
+    let id = RecordId::merchant(merchant_id, &key);
     let fingerprint = Fingerprint::of("POST", req.path(), &input.body);
     run_command::<C>(state, id, fingerprint, input).await
 }

@@ -24,7 +24,7 @@ type Reply = Result<HttpResponse, Problem>;
 pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload) -> Reply {
     let merchant_id = authenticate(&state, &req).await?;
     let key = idempotency_key(&req)?;
-    let bytes = read_body(&req, payload, state.max_body_bytes).await?;
+    let bytes = read_body(&state, &req, payload).await?;
     let input = CommandInput {
         path_id: None,
         body: parse_body(&bytes, false)?,
@@ -33,10 +33,7 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
     crate::outbound::check_url(&command.url, state.webhook_allow_private)
         .await
         .map_err(|e| Problem::rule(RuleViolation::new("url", e.to_string())))?;
-    let id = RecordId {
-        merchant_id,
-        key: key.as_str().to_string(),
-    };
+    let id = RecordId::merchant(merchant_id, &key);
     let fingerprint = Fingerprint::of("POST", req.path(), &input.body);
     run_command::<CreateWebhookEndpoint>(&state, id, fingerprint, input).await
 }

@@ -19,7 +19,7 @@ pub async fn receive(
             "no such webhook provider",
         ));
     }
-    let body = read_body(&req, payload, state.max_body_bytes).await?;
+    let body = read_body(&state, &req, payload).await?;
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
     let verified = state.webhook_secret.verify(
         header("webhook-id"),

@@ -31,8 +31,34 @@ pub struct StoredResponse {
 pub struct RecordId {
     /// The merchant the key belongs to.
     pub merchant_id: Uuid,
-    /// The client's key.
+    /// The key as stored: see [`RecordId::merchant`] and [`RecordId::checkout`].
     pub key: String,
+}
+
+impl RecordId {
+    /// A key the merchant sent with its API key: stored as sent.
+    pub fn merchant(merchant_id: Uuid, key: &crate::idempotency::IdempotencyKey) -> RecordId {
+        RecordId {
+            merchant_id,
+            key: key.as_str().to_string(),
+        }
+    }
+
+    /// A key a checkout page made, in the keyspace of its session:
+    /// `checkout <session id> <key>`. A key a client sends can never hold
+    /// a space (it is visible ASCII only), so no merchant key, however it
+    /// is written, can meet a page's key, and two sessions' keys cannot
+    /// meet each other.
+    pub fn checkout(
+        merchant_id: Uuid,
+        session_id: Uuid,
+        key: &crate::idempotency::IdempotencyKey,
+    ) -> RecordId {
+        RecordId {
+            merchant_id,
+            key: format!("checkout {session_id} {}", key.as_str()),
+        }
+    }
 }
 
 /// What the database holds for a command being executed by us.

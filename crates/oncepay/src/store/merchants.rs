@@ -43,7 +43,8 @@ pub const MERCHANT_FOR_KEY: &str = "UPDATE api_key k SET last_used_at = now()
       FROM merchant m
       WHERE k.key_hash = $1 AND k.revoked_at IS NULL
         AND (k.expires_at IS NULL OR k.expires_at > now()) AND m.id = k.merchant_id
-      RETURNING k.merchant_id, m.rate_limit_per_second, m.rate_limit_burst";
+      RETURNING k.merchant_id, m.rate_limit_per_second, m.rate_limit_burst,
+                EXTRACT(EPOCH FROM k.expires_at - now())::float8 AS expires_in";
 
 /// The caller a key hash speaks for, if the key exists, is not revoked and
 /// has not expired.
@@ -58,8 +59,14 @@ pub async fn merchant_for_key(
     let Some(row) = row else { return Ok(None) };
     let rate: Option<i32> = row.try_get("rate_limit_per_second")?;
     let burst: Option<i32> = row.try_get("rate_limit_burst")?;
+    // The database's clock decides how long the key lives; this process
+    // only counts that span down on its own monotonic clock.
+    let expires_in: Option<f64> = row.try_get("expires_in")?;
     Ok(Some(crate::api_keys::Caller {
         merchant_id: row.try_get("merchant_id")?,
+        expires_at: expires_in.map(|secs| {
+            std::time::Instant::now() + std::time::Duration::from_secs_f64(secs.max(0.0))
+        }),
         limit: rate
             .zip(burst)
             .and_then(|(r, b)| crate::rate_limit::Limit::new(r.into(), b.into())),

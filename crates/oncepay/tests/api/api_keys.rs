@@ -174,3 +174,63 @@ async fn a_revocation_reaches_every_process_at_once() {
     .await;
     assert_eq!(r.status(), StatusCode::OK, "other keys go on working");
 }
+
+#[tokio::test]
+async fn a_rotated_key_stops_at_its_expiry_in_every_process() {
+    let db_url = fresh_database_url();
+    oncepay::store::prepare_database(&db_url)
+        .await
+        .expect("migrate");
+    let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
+    let key = oncepay::api_keys::create(&db, "merchant-a")
+        .await
+        .expect("key");
+    // Each process trusts a verified key for an hour: only the key's own
+    // expiry can end it.
+    let mut env = serve_env(&db_url, "http://127.0.0.1:9");
+    env.push(("ONCEPAY_AUTH_CACHE_TTL", "1h".into()));
+    let a = spawn_binary("serve", "ONCEPAY_BIND", &env).await;
+    let b = spawn_binary("serve", "ONCEPAY_BIND", &env).await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("{}/api_keys", a.base))
+        .bearer_auth(&key)
+        .json(&json!({"expire_current_in_seconds": 2}))
+        .send()
+        .await
+        .expect("rotate");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let expires_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT expires_at FROM api_key WHERE key_prefix = $1")
+            .bind(&key[..10])
+            .fetch_one(&db)
+            .await
+            .expect("expiry");
+    // Within the overlap both processes accept (and so cache) the old key.
+    for base in [&a.base, &b.base] {
+        let r = call(&http, reqwest::Method::GET, &format!("{base}/orders"), &key).await;
+        assert_eq!(r.status(), StatusCode::OK, "still in its overlap at {base}");
+    }
+    // Ask both processes until well past the expiry: after it, never accepted.
+    let until = expires_at + chrono::Duration::milliseconds(1500);
+    let mut refused_after_expiry = 0;
+    while chrono::Utc::now() < until {
+        for base in [&a.base, &b.base] {
+            let sent = chrono::Utc::now();
+            let status = call(&http, reqwest::Method::GET, &format!("{base}/orders"), &key)
+                .await
+                .status();
+            if sent > expires_at {
+                assert_eq!(
+                    status,
+                    StatusCode::UNAUTHORIZED,
+                    "{base} accepted the old key {} ms after its expiry",
+                    (sent - expires_at).num_milliseconds()
+                );
+                refused_after_expiry += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused_after_expiry > 0);
+}

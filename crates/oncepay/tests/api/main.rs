@@ -6,6 +6,7 @@ mod checkout;
 mod events;
 mod failover;
 mod helpers;
+mod hostile_input;
 mod idempotency;
 mod lists;
 mod ops;

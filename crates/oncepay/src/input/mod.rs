@@ -7,24 +7,20 @@
 //! saturates, so "too big" is always a rule violation and never a panic or a
 //! silent wrap.
 
+pub mod json;
+
 use serde_json::{Map, Value};
 
-use crate::problem::{Problem, ProblemCode};
+use crate::problem::Problem;
 
 /// Parses a body into JSON: `400 malformed_json` for anything that is not
-/// UTF-8 JSON. An empty body reads as `{}` for commands whose body is optional.
+/// UTF-8 JSON, numbers read exactly and U+0000 refused (see [`json`]). An
+/// empty body reads as `{}` for commands whose body is optional.
 pub fn parse_body(bytes: &[u8], empty_is_object: bool) -> Result<Value, Problem> {
     if empty_is_object && bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(Value::Object(Map::new()));
     }
-    serde_json::from_slice(bytes).map_err(|e| {
-        let what = if std::str::from_utf8(bytes).is_err() {
-            "the body is not UTF-8 text".to_string()
-        } else {
-            format!("the body is not valid JSON ({e})")
-        };
-        Problem::new(ProblemCode::MalformedJson, what)
-    })
+    json::parse(bytes)
 }
 
 /// A JSON object being read, with its path for error messages.

@@ -1,0 +1,741 @@
+//! Input an attacker would send (issue 22's classes): U+0000 in every
+//! string an endpoint reads, the same number in two notations, fractions
+//! that must not be rounded, a webhook URL with control characters, a
+//! signed provider event holding NUL, a body that stops arriving, and a
+//! request head the HTTP parser refuses. Each is answered with a problem
+//! document naming what is wrong, never a `500`, and changes nothing.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use uuid::Uuid;
+
+use crate::helpers::*;
+
+/// The served `openapi.yaml` as JSON (PyYAML, which schemathesis brings
+/// and `make test` installs, reads it: no YAML crate in the build).
+async fn openapi(app: &TestApp) -> Value {
+    let text = app
+        .http
+        .get(format!("{}/openapi.yaml", app.base))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    let mut child = tokio::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, yaml; json.dump(yaml.safe_load(sys.stdin), sys.stdout)",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(text.as_bytes()).await.expect("write");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("python3 ran");
+    assert!(
+        out.status.success(),
+        "PyYAML reads openapi.yaml (python3 -m pip install pyyaml)"
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// Follows a local `$ref`.
+fn resolve<'a>(doc: &'a Value, v: &'a Value) -> &'a Value {
+    match v.get("$ref").and_then(Value::as_str) {
+        Some(r) => {
+            let pointer = r.trim_start_matches('#');
+            resolve(doc, doc.pointer(pointer).expect("a $ref that resolves"))
+        }
+        None => v,
+    }
+}
+
+/// Ids of real objects, so that a request reaches as deep as it can.
+struct Fixtures {
+    order: String,
+    payment: String,
+    refund: String,
+    token: String,
+    event: String,
+    endpoint: String,
+}
+
+impl Fixtures {
+    async fn make(app: &TestApp) -> Fixtures {
+        let paid = app.create_order().await;
+        let (_, payment) = app.pay(&paid, "tok_visa").await;
+        let payment = payment["id"].as_str().expect("payment").to_string();
+        let refund = json_of(
+            app.post(
+                &format!("/payments/{payment}/refunds"),
+                "fixture-refund",
+                &json!({"amount": 1}),
+            )
+            .await,
+        )
+        .await["id"]
+            .as_str()
+            .expect("refund")
+            .to_string();
+        let order = app.create_order().await;
+        let session = json_of(
+            app.post(
+                &format!("/orders/{order}/checkout"),
+                "fixture-checkout",
+                &json!({}),
+            )
+            .await,
+        )
+        .await;
+        let token = session["url"]
+            .as_str()
+            .and_then(|u| u.rsplit('/').next())
+            .expect("token")
+            .to_string();
+        let endpoint = json_of(
+            app.post(
+                "/webhook_endpoints",
+                "fixture-endpoint",
+                &json!({"url": "http://127.0.0.1:9/hook", "events": ["*"]}),
+            )
+            .await,
+        )
+        .await["id"]
+            .as_str()
+            .expect("endpoint")
+            .to_string();
+        let events = json_of(app.get("/events").await).await;
+        let event = events["data"][0]["id"]
+            .as_str()
+            .expect("an event")
+            .to_string();
+        Fixtures {
+            order,
+            payment,
+            refund,
+            token,
+            event,
+            endpoint,
+        }
+    }
+
+    /// A real value for a path parameter of `path`.
+    fn path_param(&self, path: &str, name: &str) -> String {
+        match (name, path.split('/').nth(1).unwrap_or_default()) {
+            ("token", _) => self.token.clone(),
+            ("provider", _) => "sandbox".into(),
+            (_, "orders") => self.order.clone(),
+            (_, "payments") => self.payment.clone(),
+            (_, "refunds") => self.refund.clone(),
+            (_, "events") => self.event.clone(),
+            (_, "webhook_endpoints") => self.endpoint.clone(),
+            _ => Uuid::now_v7().to_string(),
+        }
+    }
+}
+
+/// A plausible value of a schema, so that the one field made hostile is
+/// what the service must refuse.
+fn sample(doc: &Value, schema: &Value, name: &str, fx: &Fixtures) -> Value {
+    let schema = resolve(doc, schema);
+    match name {
+        "order_id" => return json!(fx.order),
+        "currency" => return json!("EUR"),
+        "payment_method" => return json!("tok_visa"),
+        "url" => return json!("http://127.0.0.1:9/hook"),
+        _ => {}
+    }
+    if let Some(first) = schema
+        .get("examples")
+        .and_then(|e| e.get(0))
+        .or_else(|| schema.get("example"))
+        .or_else(|| schema.get("enum").and_then(|e| e.get(0)))
+    {
+        return first.clone();
+    }
+    if let Some(one) = schema.get("oneOf").or_else(|| schema.get("anyOf")) {
+        return sample(doc, &one[0], name, fx);
+    }
+    let ty = match schema.get("type") {
+        Some(Value::Array(types)) => types
+            .iter()
+            .filter_map(Value::as_str)
+            .find(|t| *t != "null")
+            .unwrap_or("null")
+            .to_string(),
+        Some(Value::String(t)) => t.clone(),
+        _ if schema.get("properties").is_some() => "object".into(),
+        _ => "null".into(),
+    };
+    match ty.as_str() {
+        "object" => {
+            let mut out = serde_json::Map::new();
+            if let Some(props) = schema.get("properties").and_then(Value::as_object) {
+                for (k, v) in props {
+                    out.insert(k.clone(), sample(doc, v, k, fx));
+                }
+            } else if let Some(extra) = schema.get("additionalProperties").filter(|v| v.is_object())
+            {
+                out.insert("k".into(), sample(doc, extra, "k", fx));
+            }
+            Value::Object(out)
+        }
+        "array" => json!([sample(
+            doc,
+            schema.get("items").unwrap_or(&Value::Null),
+            name,
+            fx
+        )]),
+        "integer" | "number" => json!(schema
+            .get("minimum")
+            .and_then(Value::as_i64)
+            .unwrap_or(1)
+            .max(1)),
+        "boolean" => json!(true),
+        "string" => json!("x"),
+        _ => Value::Null,
+    }
+}
+
+/// JSON pointers of every string leaf and every object key in `v`
+/// (a key is marked with a trailing `#key`).
+fn string_places(v: &Value, at: String, out: &mut Vec<String>) {
+    match v {
+        Value::String(_) => out.push(at),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                string_places(item, format!("{at}/{i}"), out);
+            }
+        }
+        Value::Object(map) => {
+            for (k, item) in map {
+                out.push(format!("{at}/{k}#key"));
+                string_places(item, format!("{at}/{k}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `body` with `hostile` at `place` (a leaf, or a key).
+fn with_hostile(body: &Value, place: &str, hostile: &str) -> Value {
+    let mut body = body.clone();
+    if let Some(pointer) = place.strip_suffix("#key") {
+        let (parent, key) = pointer.rsplit_once('/').expect("a key's parent");
+        let map = body
+            .pointer_mut(parent)
+            .and_then(Value::as_object_mut)
+            .expect("an object");
+        let value = map.remove(key).expect("the key");
+        map.insert(format!("{key}{hostile}"), value);
+    } else if let Some(slot) = body.pointer_mut(place) {
+        *slot = json!(hostile);
+    }
+    body
+}
+
+/// Where one request puts the hostile string.
+#[derive(Debug, Clone)]
+enum Place {
+    Path(String),
+    Query(String),
+    Body(String),
+}
+
+/// One operation of the document and one place in it.
+#[derive(Debug, Clone)]
+struct Probe {
+    method: Method,
+    path: String,
+    place: Place,
+    body: Option<Value>,
+    authenticated: bool,
+}
+
+fn percent(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Every place of every operation in `openapi.yaml` where a client can
+/// put a string: path and query parameters, and body strings and keys.
+fn probes(doc: &Value, fx: &Fixtures) -> Vec<Probe> {
+    let mut out = Vec::new();
+    let paths = doc["paths"].as_object().expect("paths");
+    for (path, item) in paths {
+        for (method, op) in item.as_object().expect("path item") {
+            let Ok(method) = method.to_uppercase().parse::<Method>() else {
+                continue;
+            };
+            let params: Vec<&Value> = op
+                .get("parameters")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|p| resolve(doc, p))
+                .collect();
+            let authenticated = op.get("security") != Some(&json!([]));
+            let body = op
+                .pointer("/requestBody/content/application~1json/schema")
+                .map(|s| sample(doc, s, "", fx));
+            let probe = |place| Probe {
+                method: method.clone(),
+                path: path.clone(),
+                place,
+                body: body.clone(),
+                authenticated,
+            };
+            for p in &params {
+                let name = p["name"].as_str().expect("name").to_string();
+                match p["in"].as_str() {
+                    Some("path") => out.push(probe(Place::Path(name))),
+                    // A DELETE with a real id would delete it: only its
+                    // path is made hostile.
+                    Some("query") if method != Method::DELETE => {
+                        out.push(probe(Place::Query(name)))
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(body) = &body {
+                let mut places = Vec::new();
+                string_places(body, String::new(), &mut places);
+                out.extend(places.into_iter().map(|p| probe(Place::Body(p))));
+            }
+        }
+    }
+    out
+}
+
+/// Sends one probe with `hostile` in its place; the answer must be a `4xx`
+/// problem document with a request id.
+async fn send(app: &TestApp, fx: &Fixtures, probe: &Probe, hostile: &str) {
+    let mut path = probe.path.clone();
+    let names: Vec<String> = path
+        .split('{')
+        .skip(1)
+        .filter_map(|s| s.split('}').next())
+        .map(str::to_string)
+        .collect();
+    for name in names {
+        let value = match &probe.place {
+            Place::Path(p) if *p == name => percent(hostile),
+            _ => fx.path_param(&probe.path, &name),
+        };
+        path = path.replace(&format!("{{{name}}}"), &value);
+    }
+    if let Place::Query(name) = &probe.place {
+        path = format!("{path}?{name}={}", percent(hostile));
+    }
+    let mut req = app
+        .http
+        .request(probe.method.clone(), format!("{}{path}", app.base))
+        .header("Idempotency-Key", Uuid::new_v4().to_string());
+    if probe.authenticated {
+        req = req.bearer_auth(&app.key);
+    }
+    let body = match (&probe.place, &probe.body) {
+        (Place::Body(place), Some(body)) => Some(with_hostile(body, place, hostile)),
+        (_, body) => body.clone(),
+    };
+    if let Some(body) = body {
+        req = req
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let r = req.send().await.expect("sent");
+    let status = r.status();
+    let request_id = r.headers().get("x-request-id").cloned();
+    let content_type = r
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let text = r.text().await.unwrap_or_default();
+    let what = format!(
+        "{} {path} with {:?} at {:?}",
+        probe.method, hostile, probe.place
+    );
+    assert!(
+        status.is_client_error(),
+        "{what}: {status} {text} (a string PostgreSQL cannot store must be refused)"
+    );
+    assert!(request_id.is_some(), "{what}: no X-Request-Id");
+    // The checkout page itself answers a browser with an HTML page.
+    if probe.method == Method::GET
+        && probe.path == "/checkout/{token}"
+        && !matches!(probe.place, Place::Query(_))
+    {
+        assert!(
+            content_type.starts_with("text/html"),
+            "{what}: {content_type}"
+        );
+        return;
+    }
+    assert_eq!(content_type, "application/problem+json", "{what}: {text}");
+    let problem: Value = serde_json::from_str(&text).expect("problem json");
+    assert!(problem["code"].is_string(), "{what}: {text}");
+}
+
+/// A string holding U+0000 among other characters a client may send:
+/// control characters, DEL, C1, non-BMP, quotes and backslashes.
+fn hostile_string() -> impl Strategy<Value = String> {
+    let piece = "[a-z\\x01-\\x1f\\x7f\\u{80}-\\u{9f}\"\\\\/%&=?#é\\u{1F600}]{0,6}";
+    (piece, piece).prop_map(|(a, b)| format!("{a}\u{0}{b}"))
+}
+
+#[test]
+fn nul_in_any_string_of_any_endpoint_is_refused_never_a_500() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let app = rt.block_on(spawn_app());
+    let fx = rt.block_on(Fixtures::make(&app));
+    let doc = rt.block_on(openapi(&app));
+    let probes = probes(&doc, &fx);
+    let counted = |app: &TestApp| {
+        rt.block_on(async {
+            (
+                app.count("SELECT count(*) FROM orders").await,
+                app.count("SELECT count(*) FROM payment_attempt").await,
+                app.count("SELECT count(*) FROM refund").await,
+                app.count("SELECT count(*) FROM webhook_endpoint").await,
+                app.count("SELECT count(*) FROM webhook_event").await,
+            )
+        })
+    };
+    let before = counted(&app);
+    // Every place once with the plainest hostile string ...
+    for probe in &probes {
+        rt.block_on(send(&app, &fx, probe, "a\u{0}b"));
+    }
+    // ... then random places with generated strings.
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let places = probes.len();
+    runner
+        .run(&(0..places, hostile_string()), |(i, hostile)| {
+            rt.block_on(send(&app, &fx, &probes[i], &hostile));
+            Ok(())
+        })
+        .expect("every hostile request refused with a problem document");
+    assert_eq!(counted(&app), before, "nothing was written");
+    println!(
+        "{} places in {} operations, each with U+0000, then 128 generated strings",
+        places,
+        doc["paths"].as_object().map_or(0, |p| p
+            .values()
+            .map(|i| i.as_object().map_or(0, |o| o.len()))
+            .sum::<usize>())
+    );
+    assert!(
+        places >= 40,
+        "the document's operations yield {places} places"
+    );
+}
+
+#[tokio::test]
+async fn a_signed_provider_event_holding_nul_is_recorded_as_rejected_once() {
+    let app = spawn_app().await;
+    let order = app.create_order().await;
+    let (_, payment) = app.pay(&order, "tok_visa").await;
+    let charge = payment["provider_charge_id"].as_str().expect("charge");
+    let bad = [
+        json!({"id": "evt_nul\u{0}1", "type": "charge.succeeded",
+               "data": {"object": {"id": charge, "status": "succeeded"}}}),
+        json!({"id": "evt_nul_2", "type": "charge.failed",
+               "data": {"object": {"id": format!("{charge}\u{0}"), "status": "failed"}}}),
+        json!({"id": "evt_nul_3", "type": "charge.failed",
+               "data": {"object": {"id": charge, "status": "failed", "failure_message": "no\u{0}pe"}}}),
+        json!({"id": "evt_nul_4", "type": "charge.succeeded", "extra\u{0}": "x",
+               "data": {"object": {"id": charge, "status": "succeeded"}}}),
+    ];
+    for (i, event) in bad.iter().enumerate() {
+        for delivery in ["first", "again"] {
+            // A header cannot carry U+0000: the event's own id does.
+            let (id, ts, body) = (
+                format!("evt_header_{i}"),
+                chrono::Utc::now().timestamp(),
+                event.to_string(),
+            );
+            let signature = oncepay::webhooks::WebhookSecret::dev().sign(&id, ts, body.as_bytes());
+            let r = app
+                .http
+                .post(format!("{}/webhooks/sandbox", app.base))
+                .header("webhook-id", &id)
+                .header("webhook-timestamp", ts.to_string())
+                .header("webhook-signature", signature)
+                .body(body)
+                .send()
+                .await
+                .expect("sent");
+            let status = r.status();
+            let body = json_of(r).await;
+            assert_eq!(
+                status,
+                StatusCode::OK,
+                "{delivery} delivery of {event}: accepted, so never retried: {body}"
+            );
+            let expected = if delivery == "first" {
+                "rejected"
+            } else {
+                "duplicate"
+            };
+            assert_eq!(body["outcome"], expected, "{event}");
+        }
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM webhook_event WHERE outcome = 'rejected' AND detail LIKE '%U+0000%'").await,
+        4,
+        "each kept, with why"
+    );
+    assert_eq!(
+        app.status_of(&format!(
+            "/payments/{}",
+            payment["id"].as_str().expect("id")
+        ))
+        .await,
+        "succeeded"
+    );
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("oncepay_webhooks_total{outcome=\"rejected\"} 4")),
+        "counted: {}",
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("oncepay_webhooks_total"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[tokio::test]
+async fn a_number_is_read_by_its_value_in_any_notation_and_never_rounded() {
+    let app = spawn_app().await;
+    let body = |quantity: &str, unit: &str| {
+        format!(
+            r#"{{"customer_id":"cus_1","currency":"EUR","items":[{{"sku":"a","quantity":{quantity},"unit_amount":{unit}}}]}}"#
+        )
+        .into_bytes()
+    };
+    let first = app
+        .post_raw("/orders", Some("n-1"), Some(&app.key), body("2", "1250"))
+        .await;
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let first = json_of(first).await;
+    for (quantity, unit) in [("2.0", "1250"), ("2e0", "1.25e3"), ("20e-1", "1250.000")] {
+        let again = app
+            .post_raw("/orders", Some("n-1"), Some(&app.key), body(quantity, unit))
+            .await;
+        assert_eq!(
+            again.status(),
+            StatusCode::CREATED,
+            "{quantity} {unit}: the same request"
+        );
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
+        assert_eq!(json_of(again).await, first);
+    }
+    for (quantity, unit, field) in [
+        ("2", "10000000000.00000001", "items[0].unit_amount"),
+        ("2.5", "1250", "items[0].quantity"),
+        ("2", "1250e-2", "items[0].unit_amount"),
+    ] {
+        let r = app
+            .post_raw(
+                "/orders",
+                Some(&format!("n-{quantity}-{unit}")),
+                Some(&app.key),
+                body(quantity, unit),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{quantity} {unit}");
+        let problem = json_of(r).await;
+        assert_eq!(problem["field"], field);
+        assert_eq!(problem["code"], "invalid_field");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 1);
+}
+
+#[tokio::test]
+async fn a_webhook_url_with_control_characters_is_refused_and_urls_are_stored_as_called() {
+    let app = spawn_app().await;
+    for (i, url) in [
+        "http://127.0.0.1:9/a\nb",
+        "http://127.0.0.1:9/a\tb",
+        "http://127.0.0.1:9/\u{7f}",
+        " http://127.0.0.1:9/",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = app
+            .post(
+                "/webhook_endpoints",
+                &format!("url-{i}"),
+                &json!({"url": url, "events": ["*"]}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{url:?}");
+        let problem = json_of(r).await;
+        assert_eq!(problem["field"], "url");
+        assert!(problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("control characters"));
+    }
+    let r = app
+        .post(
+            "/webhook_endpoints",
+            "url-ok",
+            &json!({"url": "HTTP://127.0.0.1:9/a/../hooks", "events": ["*"]}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(json_of(r).await["url"], "http://127.0.0.1:9/hooks");
+    let listed = json_of(app.get("/webhook_endpoints").await).await;
+    assert_eq!(
+        listed["data"][0]["url"], "http://127.0.0.1:9/hooks",
+        "listed as it will be called"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM webhook_endpoint").await, 1);
+}
+
+#[tokio::test]
+async fn a_merchant_key_can_never_meet_a_checkout_pages_key() {
+    let app = spawn_app().await;
+    let order = app.create_order().await;
+    let session = json_of(
+        app.post(&format!("/orders/{order}/checkout"), "co", &json!({}))
+            .await,
+    )
+    .await;
+    let url = session["url"].as_str().expect("url").to_string();
+    let session_id = session["id"].as_str().expect("id");
+    // Every way a merchant could spell the page's key, used first.
+    for key in [
+        format!("checkout:{session_id}:k"),
+        format!("checkout_{session_id}_k"),
+        "k".into(),
+    ] {
+        let other = app.create_order().await;
+        let r = app
+            .post(
+                "/payments",
+                &key,
+                &json!({"order_id": other, "payment_method": "tok_declined"}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{key}");
+    }
+    let r = app
+        .http
+        .post(format!("{url}/payments"))
+        .header("Idempotency-Key", "k")
+        .json(&json!({"payment_method": "tok_visa"}))
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(r.status(), StatusCode::CREATED, "the page's key is its own");
+    let payment = json_of(r).await;
+    assert_eq!(payment["status"], "succeeded");
+    assert_eq!(payment["order_id"], order.as_str());
+}
+
+/// Opens a raw connection and sends `bytes`, then waits for the answer
+/// (at most `patience`).
+async fn raw_exchange(base: &str, bytes: &[u8], patience: Duration) -> (Duration, String) {
+    let addr = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let started = std::time::Instant::now();
+    stream.write_all(bytes).await.expect("write");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(patience, stream.read_to_end(&mut answer)).await;
+    (
+        started.elapsed(),
+        String::from_utf8_lossy(&answer).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_body_that_stops_arriving_gets_408_within_the_deadline() {
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_BODY_TIMEOUT", "1s")
+            .serve("ONCEPAY_SLOW_BODIES_PER_CLIENT", "3"),
+    )
+    .await;
+    let head = format!(
+        "POST /webhooks/sandbox HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"id\""
+    );
+    let (waited, answer) = raw_exchange(&app.base, head.as_bytes(), Duration::from_secs(30)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("application/problem+json"), "{answer}");
+    assert!(answer.contains("\"code\":\"request_timeout\""), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("x-request-id:"),
+        "{answer}"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "answered after {waited:?}, and the connection closed"
+    );
+    // One address holds at most three slow bodies at once; the fourth is
+    // refused at once, and a prompt request from it still works. (A long
+    // deadline here, so the three are still waited for when the fourth comes.)
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_BODY_TIMEOUT", "60s")
+            .serve("ONCEPAY_SLOW_BODIES_PER_CLIENT", "3"),
+    )
+    .await;
+    // Four slow bodies at once from one address: whichever the server
+    // meets last is refused at once, the other three are waited for.
+    let mut at_once = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (base, head) = (app.base.clone(), head.clone());
+        at_once.spawn(
+            async move { raw_exchange(&base, head.as_bytes(), Duration::from_secs(3)).await },
+        );
+    }
+    let answers = at_once.join_all().await;
+    let refused: Vec<&String> = answers
+        .iter()
+        .map(|(_, answer)| answer)
+        .filter(|answer| !answer.is_empty())
+        .collect();
+    assert_eq!(refused.len(), 1, "one of four refused: {answers:?}");
+    assert!(refused[0].starts_with("HTTP/1.1 429"), "{}", refused[0]);
+    assert!(
+        refused[0].contains("\"code\":\"rate_limited\""),
+        "{}",
+        refused[0]
+    );
+    assert_eq!(app.get("/orders").await.status(), StatusCode::OK);
+}

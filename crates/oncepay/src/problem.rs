@@ -49,6 +49,8 @@ problem_codes! {
     IdempotencyKeyReused = "idempotency_key_reused", 409, "Idempotency-Key reused with another request";
     IdempotencyKeyInFlight = "idempotency_key_in_flight", 409, "A request with this Idempotency-Key is still executing";
     MalformedJson = "malformed_json", 400, "Malformed JSON body";
+    MalformedRequest = "malformed_request", 400, "Malformed HTTP request";
+    RequestHeadTooLarge = "request_header_fields_too_large", 431, "Request head too large";
     InvalidField = "invalid_field", 400, "Field of the wrong shape";
     ValidationFailed = "validation_failed", 422, "Request breaks a rule";
     PayloadTooLarge = "payload_too_large", 413, "Request body too large";

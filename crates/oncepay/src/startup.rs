@@ -5,13 +5,22 @@
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 
+use std::time::Duration;
+
+use actix_http::body::BoxBody;
+use actix_http::error::DispatchError;
+use actix_http::{HttpService, KeepAlive};
+use actix_service::{fn_service, ServiceFactoryExt as _};
+use actix_web::dev::AppConfig;
 use actix_web::middleware::from_fn;
-use actix_web::{web, App, HttpServer};
+use actix_web::{web, App};
+use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::commands::AppContext;
 use crate::config::ServeConfig;
+use crate::http::wire::ProblemIo;
 use crate::http::{self, AppState};
 use crate::idempotency::{Engine, EngineConfig};
 use crate::metrics::Metrics;
@@ -114,28 +123,54 @@ impl Application {
             webhook_allow_private: config.merchant_webhooks.allow_private,
             runtime: tokio::runtime::Handle::current(),
         });
-        let server = HttpServer::new(move || {
-            App::new()
-                .wrap(from_fn(http::observe))
-                .app_data(state.clone())
-                .app_data(web::QueryConfig::default().error_handler(|err, _| {
-                    let problem = crate::problem::Problem::new(
-                        crate::problem::ProblemCode::InvalidField,
-                        format!("query string: {err}"),
-                    );
-                    actix_web::error::InternalError::from_response(
-                        err,
-                        actix_web::ResponseError::error_response(&problem),
-                    )
-                    .into()
-                }))
-                .configure(http::routes)
-        })
-        .workers(config.http_workers)
-        .client_request_timeout(config.header_timeout)
-        .shutdown_timeout(config.shutdown_timeout.as_secs().max(1))
-        .listen(listener)?
-        .run();
+        // actix-web's `HttpServer::listen`, spelled out so that each
+        // connection's stream can be wrapped (`http::wire`): the same
+        // settings, the same graceful shutdown.
+        let (header_timeout, metrics) = (config.header_timeout, ctx.metrics.clone());
+        let builder = actix_server::Server::build()
+            .workers(config.http_workers)
+            .shutdown_timeout(config.shutdown_timeout.as_secs().max(1));
+        let draining = builder.graceful_shutdown_signal();
+        let server = builder
+            .listen(format!("oncepay-http-{addr}"), listener, move || {
+                let (state, draining, metrics) = (state.clone(), draining.clone(), metrics.clone());
+                let app = App::new()
+                    .wrap(from_fn(http::observe))
+                    .app_data(state)
+                    .app_data(web::QueryConfig::default().error_handler(|err, _| {
+                        let problem = crate::problem::Problem::new(
+                            crate::problem::ProblemCode::InvalidField,
+                            format!("query string: {err}"),
+                        );
+                        actix_web::error::InternalError::from_response(
+                            err,
+                            actix_web::ResponseError::error_response(&problem),
+                        )
+                        .into()
+                    }))
+                    .configure(http::routes);
+                let app = actix_service::map_config(app, move |()| {
+                    AppConfig::__priv_test_new(false, addr.to_string(), addr)
+                });
+                let h1 = HttpService::<ProblemIo<TcpStream>, _, BoxBody>::build()
+                    .keep_alive(KeepAlive::default())
+                    .client_request_timeout(header_timeout)
+                    .client_disconnect_timeout(Duration::from_secs(1))
+                    .h1_allow_half_closed(true)
+                    .local_addr(addr)
+                    .graceful_shutdown_signal(move || {
+                        let draining = draining.clone();
+                        async move { draining.notified().await }
+                    })
+                    .h1(app);
+                fn_service(move |io: TcpStream| {
+                    let peer = io.peer_addr().ok();
+                    let io = ProblemIo::new(io, peer, metrics.clone());
+                    std::future::ready(Ok::<_, DispatchError>((io, peer)))
+                })
+                .and_then(h1)
+            })?
+            .run();
 
         let (stop_workers, stopped) = watch::channel(false);
         let revocations = tokio::spawn(crate::api_keys::listen_for_revocations(

@@ -72,6 +72,7 @@ pub async fn observe(
         .app_data::<web::Data<AppState>>()
         .map(|s| s.ctx.metrics.clone());
     let span = tracing::info_span!("request", request_id = %request_id, method = %method, path = %req.path());
+    let head = req.method() == actix_web::http::Method::HEAD;
     let mut response = match nul_in_query(req.query_string()) {
         Some(problem) => req.into_response(actix_web::ResponseError::error_response(&problem)),
         None => crate::telemetry::with_request_id(
@@ -81,6 +82,12 @@ pub async fn observe(
         .await?
         .map_into_boxed_body(),
     };
+    // A HEAD answer carries no body and so no length: the connection's
+    // framing (`wire`) then never expects a body that is not sent.
+    if head {
+        response =
+            response.map_body(|_, _| actix_web::body::BoxBody::new(actix_web::body::None::new()));
+    }
     let route = response
         .request()
         .match_pattern()

@@ -13,6 +13,7 @@ mod ops;
 mod resources;
 mod webhook_endpoints;
 mod webhooks;
+pub mod wire;
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::http::StatusCode;

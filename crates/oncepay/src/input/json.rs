@@ -14,13 +14,18 @@
 //! PostgreSQL's `text` and `jsonb` cannot hold it, so such a value would
 //! otherwise fail deep inside a transaction as a `500`.
 //!
-//! serde_json checks the syntax first (its messages name line and column,
-//! and it bounds nesting to 128 levels, which bounds this reader's recursion
-//! too); this reader then builds the value from text known to be well formed.
+//! serde_json checks the syntax first (its messages name line and column);
+//! this reader then builds the value from text known to be well formed, and
+//! refuses nesting deeper than [`MAX_DEPTH`] levels (as serde_json does when
+//! it builds a value; its syntax check alone does not), so its recursion is
+//! bounded whatever a client sends.
 
 use serde_json::{Map, Number, Value};
 
 use crate::problem::{Problem, ProblemCode};
+
+/// Nesting deeper than this is refused (`400 malformed_json`).
+pub const MAX_DEPTH: usize = 128;
 
 /// Parses a request body; see the module docs.
 pub fn parse(bytes: &[u8]) -> Result<Value, Problem> {
@@ -34,7 +39,11 @@ pub fn parse(bytes: &[u8]) -> Result<Value, Problem> {
     }
     let text = std::str::from_utf8(bytes)
         .map_err(|_| Problem::new(ProblemCode::MalformedJson, "the body is not UTF-8 text"))?;
-    let mut reader = Reader { text, pos: 0 };
+    let mut reader = Reader {
+        text,
+        pos: 0,
+        depth: 0,
+    };
     reader.value(&mut String::new())
 }
 
@@ -68,6 +77,7 @@ fn holds_nul(path: &str) -> Problem {
 struct Reader<'a> {
     text: &'a str,
     pos: usize,
+    depth: usize,
 }
 
 impl Reader<'_> {
@@ -94,8 +104,22 @@ impl Reader<'_> {
     fn value(&mut self, path: &mut String) -> Result<Value, Problem> {
         self.skip_ws();
         match self.peek().ok_or_else(disagreement)? {
-            b'{' => self.object(path),
-            b'[' => self.array(path),
+            b'{' | b'[' if self.depth >= MAX_DEPTH => Err(Problem::new(
+                ProblemCode::MalformedJson,
+                format!("the body nests deeper than {MAX_DEPTH} levels"),
+            )),
+            b'{' => {
+                self.depth += 1;
+                let object = self.object(path);
+                self.depth -= 1;
+                object
+            }
+            b'[' => {
+                self.depth += 1;
+                let array = self.array(path);
+                self.depth -= 1;
+                array
+            }
             b'"' => {
                 let s = self.string()?;
                 if s.contains('\0') {
@@ -329,5 +353,12 @@ mod tests {
         assert_eq!(parse(doc).ok(), serde_json::from_slice(doc).ok());
         assert_eq!(parse(b"{").map_err(|p| p.code), Err("malformed_json"));
         assert_eq!(parse(&[0xff]).map_err(|p| p.code), Err("malformed_json"));
+        let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+        assert_eq!(
+            parse(deep.as_bytes()).map_err(|p| p.code),
+            Err("malformed_json")
+        );
+        let fine = format!("{}{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        assert!(parse(fine.as_bytes()).is_ok());
     }
 }

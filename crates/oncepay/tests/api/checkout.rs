@@ -423,3 +423,173 @@ async fn two_tabs_paying_at_once_charge_once_and_both_show_it() {
     );
     browser.quit().await;
 }
+
+/// Requests the service has answered on the checkout's own routes (the
+/// page, its status and its payments; not the static assets).
+async fn checkout_requests(app: &TestApp) -> u64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .filter(|l| {
+            l.starts_with("oncepay_http_requests_total{") && l.contains("route=\"/checkout/{token}")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test]
+async fn an_order_that_can_no_longer_be_paid_ends_the_page_with_a_bounded_number_of_requests() {
+    let Some(browser) = phone().await else { return };
+    let app = spawn_app().await;
+    // Cancelled while the page is open.
+    let order_id = app.create_order().await;
+    let url = app.checkout(&order_id).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    browser.goto(&url).await.expect("open");
+    browser
+        .wait_attribute(STATUS, "data-status", "idle", PATIENCE)
+        .await
+        .expect("idle");
+    let r = app
+        .post(&format!("/orders/{order_id}/cancel"), "cancel", &json!({}))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    browser
+        .click(&browser.find("#pay").await.expect("button"))
+        .await
+        .expect("click");
+    browser
+        .wait_attribute(STATUS, "data-status", "closed", PATIENCE)
+        .await
+        .expect("a final state");
+    let text = browser
+        .eval(
+            "return document.getElementById('status').textContent;",
+            json!([]),
+        )
+        .await
+        .expect("text");
+    assert_eq!(text, "This order can no longer be paid.");
+    // The page stays open for a minute; whatever it sends is counted.
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let sent = checkout_requests(&app).await;
+    println!("checkout requests in 60 s with the page open on a cancelled order: {sent}");
+    assert!(
+        sent <= 6,
+        "the page, one payment, one status read at most: {sent}"
+    );
+    browser
+        .screenshot(&screenshot_path("closed"))
+        .await
+        .expect("screenshot");
+    // A reload (the key of the click is still stored) ends at once too.
+    browser.reload().await.expect("reload");
+    browser
+        .wait_attribute(STATUS, "data-status", "closed", PATIENCE)
+        .await
+        .expect("closed after a reload");
+    assert!(
+        browser
+            .attribute("#checkout", "hidden")
+            .await
+            .expect("attr")
+            .is_some(),
+        "no Pay button"
+    );
+    // Paid elsewhere and refunded in full while a second page was open.
+    let other = app.create_order().await;
+    let url = app.checkout(&other).await["url"]
+        .as_str()
+        .expect("url")
+        .to_string();
+    browser.goto(&url).await.expect("open");
+    browser
+        .wait_attribute(STATUS, "data-status", "idle", PATIENCE)
+        .await
+        .expect("idle");
+    let (_, payment) = app.pay(&other, "tok_visa").await;
+    let refund = app
+        .post(
+            &format!("/payments/{}/refunds", payment["id"].as_str().expect("id")),
+            "refund-all",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(refund.status(), StatusCode::CREATED);
+    assert_eq!(app.status_of(&format!("/orders/{other}")).await, "refunded");
+    let before = checkout_requests(&app).await;
+    browser
+        .click(&browser.find("#pay").await.expect("button"))
+        .await
+        .expect("click");
+    browser
+        .wait_attribute(STATUS, "data-status", "closed", PATIENCE)
+        .await
+        .expect("a refunded order can no longer be paid either");
+    let sent = checkout_requests(&app).await - before;
+    assert!(sent <= 3, "one payment and one status read: {sent}");
+    assert_eq!(app.charges_for(&other).await.len(), 1, "charged once");
+    browser.quit().await;
+}
+
+#[tokio::test]
+async fn the_public_checkout_is_rate_limited_per_session_and_per_client_address() {
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_CHECKOUT_RATE_LIMIT_PER_SECOND", "1")
+            .serve("ONCEPAY_CHECKOUT_RATE_LIMIT_BURST", "5")
+            .serve("ONCEPAY_CHECKOUT_ADDRESS_RATE_LIMIT_PER_SECOND", "1")
+            .serve("ONCEPAY_CHECKOUT_ADDRESS_RATE_LIMIT_BURST", "12"),
+    )
+    .await;
+    let mut urls = Vec::new();
+    for _ in 0..3 {
+        let order = app.create_order().await;
+        urls.push(
+            app.checkout(&order).await["url"]
+                .as_str()
+                .expect("url")
+                .to_string(),
+        );
+    }
+    let status = |url: &str| {
+        let url = format!("{url}/status?key=k");
+        let http = app.http.clone();
+        async move { http.get(url).send().await.expect("sent") }
+    };
+    // A session's burst, then its own limit.
+    for i in 0..5 {
+        assert_eq!(status(&urls[0]).await.status(), StatusCode::OK, "{i}");
+    }
+    let limited = status(&urls[0]).await;
+    assert_eq!(limited.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(limited.headers().contains_key("retry-after"));
+    assert!(limited.headers().contains_key("x-request-id"));
+    assert_eq!(json_of(limited).await["code"], "rate_limited");
+    // Another session is not affected by the first one's limit ...
+    for i in 0..5 {
+        assert_eq!(status(&urls[1]).await.status(), StatusCode::OK, "{i}");
+    }
+    // ... but the address's own limit (12 at once) covers every session.
+    assert_eq!(
+        status(&urls[1]).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let third = status(&urls[2]).await;
+    assert_eq!(
+        third.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a fresh session from the same address"
+    );
+    // Merchants' own API is not limited by the checkout's limits.
+    assert_eq!(app.get("/orders").await.status(), StatusCode::OK);
+}

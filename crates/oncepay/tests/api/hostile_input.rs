@@ -691,9 +691,7 @@ async fn a_body_that_stops_arriving_gets_408_within_the_deadline() {
             .serve("ONCEPAY_SLOW_BODIES_PER_CLIENT", "3"),
     )
     .await;
-    let head = format!(
-        "POST /webhooks/sandbox HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"id\""
-    );
+    let head = "POST /webhooks/sandbox HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"id\"".to_string();
     let (waited, answer) = raw_exchange(&app.base, head.as_bytes(), Duration::from_secs(30)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("application/problem+json"), "{answer}");
@@ -738,4 +736,211 @@ async fn a_body_that_stops_arriving_gets_408_within_the_deadline() {
         refused[0]
     );
     assert_eq!(app.get("/orders").await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_head_the_parser_refuses_is_answered_with_a_problem_and_a_request_id() {
+    let app = spawn_app_with(Options::default().serve("ONCEPAY_HEADER_TIMEOUT", "1s")).await;
+    let cases: [(&str, &[u8], u16, &str); 5] = [
+        (
+            "control character in a header",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Evil: a\x01b\r\n\r\n",
+            400,
+            "malformed_request",
+        ),
+        (
+            "malformed request line",
+            b"GET /healthz HTTP/9\r\n\r\n",
+            400,
+            "malformed_request",
+        ),
+        (
+            "NUL in the path",
+            b"GET /he\x00althz HTTP/1.1\r\nHost: x\r\n\r\n",
+            400,
+            "malformed_request",
+        ),
+        (
+            "a head that never ends",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n",
+            408,
+            "request_timeout",
+        ),
+        (
+            "a good request, then garbage on the same connection",
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /x HTTP/1.1\r\nBad\x01: y\r\n\r\n",
+            400,
+            "malformed_request",
+        ),
+    ];
+    for (what, bytes, status, code) in cases {
+        let (_, answer) = raw_exchange(&app.base, bytes, Duration::from_secs(10)).await;
+        // The last answer on the connection is the parser's.
+        let last = answer
+            .rfind("HTTP/1.1 ")
+            .map_or(answer.as_str(), |at| &answer[at..]);
+        assert!(
+            last.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{what}: {answer}"
+        );
+        assert!(
+            last.contains("content-type: application/problem+json"),
+            "{what}: {answer}"
+        );
+        assert!(last.contains("x-request-id: "), "{what}: {answer}");
+        let body = last.split("\r\n\r\n").nth(1).unwrap_or_default();
+        let problem: Value =
+            serde_json::from_str(body).unwrap_or_else(|_| panic!("{what}: {answer}"));
+        assert_eq!(problem["status"], status, "{what}");
+        assert_eq!(problem["code"], code, "{what}");
+        if what.starts_with("a good request") {
+            assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+            assert_eq!(answer.matches("HTTP/1.1 ").count(), 2, "{answer}");
+        }
+    }
+    // Ordinary requests, keep-alive included, are untouched.
+    for _ in 0..3 {
+        assert_eq!(app.get("/orders").await.status(), StatusCode::OK);
+    }
+    let head = app
+        .http
+        .head(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .expect("head");
+    assert!(head.headers().contains_key("x-request-id"));
+    assert_eq!(
+        app.get("/orders").await.status(),
+        StatusCode::OK,
+        "after a HEAD on the same pool"
+    );
+}
+
+/// `oncepay serve` in a mount namespace of its own whose `/etc/hosts` is
+/// `hosts` (bind-mounted), so the test decides what every name resolves
+/// to, and can change it while the service runs (DNS rebinding).
+async fn serve_with_hosts(
+    hosts: &std::path::Path,
+    env: &[(&str, String)],
+) -> (tokio::process::Child, String) {
+    let port = free_port();
+    let mut cmd = tokio::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$ONCEPAY_TEST_HOSTS\" /etc/hosts && exec \"$ONCEPAY_TEST_BIN\" serve")
+        .env("ONCEPAY_TEST_HOSTS", hosts)
+        .env("ONCEPAY_TEST_BIN", env!("CARGO_BIN_EXE_oncepay"))
+        .env("ONCEPAY_BIND", format!("127.0.0.1:{port}"))
+        .env("ONCEPAY_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd
+        .spawn()
+        .expect("unshare (util-linux) runs oncepay serve in its own mount namespace");
+    let base = format!("http://127.0.0.1:{port}");
+    oncepay_testkit::ready::until_ready(&format!("{base}/readyz"), Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("oncepay serve under unshare (root needed): {e}"));
+    (child, base)
+}
+
+#[tokio::test]
+async fn a_name_that_turns_private_after_registration_is_refused_at_delivery() {
+    use oncepay_testkit::receiver::{Policy, Receiver};
+    let db_url = fresh_database_url();
+    oncepay::store::prepare_database(&db_url)
+        .await
+        .expect("migrate");
+    let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
+    let key = oncepay::api_keys::create(&db, "merchant-a")
+        .await
+        .expect("key");
+    let sandbox = spawn_binary("sandbox", "ONCEPAY_SANDBOX_BIND", &[]).await;
+    let receiver = Receiver::start(Policy::Accept).expect("receiver");
+    let port = receiver
+        .url()
+        .trim_start_matches("http://127.0.0.1:")
+        .split('/')
+        .next()
+        .expect("port")
+        .to_string();
+    let dir = std::env::temp_dir().join(format!("oncepay-hosts-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let hosts = dir.join("hosts");
+    // Public at registration: 93.184.216.34 (a documented public address;
+    // nothing is ever sent to it, only resolved). The other name is private.
+    std::fs::write(
+        &hosts,
+        "127.0.0.1 localhost\n93.184.216.34 hooks.rebind.test\n10.1.2.3 inside.rebind.test\n",
+    )
+    .expect("hosts");
+    let mut env = serve_env(&db_url, &sandbox.base);
+    env.retain(|(k, _)| *k != "ONCEPAY_WEBHOOK_ALLOW_PRIVATE");
+    env.push(("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "false".into()));
+    env.push(("ONCEPAY_WEBHOOK_SCHEDULE", "100ms,100ms".into()));
+    env.push(("ONCEPAY_WEBHOOK_INTERVAL", "50ms".into()));
+    let (_serve, base) = serve_with_hosts(&hosts, &env).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        http.post(format!("{base}{path}"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", Uuid::new_v4().to_string())
+            .json(&body)
+            .send()
+    };
+    let refused = post(
+        "/webhook_endpoints",
+        json!({"url": format!("http://inside.rebind.test:{port}/hook"), "events": ["*"]}),
+    )
+    .await
+    .expect("sent");
+    assert_eq!(refused.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let problem = json_of(refused).await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("10.1.2.3"),
+        "{problem}"
+    );
+    let registered = post(
+        "/webhook_endpoints",
+        json!({"url": format!("http://hooks.rebind.test:{port}/hook"), "events": ["*"]}),
+    )
+    .await
+    .expect("sent");
+    assert_eq!(
+        registered.status(),
+        StatusCode::CREATED,
+        "public when registered"
+    );
+    // The name now answers loopback, where the receiver listens: had the
+    // guard not resolved again at delivery, the receiver would get it.
+    std::fs::write(&hosts, "127.0.0.1 localhost\n127.0.0.1 hooks.rebind.test\n").expect("rebind");
+    let order = json_of(post("/orders", order_body()).await.expect("order")).await;
+    let paid = post(
+        "/payments",
+        json!({"order_id": order["id"], "payment_method": "tok_visa"}),
+    )
+    .await
+    .expect("pay");
+    assert_eq!(paid.status(), StatusCode::CREATED);
+    let refused = oncepay_testkit::ready::until(Duration::from_secs(15), || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM webhook_attempt WHERE error LIKE '%hooks.rebind.test is 127.0.0.1%'",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap_or(0)
+            >= 2
+    })
+    .await;
+    assert!(
+        refused.is_ok(),
+        "every delivery to the rebound name is refused, naming it"
+    );
+    assert!(receiver.received().is_empty(), "nothing reached 127.0.0.1");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -24,17 +24,116 @@ pub struct Floor {
     pub tps: f64,
 }
 
-/// Replaces `$1..$n` with literals, highest first so `$1` never eats `$10`.
+/// Replaces each parameter `$n` of a service statement with `params[n-1]`,
+/// reading the statement as PostgreSQL does: a `$` followed by digits is a
+/// parameter (the whole number: `$15` is never `$1` and a `5`), except
+/// inside string literals, quoted identifiers, dollar-quoted strings and
+/// comments. A statement whose parameters are not exactly `$1..$n` for the
+/// `n` values given has drifted from the bench: that panics, naming the
+/// statement, since every number the bench printed after it would be false.
 fn inline(sql: &str, params: &[&str]) -> String {
-    let mut out = sql.to_string();
-    for (i, value) in params.iter().enumerate().rev() {
-        out = out.replace(&format!("${}", i + 1), value);
-    }
+    let (out, used) = substitute(sql, params).unwrap_or_else(|e| panic!("{e} in:\n{sql}"));
+    let expected: std::collections::BTreeSet<usize> = (1..=params.len()).collect();
+    assert_eq!(
+        used,
+        expected,
+        "the statement uses parameters {used:?}, the bench passes {} values:\n{sql}",
+        params.len()
+    );
     format!("{};\n", out.trim())
+}
+
+/// The statement with its parameters substituted, and the numbers used.
+fn substitute(
+    sql: &str,
+    params: &[&str],
+) -> Result<(String, std::collections::BTreeSet<usize>), String> {
+    let bytes = sql.as_bytes();
+    let mut out = String::with_capacity(sql.len() + 256);
+    let mut used = std::collections::BTreeSet::new();
+    let mut i = 0;
+    // Copies through the first occurrence of `end` at or after `from`.
+    let skip_to = |from: usize, end: &str| -> Result<usize, String> {
+        sql[from..]
+            .find(end)
+            .map(|at| from + at + end.len())
+            .ok_or_else(|| format!("unterminated {end:?}"))
+    };
+    while i < bytes.len() {
+        let rest = &sql[i..];
+        let next = match bytes[i] {
+            b'\'' => skip_to(i + 1, "'")?,
+            b'"' => skip_to(i + 1, "\"")?,
+            b'-' if rest.starts_with("--") => skip_to(i, "\n").unwrap_or(bytes.len()),
+            b'/' if rest.starts_with("/*") => skip_to(i + 2, "*/")?,
+            b'$' if bytes.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                let digits = rest[1..].bytes().take_while(u8::is_ascii_digit).count();
+                let n: usize = rest[1..=digits].parse().map_err(|e| format!("{e}"))?;
+                let value = params
+                    .get(n.wrapping_sub(1))
+                    .ok_or_else(|| format!("${n} has no value ({} given)", params.len()))?;
+                out.push_str(value);
+                used.insert(n);
+                i += 1 + digits;
+                continue;
+            }
+            b'$' => {
+                // A dollar-quoted string: $tag$ ... $tag$.
+                let tag_len = rest[1..].find('$').filter(|t| {
+                    rest[1..=*t]
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                });
+                match tag_len {
+                    Some(t) => skip_to(i + t + 2, &rest[..t + 2])?,
+                    None => i + 1,
+                }
+            }
+            _ => {
+                let len = rest.chars().next().map_or(1, char::len_utf8);
+                i + len
+            }
+        };
+        out.push_str(&sql[i..next]);
+        i = next;
+    }
+    Ok((out, used))
 }
 
 fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
+}
+
+/// A representative stored response body of a created order.
+pub const ORDER_RESPONSE: &str = "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"customer_id\":\"cus_42\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}],\"amount\":2500,\"currency\":\"EUR\",\"status\":\"awaiting_payment\",\"metadata\":{},\"created_at\":\"2026-11-22T03:19:08.986862Z\",\"updated_at\":\"2026-11-22T03:19:08.986862Z\"}";
+
+/// Prepares `n` orders awaiting payment that the pay scripts take one by
+/// one (`bench_floor_orders`, `bench_floor_seq`).
+pub async fn prepare_pay_orders(
+    db: &sqlx::PgPool,
+    merchant: uuid::Uuid,
+    n: i32,
+) -> Result<(), String> {
+    sqlx::raw_sql(
+        "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
+         CREATE SEQUENCE bench_floor_seq;",
+    )
+    .execute(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    sqlx::query(
+        "WITH o AS (
+           INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+           SELECT gen_random_uuid(), $1, 'cus_floor', '[]', 2800, 'EUR', 'awaiting_payment', '{}', now(), now()
+             FROM generate_series(1, $2) RETURNING id)
+         INSERT INTO bench_floor_orders SELECT row_number() OVER (), id FROM o",
+    )
+    .bind(merchant)
+    .bind(n)
+    .execute(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 /// Literals shared by the scripts.
@@ -202,6 +301,8 @@ pub fn pay_script(f: &Fixture) -> String {
             "201",
             &format!("convert_to({}, 'UTF8')", quote(&f.order_response)),
             "'/payments/x'",
+            // Whether a decline is still to be confirmed (it succeeded).
+            "false",
         ]
         .map(String::from),
     );
@@ -373,27 +474,35 @@ pub async fn run(
     clients: usize,
     duration: Duration,
 ) -> Result<Floor, String> {
+    let clients = clients.to_string();
+    let seconds = duration.as_secs().max(1).to_string();
+    pgbench(db_url, script, &["-j", "2", "-c", &clients, "-T", &seconds]).await
+}
+
+/// Runs `script` once, as one transaction on one connection: how the test
+/// suite checks that every script the bench generates still runs.
+#[cfg(test)]
+pub async fn run_once(db_url: &str, script: &str) -> Result<Floor, String> {
+    pgbench(db_url, script, &["-c", "1", "-t", "1"]).await
+}
+
+async fn pgbench(db_url: &str, script: &str, args: &[&str]) -> Result<Floor, String> {
     let dir = std::env::temp_dir().join(format!("oncepay-floor-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let file = dir.join("script.sql");
+    let file = dir.join(format!("{}.sql", uuid::Uuid::new_v4().simple()));
     std::fs::write(&file, script).map_err(|e| e.to_string())?;
     let out = tokio::process::Command::new("pgbench")
-        .args([
-            "-n",
-            "-j",
-            "2",
-            "-c",
-            &clients.to_string(),
-            "-T",
-            &duration.as_secs().max(1).to_string(),
-            "-f",
-        ])
+        .arg("-n")
+        .args(args)
+        .arg("-f")
         .arg(&file)
         .arg(db_url)
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|e| format!("pgbench is needed for the floor: {e}"))?;
+        .map_err(|e| format!("pgbench is needed for the floor: {e}"));
+    let _ = std::fs::remove_file(&file);
+    let out = out?;
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     let number_after = |prefix: &str| {
@@ -402,19 +511,98 @@ pub async fn run(
             .and_then(|l| l[prefix.len()..].split_whitespace().next())
             .and_then(|v| v.parse::<f64>().ok())
     };
+    let failed = number_after("number of failed transactions: ").unwrap_or(0.0) > 0.0
+        || text.contains("aborted");
     match number_after("tps = ") {
-        Some(tps) if out.status.success() => Ok(Floor { tps }),
+        Some(tps) if out.status.success() && !failed => Ok(Floor { tps }),
         _ => Err(format!("pgbench failed:\n{text}\nscript:\n{script}")),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
-    fn inlining_replaces_high_numbers_first() {
+    fn parameters_are_read_whole_and_never_inside_literals() {
+        let ten = ["x", "y", "c", "d", "e", "f", "g", "h", "i", "z"];
         assert_eq!(
-            super::inline("a $1 $10 $2", &["x", "y", "", "", "", "", "", "", "", "z"]),
-            "a x z y;\n"
+            inline("a $1 $10 $2 $3 $4 $5 $6 $7 $8 $9", &ten),
+            "a x z y c d e f g h i;\n"
         );
+        assert_eq!(
+            inline(
+                "SELECT '$1', \"$1\", $q$ $1 $q$, $1 -- $2\n /* $2 */ + $2",
+                &["a", "b"]
+            ),
+            "SELECT '$1', \"$1\", $q$ $1 $q$, a -- $2\n /* $2 */ + b;\n"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "$15 has no value (14 given)")]
+    fn a_statement_with_more_parameters_than_values_is_refused() {
+        // Under plain replacement, $15 became the first value and a "5".
+        let values: Vec<String> = (1..=14).map(|n| n.to_string()).collect();
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        let sql = (1..=15).map(|n| format!("${n}")).collect::<Vec<_>>();
+        inline(&format!("SELECT {}", sql.join(", ")), &values);
+    }
+
+    /// Every script `make bench` generates, run once against the schema
+    /// and statements of this build: a statement that drifts from its
+    /// script fails here, not in the middle of a bench.
+    #[tokio::test]
+    async fn every_script_the_bench_generates_runs_once() {
+        let server = std::env::var("TEST_DATABASE_SERVER")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
+        let db_url = format!("{server}/oncepay_test_{}", uuid::Uuid::new_v4().simple());
+        oncepay::store::prepare_database(&db_url)
+            .await
+            .expect("migrate");
+        let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
+        oncepay::api_keys::create(&db, "bench")
+            .await
+            .expect("merchant");
+        let merchant: uuid::Uuid =
+            sqlx::query_scalar("SELECT id FROM merchant WHERE name = 'bench'")
+                .fetch_one(&db)
+                .await
+                .expect("merchant");
+        prepare_pay_orders(&db, merchant, 10).await.expect("orders");
+        let f = Fixture {
+            merchant: merchant.to_string(),
+            order_request: "{\"path_id\":null,\"body\":{}}".into(),
+            order_response: ORDER_RESPONSE.into(),
+        };
+        let scripts = [
+            ("create-order, same SQL", create_order_script(&f)),
+            ("create-order, ceiling", minimal_create_script(&f)),
+            ("pay, same SQL", pay_script(&f)),
+            ("pay, ceiling", minimal_pay_script(&f)),
+            (
+                "pay, ceiling with the outbox",
+                minimal_pay_with_outbox_script(&f),
+            ),
+            ("replay, same SQL", replay_script(&f)),
+            ("replay, ceiling", minimal_replay_script(&f)),
+        ];
+        for (name, script) in &scripts {
+            run_once(&db_url, script)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders WHERE status = 'paid'")
+            .fetch_one(&db)
+            .await
+            .expect("count");
+        assert_eq!(orders, 3, "each pay script paid one order");
+        println!("{} bench scripts ran once each", scripts.len());
+    }
+
+    #[test]
+    fn a_statement_that_skips_a_value_is_refused() {
+        let refused = std::panic::catch_unwind(|| inline("SELECT $1, $3", &["a", "b", "c"]));
+        assert!(refused.is_err());
     }
 }

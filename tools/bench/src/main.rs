@@ -203,7 +203,7 @@ async fn run(args: Args) -> Result<(), String> {
     let fixture = floor::Fixture {
         merchant: merchant.to_string(),
         order_request: json!({"path_id": null, "body": order_body()}).to_string(),
-        order_response: "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"customer_id\":\"cus_42\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}],\"amount\":2500,\"currency\":\"EUR\",\"status\":\"awaiting_payment\",\"metadata\":{},\"created_at\":\"2026-11-22T03:19:08.986862Z\",\"updated_at\":\"2026-11-22T03:19:08.986862Z\"}".into(),
+        order_response: floor::ORDER_RESPONSE.into(),
     };
     let bench = Bench {
         args: &args,
@@ -765,25 +765,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     row.open = open_loop(b, row.sustained_rate(), &make).await;
     row.floor = if !b.args.no_floor {
         eprintln!("  floor (pgbench) ...");
-        sqlx::raw_sql(
-            "CREATE TABLE bench_floor_orders (n bigint PRIMARY KEY, id uuid NOT NULL);
-             CREATE SEQUENCE bench_floor_seq;",
-        )
-        .execute(b.db)
-        .await
-        .map_err(|e| e.to_string())?;
-        sqlx::query(
-            "WITH o AS (
-               INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
-               SELECT gen_random_uuid(), $1, 'cus_floor', '[]', 2800, 'EUR', 'awaiting_payment', '{}', now(), now()
-                 FROM generate_series(1, $2) RETURNING id)
-             INSERT INTO bench_floor_orders SELECT row_number() OVER (), id FROM o",
-        )
-        .bind(b.merchant)
-        .bind(60_000i32)
-        .execute(b.db)
-        .await
-        .map_err(|e| e.to_string())?;
+        floor::prepare_pay_orders(b.db, b.merchant, 60_000).await?;
         Some(measure_floor(b.stack, &floor::pay_script(&b.fixture), c, d).await?)
     } else {
         None

@@ -50,8 +50,10 @@ impl Default for Options {
                 ("ONCEPAY_SWEEP_INTERVAL", "1h".into()),
                 ("ONCEPAY_HTTP_WORKERS", "2".into()),
                 ("ONCEPAY_DB_POOL_SIZE", "10".into()),
-                // Tests fire bursts; the rate-limit test turns limits on.
+                // Tests fire bursts; the rate-limit tests turn limits on.
                 ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
+                ("ONCEPAY_CHECKOUT_RATE_LIMIT_PER_SECOND", "0".into()),
+                ("ONCEPAY_CHECKOUT_ADDRESS_RATE_LIMIT_PER_SECOND", "0".into()),
                 // Test receivers listen on loopback.
                 ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
             ],

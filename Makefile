@@ -20,7 +20,7 @@ BIN := target/debug/oncepay
 RELEASE_BUILD := cargo build --release -p oncepay -p oncepay-bench -p oncepay-chaos
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha ha-packages
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha ha-packages localstripe
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -82,7 +82,7 @@ run: db build ## start the sandbox and oncepay with a dev API key; print a curl 
 	echo; \
 	wait $$serve
 
-test: ## run every test (unit, properties, API, multi-process, schemathesis, a short chaos soak)
+test: localstripe ## run every test (unit, properties, API, multi-process, schemathesis, a short chaos soak)
 	@command -v schemathesis >/dev/null || python3 -m pip install --quiet schemathesis
 	@$(MAKE) --no-print-directory test-dbs-drop
 	@status=0; \
@@ -94,6 +94,17 @@ test: ## run every test (unit, properties, API, multi-process, schemathesis, a s
 	fi; \
 	$(MAKE) --no-print-directory test-dbs-drop; \
 	exit $$status
+
+# localstripe (PyPI), the fake Stripe the Stripe tests run against: a test
+# tool only, in a virtual environment of its own, never shipped.
+LOCALSTRIPE_VENV := target/localstripe-venv
+LOCALSTRIPE_VERSION := 1.15.10
+localstripe: ## install localstripe (a fake Stripe, for tests) into target/localstripe-venv if missing
+	@if ! $(LOCALSTRIPE_VENV)/bin/python -c 'import localstripe' 2>/dev/null; then \
+	  echo "installing localstripe $(LOCALSTRIPE_VERSION) into $(LOCALSTRIPE_VENV) ..."; \
+	  python3 -m venv $(LOCALSTRIPE_VENV) && \
+	  $(LOCALSTRIPE_VENV)/bin/pip install --quiet localstripe==$(LOCALSTRIPE_VERSION); \
+	fi
 
 test-dbs-drop: ## drop the per-test databases (oncepay_test_*) left on the server
 	@if command -v psql >/dev/null; then \

@@ -112,7 +112,7 @@ pub struct FaultProxy {
 }
 
 /// A body that fails at once, so the connection closes with no answer.
-struct Dropped;
+pub struct Dropped;
 
 impl MessageBody for Dropped {
     type Error = std::io::Error;

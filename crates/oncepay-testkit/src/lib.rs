@@ -10,7 +10,10 @@
 //! - [`patroni`]: PostgreSQL under Patroni, etcd and HAProxy, for failovers;
 //! - [`ledger`]: the sandbox's books, where charges are counted;
 //! - [`browser`]: a real headless Chromium over WebDriver;
-//! - [`receiver`]: a merchant's webhook receiver that records what it gets.
+//! - [`receiver`]: a merchant's webhook receiver that records what it gets;
+//! - [`localstripe`]: a fake Stripe nobody here wrote, on loopback;
+//! - [`stripe_layer`]: Stripe's idempotency, declines and faults in front
+//!   of it.
 //!
 //! It depends on no oncepay crate: it drives the `oncepay` binary and HTTP.
 
@@ -20,6 +23,7 @@
 pub mod browser;
 pub mod fault_proxy;
 pub mod ledger;
+pub mod localstripe;
 pub mod loopback_http;
 pub mod lossy_tcp;
 pub mod patroni;
@@ -27,3 +31,4 @@ pub mod ports;
 pub mod processes;
 pub mod ready;
 pub mod receiver;
+pub mod stripe_layer;

@@ -1,0 +1,379 @@
+//! Stripe's own semantics in front of localstripe, and the Stripe-shaped
+//! faults no fake provider makes by itself. localstripe ignores
+//! `Idempotency-Key` and answers a decline as an `invalid_request_error`;
+//! an adapter tested against it alone would never meet what real Stripe
+//! does with a retried request. This layer, on loopback between the
+//! adapter and localstripe, does what Stripe documents:
+//!
+//! - **Idempotency** (per key, across paths, as Stripe scopes keys to the
+//!   account): the first `POST` with a key is forwarded and its answer
+//!   saved; a repeat with the same method, path and body gets the saved
+//!   answer with `Idempotent-Replayed: true` and is not forwarded; the same
+//!   key with other parameters is `400 idempotency_error`; a repeat while
+//!   the first is still in flight is `409 idempotency_key_in_use`. A
+//!   request refused before it reached the provider (`429`, an injected
+//!   `500`, a `401`) saves nothing, so the key stays free, as at Stripe.
+//! - **Declines** Stripe-shaped: localstripe's `402` with `code:
+//!   card_declined` and `type: invalid_request_error` becomes `type:
+//!   card_error` with a `decline_code` (`generic_decline`), as Stripe sends.
+//! - **Faults** per kind of call ([`Call`]): `429 lock_timeout` and `429
+//!   rate_limit`, `500` with `Stripe-Should-Retry: true|false`, `401`
+//!   (a rotated key), an answer dropped after the effect, and a stall that
+//!   holds a request in flight until released.
+//!
+//! What passes through is counted per kind, so a test can prove how many
+//! calls reached the provider.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use actix_web::http::{Method, StatusCode};
+use actix_web::web::{self, Bytes};
+use actix_web::{HttpRequest, HttpResponse};
+use serde_json::{json, Value};
+
+/// Which call a fault applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Call {
+    /// `POST /v1/payment_intents`.
+    CreateIntent,
+    /// `POST /v1/payment_intents/{id}/confirm`.
+    Confirm,
+    /// `POST /v1/payment_intents/{id}/cancel`.
+    Cancel,
+    /// `POST /v1/refunds`.
+    Refund,
+    /// Any `GET` (retrieve, list).
+    Read,
+    /// Anything else.
+    Other,
+}
+
+impl Call {
+    fn of(method: &Method, path: &str) -> Call {
+        let intents = path.starts_with("/v1/payment_intents");
+        match *method {
+            Method::GET => Call::Read,
+            Method::POST if intents && path.ends_with("/confirm") => Call::Confirm,
+            Method::POST if intents && path.ends_with("/cancel") => Call::Cancel,
+            Method::POST if path == "/v1/payment_intents" => Call::CreateIntent,
+            Method::POST if path == "/v1/refunds" => Call::Refund,
+            _ => Call::Other,
+        }
+    }
+}
+
+/// What the layer does with a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StripeFault {
+    /// `429` `lock_timeout` before the provider sees it.
+    LockTimeout,
+    /// `429` `rate_limit` before the provider sees it.
+    RateLimited,
+    /// `500` with `Stripe-Should-Retry` (`None`: no header), before the
+    /// provider sees it.
+    ServerError {
+        /// The header's value, if sent.
+        should_retry: Option<bool>,
+    },
+    /// `401` `authentication_error`: a rotated or revoked key.
+    Unauthorized,
+    /// Forward (the provider acts, the answer is saved under the key), then
+    /// close the connection without answering.
+    DropAfterEffect,
+    /// Hold the call before forwarding until [`StripeLayer::release`].
+    Stall,
+}
+
+struct Saved {
+    fingerprint: (String, String, Bytes),
+    /// `None` while the first request is in flight.
+    answer: Option<(u16, Bytes)>,
+}
+
+#[derive(Default)]
+struct State {
+    faults: HashMap<Call, StripeFault>,
+    keys: HashMap<String, Saved>,
+    forwarded: HashMap<Call, u64>,
+    replayed: u64,
+    stalled: u64,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    upstream: String,
+    http: reqwest::Client,
+    release: tokio::sync::Notify,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A running layer.
+#[derive(Clone)]
+pub struct StripeLayer {
+    shared: Arc<Shared>,
+    url: String,
+}
+
+fn stripe_error(status: u16, kind: &str, code: Option<&str>, message: &str) -> HttpResponse {
+    let mut error = json!({"type": kind, "message": message});
+    if let Some(code) = code {
+        error["code"] = json!(code);
+    }
+    HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY))
+        .content_type("application/json")
+        .body(json!({ "error": error }).to_string())
+}
+
+/// localstripe's decline, as Stripe sends it.
+fn stripe_shaped(status: u16, body: Bytes) -> Bytes {
+    if status != 402 {
+        return body;
+    }
+    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    let error = &mut value["error"];
+    if error["code"] == "card_declined" {
+        error["type"] = json!("card_error");
+        if error.get("decline_code").is_none() {
+            error["decline_code"] = json!("generic_decline");
+        }
+    }
+    Bytes::from(value.to_string())
+}
+
+fn relay(status: u16, body: Bytes, replayed: bool) -> HttpResponse {
+    let mut response =
+        HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY));
+    response.content_type("application/json");
+    if replayed {
+        response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    response.body(body)
+}
+
+async fn forward(shared: &Shared, req: &HttpRequest, body: Bytes) -> Result<(u16, Bytes), String> {
+    let method =
+        reqwest::Method::from_bytes(req.method().as_str().as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = shared
+        .http
+        .request(method, format!("{}{}", shared.upstream, req.uri()))
+        .body(body);
+    for (name, value) in req.headers() {
+        if matches!(
+            name.as_str(),
+            "content-type" | "authorization" | "stripe-version"
+        ) {
+            out = out.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = out.send().await.map_err(|e| e.to_string())?;
+    let status = answer.status().as_u16();
+    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    Ok((status, stripe_shaped(status, bytes)))
+}
+
+async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> HttpResponse {
+    let call = Call::of(req.method(), req.path());
+    let fault = shared.state().faults.get(&call).cloned();
+    match fault {
+        Some(StripeFault::LockTimeout) => {
+            return stripe_error(
+                429,
+                "invalid_request_error",
+                Some("lock_timeout"),
+                "This object cannot be accessed right now because another API request or Stripe process is currently accessing it.",
+            )
+        }
+        Some(StripeFault::RateLimited) => {
+            return stripe_error(
+                429,
+                "invalid_request_error",
+                Some("rate_limit"),
+                "Too many requests hit the API too quickly.",
+            )
+        }
+        Some(StripeFault::ServerError { should_retry }) => {
+            let mut response = stripe_error(500, "api_error", None, "An unknown error occurred");
+            if let Some(retry) = should_retry {
+                response.headers_mut().insert(
+                    actix_web::http::header::HeaderName::from_static("stripe-should-retry"),
+                    actix_web::http::header::HeaderValue::from_static(if retry {
+                        "true"
+                    } else {
+                        "false"
+                    }),
+                );
+            }
+            return response;
+        }
+        Some(StripeFault::Unauthorized) => {
+            return stripe_error(
+                401,
+                "invalid_request_error",
+                None,
+                "Invalid API Key provided: sk_test_****",
+            )
+        }
+        _ => {}
+    }
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .filter(|_| req.method() == Method::POST)
+        .map(str::to_string);
+    let fingerprint = (
+        req.method().to_string(),
+        req.path().to_string(),
+        body.clone(),
+    );
+    if let Some(key) = &key {
+        let mut state = shared.state();
+        match state.keys.get(key) {
+            Some(saved) if saved.fingerprint != fingerprint => {
+                return stripe_error(
+                    400,
+                    "idempotency_error",
+                    None,
+                    "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+                )
+            }
+            Some(Saved { answer: None, .. }) => {
+                return stripe_error(
+                    409,
+                    "invalid_request_error",
+                    Some("idempotency_key_in_use"),
+                    "There is currently another in-progress request using this Idempotent Key.",
+                )
+            }
+            Some(Saved {
+                answer: Some((status, bytes)),
+                ..
+            }) => {
+                let (status, bytes) = (*status, bytes.clone());
+                state.replayed += 1;
+                return relay(status, bytes, true);
+            }
+            None => {
+                state.keys.insert(
+                    key.clone(),
+                    Saved {
+                        fingerprint,
+                        answer: None,
+                    },
+                );
+            }
+        }
+    }
+    if fault == Some(StripeFault::Stall) {
+        // Registered before it is counted, so a release that follows the
+        // count is never missed.
+        let released = shared.release.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        shared.state().stalled += 1;
+        released.await;
+        shared.state().stalled -= 1;
+    }
+    *shared.state().forwarded.entry(call).or_insert(0) += 1;
+    let forwarded = forward(&shared, &req, body).await;
+    let mut state = shared.state();
+    match forwarded {
+        Ok((status, bytes)) => {
+            if let Some(key) = &key {
+                if let Some(saved) = state.keys.get_mut(key) {
+                    saved.answer = Some((status, bytes.clone()));
+                }
+            }
+            drop(state);
+            if fault == Some(StripeFault::DropAfterEffect) {
+                return dropped();
+            }
+            relay(status, bytes, false)
+        }
+        Err(_) => {
+            // The provider never answered: as at Stripe, nothing is saved.
+            if let Some(key) = &key {
+                state.keys.remove(key);
+            }
+            dropped()
+        }
+    }
+}
+
+/// A response whose body fails at once: the connection closes unanswered.
+fn dropped() -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(crate::fault_proxy::Dropped)
+}
+
+impl StripeLayer {
+    /// Starts the layer on a free loopback port in front of `upstream`
+    /// (localstripe's URL), passing everything until told otherwise.
+    pub fn start(upstream: &str) -> std::io::Result<StripeLayer> {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            upstream: upstream.trim_end_matches('/').to_string(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .map_err(std::io::Error::other)?,
+            release: tokio::sync::Notify::new(),
+        });
+        let url = format!(
+            "http://{}",
+            crate::loopback_http::serve(shared.clone(), handle)?
+        );
+        Ok(StripeLayer { shared, url })
+    }
+
+    /// The layer's base URL, to use as `ONCEPAY_STRIPE_API_BASE`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Applies `fault` to every later `call`.
+    pub fn set(&self, call: Call, fault: StripeFault) {
+        self.shared.state().faults.insert(call, fault);
+    }
+
+    /// Passes every call again, and lets every stalled call go on.
+    pub fn heal(&self) {
+        self.shared.state().faults.clear();
+        self.release();
+    }
+
+    /// Lets every stalled call go on.
+    pub fn release(&self) {
+        self.shared.release.notify_waiters();
+    }
+
+    /// Calls of this kind that reached the provider.
+    pub fn forwarded(&self, call: Call) -> u64 {
+        self.shared
+            .state()
+            .forwarded
+            .get(&call)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Repeats answered from a saved answer.
+    pub fn replayed(&self) -> u64 {
+        self.shared.state().replayed
+    }
+
+    /// Calls held by [`StripeFault::Stall`] right now.
+    pub fn stalled(&self) -> u64 {
+        self.shared.state().stalled
+    }
+}

@@ -8,6 +8,7 @@
 
 pub mod classify;
 pub mod http;
+pub mod stripe;
 
 use std::future::Future;
 use std::pin::Pin;

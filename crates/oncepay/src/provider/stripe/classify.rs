@@ -1,0 +1,366 @@
+//! What one of Stripe's answers proves, as a pure table (the sandbox's
+//! rules of `provider::classify`, with Stripe's own answers):
+//!
+//! | answer | read (`GET` by id) | create, confirm, refund (`POST`, with a key) |
+//! |---|---|---|
+//! | `2xx`, a readable PaymentIntent or Refund | the object, its status mapped ([`intent_status`], [`refund_status`]) | the same |
+//! | `2xx`, unreadable | unknown | unknown |
+//! | `402` `card_error` with a code | unknown | **declined**, `decline_code` (else `code`) as the failure code |
+//! | `404` `resource_missing` | no such object | unknown |
+//! | `400` `idempotency_error` | unknown | unknown, and a bug of ours ([`Verdict::Bug`]): never a decline |
+//! | `409` `idempotency_key_in_use`, `429` (`lock_timeout`, `rate_limit`) | retried now | retried now, same key |
+//! | `5xx` | retried now | retried now, same key |
+//! | `Stripe-Should-Retry: true` / `false` | retried now / not | retried now / not (unknown) |
+//! | `401`, `403` (a credential outage) | unknown | unknown, never a decline |
+//! | anything else | unknown | unknown |
+//!
+//! "Unknown" settles nothing: the attempt stays `pending` and the
+//! reconciler reads the intent by id later.
+
+use serde::Deserialize;
+
+use crate::domain::payment::PaymentStatus;
+use crate::provider::classify::CallKind;
+use crate::provider::{CallOutcome, ProviderObject};
+
+/// What one answer means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// A fact, or an unknown that retrying now will not change.
+    Done(CallOutcome),
+    /// Transient: try again now, with the same key.
+    Retry(String),
+    /// Stripe says our request was wrong (`idempotency_error`: a key reused
+    /// with other parameters): unknown for the money, and to be logged at
+    /// error and counted, since it means a bug of ours.
+    Bug(String),
+}
+
+#[derive(Deserialize, Default)]
+struct ErrorBody {
+    #[serde(default)]
+    error: StripeError,
+}
+
+#[derive(Deserialize, Default)]
+struct StripeError {
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    #[serde(default)]
+    code: Option<String>,
+    #[serde(default)]
+    decline_code: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// A PaymentIntent or Refund, as far as its state goes.
+#[derive(Deserialize)]
+struct Object {
+    id: String,
+    object: String,
+    status: String,
+    #[serde(default)]
+    last_payment_error: Option<StripeError>,
+    #[serde(default)]
+    failure_reason: Option<String>,
+}
+
+/// A PaymentIntent's status as oncepay's: `None` for one that cannot
+/// happen in oncepay's flow (`requires_capture`: oncepay captures
+/// automatically), which proves nothing.
+pub fn intent_status(status: &str, has_error: bool) -> Option<PaymentStatus> {
+    Some(match status {
+        "succeeded" => PaymentStatus::Succeeded,
+        // After a confirm, a decline puts the intent back to waiting for a
+        // payment method, with the error that says why.
+        "requires_payment_method" if has_error => PaymentStatus::Failed,
+        "canceled" => PaymentStatus::Failed,
+        // Not confirmed yet, waiting for the customer (3-D Secure), or
+        // processing: the outcome is still to come.
+        "requires_payment_method" | "requires_confirmation" | "requires_action" | "processing" => {
+            PaymentStatus::Pending
+        }
+        _ => return None,
+    })
+}
+
+/// A Refund's status as oncepay's.
+pub fn refund_status(status: &str) -> Option<PaymentStatus> {
+    Some(match status {
+        "succeeded" => PaymentStatus::Succeeded,
+        "pending" | "requires_action" => PaymentStatus::Pending,
+        "failed" | "canceled" => PaymentStatus::Failed,
+        _ => return None,
+    })
+}
+
+fn known(body: &[u8]) -> CallOutcome {
+    let object: Object = match serde_json::from_slice(body) {
+        Ok(o) => o,
+        Err(e) => return CallOutcome::Unknown(format!("unreadable Stripe answer: {e}")),
+    };
+    let (status, failure_code, failure_message) = match object.object.as_str() {
+        "payment_intent" => {
+            let error = object.last_payment_error.as_ref();
+            let status = intent_status(&object.status, error.is_some());
+            let failed = status == Some(PaymentStatus::Failed);
+            let code = match (failed, error) {
+                (true, Some(e)) => e.decline_code.clone().or_else(|| e.code.clone()),
+                (true, None) => Some(object.status.clone()),
+                _ => None,
+            };
+            let message = error.filter(|_| failed).and_then(|e| e.message.clone());
+            (status, code, message)
+        }
+        "refund" => {
+            let status = refund_status(&object.status);
+            let code = object
+                .failure_reason
+                .clone()
+                .filter(|_| status == Some(PaymentStatus::Failed));
+            (status, code, None)
+        }
+        other => {
+            return CallOutcome::Unknown(format!("a Stripe {other}, not an intent or a refund"))
+        }
+    };
+    match status {
+        Some(status) if !object.id.is_empty() => CallOutcome::Known(ProviderObject {
+            id: object.id,
+            status,
+            failure_code,
+            failure_message,
+        }),
+        _ => CallOutcome::Unknown(format!(
+            "Stripe {} in status {}, which oncepay never leaves it in",
+            object.object, object.status
+        )),
+    }
+}
+
+/// Classifies one answer; `should_retry` is the `Stripe-Should-Retry`
+/// header, if sent. See the module docs for the table.
+pub fn classify(kind: CallKind, status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
+    let error = || {
+        serde_json::from_slice::<ErrorBody>(body)
+            .unwrap_or_default()
+            .error
+    };
+    let unknown = |why: String| Verdict::Done(CallOutcome::Unknown(why));
+    if (200..300).contains(&status) {
+        return Verdict::Done(known(body));
+    }
+    // Stripe's own word on retrying comes first, both ways.
+    match should_retry {
+        Some(true) => return Verdict::Retry(format!("Stripe answered {status}, retry")),
+        Some(false) if status >= 429 => {
+            return unknown(format!("Stripe answered {status} and asked not to retry"))
+        }
+        _ => {}
+    }
+    let e = error();
+    match (status, e.kind.as_deref(), e.code.as_deref()) {
+        (402, Some("card_error"), Some(code)) if kind == CallKind::Write => {
+            Verdict::Done(CallOutcome::Known(ProviderObject {
+                id: String::new(),
+                status: PaymentStatus::Failed,
+                failure_code: Some(e.decline_code.clone().unwrap_or_else(|| code.to_string())),
+                failure_message: Some(e.message.unwrap_or_else(|| "declined".into())),
+            }))
+        }
+        (404, _, _) if kind == CallKind::Read => Verdict::Done(CallOutcome::NotFound),
+        (400, Some("idempotency_error"), _) => Verdict::Bug(format!(
+            "Stripe refused an idempotency key reused with other parameters: {}",
+            e.message.unwrap_or_default()
+        )),
+        (409, _, _) | (429, _, _) | (500..=599, _, _) => Verdict::Retry(format!(
+            "Stripe answered {status} {}",
+            e.code.unwrap_or_default()
+        )),
+        (401 | 403, _, _) => unknown(format!(
+            "Stripe refused our credentials ({status}): a credential outage, never a decline"
+        )),
+        _ => unknown(format!(
+            "Stripe answered {status} {}, which proves nothing about the outcome",
+            e.code.unwrap_or_default()
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use CallKind::{Read, Write};
+
+    fn outcome(kind: CallKind, status: u16, retry: Option<bool>, body: &str) -> String {
+        match classify(kind, status, retry, body.as_bytes()) {
+            Verdict::Retry(_) => "retry".into(),
+            Verdict::Bug(_) => "bug".into(),
+            Verdict::Done(CallOutcome::NotFound) => "not_found".into(),
+            Verdict::Done(CallOutcome::Unknown(_)) => "unknown".into(),
+            Verdict::Done(CallOutcome::Known(o)) => match o.failure_code {
+                Some(code) => format!("{}:{code}", o.status.as_str()),
+                None => o.status.as_str().into(),
+            },
+        }
+    }
+
+    fn intent(status: &str, error: &str) -> String {
+        format!(
+            r#"{{"id":"pi_1","object":"payment_intent","status":"{status}","last_payment_error":{error}}}"#
+        )
+    }
+
+    #[test]
+    fn intents_map_to_our_statuses() {
+        let declined = r#"{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds","message":"no"}"#;
+        for (status, error, expected) in [
+            ("succeeded", "null", "succeeded"),
+            ("processing", "null", "pending"),
+            ("requires_action", "null", "pending"),
+            ("requires_confirmation", "null", "pending"),
+            ("requires_payment_method", "null", "pending"),
+            (
+                "requires_payment_method",
+                declined,
+                "failed:insufficient_funds",
+            ),
+            ("canceled", "null", "failed:canceled"),
+            ("requires_capture", "null", "unknown"),
+            ("something_new", "null", "unknown"),
+        ] {
+            for kind in [Read, Write] {
+                assert_eq!(
+                    outcome(kind, 200, None, &intent(status, error)),
+                    expected,
+                    "{status} {kind:?}"
+                );
+            }
+        }
+        for (status, expected) in [
+            ("succeeded", "succeeded"),
+            ("pending", "pending"),
+            ("requires_action", "pending"),
+            ("failed", "failed:expired_or_canceled_card"),
+            ("canceled", "failed"),
+        ] {
+            let body = format!(
+                r#"{{"id":"re_1","object":"refund","status":"{status}","failure_reason":"expired_or_canceled_card"}}"#
+            );
+            let got = outcome(Read, 200, None, &body);
+            assert!(got.starts_with(expected), "{status}: {got}");
+        }
+        assert_eq!(outcome(Read, 200, None, "<html>"), "unknown");
+        assert_eq!(
+            outcome(
+                Read,
+                200,
+                None,
+                r#"{"id":"ch_1","object":"charge","status":"succeeded"}"#
+            ),
+            "unknown"
+        );
+    }
+
+    #[test]
+    fn the_table_of_errors() {
+        let err = |kind: &str, code: &str| {
+            format!(r#"{{"error":{{"type":"{kind}","code":"{code}","message":"m"}}}}"#)
+        };
+        let card = err("card_error", "card_declined");
+        // A decline is a fact only where money could have moved.
+        assert_eq!(outcome(Write, 402, None, &card), "failed:card_declined");
+        assert_eq!(outcome(Read, 402, None, &card), "unknown");
+        // A 402 that is not a card error proves nothing (localstripe's
+        // invalid_request_error included: the layer reshapes it).
+        assert_eq!(
+            outcome(
+                Write,
+                402,
+                None,
+                &err("invalid_request_error", "card_declined")
+            ),
+            "unknown"
+        );
+        assert_eq!(
+            outcome(
+                Read,
+                404,
+                None,
+                &err("invalid_request_error", "resource_missing")
+            ),
+            "not_found"
+        );
+        assert_eq!(
+            outcome(
+                Write,
+                404,
+                None,
+                &err("invalid_request_error", "resource_missing")
+            ),
+            "unknown"
+        );
+        assert_eq!(
+            outcome(
+                Write,
+                400,
+                None,
+                r#"{"error":{"type":"idempotency_error","message":"m"}}"#
+            ),
+            "bug"
+        );
+        assert_eq!(
+            outcome(
+                Write,
+                409,
+                None,
+                &err("invalid_request_error", "idempotency_key_in_use")
+            ),
+            "retry"
+        );
+        assert_eq!(
+            outcome(
+                Write,
+                429,
+                None,
+                &err("invalid_request_error", "lock_timeout")
+            ),
+            "retry"
+        );
+        assert_eq!(
+            outcome(Read, 429, None, &err("invalid_request_error", "rate_limit")),
+            "retry"
+        );
+        assert_eq!(outcome(Write, 500, None, &err("api_error", "")), "retry");
+        assert_eq!(outcome(Write, 503, None, "garbage"), "retry");
+        // Stripe-Should-Retry is honoured both ways.
+        assert_eq!(
+            outcome(Write, 500, Some(false), &err("api_error", "")),
+            "unknown"
+        );
+        assert_eq!(
+            outcome(Write, 400, Some(true), &err("invalid_request_error", "x")),
+            "retry"
+        );
+        // A credential outage is never a decline, for a write or a read.
+        for kind in [Read, Write] {
+            for status in [401, 403] {
+                assert_eq!(
+                    outcome(kind, status, None, &err("invalid_request_error", "")),
+                    "unknown"
+                );
+            }
+        }
+        assert_eq!(
+            outcome(
+                Write,
+                400,
+                None,
+                &err("invalid_request_error", "parameter_missing")
+            ),
+            "unknown"
+        );
+        assert_eq!(outcome(Write, 302, None, ""), "unknown");
+    }
+}

@@ -40,6 +40,7 @@ pub struct HttpProvider {
     base_url: String,
     retry: RetryPolicy,
     metrics: Arc<Metrics>,
+    health: super::Health,
 }
 
 /// Why a client could not be built.
@@ -69,6 +70,7 @@ impl HttpProvider {
                 budget: timeout.saturating_mul(2),
             },
             metrics,
+            health: super::Health::default(),
         })
     }
 
@@ -123,6 +125,7 @@ impl HttpProvider {
     }
 
     fn observe(&self, operation: &'static str, outcome: &CallOutcome, started: Instant) {
+        self.health.observe(outcome);
         let label = match outcome {
             CallOutcome::Known(o) => o.status.as_str(),
             CallOutcome::NotFound => "not_found",
@@ -152,6 +155,10 @@ fn describe(e: &reqwest::Error) -> String {
 impl PaymentProvider for HttpProvider {
     fn name(&self) -> &'static str {
         "sandbox"
+    }
+
+    fn health(&self) -> &super::Health {
+        &self.health
     }
 
     fn charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, CallOutcome> {

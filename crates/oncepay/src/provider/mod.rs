@@ -83,10 +83,50 @@ pub enum CallOutcome {
     Unknown(String),
 }
 
+/// Whether this process last saw the provider answer, so that the end of
+/// an outage is noticed at once: rows that met the outage backed off (up
+/// to five minutes), and without this they would keep waiting after the
+/// provider is healthy again, with customers watching "checking status".
+#[derive(Debug, Default)]
+pub struct Health {
+    degraded: std::sync::atomic::AtomicBool,
+    recovered: std::sync::atomic::AtomicBool,
+}
+
+impl Health {
+    /// Notes what a call came to: an unknown outcome means the provider
+    /// is not answering; any fact (an object, a decline, "no such object")
+    /// means it is, and, after an unknown, that it has recovered.
+    pub fn observe(&self, outcome: &CallOutcome) {
+        use std::sync::atomic::Ordering::SeqCst;
+        match outcome {
+            CallOutcome::Unknown(_) => self.degraded.store(true, SeqCst),
+            CallOutcome::Known(_) | CallOutcome::NotFound => {
+                if self.degraded.swap(false, SeqCst) {
+                    self.recovered.store(true, SeqCst);
+                }
+            }
+        }
+    }
+
+    /// Whether the last call proved nothing.
+    pub fn is_degraded(&self) -> bool {
+        self.degraded.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether the provider answered again since the last ask (once).
+    pub fn take_recovered(&self) -> bool {
+        self.recovered
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// A payment provider.
 pub trait PaymentProvider: Send + Sync {
     /// The provider's name, stored on attempts and used in webhook paths.
     fn name(&self) -> &'static str;
+    /// Whether this process last saw the provider answer.
+    fn health(&self) -> &Health;
     /// Makes a charge, or returns the one already made with this key.
     fn charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, CallOutcome>;
     /// Makes a refund, or returns the one already made with this key.

@@ -677,3 +677,24 @@ pub async fn list(
     let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
     Ok(super::pages::page_of(items, page))
 }
+
+/// Makes every pending attempts that has backed off (and every decline
+/// awaiting its confirming read) due now, with its back-off started over:
+/// the provider answers again (`workers::reconciler`). Returns how many.
+pub async fn reset_backoff(pool: &PgPool) -> Result<u64, StoreError> {
+    let pending = sqlx::query(
+        "UPDATE payment_attempt SET next_check_at = now(), check_count = 0
+          WHERE status = 'pending' AND check_count > 0 AND next_check_at > now()",
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    let declines = sqlx::query(
+        "UPDATE payment_attempt SET decline_check_at = now()
+          WHERE decline_check_at > now() AND check_count > 0",
+    )
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(pending + declines)
+}

@@ -48,11 +48,44 @@ pub struct Pass {
     pub errors: u32,
     /// Payments and refunds newly past the alarm threshold.
     pub alarms: u32,
+    /// Rows whose back-off was reset because the provider answers again.
+    pub rechecked: u64,
+}
+
+/// The end of an outage, noticed at once. While the provider was not
+/// answering, each pending row's next check backed off (up to five
+/// minutes); once the provider answers again (any call of this process,
+/// or, while it is down, one cheap read per pass here), every backed-off
+/// row is due now, so payments settle within a pass of the recovery
+/// instead of minutes later. The reset is in the database, so every
+/// process's reconciler shares the work (SKIP LOCKED, as always).
+async fn recheck_after_recovery(ctx: &AppContext) -> Result<u64, StoreError> {
+    let health = ctx.provider.health();
+    if health.is_degraded() {
+        // A read of a charge that cannot exist: "no such charge" is an
+        // answer, and proves the provider is back.
+        let _ = ctx.provider.find_charge(Uuid::nil()).await;
+    }
+    if !health.take_recovered() {
+        return Ok(0);
+    }
+    let rows = store::payments::reset_backoff(&ctx.pool).await?
+        + store::refunds::reset_backoff(&ctx.pool).await?;
+    tracing::info!(
+        rows,
+        "the provider answers again; backed-off pending rows are checked now"
+    );
+    ctx.metrics
+        .reconciler
+        .with_label_values(&["recovery", "rechecked"])
+        .inc_by(rows);
+    Ok(rows)
 }
 
 /// One pass over all kinds of work.
 pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
     let mut done = Pass::default();
+    done.rechecked = recheck_after_recovery(ctx).await?;
     let lease = ctx.engine.config().lease;
     let ttl = ctx.engine.config().ttl;
     for (id, record) in store::idempotency::take_over_expired(&ctx.pool, BATCH, lease, ttl).await? {

@@ -498,3 +498,50 @@ async fn a_decline_the_provider_never_confirms_raises_the_alarm_once() {
     app.proxy().heal();
     assert_eq!(app.reconcile().await.declines_confirmed, 1);
 }
+
+#[tokio::test]
+async fn the_end_of_an_outage_rechecks_backed_off_payments_at_once() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let mut payments = Vec::new();
+    app.proxy().set(Route::Charge, Fault::Down);
+    app.proxy().set(Route::StatusRead, Fault::Down);
+    for _ in 0..3 {
+        let order_id = app.create_order().await;
+        let (status, payment) = app.pay(&order_id, "tok_visa").await;
+        assert_eq!(
+            status,
+            StatusCode::ACCEPTED,
+            "unknown while the provider is down"
+        );
+        payments.push(payment["id"].as_str().expect("id").to_string());
+    }
+    // The outage goes on: every check proves nothing and backs off, until
+    // the next one is minutes away.
+    for _ in 0..3 {
+        app.reconcile().await;
+    }
+    sqlx::query("UPDATE payment_attempt SET next_check_at = now() + interval '5 minutes'")
+        .execute(&app.db)
+        .await
+        .expect("backed off");
+    // A plain pass while the provider is still down settles nothing and
+    // resets nothing.
+    let pass = reconciler::pass(&app.ctx).await.expect("pass");
+    assert_eq!((pass.payments_settled, pass.rechecked), (0, 0));
+    // The provider recovers. The next pass notices it (its one cheap read
+    // answers) and checks every backed-off payment now, not in 5 minutes.
+    app.proxy().heal();
+    let pass = reconciler::pass(&app.ctx).await.expect("pass");
+    assert_eq!(pass.rechecked, 3);
+    assert_eq!(pass.payments_settled, 3);
+    for id in &payments {
+        assert_eq!(app.status_of(&format!("/payments/{id}")).await, "succeeded");
+    }
+    // Once only: the next pass has nothing to reset.
+    assert_eq!(reconciler::pass(&app.ctx).await.expect("pass").rechecked, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'")
+            .await,
+        3
+    );
+}

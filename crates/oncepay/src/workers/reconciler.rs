@@ -84,8 +84,10 @@ async fn recheck_after_recovery(ctx: &AppContext) -> Result<u64, StoreError> {
 
 /// One pass over all kinds of work.
 pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
-    let mut done = Pass::default();
-    done.rechecked = recheck_after_recovery(ctx).await?;
+    let mut done = Pass {
+        rechecked: recheck_after_recovery(ctx).await?,
+        ..Pass::default()
+    };
     let lease = ctx.engine.config().lease;
     let ttl = ctx.engine.config().ttl;
     for (id, record) in store::idempotency::take_over_expired(&ctx.pool, BATCH, lease, ttl).await? {

@@ -91,6 +91,7 @@ pub enum CallOutcome {
 pub struct Health {
     degraded: std::sync::atomic::AtomicBool,
     recovered: std::sync::atomic::AtomicBool,
+    last_taken: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Health {
@@ -114,10 +115,22 @@ impl Health {
         self.degraded.load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Whether the provider answered again since the last ask (once).
-    pub fn take_recovered(&self) -> bool {
-        self.recovered
-            .swap(false, std::sync::atomic::Ordering::SeqCst)
+    /// Whether the provider answered again since the last ask (once), at
+    /// most once per `spacing`: a provider that flaps would otherwise undo
+    /// every row's back-off at every pass. A recovery within the spacing
+    /// is kept for the next ask after it.
+    pub fn take_recovered(&self, spacing: std::time::Duration) -> bool {
+        let mut last = self.last_taken.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < spacing) {
+            return false;
+        }
+        let recovered = self
+            .recovered
+            .swap(false, std::sync::atomic::Ordering::SeqCst);
+        if recovered {
+            *last = Some(std::time::Instant::now());
+        }
+        recovered
     }
 }
 
@@ -135,4 +148,36 @@ pub trait PaymentProvider: Send + Sync {
     fn find_charge(&self, idempotency_key: Uuid) -> BoxFuture<'_, CallOutcome>;
     /// Reads the refund made with this key (a safe, retried read).
     fn find_refund(&self, idempotency_key: Uuid) -> BoxFuture<'_, CallOutcome>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_recovery_is_an_answer_after_an_unknown_taken_once_per_spacing() {
+        let health = Health::default();
+        let known = CallOutcome::NotFound;
+        let unknown = CallOutcome::Unknown("down".into());
+        health.observe(&known);
+        assert!(!health.take_recovered(Duration::ZERO), "never down");
+        health.observe(&unknown);
+        assert!(health.is_degraded());
+        assert!(!health.take_recovered(Duration::ZERO), "still down");
+        health.observe(&known);
+        assert!(!health.is_degraded());
+        assert!(health.take_recovered(Duration::from_secs(60)));
+        assert!(!health.take_recovered(Duration::ZERO), "once");
+        health.observe(&unknown);
+        health.observe(&known);
+        assert!(
+            !health.take_recovered(Duration::from_secs(60)),
+            "a flap within the spacing waits"
+        );
+        assert!(
+            health.take_recovered(Duration::ZERO),
+            "and is kept for later"
+        );
+    }
 }

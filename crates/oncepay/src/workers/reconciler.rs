@@ -30,6 +30,11 @@ use uuid::Uuid;
 /// Rows claimed per kind and pass.
 const BATCH: i64 = 50;
 
+/// The least time between two resets of every backed-off row after the
+/// provider answers again (per process): a provider that flaps does not
+/// turn every row's back-off into a check at every pass.
+const RECHECK_SPACING: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
@@ -66,7 +71,7 @@ async fn recheck_after_recovery(ctx: &AppContext) -> Result<u64, StoreError> {
         // answer, and proves the provider is back.
         let _ = ctx.provider.find_charge(Uuid::nil()).await;
     }
-    if !health.take_recovered() {
+    if !health.take_recovered(RECHECK_SPACING) {
         return Ok(0);
     }
     let rows = store::payments::reset_backoff(&ctx.pool).await?

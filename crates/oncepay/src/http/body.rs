@@ -110,16 +110,16 @@ pub async fn read(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    let mut reading = std::pin::pin!(tokio::time::timeout(
-        limits.timeout,
-        payload.to_bytes_limited(limit)
-    ));
+    // Nearly every body arrives with its head: read it without arming a
+    // timer. Only a body still to come is counted as slow and given the
+    // deadline, from this first wait.
+    let mut reading = std::pin::pin!(payload.to_bytes_limited(limit));
     let first = std::future::poll_fn(|cx| Poll::Ready(reading.as_mut().poll(cx))).await;
     let read = match first {
-        Poll::Ready(read) => read,
+        Poll::Ready(read) => Ok(read),
         Poll::Pending => {
             let _slow = limits.enter(req.peer_addr().map(|a| a.ip()))?;
-            reading.await
+            tokio::time::timeout(limits.timeout, reading).await
         }
     };
     // The outer error is the limit (a chunked body carries no length to

@@ -95,6 +95,44 @@ where
     }
 }
 
+/// Every route of the API and the methods it answers: what [`routes`]
+/// registers (each registration is checked against this table when the
+/// server starts) and what `openapi.yaml` documents (a test compares the
+/// two), so the hostile-input suite, generated from the document, reaches
+/// every route, and no route can be added without its documentation.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("/orders", "GET, POST"),
+    ("/orders/{id}", "GET"),
+    ("/orders/{id}/cancel", "POST"),
+    ("/orders/{id}/payments", "GET"),
+    ("/orders/{id}/checkout", "POST"),
+    ("/checkout/assets/checkout.js", "GET"),
+    ("/checkout/assets/checkout.css", "GET"),
+    ("/checkout/{token}", "GET"),
+    ("/checkout/{token}/status", "GET"),
+    ("/checkout/{token}/payments", "POST"),
+    ("/payments", "GET, POST"),
+    ("/refunds", "GET"),
+    ("/payments/{id}", "GET"),
+    ("/payments/{id}/refunds", "POST"),
+    ("/refunds/{id}", "GET"),
+    ("/orders/{id}/events", "GET"),
+    ("/payments/{id}/events", "GET"),
+    ("/refunds/{id}/events", "GET"),
+    ("/events", "GET"),
+    ("/events/{id}", "GET"),
+    ("/events/{id}/redeliver", "POST"),
+    ("/webhook_endpoints", "GET, POST"),
+    ("/webhook_endpoints/{id}", "DELETE"),
+    ("/webhooks/{provider}", "POST"),
+    ("/api_keys", "GET, POST"),
+    ("/api_keys/{id}", "DELETE"),
+    ("/healthz", "GET"),
+    ("/readyz", "GET"),
+    ("/metrics", "GET"),
+    ("/openapi.yaml", "GET"),
+];
+
 /// Every route of the API.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.service(
@@ -163,6 +201,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 
 /// A resource whose other methods get `405` with the `Allow` header RFC 9110 asks for.
 fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
+    assert!(
+        ROUTES.contains(&(path, allow)),
+        "{path} ({allow}) is registered but not in http::ROUTES (and so perhaps not in openapi.yaml)"
+    );
     web::resource(path).default_service(web::to(move || async move {
         let mut response = Problem::new(
             ProblemCode::MethodNotAllowed,
@@ -316,4 +358,45 @@ async fn read_body(
 /// A path `{id}` as a UUID; anything else is a resource that does not exist.
 fn path_uuid(raw: &str, code: ProblemCode, what: &str) -> Result<Uuid, Problem> {
     Uuid::parse_str(raw).map_err(|_| Problem::not_found(code, what))
+}
+
+#[cfg(test)]
+mod tests {
+    /// The operations `openapi.yaml` documents, as (path, METHOD).
+    fn documented() -> std::collections::BTreeSet<(String, String)> {
+        let mut out = std::collections::BTreeSet::new();
+        let (mut in_paths, mut path) = (false, String::new());
+        for line in super::OPENAPI.lines() {
+            if !line.starts_with(' ') && !line.is_empty() {
+                in_paths = line == "paths:";
+                continue;
+            }
+            if !in_paths {
+                continue;
+            }
+            if let Some(p) = line.strip_prefix("  /") {
+                path = format!("/{}", p.trim_end_matches(':'));
+            } else if let Some(m) = line.strip_prefix("    ") {
+                let method = m.trim_end_matches(':');
+                if ["get", "post", "put", "patch", "delete"].contains(&method) {
+                    out.insert((path.clone(), method.to_uppercase()));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_route_is_documented_and_every_documented_operation_is_routed() {
+        let routed: std::collections::BTreeSet<(String, String)> = super::ROUTES
+            .iter()
+            .flat_map(|(path, allow)| {
+                allow
+                    .split(", ")
+                    .map(move |m| (path.to_string(), m.to_string()))
+            })
+            .collect();
+        assert_eq!(routed, documented());
+        assert_eq!(routed.len(), 34);
+    }
 }

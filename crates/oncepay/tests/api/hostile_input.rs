@@ -449,6 +449,25 @@ fn nul_in_any_string_of_any_endpoint_is_refused_never_a_500() {
         places >= 40,
         "the document's operations yield {places} places"
     );
+    // The document's operations are the route table's (a unit test of
+    // `http` holds them equal), so every route was probed where it reads
+    // strings.
+    let methods = ["get", "post", "put", "patch", "delete"];
+    let operations: usize = doc["paths"].as_object().map_or(0, |p| {
+        p.values()
+            .filter_map(Value::as_object)
+            .flat_map(|o| o.keys())
+            .filter(|k| methods.contains(&k.as_str()))
+            .count()
+    });
+    let routed: usize = oncepay::http::ROUTES
+        .iter()
+        .map(|(_, allow)| allow.split(", ").count())
+        .sum();
+    assert_eq!(
+        operations, routed,
+        "every route of the route table is in the document"
+    );
 }
 
 #[tokio::test]

@@ -32,3 +32,28 @@ where
     tokio::spawn(server);
     Ok(addr)
 }
+
+/// Sends `req` (with `body` and only the `headers` named) on to `upstream`
+/// and returns its status and body: how the testkit's proxies forward.
+pub async fn forward(
+    http: &reqwest::Client,
+    upstream: &str,
+    req: &actix_web::HttpRequest,
+    body: actix_web::web::Bytes,
+    headers: &[&str],
+) -> Result<(u16, actix_web::web::Bytes), String> {
+    let method =
+        reqwest::Method::from_bytes(req.method().as_str().as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = http
+        .request(method, format!("{upstream}{}", req.uri()))
+        .body(body);
+    for (name, value) in req.headers() {
+        if headers.contains(&name.as_str()) {
+            out = out.header(name.as_str(), value.as_bytes());
+        }
+    }
+    let answer = out.send().await.map_err(|e| e.to_string())?;
+    let status = answer.status().as_u16();
+    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    Ok((status, bytes))
+}

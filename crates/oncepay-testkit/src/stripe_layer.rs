@@ -160,23 +160,9 @@ fn relay(status: u16, body: Bytes, replayed: bool) -> HttpResponse {
 }
 
 async fn forward(shared: &Shared, req: &HttpRequest, body: Bytes) -> Result<(u16, Bytes), String> {
-    let method =
-        reqwest::Method::from_bytes(req.method().as_str().as_bytes()).map_err(|e| e.to_string())?;
-    let mut out = shared
-        .http
-        .request(method, format!("{}{}", shared.upstream, req.uri()))
-        .body(body);
-    for (name, value) in req.headers() {
-        if matches!(
-            name.as_str(),
-            "content-type" | "authorization" | "stripe-version"
-        ) {
-            out = out.header(name.as_str(), value.as_bytes());
-        }
-    }
-    let answer = out.send().await.map_err(|e| e.to_string())?;
-    let status = answer.status().as_u16();
-    let bytes = answer.bytes().await.map_err(|e| e.to_string())?;
+    let headers = ["content-type", "authorization", "stripe-version"];
+    let (status, bytes) =
+        crate::loopback_http::forward(&shared.http, &shared.upstream, req, body, &headers).await?;
     Ok((status, stripe_shaped(status, bytes)))
 }
 

@@ -117,14 +117,7 @@ async fn keys_are_listed_rotated_with_an_overlap_and_revoked() {
 
 #[tokio::test]
 async fn a_revocation_reaches_every_process_at_once() {
-    let db_url = fresh_database_url();
-    oncepay::store::prepare_database(&db_url)
-        .await
-        .expect("migrate");
-    let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
-    let key = oncepay::api_keys::create(&db, "merchant-a")
-        .await
-        .expect("key");
+    let (db_url, db, key) = migrated_database_with_key().await;
     let spare = oncepay::api_keys::create(&db, "merchant-a")
         .await
         .expect("key");
@@ -177,14 +170,7 @@ async fn a_revocation_reaches_every_process_at_once() {
 
 #[tokio::test]
 async fn a_rotated_key_stops_at_its_expiry_in_every_process() {
-    let db_url = fresh_database_url();
-    oncepay::store::prepare_database(&db_url)
-        .await
-        .expect("migrate");
-    let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
-    let key = oncepay::api_keys::create(&db, "merchant-a")
-        .await
-        .expect("key");
+    let (db_url, db, key) = migrated_database_with_key().await;
     // Each process trusts a verified key for an hour: only the key's own
     // expiry can end it.
     let mut env = serve_env(&db_url, "http://127.0.0.1:9");

@@ -23,6 +23,21 @@ pub fn pg_server() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
 
+/// A new database, migrated, with merchant A and a key of theirs: for
+/// tests that run `oncepay serve` as child processes. Returns its URL, a
+/// pool on it and the key.
+pub async fn migrated_database_with_key() -> (String, PgPool, String) {
+    let db_url = fresh_database_url();
+    oncepay::store::prepare_database(&db_url)
+        .await
+        .expect("migrate");
+    let db = PgPool::connect(&db_url).await.expect("pool");
+    let key = oncepay::api_keys::create(&db, "merchant-a")
+        .await
+        .expect("key");
+    (db_url, db, key)
+}
+
 /// A URL of a new, unique database (created by the first process that migrates).
 pub fn fresh_database_url() -> String {
     format!("{}/oncepay_test_{}", pg_server(), Uuid::new_v4().simple())

@@ -868,14 +868,7 @@ async fn serve_with_hosts(
 #[tokio::test]
 async fn a_name_that_turns_private_after_registration_is_refused_at_delivery() {
     use oncepay_testkit::receiver::{Policy, Receiver};
-    let db_url = fresh_database_url();
-    oncepay::store::prepare_database(&db_url)
-        .await
-        .expect("migrate");
-    let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
-    let key = oncepay::api_keys::create(&db, "merchant-a")
-        .await
-        .expect("key");
+    let (db_url, db, key) = migrated_database_with_key().await;
     let sandbox = spawn_binary("sandbox", "ONCEPAY_SANDBOX_BIND", &[]).await;
     let receiver = Receiver::start(Policy::Accept).expect("receiver");
     let port = receiver

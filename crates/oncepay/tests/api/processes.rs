@@ -36,14 +36,7 @@ impl Cluster {
     /// A fresh database with a merchant, and a sandbox with webhooks off, so
     /// that only the service's own calls and its reconciler settle payments.
     async fn new() -> Cluster {
-        let db_url = fresh_database_url();
-        oncepay::store::prepare_database(&db_url)
-            .await
-            .expect("migrate");
-        let db = PgPool::connect(&db_url).await.expect("pool");
-        let key = oncepay::api_keys::create(&db, "merchant-a")
-            .await
-            .expect("key");
+        let (db_url, db, key) = migrated_database_with_key().await;
         let sandbox = start_sandbox();
         Cluster {
             db_url,

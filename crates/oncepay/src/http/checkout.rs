@@ -73,14 +73,30 @@ impl CheckoutLimits {
     }
 }
 
+/// A token as the browser sent it, with its hash (computed once: the rate
+/// limit and the session lookup both key on it).
+struct Token<'a> {
+    text: &'a str,
+    hash: [u8; 32],
+}
+
+impl<'a> Token<'a> {
+    fn new(text: &'a str) -> Token<'a> {
+        Token {
+            text,
+            hash: token_hash(text),
+        }
+    }
+}
+
 /// Admits one checkout request, or `429 rate_limited` with `Retry-After`.
-fn admit(state: &AppState, req: &HttpRequest, token: &str) -> Result<(), Problem> {
+fn admit(state: &AppState, req: &HttpRequest, token: &Token<'_>) -> Result<(), Problem> {
     let limits = &state.checkout_limits;
     let by_address = match req.peer_addr() {
         Some(peer) => limits.address.check(peer.ip(), None),
         None => Ok(()),
     };
-    let admitted = by_address.and_then(|()| limits.session.check(token_hash(token), None));
+    let admitted = by_address.and_then(|()| limits.session.check(token.hash, None));
     admitted.map_err(|wait| {
         state.ctx.metrics.rate_limited.inc();
         let seconds = crate::rate_limit::retry_after_secs(wait);
@@ -99,7 +115,11 @@ enum Closed {
 }
 
 /// The session a token opens (live or expired), by its hash.
-async fn session_of(state: &AppState, token: &str) -> Result<Result<Session, Closed>, Problem> {
+async fn session_of(
+    state: &AppState,
+    token: &Token<'_>,
+) -> Result<Result<Session, Closed>, Problem> {
+    let (token, hash) = (token.text, token.hash);
     let well_formed = token.len() == TOKEN_PREFIX.len() + 64
         && token.starts_with(TOKEN_PREFIX)
         && token[TOKEN_PREFIX.len()..]
@@ -108,7 +128,7 @@ async fn session_of(state: &AppState, token: &str) -> Result<Result<Session, Clo
     if !well_formed {
         return Ok(Err(Closed::Unknown));
     }
-    let (pool, hash) = (state.ctx.pool.clone(), token_hash(token));
+    let pool = state.ctx.pool.clone();
     let found = on_service_runtime(state, async move {
         store::checkout::by_token_hash(&pool, &hash)
             .await
@@ -123,7 +143,7 @@ async fn session_of(state: &AppState, token: &str) -> Result<Result<Session, Clo
 }
 
 /// A live session, or the problem a JSON call gets.
-async fn live_session(state: &AppState, token: &str) -> Result<Session, Problem> {
+async fn live_session(state: &AppState, token: &Token<'_>) -> Result<Session, Problem> {
     match session_of(state, token).await? {
         Ok(session) => Ok(session),
         Err(Closed::Unknown) => Err(Problem::not_found(
@@ -203,8 +223,9 @@ fn page(title: &str, main: &str) -> String {
 /// `GET /checkout/{token}`: the page, or a clear error page (`404`/`410`).
 pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<String>) -> Reply {
     use actix_web::http::StatusCode;
-    admit(&state, &req, &path)?;
-    let session = match session_of(&state, &path).await? {
+    let token = Token::new(&path);
+    admit(&state, &req, &token)?;
+    let session = match session_of(&state, &token).await? {
         Ok(session) => session,
         Err(closed) => {
             let (status, title, text) = match closed {
@@ -292,8 +313,9 @@ pub async fn status(
     path: web::Path<String>,
     query: web::Query<StatusQuery>,
 ) -> Reply {
-    admit(&state, &req, &path)?;
-    let session = live_session(&state, &path).await?;
+    let token = Token::new(&path);
+    admit(&state, &req, &token)?;
+    let session = live_session(&state, &token).await?;
     let (order, attempts) = order_and_attempts(&state, &session, true).await?;
     // A key that no page could have made has made no attempt.
     let key = query
@@ -329,8 +351,9 @@ pub async fn pay(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    admit(&state, &req, &path)?;
-    let session = live_session(&state, &path).await?;
+    let token = Token::new(&path);
+    admit(&state, &req, &token)?;
+    let session = live_session(&state, &token).await?;
     let key = idempotency_key(&req)?;
     let bytes = read_body(&state, &req, payload).await?;
     let body = parse_body(&bytes, false)?;

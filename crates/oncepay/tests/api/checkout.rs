@@ -8,34 +8,15 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use crate::helpers::*;
 use oncepay_testkit::browser::{self, Browser};
-
-impl TestApp {
-    /// Opens a checkout session for `order_id`; returns its body.
-    async fn checkout(&self, order_id: &str) -> Value {
-        let r = self
-            .post(
-                &format!("/orders/{order_id}/checkout"),
-                &Uuid::new_v4().to_string(),
-                &json!({}),
-            )
-            .await;
-        assert_eq!(r.status(), StatusCode::CREATED);
-        json_of(r).await
-    }
-}
 
 /// A fresh order, its checkout page open in `browser`, `token` typed into
 /// the card field; returns the order id and the Pay button.
 async fn checkout_with(app: &TestApp, browser: &Browser, token: &str) -> (String, String) {
     let order_id = app.create_order().await;
-    let url = app.checkout(&order_id).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
+    let url = app.checkout_url(&order_id).await;
     browser.goto(&url).await.expect("open");
     enter_token(browser, token).await;
     (order_id, browser.find("#pay").await.expect("button"))
@@ -138,14 +119,7 @@ async fn unknown_and_expired_tokens_show_a_clear_page_and_pay_nothing() {
         .expect("expire");
     let expired = app.http.get(&url).send().await.expect("get");
     assert_eq!(expired.status(), StatusCode::GONE);
-    let pay = app
-        .http
-        .post(format!("{url}/payments"))
-        .header("Idempotency-Key", "k")
-        .json(&json!({"payment_method": "tok_visa"}))
-        .send()
-        .await
-        .expect("post");
+    let pay = app.pay_on_page(&url, "k", "tok_visa").await;
     assert_eq!(pay.status(), StatusCode::GONE);
     assert_eq!(json_of(pay).await["code"], "checkout_expired");
     assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 0);
@@ -156,10 +130,7 @@ async fn a_token_answers_for_its_own_order_only() {
     let app = spawn_app().await;
     let mine = app.create_order().await;
     let other = app.create_order().await;
-    let url = app.checkout(&mine).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
+    let url = app.checkout_url(&mine).await;
     // The browser cannot name another order: the body takes no order id.
     let r = app
         .http
@@ -170,14 +141,7 @@ async fn a_token_answers_for_its_own_order_only() {
         .await
         .expect("post");
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    let r = app
-        .http
-        .post(format!("{url}/payments"))
-        .header("Idempotency-Key", "k2")
-        .json(&json!({"payment_method": "tok_visa"}))
-        .send()
-        .await
-        .expect("post");
+    let r = app.pay_on_page(&url, "k2", "tok_visa").await;
     assert_eq!(r.status(), StatusCode::CREATED);
     assert_eq!(json_of(r).await["order_id"], mine.as_str());
     assert_eq!(
@@ -191,10 +155,7 @@ async fn double_clicks_and_enter_mashing_charge_once() {
     let Some(browser) = phone().await else { return };
     let app = spawn_app().await;
     let order_id = app.create_order().await;
-    let url = app.checkout(&order_id).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
+    let url = app.checkout_url(&order_id).await;
     browser.goto(&url).await.expect("open");
     browser
         .wait_attribute(STATUS, "data-status", "idle", PATIENCE)
@@ -328,10 +289,7 @@ async fn a_decline_allows_a_new_attempt_with_a_new_key() {
     let Some(browser) = phone().await else { return };
     let app = spawn_app().await;
     let order_id = app.create_order().await;
-    let url = app.checkout(&order_id).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
+    let url = app.checkout_url(&order_id).await;
     browser.goto(&url).await.expect("open");
     let input = browser.find("#payment_method").await.expect("input");
     browser.clear(&input).await.expect("clear");
@@ -389,10 +347,7 @@ async fn two_tabs_paying_at_once_charge_once_and_both_show_it() {
     let Some(browser) = phone().await else { return };
     let app = spawn_app().await;
     let order_id = app.create_order().await;
-    let url = app.checkout(&order_id).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
+    let url = app.checkout_url(&order_id).await;
     let first = browser.tab().await.expect("tab");
     browser.goto(&url).await.expect("open");
     let second = browser.new_tab().await.expect("tab");
@@ -450,10 +405,7 @@ async fn an_order_that_can_no_longer_be_paid_ends_the_page_with_a_bounded_number
     let app = spawn_app().await;
     // Cancelled while the page is open.
     let order_id = app.create_order().await;
-    let url = app.checkout(&order_id).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
+    let url = app.checkout_url(&order_id).await;
     browser.goto(&url).await.expect("open");
     browser
         .wait_attribute(STATUS, "data-status", "idle", PATIENCE)
@@ -507,10 +459,7 @@ async fn an_order_that_can_no_longer_be_paid_ends_the_page_with_a_bounded_number
     );
     // Paid elsewhere and refunded in full while a second page was open.
     let other = app.create_order().await;
-    let url = app.checkout(&other).await["url"]
-        .as_str()
-        .expect("url")
-        .to_string();
+    let url = app.checkout_url(&other).await;
     browser.goto(&url).await.expect("open");
     browser
         .wait_attribute(STATUS, "data-status", "idle", PATIENCE)
@@ -554,12 +503,7 @@ async fn the_public_checkout_is_rate_limited_per_session_and_per_client_address(
     let mut urls = Vec::new();
     for _ in 0..3 {
         let order = app.create_order().await;
-        urls.push(
-            app.checkout(&order).await["url"]
-                .as_str()
-                .expect("url")
-                .to_string(),
-        );
+        urls.push(app.checkout_url(&order).await);
     }
     let status = |url: &str| {
         let url = format!("{url}/status?key=k");

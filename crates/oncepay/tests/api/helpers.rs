@@ -199,6 +199,38 @@ pub fn order_body() -> Value {
 }
 
 impl TestApp {
+    /// Opens a checkout session for `order_id`; returns its body.
+    pub async fn checkout(&self, order_id: &str) -> Value {
+        let r = self
+            .post(
+                &format!("/orders/{order_id}/checkout"),
+                &Uuid::new_v4().to_string(),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        json_of(r).await
+    }
+
+    /// A new checkout session's page URL for `order_id`.
+    pub async fn checkout_url(&self, order_id: &str) -> String {
+        self.checkout(order_id).await["url"]
+            .as_str()
+            .expect("url")
+            .to_string()
+    }
+
+    /// Pays on the checkout page at `url` as its script does.
+    pub async fn pay_on_page(&self, url: &str, key: &str, payment_method: &str) -> Response {
+        self.http
+            .post(format!("{url}/payments"))
+            .header("Idempotency-Key", key)
+            .json(&json!({ "payment_method": payment_method }))
+            .send()
+            .await
+            .expect("post")
+    }
+
     /// A key for another merchant.
     pub async fn other_merchant_key(&self) -> String {
         oncepay::api_keys::create(&self.db, "merchant-b")

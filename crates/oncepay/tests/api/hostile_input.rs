@@ -673,14 +673,7 @@ async fn a_merchant_key_can_never_meet_a_checkout_pages_key() {
             .await;
         assert_eq!(r.status(), StatusCode::CREATED, "{key}");
     }
-    let r = app
-        .http
-        .post(format!("{url}/payments"))
-        .header("Idempotency-Key", "k")
-        .json(&json!({"payment_method": "tok_visa"}))
-        .send()
-        .await
-        .expect("post");
+    let r = app.pay_on_page(&url, "k", "tok_visa").await;
     assert_eq!(r.status(), StatusCode::CREATED, "the page's key is its own");
     let payment = json_of(r).await;
     assert_eq!(payment["status"], "succeeded");

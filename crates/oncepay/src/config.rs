@@ -7,6 +7,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::provider::stripe::SecretKey as StripeSecretKey;
+pub use crate::provider::stripe::StripeConfig;
 pub use crate::webhooks::DEV_WEBHOOK_SECRET;
 
 /// Why a configuration value was refused, naming the variable.
@@ -115,18 +117,44 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         })
     }
 
-    /// `ONCEPAY_PROVIDER_URL`; `https://` needs a build with the `tls` feature,
-    /// which is checked here rather than failing on the first charge.
+    /// `ONCEPAY_PROVIDER_URL`: the sandbox's address.
     fn provider_url(&self) -> Result<String, ConfigError> {
-        let url = self.url("ONCEPAY_PROVIDER_URL", "http://127.0.0.1:8081")?;
-        if url.starts_with("https://") && !cfg!(feature = "tls") {
-            return Err(ConfigError {
-                var: "ONCEPAY_PROVIDER_URL",
-                value: url,
-                reason: "https:// needs oncepay built with `--features tls`".into(),
-            });
-        }
-        Ok(url)
+        self.url("ONCEPAY_PROVIDER_URL", "http://127.0.0.1:8081")
+    }
+
+    /// `ONCEPAY_PROVIDER`: where new payments go.
+    fn provider(&self) -> Result<String, ConfigError> {
+        self.get("ONCEPAY_PROVIDER", "sandbox".to_string(), |v| match v {
+            "sandbox" | "stripe" => Ok(v.to_string()),
+            _ => Err("expected sandbox or stripe".into()),
+        })
+    }
+
+    /// Stripe's settings, if `ONCEPAY_STRIPE_SECRET_KEY` is set; required
+    /// when `provider` is `stripe`.
+    fn stripe(&self, provider: &str) -> Result<Option<StripeConfig>, ConfigError> {
+        let secret_key = self.get("ONCEPAY_STRIPE_SECRET_KEY", None, |v| {
+            StripeSecretKey::parse(v).map(Some).map_err(str::to_string)
+        })?;
+        let Some(secret_key) = secret_key else {
+            if provider == "stripe" {
+                return Err(ConfigError {
+                    var: "ONCEPAY_STRIPE_SECRET_KEY",
+                    value: String::new(),
+                    reason: "required when ONCEPAY_PROVIDER=stripe".into(),
+                });
+            }
+            return Ok(None);
+        };
+        Ok(Some(StripeConfig {
+            secret_key,
+            api_base: self.url("ONCEPAY_STRIPE_API_BASE", "https://api.stripe.com")?,
+            webhook_secrets: self.get("ONCEPAY_STRIPE_WEBHOOK_SECRET", None, |v| {
+                crate::provider::stripe::WebhookSecrets::parse(v)
+                    .map(Some)
+                    .map_err(str::to_string)
+            })?,
+        }))
     }
 
     /// `DATABASE_URL`, used by every subcommand that touches the database.
@@ -196,9 +224,12 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             }
         }
         let bind = self.addr("ONCEPAY_BIND", "127.0.0.1:8080")?;
+        let provider = self.provider()?;
         Ok(ServeConfig {
             database_url: self.database_url()?,
             bind,
+            stripe: self.stripe(&provider)?,
+            provider,
             provider_url: self.provider_url()?,
             webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_BIND")?,
             idempotency_ttl,
@@ -344,7 +375,11 @@ pub struct ServeConfig {
     pub database_url: String,
     /// Address the API listens on.
     pub bind: SocketAddr,
-    /// Base URL of the payment provider (the sandbox by default).
+    /// Where new payments go (`ONCEPAY_PROVIDER`: `sandbox` or `stripe`).
+    pub provider: String,
+    /// Stripe, if configured.
+    pub stripe: Option<StripeConfig>,
+    /// Base URL of the sandbox (`ONCEPAY_PROVIDER_URL`).
     pub provider_url: String,
     /// Verifies inbound webhooks.
     pub webhook_secret: crate::webhooks::WebhookSecret,
@@ -529,12 +564,45 @@ mod tests {
             .serve_config()
             .expect_err("must be refused");
         assert!(err.to_string().contains("ONCEPAY_BIND"));
-        if !cfg!(feature = "tls") {
-            let err = env(&[("ONCEPAY_PROVIDER_URL", "https://psp.example")])
-                .serve_config()
-                .expect_err("no TLS in this build");
-            assert!(err.to_string().contains("--features tls"));
-        }
+        let err = env(&[("ONCEPAY_PROVIDER", "paypal")])
+            .serve_config()
+            .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_PROVIDER"));
+        let err = env(&[("ONCEPAY_PROVIDER", "stripe")])
+            .serve_config()
+            .expect_err("Stripe needs its key");
+        assert!(err.to_string().contains("ONCEPAY_STRIPE_SECRET_KEY"));
+        let err = env(&[
+            ("ONCEPAY_PROVIDER", "stripe"),
+            ("ONCEPAY_STRIPE_SECRET_KEY", "pk_live_abcdef"),
+        ])
+        .serve_config()
+        .expect_err("a publishable key cannot charge");
+        assert!(err.to_string().contains("ONCEPAY_STRIPE_SECRET_KEY"));
+        assert!(!err.to_string().contains("pk_live_abcdef"), "never echoed");
+        let err = env(&[
+            ("ONCEPAY_STRIPE_SECRET_KEY", "sk_test_abc"),
+            ("ONCEPAY_STRIPE_API_BASE", "api.stripe.com"),
+        ])
+        .serve_config()
+        .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_STRIPE_API_BASE"));
+        let err = env(&[
+            ("ONCEPAY_STRIPE_SECRET_KEY", "sk_test_abc"),
+            ("ONCEPAY_STRIPE_WEBHOOK_SECRET", "secret"),
+        ])
+        .serve_config()
+        .expect_err("must be refused");
+        assert!(err.to_string().contains("ONCEPAY_STRIPE_WEBHOOK_SECRET"));
+        let stripe = env(&[
+            ("ONCEPAY_PROVIDER", "stripe"),
+            ("ONCEPAY_STRIPE_SECRET_KEY", "sk_test_abc"),
+        ])
+        .serve_config()
+        .expect("valid");
+        let stripe = stripe.stripe.expect("configured");
+        assert_eq!(stripe.api_base, "https://api.stripe.com");
+        assert!(!format!("{stripe:?}").contains("sk_test_abc"));
         let err = env(&[("ONCEPAY_WEBHOOK_SECRET", "plain")])
             .serve_config()
             .expect_err("must be refused");

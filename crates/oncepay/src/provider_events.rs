@@ -28,10 +28,8 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::Value;
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use crate::commands::local_runs::Waited;
 use crate::commands::settle::{self, Cause};
@@ -39,41 +37,8 @@ use crate::commands::AppContext;
 use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
 use crate::idempotency::store_problem;
 use crate::problem::{Problem, ProblemCode};
-use crate::provider::{CallOutcome, ProviderObject};
+use crate::provider::{CallOutcome, Event, ProviderObject, Subject, SubjectKind};
 use crate::store::{self, StoreError};
-
-#[derive(Deserialize)]
-struct Envelope {
-    #[serde(rename = "type")]
-    event_type: String,
-    data: Data,
-}
-
-#[derive(Deserialize)]
-struct Data {
-    object: Value,
-}
-
-/// What an event says about a charge or refund.
-#[derive(Deserialize)]
-struct Object {
-    #[serde(flatten)]
-    state: ProviderObject,
-    #[serde(default)]
-    idempotency_key: Option<String>,
-    #[serde(default)]
-    amount: Option<i64>,
-    #[serde(default)]
-    currency: Option<String>,
-}
-
-impl Object {
-    fn key(&self) -> Option<Uuid> {
-        self.idempotency_key
-            .as_deref()
-            .and_then(|k| Uuid::parse_str(k).ok())
-    }
-}
 
 /// What an event is about, as found in our books.
 enum Target {
@@ -94,7 +59,7 @@ enum Target {
 async fn after_command(
     ctx: &AppContext,
     mut found: store::payments::Found,
-    event: &Object,
+    event: &Subject,
 ) -> Result<Payment, StoreError> {
     let deadline = Instant::now() + ctx.webhook_command_wait;
     let mut pause = Duration::from_millis(2);
@@ -134,7 +99,7 @@ impl Target {
 
     /// Whether the event would move what we hold (so it must be confirmed
     /// by the provider before anything is applied).
-    fn needs_confirmation(&self, event: &Object) -> bool {
+    fn needs_confirmation(&self, event: &Subject) -> bool {
         matches!(
             self.status().transition(event.state.status),
             Transition::Advance(_) | Transition::Contradicted
@@ -142,7 +107,7 @@ impl Target {
     }
 
     /// A fact of the event that contradicts what we hold, if any.
-    fn mismatch(&self, event: &Object) -> Option<String> {
+    fn mismatch(&self, event: &Subject) -> Option<String> {
         let (known_id, amount, currency) = match self {
             Target::Charge(p) => (
                 p.provider_charge_id.as_deref(),
@@ -204,19 +169,13 @@ pub async fn apply(
     }
     // A signed event of a shape we do not know is still kept and answered
     // 200 (never lost): it is recorded as ignored, for a person to look at.
-    let envelope: Envelope = serde_json::from_value(payload.clone()).unwrap_or(Envelope {
-        event_type: "unrecognised".into(),
-        data: Data {
-            object: Value::Null,
-        },
-    });
-    let event_id = payload
-        .get("id")
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    let event = ctx.providers.named(provider).parse_event(&payload);
+    let event_id = event
+        .id
+        .clone()
         .or_else(|| header_id.map(str::to_string))
         .ok_or_else(|| Problem::invalid_field("id", "is required"))?;
-    match apply_parsed(ctx, provider, &event_id, &envelope, &payload).await {
+    match apply_parsed(ctx, provider, &event_id, &event, &payload).await {
         Ok(Applied::Done(label)) => Ok(label),
         Ok(Applied::Deferred(reason)) => {
             tracing::warn!(event_id, %reason, "webhook deferred: the provider could not confirm it now");
@@ -329,27 +288,26 @@ async fn apply_parsed(
     ctx: &AppContext,
     provider: &str,
     event_id: &str,
-    envelope: &Envelope,
+    envelope: &Event,
     payload: &Value,
 ) -> Result<Applied, StoreError> {
     let mut conn = ctx.pool.acquire().await?;
-    let kind = envelope.event_type.split('.').next().unwrap_or_default();
-    let object: Option<Object> = serde_json::from_value(envelope.data.object.clone()).ok();
+    let object = envelope.subject.as_ref();
     let (mut charge, mut refund) = (None, None);
-    match (kind, &object) {
-        ("charge", Some(o)) => {
+    match object {
+        Some(o) if o.kind == SubjectKind::Charge => {
             charge =
-                store::payments::find_by_charge(&mut conn, provider, &o.state.id, o.key()).await?;
+                store::payments::find_by_charge(&mut conn, provider, &o.state.id, o.our_id).await?;
         }
-        ("refund", Some(o)) => {
-            refund = store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.key()).await?;
+        Some(o) => {
+            refund = store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.our_id).await?;
         }
-        _ => {}
+        None => {}
     }
     // No connection is held while the provider answers, or while the
     // command settles.
     drop(conn);
-    let target = match (charge, refund, &object) {
+    let target = match (charge, refund, object) {
         (Some(found), _, Some(event)) => {
             Some(Target::Charge(after_command(ctx, found, event).await?))
         }
@@ -358,7 +316,7 @@ async fn apply_parsed(
     };
     // A duplicate is answered before it costs a provider read; one that
     // needs no read is found by its recording (`ON CONFLICT DO NOTHING`).
-    if let (Some(target), Some(event)) = (&target, &object) {
+    if let (Some(target), Some(event)) = (&target, object) {
         if target.needs_confirmation(event) {
             let mut conn = ctx.pool.acquire().await?;
             if store::webhooks::exists(&mut conn, provider, event_id).await? {
@@ -366,10 +324,8 @@ async fn apply_parsed(
             }
         }
     }
-    let (outcome, truth) = match (&target, &object) {
-        (None, Some(_)) if matches!(kind, "charge" | "refund") => {
-            (Outcome::plain("unknown_charge"), None)
-        }
+    let (outcome, truth) = match (&target, object) {
+        (None, Some(_)) => (Outcome::plain("unknown_charge"), None),
         (Some(target), Some(event)) => match judge(ctx, target, event).await {
             Judged::Apply(outcome, truth) => (outcome, truth),
             Judged::Defer(reason) => return Ok(Applied::Deferred(reason)),
@@ -392,7 +348,7 @@ async fn apply_parsed(
             if !store::webhooks::record_done(&ctx.pool, &done).await? {
                 return Ok(Applied::Done("duplicate"));
             }
-            log_unapplied(envelope, event_id, object.as_ref(), &outcome);
+            log_unapplied(envelope, event_id, object, &outcome);
             return Ok(Applied::Done(outcome.label));
         }
     };
@@ -434,7 +390,7 @@ async fn apply_parsed(
 
 /// Logs an event that was recorded without changing anything, when a
 /// person may need to look at it.
-fn log_unapplied(envelope: &Envelope, event_id: &str, object: Option<&Object>, outcome: &Outcome) {
+fn log_unapplied(envelope: &Event, event_id: &str, object: Option<&Subject>, outcome: &Outcome) {
     match outcome.label {
         "unknown_charge" => {
             tracing::warn!(event_type = %envelope.event_type, event_id, "webhook for an unknown charge stored")
@@ -462,7 +418,7 @@ enum Judged {
 /// Decides what an event about a known object may do. Returns the outcome
 /// and, when the provider confirmed the event, the provider's own object to
 /// apply (never the event's).
-async fn judge(ctx: &AppContext, target: &Target, event: &Object) -> Judged {
+async fn judge(ctx: &AppContext, target: &Target, event: &Subject) -> Judged {
     if !target.needs_confirmation(event) {
         // Nothing would move: no read needed, nothing applied.
         let label = match target.status().transition(event.state.status) {
@@ -475,8 +431,21 @@ async fn judge(ctx: &AppContext, target: &Target, event: &Object) -> Judged {
         return confirmation(ctx, "mismatch", detail);
     }
     let read = match target {
-        Target::Charge(p) => ctx.provider.find_charge(p.id).await,
-        Target::Refund(r) => ctx.provider.find_refund(r.id).await,
+        Target::Charge(p) => {
+            ctx.providers
+                .named(&p.provider)
+                .find_charge(p.id, p.provider_charge_id.as_deref())
+                .await
+        }
+        Target::Refund(r) => match crate::commands::refunds::sent(ctx, r).await {
+            Ok(sent) => {
+                ctx.providers
+                    .named(&sent.provider)
+                    .find_refund(&sent.request, sent.reference.as_deref())
+                    .await
+            }
+            Err(e) => CallOutcome::Unknown(format!("reading the refund's payment: {e}")),
+        },
     };
     match read {
         CallOutcome::Known(truth)

@@ -24,7 +24,9 @@ use crate::http::wire::ProblemIo;
 use crate::http::{self, AppState};
 use crate::idempotency::{Engine, EngineConfig};
 use crate::metrics::Metrics;
-use crate::provider::http::HttpProvider;
+use crate::provider::sandbox::Sandbox;
+use crate::provider::stripe::Stripe;
+use crate::provider::{PaymentProvider, Providers};
 use crate::store;
 use crate::workers;
 
@@ -42,7 +44,10 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     /// The provider client could not be built.
     #[error(transparent)]
-    Provider(#[from] crate::provider::http::BuildError),
+    Provider(#[from] crate::provider::call::BuildError),
+    /// The provider settings do not name a configured provider.
+    #[error("{0}")]
+    Config(String),
     /// The webhook delivery client could not be built.
     #[error("cannot build the webhook delivery client: {0}")]
     Deliveries(#[from] reqwest::Error),
@@ -55,6 +60,33 @@ pub struct Application {
     ctx: Arc<AppContext>,
     workers: Vec<JoinHandle<()>>,
     stop_workers: watch::Sender<bool>,
+}
+
+/// The registry of providers: the sandbox (always: its rows and the
+/// default), and Stripe when its key is set.
+fn providers(config: &ServeConfig, metrics: &Arc<Metrics>) -> Result<Providers, StartError> {
+    let mut all: Vec<Arc<dyn PaymentProvider>> = vec![Arc::new(Sandbox::new(
+        &config.provider_url,
+        config.webhook_secret.clone(),
+        config.provider_timeout,
+        metrics.clone(),
+    )?)];
+    if let Some(stripe) = &config.stripe {
+        if stripe.webhook_secrets.is_none() {
+            tracing::warn!("ONCEPAY_STRIPE_WEBHOOK_SECRET is not set: Stripe webhooks are refused, and Stripe payments settle by the reconciler alone");
+        }
+        all.push(Arc::new(Stripe::new(
+            stripe.clone(),
+            config.provider_timeout,
+            metrics.clone(),
+        )?));
+    }
+    Providers::new(all, &config.provider).ok_or_else(|| {
+        StartError::Config(format!(
+            "ONCEPAY_PROVIDER={} is not configured",
+            config.provider
+        ))
+    })
 }
 
 impl Application {
@@ -70,11 +102,7 @@ impl Application {
         let pool = store::pool(&config.database_url, config.db_pool_size)?;
         let claims = store::claims_pool(&config.database_url, (config.db_pool_size / 2).max(2))?;
         let metrics = Arc::new(Metrics::new());
-        let provider = HttpProvider::new(
-            &config.provider_url,
-            config.provider_timeout,
-            metrics.clone(),
-        )?;
+        let providers = providers(&config, &metrics)?;
         let engine = Engine::new(
             pool.clone(),
             claims,
@@ -91,7 +119,7 @@ impl Application {
         let ctx = Arc::new(AppContext {
             pool,
             engine,
-            provider: Arc::new(provider),
+            providers,
             metrics,
             reconcile_after: config.reconcile_after,
             pending_alarm: config.pending_alarm,
@@ -108,7 +136,6 @@ impl Application {
         let keys = Arc::new(crate::api_keys::KeyCache::new(config.auth_cache_ttl));
         let state = web::Data::new(AppState {
             ctx: ctx.clone(),
-            webhook_secret: config.webhook_secret.clone(),
             body_limits: http::BodyLimits::new(
                 config.max_body_bytes,
                 config.body_timeout,

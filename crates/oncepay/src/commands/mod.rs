@@ -34,7 +34,7 @@ use crate::idempotency::{
 };
 use crate::metrics::Metrics;
 use crate::problem::Problem;
-use crate::provider::PaymentProvider;
+use crate::provider::Providers;
 use crate::store::idempotency::{Lease, RecordId, StoredResponse};
 use crate::store::StoreError;
 
@@ -44,8 +44,8 @@ pub struct AppContext {
     pub pool: PgPool,
     /// The idempotency engine.
     pub engine: Engine,
-    /// The payment provider.
-    pub provider: Arc<dyn PaymentProvider>,
+    /// The payment providers, by name; new payments go to the current one.
+    pub providers: Providers,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// How long a payment or refund stays pending before the reconciler asks.
@@ -248,6 +248,16 @@ pub trait Command: Sized + Send + Sync {
     /// so a refused request never touches the key.
     fn parse(input: &CommandInput) -> Result<Self, Problem>;
 
+    /// Rules that depend on this process's configuration (a payment
+    /// method in the current provider's form), checked after [`parse`]
+    /// and before any claim, for a request only: a resumed command was
+    /// checked when it was accepted.
+    ///
+    /// [`parse`]: Command::parse
+    fn check(&self, _ctx: &AppContext) -> Result<(), Problem> {
+        Ok(())
+    }
+
     /// The whole command as one statement that also claims its key, for a
     /// command that makes one write and calls nobody (see
     /// [`Engine::execute_in_one`](crate::idempotency::Engine::execute_in_one)):
@@ -295,6 +305,7 @@ pub async fn run<C: Command>(
     input: &CommandInput,
     command: &C,
 ) -> Result<Answer, Problem> {
+    command.check(ctx)?;
     let request = IdempotentRequest {
         id,
         fingerprint,

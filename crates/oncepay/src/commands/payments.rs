@@ -1,12 +1,18 @@
-//! `POST /payments`: a command in three recorded steps.
+//! `POST /payments`: a command in three recorded steps (four with a
+//! provider that creates before it charges).
 //!
 //! 1. Create the attempt `pending` and record the step, in one transaction.
-//! 2. Call the provider with the attempt id as its idempotency key.
+//! 2. Call the provider with keys derived from the attempt id. A provider
+//!    that creates an object first (Stripe's PaymentIntent) has its id
+//!    recorded as a step of its own ([`PaymentPoint::ChargeOpened`])
+//!    before the call that charges (confirms) it.
 //! 3. Record the outcome and store the response, in one transaction.
 //!
 //! A crash after 1 resumes at 2 with the same attempt id, so the provider
-//! sees the same key and charges once. An unknown outcome is stored as a
-//! `202 pending` answer and settled later by webhook or reconciler.
+//! sees the same key and charges once; after the opened object is
+//! recorded, only that object is ever confirmed. An unknown outcome is
+//! stored as a `202 pending` answer and settled later by webhook or
+//! reconciler. Every step speaks to the provider the attempt was made with.
 //!
 //! The common case costs three round trips to the database: a read of the
 //! order, then step 1 with the claim of the key as one statement
@@ -28,7 +34,7 @@ use crate::domain::payment::{Payment, PaymentStatus};
 use crate::idempotency::{ClaimingWrite, StoredResponse};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
-use crate::provider::{CallOutcome, ChargeRequest, ProviderObject};
+use crate::provider::{CallOutcome, ChargeRequest, Opened, ProviderObject};
 use crate::store::payments::{ClaimingAttempt, InsertAttemptError, NewAttempt};
 use crate::store::{self, StoreError};
 
@@ -38,6 +44,9 @@ recovery_points! {
         /// The pending attempt exists (step 1): resuming sends (or looks up)
         /// the charge with the attempt id as the provider key.
         AttemptCreated = "attempt_created",
+        /// The provider's object is created and its id recorded on the
+        /// attempt: resuming confirms that object, never another.
+        ChargeOpened = "charge_opened",
     }
 }
 
@@ -47,6 +56,13 @@ pub enum PaymentMemo {
     /// Step 1 ran here: the attempt it created and the order as it was.
     Created {
         /// The new attempt.
+        attempt: Payment,
+        /// Its order, as step 1 saw it.
+        order: Order,
+    },
+    /// The provider's object was opened and its id recorded on `attempt`.
+    Opened {
+        /// The attempt, with the id recorded.
         attempt: Payment,
         /// Its order, as step 1 saw it.
         order: Order,
@@ -84,19 +100,21 @@ impl Command for CreatePayment {
         body.only(&["order_id", "payment_method"])?;
         let order_id = uuid_field(&body, "order_id")?;
         let payment_method = body.string("payment_method")?;
-        let valid = payment_method.starts_with("tok_")
-            && payment_method.len() <= 255
-            && payment_method.bytes().all(|b| (0x21..=0x7e).contains(&b));
-        if !valid {
-            return Err(Problem::rule(crate::domain::RuleViolation::new(
-                "payment_method",
-                "must be a provider token: tok_ followed by up to 251 visible ASCII characters",
-            )));
-        }
         Ok(CreatePayment {
             order_id,
             payment_method,
         })
+    }
+
+    /// The payment method must be in the form of the provider new payments
+    /// go to (`ONCEPAY_PROVIDER`); each adapter says which.
+    fn check(&self, ctx: &AppContext) -> Result<(), Problem> {
+        ctx.providers
+            .current()
+            .check_payment_method(&self.payment_method)
+            .map_err(|rule| {
+                Problem::rule(crate::domain::RuleViolation::new("payment_method", rule))
+            })
     }
 
     async fn first_step_claiming(
@@ -108,14 +126,14 @@ impl Command for CreatePayment {
         // The database keeps microseconds: the memo and a later read must
         // show the same timestamps.
         let now = Utc::now().trunc_subsecs(6);
-        let provider = ctx.provider.name();
+        let provider = ctx.providers.current().name().to_string();
         // The event's object is the attempt as stored, but for the order's
         // amount and currency, which the statement takes from the order's
         // locked row (the order is not read before).
         let draft = Payment::pending(
             attempt_id,
             (self.order_id, 0, ""),
-            provider,
+            &provider,
             &self.payment_method,
             now,
         );
@@ -124,7 +142,6 @@ impl Command for CreatePayment {
         let (pool, metrics) = (ctx.pool.clone(), ctx.metrics.clone());
         let (order_id, check_after) = (self.order_id, ctx.reconcile_after);
         let payment_method = self.payment_method.clone();
-        let provider = provider.to_string();
         let write: ClaimingWrite<PaymentMemo> =
             Box::new(move |record, lease_token, recovery_point| {
                 Box::pin(async move {
@@ -179,35 +196,50 @@ impl Command for CreatePayment {
                 point: PaymentPoint::AttemptCreated,
                 memo: Some(PaymentMemo::Created { attempt, order }),
                 ..
+            } => match open(ctx, &attempt).await {
+                Opening::Charge => {
+                    let observed = charge(ctx, &attempt).await;
+                    (attempt, Some(order), observed)
+                }
+                Opening::Record(reference) => {
+                    let mut tx = ctx.pool.begin().await?;
+                    let recorded =
+                        store::payments::set_reference(&mut tx, attempt.id, &reference).await?;
+                    match recorded {
+                        Some(attempt) => {
+                            return Ok(Step::Record {
+                                tx,
+                                point: PaymentPoint::ChargeOpened,
+                                resource: attempt.id,
+                                memo: PaymentMemo::Opened { attempt, order },
+                            })
+                        }
+                        // The attempt moved meanwhile (settled, or another
+                        // object recorded): carry on from what it is now.
+                        None => {
+                            drop(tx);
+                            let (now, observed) = as_it_is(ctx, run, attempt.id).await?;
+                            (now, None, observed)
+                        }
+                    }
+                }
+                Opening::Settled(observed) => (attempt, Some(order), observed),
+            },
+            At::After {
+                memo: Some(PaymentMemo::Opened { attempt, order }),
+                ..
             } => {
                 let observed = charge(ctx, &attempt).await;
                 (attempt, Some(order), observed)
             }
             At::After {
-                point: PaymentPoint::AttemptCreated,
                 memo: Some(PaymentMemo::Charged { attempt, observed }),
                 ..
             } => (attempt, None, observed),
             // Resumed after a crash: the attempt as it is now (a webhook or
             // the reconciler may have settled it meanwhile).
-            At::After {
-                point: PaymentPoint::AttemptCreated,
-                resource,
-                memo: None,
-            } => {
-                let mut conn = ctx.pool.acquire().await?;
-                let attempt = store::payments::get(&mut conn, run.merchant_id, resource)
-                    .await?
-                    .ok_or_else(|| StoreError::Corrupt(format!("attempt {resource} vanished")))?;
-                drop(conn);
-                // The charge may have reached the provider before the
-                // crash: look first, so a provider whose keys expire
-                // cannot charge twice.
-                let observed = if attempt.status.is_final() {
-                    None
-                } else {
-                    look_up_or_charge(ctx, &attempt).await
-                };
+            At::After { resource, .. } => {
+                let (attempt, observed) = as_it_is(ctx, run, resource).await?;
                 (attempt, None, observed)
             }
         };
@@ -248,6 +280,28 @@ impl Command for CreatePayment {
     }
 }
 
+/// The attempt as it is now (a webhook or the reconciler may have settled
+/// it meanwhile) and, if still pending, what its provider knows of it. The
+/// charge may have reached the provider before a crash: it looks first,
+/// so a provider whose keys expire cannot charge twice.
+async fn as_it_is(
+    ctx: &AppContext,
+    run: Run<'_>,
+    id: Uuid,
+) -> Result<(Payment, Option<ProviderObject>), CommandError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let attempt = store::payments::get(&mut conn, run.merchant_id, id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("attempt {id} vanished")))?;
+    drop(conn);
+    let observed = if attempt.status.is_final() {
+        None
+    } else {
+        look_up_or_charge(ctx, &attempt).await
+    };
+    Ok((attempt, observed))
+}
+
 /// The answer: `201` once the payment is final, `202` while pending.
 fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
     let status = if payment.status.is_final() { 201 } else { 202 };
@@ -286,7 +340,7 @@ impl CreatePayment {
             idempotency_key: run.key,
             amount: order.amount,
             currency: &order.currency,
-            provider: ctx.provider.name(),
+            provider: ctx.providers.current().name(),
             payment_method: &self.payment_method,
             now: Utc::now(),
             check_after: ctx.reconcile_after,
@@ -324,42 +378,108 @@ pub fn payment_in_progress() -> Problem {
     )
 }
 
-/// Charges (or re-charges with the same key) and returns what the provider
-/// said, or `None` when the outcome is unknown.
-pub async fn charge(
-    ctx: &AppContext,
-    attempt: &Payment,
-) -> Option<crate::provider::ProviderObject> {
-    let request = ChargeRequest {
+/// What the first phase of a charge came to.
+enum Opening {
+    /// Charge now (a one-phase provider, or the object is recorded).
+    Charge,
+    /// Record this object's id, then charge it.
+    Record(String),
+    /// The provider refused (a fact) or could not be heard (`None`).
+    Settled(Option<ProviderObject>),
+}
+
+fn charge_request(attempt: &Payment) -> ChargeRequest {
+    ChargeRequest {
         idempotency_key: attempt.id,
         amount: attempt.amount,
         currency: attempt.currency.clone(),
         payment_method: attempt.payment_method.clone(),
         order_id: attempt.order_id,
-    };
-    match ctx.provider.charge(&request).await {
+    }
+}
+
+/// The first phase of a charge, with the attempt's provider: nothing for
+/// a provider that charges in one call, or for an attempt whose object is
+/// recorded already.
+async fn open(ctx: &AppContext, attempt: &Payment) -> Opening {
+    if attempt.provider_charge_id.is_some() {
+        return Opening::Charge;
+    }
+    let provider = ctx.providers.named(&attempt.provider);
+    match provider.open_charge(&charge_request(attempt)).await {
+        Opened::NotNeeded => Opening::Charge,
+        Opened::Created(reference) => Opening::Record(reference),
+        Opened::Settled(outcome) => Opening::Settled(known(outcome, attempt.id, "charge")),
+    }
+}
+
+/// What a call proved, if anything: `None` (logged) when it proved nothing.
+fn known(outcome: CallOutcome, id: Uuid, what: &str) -> Option<ProviderObject> {
+    match outcome {
         CallOutcome::Known(object) => Some(object),
         CallOutcome::NotFound => None,
         CallOutcome::Unknown(reason) => {
-            tracing::warn!(payment_id = %attempt.id, %reason, "charge outcome unknown; leaving it pending");
+            tracing::warn!(payment_id = %id, %reason, "{what} outcome unknown; leaving it pending");
             None
         }
     }
 }
 
+/// Charges (or re-charges with the same key; confirms the recorded object)
+/// with the attempt's provider and returns what it said, or `None` when
+/// the outcome is unknown.
+pub async fn charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
+    let provider = ctx.providers.named(&attempt.provider);
+    let request = charge_request(attempt);
+    let outcome = provider
+        .charge(&request, attempt.provider_charge_id.as_deref())
+        .await;
+    known(outcome, attempt.id, "charge")
+}
+
 /// Learns a pending attempt's outcome after a crash or for the reconciler:
-/// asks the provider first and charges again (same key) only if the
-/// provider has no record of the charge. `None`: nothing new was learned.
-pub async fn look_up_or_charge(
-    ctx: &AppContext,
-    attempt: &Payment,
-) -> Option<crate::provider::ProviderObject> {
-    match ctx.provider.find_charge(attempt.id).await {
+/// asks the attempt's provider first, and charges (same keys; opening and
+/// recording the provider's object first where it has one) only if the
+/// provider holds nothing that can have moved money. `None`: nothing new
+/// was learned.
+pub async fn look_up_or_charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
+    let provider = ctx.providers.named(&attempt.provider);
+    let found = provider
+        .find_charge(attempt.id, attempt.provider_charge_id.as_deref())
+        .await;
+    match found {
         CallOutcome::Known(object) => Some(object),
-        CallOutcome::NotFound => charge(ctx, attempt).await,
+        CallOutcome::NotFound => match open(ctx, attempt).await {
+            Opening::Charge => charge(ctx, attempt).await,
+            Opening::Settled(observed) => observed,
+            Opening::Record(reference) => {
+                let recorded = record_reference(ctx, attempt.id, &reference).await;
+                match recorded {
+                    Ok(Some(attempt)) => charge(ctx, &attempt).await,
+                    Ok(None) => None,
+                    Err(e) => {
+                        tracing::warn!(payment_id = %attempt.id, error = %e, "recording the provider's object failed; it is retried");
+                        None
+                    }
+                }
+            }
+        },
         CallOutcome::Unknown(reason) => {
             tracing::warn!(payment_id = %attempt.id, %reason, "charge status unknown; leaving it pending");
             None
         }
     }
+}
+
+/// Records the provider's object on a pending attempt outside a command
+/// (the reconciler's resume); `None` if the attempt moved meanwhile.
+async fn record_reference(
+    ctx: &AppContext,
+    attempt_id: Uuid,
+    reference: &str,
+) -> Result<Option<Payment>, StoreError> {
+    let mut tx = ctx.pool.begin().await?;
+    let recorded = store::payments::set_reference(&mut tx, attempt_id, reference).await?;
+    tx.commit().await?;
+    Ok(recorded)
 }

@@ -160,8 +160,12 @@ pub struct Plan<'a> {
 /// What step 2 of a refund must do.
 #[derive(Debug)]
 pub struct Outstanding {
+    /// The provider the payment was made with, which refunds it.
+    pub provider: String,
     /// The request, with the refund id as the provider key.
     pub request: RefundRequest,
+    /// The provider's refund id, once known.
+    pub reference: Option<String>,
     /// True when the request may have reached the provider already (a
     /// resumed command, a refund found by its key): step 2 then looks it up
     /// before sending it again.
@@ -188,7 +192,9 @@ pub async fn start(
         }
         let outstanding = match existing.status {
             PaymentStatus::Pending => Some(Outstanding {
+                provider: payment.provider.clone(),
                 request: refund_request(&existing, payment.provider_charge_id.clone())?,
+                reference: existing.provider_refund_id.clone(),
                 maybe_sent: true,
             }),
             _ => None,
@@ -224,7 +230,9 @@ pub async fn start(
     Ok((
         refund.id,
         Some(Outstanding {
+            provider: payment.provider.clone(),
             request,
+            reference: None,
             maybe_sent: false,
         }),
     ))
@@ -265,14 +273,27 @@ pub async fn pending_request(
     let refund = store::refunds::by_id(&mut conn, refund_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("refund {refund_id} vanished")))?;
+    drop(conn);
     if refund.status.is_final() {
         return Ok(None);
     }
-    let charge_id = store::payments::charge_id_of(&mut conn, refund.payment_id).await?;
-    Ok(Some(Outstanding {
-        request: refund_request(&refund, charge_id)?,
+    Ok(Some(sent(ctx, &refund).await?))
+}
+
+/// A refund that may have reached its provider, as step 2 (or a reading
+/// of it) needs it: its payment's provider and charge, and its own id at
+/// the provider if known.
+pub async fn sent(ctx: &AppContext, refund: &Refund) -> Result<Outstanding, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let (provider, charge_id) = store::payments::charge_id_of(&mut conn, refund.payment_id)
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("payment {} vanished", refund.payment_id)))?;
+    Ok(Outstanding {
+        provider,
+        request: refund_request(refund, charge_id)?,
+        reference: refund.provider_refund_id.clone(),
         maybe_sent: true,
-    }))
+    })
 }
 
 /// Step 2 of any refund, holding no connection: sends a new refund, or
@@ -282,17 +303,19 @@ pub async fn pending_request(
 pub async fn step_2(ctx: &AppContext, outstanding: Option<&Outstanding>) -> Option<ProviderObject> {
     let outstanding = outstanding?;
     if outstanding.maybe_sent {
-        look_up_or_send(ctx, &outstanding.request).await
+        look_up_or_send(ctx, outstanding).await
     } else {
-        send(ctx, &outstanding.request).await
+        send(ctx, outstanding).await
     }
 }
 
 /// Step 2 of any refund (also used by cancelling a paid order): sends it to
-/// the provider with the refund id as key, holding no connection. `None`:
-/// nothing new was learned (the outcome is unknown).
-pub async fn send(ctx: &AppContext, request: &RefundRequest) -> Option<ProviderObject> {
-    match ctx.provider.refund(request).await {
+/// the payment's provider with the refund id as key, holding no
+/// connection. `None`: nothing new was learned (the outcome is unknown).
+pub async fn send(ctx: &AppContext, outstanding: &Outstanding) -> Option<ProviderObject> {
+    let provider = ctx.providers.named(&outstanding.provider);
+    let request = &outstanding.request;
+    match provider.refund(request).await {
         CallOutcome::Known(object) => Some(object),
         CallOutcome::NotFound => None,
         CallOutcome::Unknown(reason) => {
@@ -303,12 +326,21 @@ pub async fn send(ctx: &AppContext, request: &RefundRequest) -> Option<ProviderO
 }
 
 /// Learns a pending refund's outcome after a crash or for the reconciler:
-/// asks the provider first and sends the refund again (same key) only if
-/// the provider has no record of it. `None`: nothing new was learned.
-pub async fn look_up_or_send(ctx: &AppContext, request: &RefundRequest) -> Option<ProviderObject> {
-    match ctx.provider.find_refund(request.idempotency_key).await {
+/// asks the payment's provider first and sends the refund again (same
+/// key) only if the provider has no record of it. `None`: nothing new was
+/// learned.
+pub async fn look_up_or_send(
+    ctx: &AppContext,
+    outstanding: &Outstanding,
+) -> Option<ProviderObject> {
+    let provider = ctx.providers.named(&outstanding.provider);
+    let request = &outstanding.request;
+    match provider
+        .find_refund(request, outstanding.reference.as_deref())
+        .await
+    {
         CallOutcome::Known(object) => Some(object),
-        CallOutcome::NotFound => send(ctx, request).await,
+        CallOutcome::NotFound => send(ctx, outstanding).await,
         CallOutcome::Unknown(reason) => {
             tracing::warn!(refund_id = %request.idempotency_key, %reason, "refund status unknown; leaving it pending");
             None

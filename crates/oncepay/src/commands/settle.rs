@@ -180,10 +180,17 @@ impl Known {
         let Transition::Advance(status) = attempt.status.transition(observed.status) else {
             return Ok(None);
         };
-        if attempt.provider_charge_id.is_some()
-            || attempt.failure_code.is_some()
-            || attempt.failure_message.is_some()
-        {
+        // The provider's object recorded before the charge (Stripe's
+        // PaymentIntent) is kept; an answer naming another goes the
+        // locking way.
+        let charge_id = match (
+            attempt.provider_charge_id.as_deref(),
+            non_empty(&observed.id),
+        ) {
+            (Some(recorded), Some(named)) if recorded != named => return Ok(None),
+            (recorded, named) => named.or(recorded),
+        };
+        if attempt.failure_code.is_some() || attempt.failure_message.is_some() {
             return Ok(None);
         }
         // The database keeps microseconds: the answer and a later read
@@ -191,7 +198,7 @@ impl Known {
         let now = Utc::now().trunc_subsecs(6);
         let after = attempt.with_facts(
             status,
-            non_empty(&observed.id),
+            charge_id,
             observed.failure_code.as_deref(),
             observed.failure_message.as_deref(),
             now,

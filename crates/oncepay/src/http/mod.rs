@@ -34,8 +34,6 @@ use crate::store;
 pub struct AppState {
     /// Commands, engine, pool, provider, metrics.
     pub ctx: std::sync::Arc<AppContext>,
-    /// Verifies inbound webhooks.
-    pub webhook_secret: crate::webhooks::WebhookSecret,
     /// Size, time and slow-client bounds of request bodies.
     pub body_limits: body::BodyLimits,
     /// Recently verified API keys.

@@ -1,5 +1,5 @@
-//! `POST /webhooks/{provider}`: the signature is checked on the raw bytes
-//! before anything is parsed or stored.
+//! `POST /webhooks/{provider}`: the provider's adapter checks the signature
+//! on the raw bytes before anything is parsed or stored.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 
@@ -13,34 +13,34 @@ pub async fn receive(
     payload: web::Payload,
 ) -> Result<HttpResponse, Problem> {
     let provider = path.into_inner();
-    if provider != state.ctx.provider.name() {
+    if !state.ctx.providers.has(&provider) {
         return Err(Problem::new(
             ProblemCode::UnsupportedProvider,
             "no such webhook provider",
         ));
     }
+    let adapter = state.ctx.providers.named(&provider);
     let body = read_body(&state, &req, payload).await?;
-    let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok());
-    let verified = state.webhook_secret.verify(
-        header("webhook-id"),
-        header("webhook-timestamp"),
-        header("webhook-signature"),
-        &body,
-        chrono::Utc::now().timestamp(),
-    );
-    if let Err(e) = verified {
-        state
-            .ctx
-            .metrics
-            .webhooks
-            .with_label_values(&["bad_signature"])
-            .inc();
-        return Err(Problem::new(
-            ProblemCode::WebhookSignatureInvalid,
-            e.to_string(),
-        ));
-    }
-    let (ctx, event_id) = (state.ctx.clone(), header("webhook-id").map(str::to_string));
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let verified = adapter.verify_webhook(&header, &body, chrono::Utc::now().timestamp());
+    let delivery_id = match verified {
+        Ok(id) => id,
+        Err(reason) => {
+            state
+                .ctx
+                .metrics
+                .webhooks
+                .with_label_values(&["bad_signature"])
+                .inc();
+            return Err(Problem::new(ProblemCode::WebhookSignatureInvalid, reason));
+        }
+    };
+    let (ctx, event_id) = (state.ctx.clone(), delivery_id);
     let outcome = super::on_service_runtime(&state, async move {
         crate::provider_events::apply(&ctx, &provider, event_id.as_deref(), &body).await
     })

@@ -1,47 +1,38 @@
-//! What a provider's answer proves. This is the one place that turns an
-//! HTTP status and body into a fact about money, so it is written as a pure
-//! table with its own tests.
+//! The rules every adapter's table follows when it decides what one of its
+//! provider's answers proves (the tables themselves are the adapters':
+//! `sandbox::classify`, `stripe::classify`):
 //!
-//! | answer | status read (`GET`) | charge or refund (`POST`) |
-//! |---|---|---|
-//! | `2xx` with a readable object | the object | the object (its `status` may be `failed`: a decline) |
-//! | `2xx` with an unreadable body | unknown | unknown |
-//! | `404` | no such object | unknown |
-//! | `402` with a decline code (`card_declined`, `invalid_payment_method`, …) | unknown | declined |
-//! | `408`, `429`, `5xx` | unknown, retried now | unknown, retried now (same key) |
-//! | anything else: `3xx`, `401`, `403`, `407`, `409`, other `4xx` | unknown | unknown |
+//! - Only an answer that names the object's state is a fact; a decline is
+//!   a fact only where money could have moved (a charge, never a read).
+//! - "No such object" is a fact only for a read, and only where the
+//!   adapter can trust it (it says when in its docs).
+//! - Everything else proves nothing: it is *unknown*, never a failure. A
+//!   refused credential (`401`, `403`), a WAF page, a redirect, a `409`, an
+//!   unreadable body: treating any of them as final would make the order
+//!   payable again while the provider may still take the money, which is
+//!   how a double charge is born.
+//! - A transient answer (`408`, `429`, `5xx`, or the provider's own word)
+//!   is retried at once with the same key; past the retry budget it is
+//!   unknown.
+//! - An answer that says our own request was wrong in a way only a bug of
+//!   ours can cause (a key reused with other parameters) is unknown too,
+//!   and logged at error and counted ([`Verdict::Bug`]).
 //!
 //! "Unknown" never settles anything: the payment or refund stays `pending`
-//! and the reconciler asks again later. A refused read (a rotated
-//! credential, a WAF) is not a decline, and a `409` on a charge (the
-//! provider's key in use by a concurrent request) is not a failure: treating
-//! either as final would make the order payable again while the provider may
-//! still take the money, which is how a double charge is born.
+//! and the reconciler asks again later.
 
-use serde::Deserialize;
+use super::CallOutcome;
 
-use super::{CallOutcome, ProviderObject};
-use crate::domain::payment::PaymentStatus;
-
-/// Which kind of call an answer belongs to: the table differs for `404`
-/// (meaningful for a read only) and for declines (meaningful for a write only).
+/// Which kind of call an answer belongs to: the tables differ for "not
+/// found" (meaningful for a read only) and for declines (meaningful for a
+/// write only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallKind {
-    /// A safe status read (`GET /v1/charges?idempotency_key=…`).
+    /// A safe status read.
     Read,
-    /// A charge or refund that may have an effect (`POST`, with our key).
+    /// A call that may have an effect (`POST`, with our key).
     Write,
 }
-
-/// The decline codes of the provider's documented decline answer (`402`).
-/// Any other code on a `402` proves nothing.
-pub const DECLINE_CODES: &[&str] = &[
-    "card_declined",
-    "invalid_payment_method",
-    "insufficient_funds",
-    "expired_card",
-    "incorrect_cvc",
-];
 
 /// What one answer means.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,149 +42,7 @@ pub enum Verdict {
     Done(CallOutcome),
     /// A transient answer: try again now, with the same key.
     Retry(String),
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    #[serde(default)]
-    code: Option<String>,
-    #[serde(default, alias = "message")]
-    detail: Option<String>,
-}
-
-/// Classifies one answer; see the module docs for the table.
-pub fn classify(kind: CallKind, status: u16, body: &[u8]) -> Verdict {
-    match status {
-        200..=299 => Verdict::Done(match serde_json::from_slice::<ProviderObject>(body) {
-            Ok(object) if !object.id.is_empty() => CallOutcome::Known(object),
-            Ok(_) => CallOutcome::Unknown("provider object without an id".into()),
-            Err(e) => CallOutcome::Unknown(format!("unreadable provider answer ({status}): {e}")),
-        }),
-        404 if kind == CallKind::Read => Verdict::Done(CallOutcome::NotFound),
-        402 if kind == CallKind::Write => match decline(body) {
-            Some(object) => Verdict::Done(CallOutcome::Known(object)),
-            None => Verdict::Done(CallOutcome::Unknown(
-                "provider answered 402 without a documented decline code".into(),
-            )),
-        },
-        408 | 429 | 500..=599 => Verdict::Retry(format!("provider answered {status}")),
-        _ => Verdict::Done(CallOutcome::Unknown(format!(
-            "provider answered {status}, which proves nothing about the outcome"
-        ))),
-    }
-}
-
-/// A `402` body naming a documented decline code, as a failed object.
-fn decline(body: &[u8]) -> Option<ProviderObject> {
-    let error: ErrorBody = serde_json::from_slice(body).ok()?;
-    let code = error.code.filter(|c| DECLINE_CODES.contains(&c.as_str()))?;
-    Some(ProviderObject {
-        id: String::new(),
-        status: PaymentStatus::Failed,
-        failure_message: Some(error.detail.unwrap_or_else(|| "declined".into())),
-        failure_code: Some(code),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const CHARGE: &[u8] = br#"{"id":"ch_1","status":"succeeded"}"#;
-    const DECLINED: &[u8] = br#"{"id":"ch_2","status":"failed","failure_code":"card_declined"}"#;
-
-    fn outcome(kind: CallKind, status: u16, body: &[u8]) -> &'static str {
-        match classify(kind, status, body) {
-            Verdict::Retry(_) => "retry",
-            Verdict::Done(CallOutcome::NotFound) => "not_found",
-            Verdict::Done(CallOutcome::Unknown(_)) => "unknown",
-            Verdict::Done(CallOutcome::Known(o)) => o.status.as_str(),
-        }
-    }
-
-    #[test]
-    fn the_table_for_reads_and_writes() {
-        use CallKind::{Read, Write};
-        let forbidden = br#"{"code":"forbidden"}"#.as_slice();
-        let in_use = br#"{"code":"idempotency_key_in_use"}"#.as_slice();
-        let card = br#"{"code":"card_declined","detail":"no"}"#.as_slice();
-        let rate = br#"{"code":"rate_limited"}"#.as_slice();
-        let cases: &[(CallKind, u16, &[u8], &str)] = &[
-            (Read, 200, CHARGE, "succeeded"),
-            (Write, 200, CHARGE, "succeeded"),
-            (Write, 201, DECLINED, "failed"),
-            (Read, 200, b"<html>", "unknown"),
-            (Read, 200, b"{}", "unknown"),
-            (Read, 200, br#"{"id":"","status":"succeeded"}"#, "unknown"),
-            (Read, 200, br#"{"id":"ch","status":"weird"}"#, "unknown"),
-            (Read, 404, b"", "not_found"),
-            (Write, 404, b"", "unknown"),
-            (Write, 402, card, "failed"),
-            (
-                Write,
-                402,
-                br#"{"code":"invalid_payment_method"}"#,
-                "failed",
-            ),
-            (Write, 402, rate, "unknown"),
-            (Write, 402, b"garbage", "unknown"),
-            (Read, 402, card, "unknown"),
-            (Read, 301, b"", "unknown"),
-            (Read, 302, b"", "unknown"),
-            (Read, 304, b"", "unknown"),
-            (Read, 400, b"", "unknown"),
-            (Write, 400, b"", "unknown"),
-            (Read, 401, b"", "unknown"),
-            (Read, 403, forbidden, "unknown"),
-            (Write, 403, forbidden, "unknown"),
-            (Read, 407, b"", "unknown"),
-            (Write, 409, in_use, "unknown"),
-            (Read, 409, in_use, "unknown"),
-            (Write, 422, b"", "unknown"),
-            (Read, 408, b"", "retry"),
-            (Write, 408, b"", "retry"),
-            (Write, 429, rate, "retry"),
-            (Read, 500, b"", "retry"),
-            (Write, 502, b"", "retry"),
-            (Write, 503, b"", "retry"),
-            (Read, 599, b"", "retry"),
-        ];
-        for (kind, status, body, expected) in cases {
-            assert_eq!(
-                outcome(*kind, *status, body),
-                *expected,
-                "{kind:?} {status} {}",
-                String::from_utf8_lossy(body)
-            );
-        }
-    }
-
-    #[test]
-    fn no_non_2xx_read_ever_settles_a_payment() {
-        for status in 100..600u16 {
-            if (200..300).contains(&status) {
-                continue;
-            }
-            let verdict = classify(CallKind::Read, status, DECLINED);
-            assert!(
-                !matches!(verdict, Verdict::Done(CallOutcome::Known(_))),
-                "a {status} on a status read must not settle anything"
-            );
-        }
-    }
-
-    #[test]
-    fn only_a_documented_402_declines_a_write() {
-        for status in 100..600u16 {
-            if (200..300).contains(&status) {
-                continue;
-            }
-            let body = br#"{"code":"card_declined"}"#;
-            let declined = matches!(
-                classify(CallKind::Write, status, body),
-                Verdict::Done(CallOutcome::Known(_))
-            );
-            assert_eq!(declined, status == 402, "status {status}");
-        }
-    }
+    /// The provider says our request was wrong in a way only a bug of ours
+    /// can cause: unknown for the money, logged at error and counted.
+    Bug(String),
 }

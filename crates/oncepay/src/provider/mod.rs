@@ -1,19 +1,33 @@
-//! The payment provider, behind a small trait: the sandbox speaks it over
-//! HTTP today, and a real provider is one more implementation.
+//! Payment providers. Each provider is one adapter module that owns its
+//! protocol: how requests are encoded, what every answer proves (its own
+//! table, under the rules of [`classify`]), how its statuses map to ours,
+//! which payment methods it takes, how its webhooks are signed and what
+//! its events say. The commands, the reconciler and the webhook path speak
+//! only the vocabulary of this module.
 //!
-//! Every charge and refund carries our own id (attempt or refund) as the
+//! - [`sandbox`]: oncepay's own test provider (`oncepay sandbox`).
+//! - [`stripe`]: Stripe's PaymentIntents API.
+//!
+//! [`Providers`] is the registry, keyed by name: a payment attempt stores
+//! the name of the provider it was made with, and is charged, looked up,
+//! reconciled, refunded and confirmed with that provider whatever
+//! `ONCEPAY_PROVIDER` says today, so switching providers strands nothing.
+//!
+//! Every charge and refund carries our own id (attempt or refund) in the
 //! provider's idempotency key, so repeating a call never repeats its effect.
 //! A call whose outcome we cannot know (timeout, dropped connection) says so
 //! with [`CallOutcome::Unknown`]: it is never taken for a failure.
 
+pub mod call;
 pub mod classify;
-pub mod http;
+pub mod sandbox;
 pub mod stripe;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
-use serde::Deserialize;
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::domain::payment::PaymentStatus;
@@ -24,63 +38,269 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// A charge to make (or to repeat, with the same key).
 #[derive(Debug, Clone)]
 pub struct ChargeRequest {
-    /// Our payment attempt id: the provider's idempotency key.
+    /// Our payment attempt id, from which the provider's idempotency keys
+    /// are derived.
     pub idempotency_key: Uuid,
     /// Minor units.
     pub amount: i64,
     /// ISO 4217 code.
     pub currency: String,
-    /// The client's provider token (`tok_…`).
+    /// The client's payment method, in the provider's form
+    /// ([`PaymentProvider::check_payment_method`]).
     pub payment_method: String,
     /// The order paid, passed as metadata so provider records can be traced.
     pub order_id: Uuid,
 }
 
-/// A refund to make (or to repeat, with the same key).
+/// A refund to make (or to repeat, with the same key), or to look up.
 #[derive(Debug, Clone)]
 pub struct RefundRequest {
-    /// Our refund id: the provider's idempotency key.
+    /// Our refund id, from which the provider's idempotency key is derived.
     pub idempotency_key: Uuid,
-    /// The provider's charge id.
+    /// The provider's id of the charge refunded.
     pub charge_id: String,
     /// Minor units.
     pub amount: i64,
 }
 
-/// What the provider reports about one charge or refund.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+/// What the provider reports about one charge or refund, in our terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderObject {
-    /// The provider's id (`ch_…`, `re_…`).
+    /// The provider's id (`ch_…`, `pi_…`, `re_…`); empty when the answer
+    /// (a decline) named none.
     pub id: String,
     /// Its status in the provider's books.
-    #[serde(deserialize_with = "status_from_str")]
     pub status: PaymentStatus,
     /// Why it failed.
-    #[serde(default)]
     pub failure_code: Option<String>,
     /// A readable reason.
-    #[serde(default)]
     pub failure_message: Option<String>,
 }
 
-fn status_from_str<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PaymentStatus, D::Error> {
-    let text = String::deserialize(d)?;
-    PaymentStatus::parse(&text)
-        .ok_or_else(|| serde::de::Error::custom(format!("unknown status {text}")))
-}
-
-/// The result of a provider call, after [`classify`] decided what the
-/// answer proves.
+/// The result of a provider call, after the adapter's table decided what
+/// the answer proves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallOutcome {
     /// The provider answered with the object's state.
     Known(ProviderObject),
-    /// The provider has no such object (only for lookups).
+    /// For a lookup: the provider holds nothing that can have moved money
+    /// for this attempt or refund, so sending it (again, with the same key)
+    /// is safe. Each adapter says when it can trust that.
     NotFound,
     /// We cannot know what happened (timeout, dropped connection, 5xx after
     /// retries, a refused or unreadable answer). The effect may or may not
     /// exist; only a later look can tell.
     Unknown(String),
+}
+
+/// The first phase of a charge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opened {
+    /// The provider charges in one call ([`PaymentProvider::charge`]).
+    NotNeeded,
+    /// The provider created an object that moves no money until confirmed
+    /// (a Stripe PaymentIntent): its id must be recorded before the charge
+    /// confirms it, so that no retry can ever charge through another one.
+    Created(String),
+    /// The provider refused to create it (a fact: nothing can be charged),
+    /// or the outcome is unknown.
+    Settled(CallOutcome),
+}
+
+/// What a provider event is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubjectKind {
+    /// A charge (one payment attempt).
+    Charge,
+    /// A refund.
+    Refund,
+}
+
+/// What an event says about a charge or refund: a hint, never applied as
+/// it is (see `provider_events`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subject {
+    /// A charge or a refund.
+    pub kind: SubjectKind,
+    /// Its state, as the event tells it.
+    pub state: ProviderObject,
+    /// Our attempt or refund id, as the provider object carries it.
+    pub our_id: Option<Uuid>,
+    /// Minor units, if the event says.
+    pub amount: Option<i64>,
+    /// ISO 4217 code, if the event says.
+    pub currency: Option<String>,
+}
+
+/// A provider event, parsed by its adapter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The provider's event id.
+    pub id: Option<String>,
+    /// The provider's event type (`charge.succeeded`, `payment_intent.succeeded`).
+    pub event_type: String,
+    /// The charge or refund it is about, if it is about one we handle.
+    pub subject: Option<Subject>,
+}
+
+/// A webhook's headers, by lower-case name.
+pub type Headers<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// A payment provider's adapter.
+pub trait PaymentProvider: Send + Sync {
+    /// The provider's name, stored on attempts and used in webhook paths.
+    fn name(&self) -> &str;
+    /// Whether this process last saw the provider answer.
+    fn health(&self) -> &Health;
+    /// Whether `payment_method` has this provider's form; the error says
+    /// which form is expected.
+    fn check_payment_method(&self, payment_method: &str) -> Result<(), &'static str>;
+    /// The first phase of a charge, for providers that create before they
+    /// charge; [`Opened::NotNeeded`] (without a call) for the others.
+    fn open_charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, Opened>;
+    /// Makes a charge (confirms the opened one, `reference`), or returns
+    /// the one already made with this key.
+    fn charge<'a>(
+        &'a self,
+        request: &'a ChargeRequest,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome>;
+    /// Reads the charge of attempt `attempt_id` (`reference`: the id we
+    /// recorded, if any); a safe, retried read.
+    fn find_charge<'a>(
+        &'a self,
+        attempt_id: Uuid,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome>;
+    /// Makes a refund, or returns the one already made with this key.
+    fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, CallOutcome>;
+    /// Reads a refund (`reference`: its id we recorded, if any).
+    fn find_refund<'a>(
+        &'a self,
+        request: &'a RefundRequest,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome>;
+    /// One cheap read whose only purpose is to learn whether the provider
+    /// answers (`NotFound` or `Known`: it does).
+    fn probe(&self) -> BoxFuture<'_, CallOutcome>;
+    /// Verifies a webhook's signature on its raw body, before anything is
+    /// parsed or stored; returns the delivery's id if its headers carry one.
+    fn verify_webhook(
+        &self,
+        headers: Headers<'_>,
+        body: &[u8],
+        now_unix: i64,
+    ) -> Result<Option<String>, String>;
+    /// Reads a verified event.
+    fn parse_event(&self, payload: &Value) -> Event;
+}
+
+/// The providers this process can speak to, by name, and the one new
+/// payments go to (`ONCEPAY_PROVIDER`).
+#[derive(Clone)]
+pub struct Providers {
+    all: Vec<Arc<dyn PaymentProvider>>,
+    current: usize,
+}
+
+impl Providers {
+    /// The registry; `current` names where new payments go.
+    pub fn new(all: Vec<Arc<dyn PaymentProvider>>, current: &str) -> Option<Providers> {
+        let current = all.iter().position(|p| p.name() == current)?;
+        Some(Providers { all, current })
+    }
+
+    /// Where new payments go.
+    pub fn current(&self) -> &Arc<dyn PaymentProvider> {
+        &self.all[self.current]
+    }
+
+    /// The provider named `name`: the one an attempt was made with. A name
+    /// this process has no configuration for answers every call with an
+    /// unknown outcome, so its rows wait (and raise alarms) rather than
+    /// being settled by a provider that never saw them.
+    pub fn named(&self, name: &str) -> Arc<dyn PaymentProvider> {
+        match self.all.iter().find(|p| p.name() == name) {
+            Some(p) => p.clone(),
+            None => Arc::new(Unconfigured {
+                name: name.to_string(),
+                health: Health::default(),
+            }),
+        }
+    }
+
+    /// Whether this process speaks to a provider of this name.
+    pub fn has(&self, name: &str) -> bool {
+        self.all.iter().any(|p| p.name() == name)
+    }
+
+    /// Every configured provider.
+    pub fn all(&self) -> &[Arc<dyn PaymentProvider>] {
+        &self.all
+    }
+}
+
+/// A provider named by a stored row but not configured in this process.
+struct Unconfigured {
+    name: String,
+    health: Health,
+}
+
+impl Unconfigured {
+    fn unknown(&self) -> CallOutcome {
+        CallOutcome::Unknown(format!(
+            "provider {} is not configured in this process",
+            self.name
+        ))
+    }
+}
+
+impl PaymentProvider for Unconfigured {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn health(&self) -> &Health {
+        &self.health
+    }
+    fn check_payment_method(&self, _: &str) -> Result<(), &'static str> {
+        Err("cannot be checked: the provider is not configured")
+    }
+    fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
+        Box::pin(async move { Opened::Settled(self.unknown()) })
+    }
+    fn charge<'a>(
+        &'a self,
+        _: &'a ChargeRequest,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn find_charge<'a>(&'a self, _: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn refund<'a>(&'a self, _: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn find_refund<'a>(
+        &'a self,
+        _: &'a RefundRequest,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn probe(&self) -> BoxFuture<'_, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn verify_webhook(&self, _: Headers<'_>, _: &[u8], _: i64) -> Result<Option<String>, String> {
+        Err("no such webhook provider".into())
+    }
+    fn parse_event(&self, _: &Value) -> Event {
+        Event {
+            id: None,
+            event_type: "unrecognised".into(),
+            subject: None,
+        }
+    }
 }
 
 /// Whether this process last saw the provider answer, so that the end of
@@ -132,22 +352,6 @@ impl Health {
         }
         recovered
     }
-}
-
-/// A payment provider.
-pub trait PaymentProvider: Send + Sync {
-    /// The provider's name, stored on attempts and used in webhook paths.
-    fn name(&self) -> &'static str;
-    /// Whether this process last saw the provider answer.
-    fn health(&self) -> &Health;
-    /// Makes a charge, or returns the one already made with this key.
-    fn charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, CallOutcome>;
-    /// Makes a refund, or returns the one already made with this key.
-    fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, CallOutcome>;
-    /// Reads the charge made with this key (a safe, retried read).
-    fn find_charge(&self, idempotency_key: Uuid) -> BoxFuture<'_, CallOutcome>;
-    /// Reads the refund made with this key (a safe, retried read).
-    fn find_refund(&self, idempotency_key: Uuid) -> BoxFuture<'_, CallOutcome>;
 }
 
 #[cfg(test)]

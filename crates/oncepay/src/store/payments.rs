@@ -248,7 +248,8 @@ pub const SETTLE_COMPLETING: &str = concat!(
         SELECT id FROM orders WHERE id = $9 AND status = $10 AND updated_at = $11 FOR UPDATE),
      pl AS (
         SELECT id FROM payment_attempt
-         WHERE id = $13 AND order_id = $9 AND status = 'pending' AND provider_charge_id IS NULL
+         WHERE id = $13 AND order_id = $9 AND status = 'pending'
+           AND (provider_charge_id IS NULL OR provider_charge_id = $15)
            AND failure_code IS NULL AND failure_message IS NULL
            FOR UPDATE),
      r AS (
@@ -543,6 +544,28 @@ pub async fn set_status(
     from_row(&row)
 }
 
+/// Records the provider's object opened for a pending attempt (Stripe's
+/// PaymentIntent), before it is confirmed. `None` if the attempt is no
+/// longer pending or holds another object: the caller reads it again.
+pub async fn set_reference(
+    tx: &mut PgConnection,
+    id: Uuid,
+    reference: &str,
+) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(concat!(
+        "UPDATE payment_attempt SET provider_charge_id = $2, updated_at = now()
+          WHERE id = $1 AND status = 'pending'
+            AND (provider_charge_id IS NULL OR provider_charge_id = $2)
+          RETURNING ",
+        payment_columns!()
+    ))
+    .bind(id)
+    .bind(reference)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
 /// Adds a succeeded refund's amount to the attempt.
 pub async fn add_refunded(
     tx: &mut PgConnection,
@@ -645,16 +668,22 @@ pub async fn lock_succeeded_for_order(
     row.as_ref().map(from_row).transpose()
 }
 
-/// The provider's charge id of an attempt, once known.
-pub async fn charge_id_of(conn: &mut PgConnection, id: Uuid) -> Result<Option<String>, StoreError> {
-    let row = sqlx::query("SELECT provider_charge_id FROM payment_attempt WHERE id = $1")
+/// The provider an attempt was made with, and its charge id once known.
+pub async fn charge_id_of(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<(String, Option<String>)>, StoreError> {
+    let row = sqlx::query("SELECT provider, provider_charge_id FROM payment_attempt WHERE id = $1")
         .bind(id)
         .fetch_optional(conn)
         .await?;
-    Ok(row
-        .map(|r| r.try_get::<Option<String>, _>("provider_charge_id"))
-        .transpose()?
-        .flatten())
+    row.map(|r| -> Result<_, StoreError> {
+        Ok((
+            r.try_get::<String, _>("provider")?,
+            r.try_get::<Option<String>, _>("provider_charge_id")?,
+        ))
+    })
+    .transpose()
 }
 
 /// One page of the merchant's rows, newest first, and whether there are more

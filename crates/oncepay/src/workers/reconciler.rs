@@ -60,18 +60,20 @@ pub struct Pass {
 /// The end of an outage, noticed at once. While the provider was not
 /// answering, each pending row's next check backed off (up to five
 /// minutes); once the provider answers again (any call of this process,
-/// or, while it is down, one cheap read per pass here), every backed-off
+/// or, while it is down, one cheap probe per pass here), every backed-off
 /// row is due now, so payments settle within a pass of the recovery
 /// instead of minutes later. The reset is in the database, so every
 /// process's reconciler shares the work (SKIP LOCKED, as always).
 async fn recheck_after_recovery(ctx: &AppContext) -> Result<u64, StoreError> {
-    let health = ctx.provider.health();
-    if health.is_degraded() {
-        // A read of a charge that cannot exist: "no such charge" is an
-        // answer, and proves the provider is back.
-        let _ = ctx.provider.find_charge(Uuid::nil()).await;
+    let mut recovered = false;
+    for provider in ctx.providers.all() {
+        let health = provider.health();
+        if health.is_degraded() {
+            let _ = provider.probe().await;
+        }
+        recovered |= health.take_recovered(RECHECK_SPACING);
     }
-    if !health.take_recovered(RECHECK_SPACING) {
+    if !recovered {
         return Ok(0);
     }
     let rows = store::payments::reset_backoff(&ctx.pool).await?
@@ -206,7 +208,11 @@ fn confirming_read(read: CallOutcome, id: Uuid) -> Option<Option<ProviderObject>
 /// read. Never charges: the order is payable again, and a new intent may
 /// have paid it.
 async fn confirm_payment_decline(ctx: &AppContext, payment: &Payment) -> Result<bool, StoreError> {
-    let read = ctx.provider.find_charge(payment.id).await;
+    let read = ctx
+        .providers
+        .named(&payment.provider)
+        .find_charge(payment.id, payment.provider_charge_id.as_deref())
+        .await;
     let Some(observed) = confirming_read(read, payment.id) else {
         return Ok(false);
     };
@@ -223,7 +229,12 @@ async fn confirm_payment_decline(ctx: &AppContext, payment: &Payment) -> Result<
 /// The same for a declined refund: one paid anyway is recorded as an
 /// incident for a person (`settle::refund`). Never sends the refund again.
 async fn confirm_refund_decline(ctx: &AppContext, refund: &Refund) -> Result<bool, StoreError> {
-    let read = ctx.provider.find_refund(refund.id).await;
+    let sent = refunds::sent(ctx, refund).await?;
+    let read = ctx
+        .providers
+        .named(&sent.provider)
+        .find_refund(&sent.request, sent.reference.as_deref())
+        .await;
     let Some(observed) = confirming_read(read, refund.id) else {
         return Ok(false);
     };

@@ -19,22 +19,13 @@
 
 use serde::Deserialize;
 
-use crate::domain::payment::PaymentStatus;
-use crate::provider::classify::CallKind;
-use crate::provider::{CallOutcome, ProviderObject};
+use std::collections::HashMap;
 
-/// What one answer means.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// A fact, or an unknown that retrying now will not change.
-    Done(CallOutcome),
-    /// Transient: try again now, with the same key.
-    Retry(String),
-    /// Stripe says our request was wrong (`idempotency_error`: a key reused
-    /// with other parameters): unknown for the money, and to be logged at
-    /// error and counted, since it means a bug of ours.
-    Bug(String),
-}
+use uuid::Uuid;
+
+use crate::domain::payment::PaymentStatus;
+pub use crate::provider::classify::{CallKind, Verdict};
+use crate::provider::{CallOutcome, ProviderObject};
 
 #[derive(Deserialize, Default)]
 struct ErrorBody {
@@ -64,6 +55,21 @@ struct Object {
     last_payment_error: Option<StripeError>,
     #[serde(default)]
     failure_reason: Option<String>,
+    #[serde(default)]
+    metadata: Option<HashMap<String, String>>,
+}
+
+/// The metadata key of our attempt id on a PaymentIntent.
+pub const ATTEMPT_KEY: &str = "oncepay_attempt_id";
+/// The metadata key of our order id on a PaymentIntent.
+pub const ORDER_KEY: &str = "oncepay_order_id";
+/// The metadata key of our refund id on a Refund.
+pub const REFUND_KEY: &str = "oncepay_refund_id";
+
+impl Object {
+    fn ours(&self, key: &str) -> Option<&str> {
+        self.metadata.as_ref()?.get(key).map(String::as_str)
+    }
 }
 
 /// A PaymentIntent's status as oncepay's: `None` for one that cannot
@@ -95,7 +101,8 @@ pub fn refund_status(status: &str) -> Option<PaymentStatus> {
     })
 }
 
-fn known(body: &[u8]) -> CallOutcome {
+/// A readable PaymentIntent or Refund in our terms.
+pub fn known(body: &[u8]) -> CallOutcome {
     let object: Object = match serde_json::from_slice(body) {
         Ok(o) => o,
         Err(e) => return CallOutcome::Unknown(format!("unreadable Stripe answer: {e}")),
@@ -185,6 +192,191 @@ pub fn classify(kind: CallKind, status: u16, should_retry: Option<bool>, body: &
             "Stripe answered {status} {}, which proves nothing about the outcome",
             e.code.unwrap_or_default()
         )),
+    }
+}
+
+/// The answer to creating an unconfirmed PaymentIntent. A create moves no
+/// money whatever happens, so a refusal of the request itself (`400`
+/// `invalid_request_error` other than `idempotency_error`, `404`: an
+/// unknown payment method) is a fact: nothing exists to be charged, and
+/// the attempt fails with `invalid_payment_method` (when Stripe names that
+/// parameter or the method is missing) or `invalid_request`. The rest is
+/// the table of [`classify`].
+pub fn creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
+    if matches!(status, 400 | 404) && should_retry != Some(true) {
+        let e = serde_json::from_slice::<ErrorBody>(body)
+            .unwrap_or_default()
+            .error;
+        let wrong_request = e.kind.as_deref() == Some("invalid_request_error");
+        if wrong_request {
+            let about_method = status == 404
+                || e.code.as_deref() == Some("resource_missing")
+                || body_names_param(body, "payment_method");
+            let code = if about_method {
+                "invalid_payment_method"
+            } else {
+                "invalid_request"
+            };
+            return Verdict::Done(CallOutcome::Known(ProviderObject {
+                id: String::new(),
+                status: PaymentStatus::Failed,
+                failure_code: Some(code.into()),
+                failure_message: Some(
+                    e.message
+                        .unwrap_or_else(|| "Stripe refused the payment".into()),
+                ),
+            }));
+        }
+    }
+    classify(CallKind::Write, status, should_retry, body)
+}
+
+fn body_names_param(body: &[u8], param: &str) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.pointer("/error/param")?.as_str().map(|p| p == param))
+        .unwrap_or(false)
+}
+
+/// The answer to reading the PaymentIntent we recorded for `attempt_id`:
+/// - one still unconfirmed (`requires_confirmation`, or
+///   `requires_payment_method` with no error) has moved no money:
+///   "not found", so the caller confirms it;
+/// - one whose metadata names another attempt proves nothing about ours;
+/// - `404` for an id we recorded cannot be trusted as "never charged" (a
+///   key of another account, a restored test mode): unknown.
+pub fn intent_read(
+    attempt_id: Uuid,
+    status: u16,
+    should_retry: Option<bool>,
+    body: &[u8],
+) -> Verdict {
+    if (200..300).contains(&status) {
+        if let Ok(object) = serde_json::from_slice::<Object>(body) {
+            if object.object == "payment_intent" {
+                if let Some(other) = object
+                    .ours(ATTEMPT_KEY)
+                    .filter(|a| *a != attempt_id.to_string())
+                {
+                    return Verdict::Done(CallOutcome::Unknown(format!(
+                        "PaymentIntent {} belongs to attempt {other}",
+                        object.id
+                    )));
+                }
+                let unconfirmed = object.status == "requires_confirmation"
+                    || (object.status == "requires_payment_method"
+                        && object.last_payment_error.is_none());
+                if unconfirmed {
+                    return Verdict::Done(CallOutcome::NotFound);
+                }
+            }
+        }
+    }
+    if status == 404 {
+        return Verdict::Done(CallOutcome::Unknown(
+            "Stripe has no PaymentIntent of the id we recorded: another account or key?".into(),
+        ));
+    }
+    classify(CallKind::Read, status, should_retry, body)
+}
+
+/// One page of a list of Refunds.
+#[derive(Deserialize)]
+pub struct RefundPage {
+    data: Vec<serde_json::Value>,
+    #[serde(default)]
+    has_more: bool,
+}
+
+impl RefundPage {
+    /// The refund of ours with `refund_id` on this page, in our terms; and
+    /// the id to continue after, if Stripe has more.
+    pub fn find(&self, refund_id: Uuid) -> (Option<CallOutcome>, Option<String>) {
+        let wanted = refund_id.to_string();
+        let found = self.data.iter().find(|r| {
+            r.pointer(&format!("/metadata/{REFUND_KEY}"))
+                .and_then(serde_json::Value::as_str)
+                == Some(wanted.as_str())
+        });
+        let next = self
+            .has_more
+            .then(|| self.data.last()?.get("id")?.as_str().map(str::to_string))
+            .flatten();
+        (found.map(|r| known(r.to_string().as_bytes())), next)
+    }
+}
+
+/// The Stripe event envelope.
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(rename = "type")]
+    event_type: String,
+    data: Data,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    object: serde_json::Value,
+}
+
+/// What a Stripe event says: `payment_intent.*` is about the charge of
+/// the attempt in its metadata, `refund.*` about the refund in its
+/// metadata, and `charge.refunded` about the refund of ours its charge
+/// lists, if it lists one (the API versions that embed `refunds`). Other
+/// events are about nothing we hold.
+pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
+    use crate::provider::{Event, Subject, SubjectKind};
+    let Ok(envelope) = serde_json::from_value::<Envelope>(payload.clone()) else {
+        return Event {
+            id: payload
+                .get("id")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            event_type: "unrecognised".into(),
+            subject: None,
+        };
+    };
+    let object = &envelope.data.object;
+    let (kind, object, key) = match envelope.event_type.split('.').next() {
+        Some("payment_intent") => (SubjectKind::Charge, Some(object), ATTEMPT_KEY),
+        Some("refund") => (SubjectKind::Refund, Some(object), REFUND_KEY),
+        Some("charge") if envelope.event_type == "charge.refunded" => {
+            let ours = object
+                .pointer("/refunds/data")
+                .and_then(|d| d.as_array())
+                .and_then(|refunds| {
+                    refunds
+                        .iter()
+                        .find(|r| r.pointer(&format!("/metadata/{REFUND_KEY}")).is_some())
+                });
+            (SubjectKind::Refund, ours, REFUND_KEY)
+        }
+        _ => (SubjectKind::Charge, None, ATTEMPT_KEY),
+    };
+    let subject = object.and_then(|o| {
+        let CallOutcome::Known(state) = known(o.to_string().as_bytes()) else {
+            return None;
+        };
+        Some(Subject {
+            kind,
+            state,
+            our_id: o
+                .pointer(&format!("/metadata/{key}"))
+                .and_then(|v| v.as_str())
+                .and_then(|v| Uuid::parse_str(v).ok()),
+            amount: o.get("amount").and_then(serde_json::Value::as_i64),
+            currency: o
+                .get("currency")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+        })
+    });
+    Event {
+        id: envelope.id,
+        event_type: envelope.event_type,
+        subject,
     }
 }
 

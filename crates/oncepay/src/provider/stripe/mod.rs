@@ -1,7 +1,6 @@
-//! Stripe, through its PaymentIntents API: what its answers prove
-//! ([`classify`]) and how its webhooks are verified ([`signature`]). Pure
-//! code, tested by tables; the HTTP client that uses it, and its place in
-//! the provider registry, come with the rest of the providers issue.
+//! Stripe, through its PaymentIntents API: the adapter ([`Stripe`]), what
+//! its answers prove ([`classify`]) and how its webhooks are verified
+//! ([`signature`]).
 //!
 //! The protocol this adapter is built for (a careful payments engineer's):
 //! the PaymentIntent is created **unconfirmed**, with an `Idempotency-Key`
@@ -15,5 +14,412 @@
 //! which adds the Stripe semantics localstripe lacks
 //! (`docs/providers/localstripe.md`).
 
+//!
+//! Past Stripe's key lifetime (24 hours) a create re-sent for an attempt
+//! whose PaymentIntent id was never recorded (a crash between the create
+//! and its record, then a day of outage) makes a second, unconfirmed
+//! PaymentIntent: it moves no money, and the first one, also never
+//! confirmed, is left in `requires_confirmation` (Stripe's dashboard can
+//! cancel it; it costs nothing). Refunds carry `metadata[oncepay_refund_id]`
+//! and are looked up in the PaymentIntent's list of refunds, so a refund
+//! whose key expired is found before it could be sent twice.
+
 pub mod classify;
 pub mod signature;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+use uuid::Uuid;
+
+use self::classify::{CallKind, RefundPage, Verdict, ATTEMPT_KEY, ORDER_KEY, REFUND_KEY};
+use super::call::{BuildError, Caller};
+use super::{
+    BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened, PaymentProvider,
+    RefundRequest,
+};
+use crate::metrics::Metrics;
+
+/// The name stored on attempts and used in `/webhooks/stripe`.
+pub const NAME: &str = "stripe";
+
+/// The API version whose shapes this adapter reads.
+pub const API_VERSION: &str = "2024-06-20";
+
+/// A Stripe secret or restricted key (`sk_test_…`, `sk_live_…`, `rk_…`).
+/// Its `Debug` never shows it.
+#[derive(Clone)]
+pub struct SecretKey(String);
+
+impl std::fmt::Debug for SecretKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretKey(<redacted>)")
+    }
+}
+
+impl SecretKey {
+    /// Checks the form of a key; the error never repeats it.
+    pub fn parse(text: &str) -> Result<SecretKey, &'static str> {
+        let prefixed = ["sk_test_", "sk_live_", "rk_test_", "rk_live_"]
+            .iter()
+            .any(|p| text.starts_with(p) && text.len() > p.len());
+        if prefixed && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            Ok(SecretKey(text.to_string()))
+        } else {
+            Err("expected a Stripe secret key: sk_test_…, sk_live_… or rk_…")
+        }
+    }
+}
+
+/// Webhook signing secrets (`whsec_…`), several while one is rolled.
+#[derive(Clone, Default)]
+pub struct WebhookSecrets(Vec<String>);
+
+impl std::fmt::Debug for WebhookSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "WebhookSecrets({} redacted)", self.0.len())
+    }
+}
+
+impl WebhookSecrets {
+    /// One secret, or several separated by commas.
+    pub fn parse(text: &str) -> Result<WebhookSecrets, &'static str> {
+        let secrets: Vec<String> = text.split(',').map(|s| s.trim().to_string()).collect();
+        let valid = secrets.iter().all(|s| {
+            s.len() > "whsec_".len()
+                && s.starts_with("whsec_")
+                && s.bytes().all(|b| b.is_ascii_graphic())
+        });
+        if valid {
+            Ok(WebhookSecrets(secrets))
+        } else {
+            Err("expected whsec_… (several separated by commas while one is rolled)")
+        }
+    }
+}
+
+/// What the adapter needs.
+#[derive(Debug, Clone)]
+pub struct StripeConfig {
+    /// `ONCEPAY_STRIPE_SECRET_KEY`.
+    pub secret_key: SecretKey,
+    /// `ONCEPAY_STRIPE_API_BASE`.
+    pub api_base: String,
+    /// `ONCEPAY_STRIPE_WEBHOOK_SECRET`; none: Stripe webhooks are refused.
+    pub webhook_secrets: Option<WebhookSecrets>,
+}
+
+/// The Stripe adapter.
+pub struct Stripe {
+    caller: Caller,
+    config: StripeConfig,
+}
+
+fn should_retry(headers: &HeaderMap) -> Option<bool> {
+    match headers.get("stripe-should-retry")?.to_str().ok()? {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
+    }
+}
+
+/// The idempotency key of one of our calls: derived from our id and the
+/// call, so that each call has its own key and repeats reuse it.
+fn key(id: Uuid, call: &str) -> String {
+    format!("oncepay_{id}_{call}")
+}
+
+impl Stripe {
+    /// The adapter.
+    pub fn new(
+        config: StripeConfig,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, BuildError> {
+        Ok(Stripe {
+            caller: Caller::new(timeout, metrics)?,
+            config,
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.config.api_base)
+    }
+
+    fn authed(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        request
+            .bearer_auth(&self.config.secret_key.0)
+            .header("Stripe-Version", API_VERSION)
+    }
+
+    async fn post(
+        &self,
+        operation: &'static str,
+        path: String,
+        idempotency_key: String,
+        form: Vec<(String, String)>,
+        classify: impl Fn(u16, Option<bool>, &[u8]) -> Verdict + Sync,
+    ) -> CallOutcome {
+        let url = self.url(&path);
+        self.caller
+            .call(
+                operation,
+                |client| {
+                    self.authed(client.post(&url))
+                        .header("Idempotency-Key", &idempotency_key)
+                        .form(&form)
+                },
+                |status, headers, body| classify(status, should_retry(headers), body),
+            )
+            .await
+    }
+
+    async fn get(
+        &self,
+        operation: &'static str,
+        path: String,
+        classify: impl Fn(u16, Option<bool>, &[u8]) -> Verdict + Sync,
+    ) -> CallOutcome {
+        let url = self.url(&path);
+        self.caller
+            .call(
+                operation,
+                |client| self.authed(client.get(&url)),
+                |status, headers, body| classify(status, should_retry(headers), body),
+            )
+            .await
+    }
+
+    /// Finds our refund among the PaymentIntent's refunds, page by page.
+    async fn list_refunds(&self, r: &RefundRequest) -> CallOutcome {
+        let mut after: Option<String> = None;
+        for _ in 0..20 {
+            let mut path = format!("/v1/refunds?payment_intent={}&limit=100", r.charge_id);
+            if let Some(last) = &after {
+                path.push_str(&format!("&starting_after={last}"));
+            }
+            let page = std::sync::Mutex::new(None);
+            let read = self
+                .get("find_refund", path, |status, retry, body| {
+                    if (200..300).contains(&status) {
+                        if let Ok(p) = serde_json::from_slice::<RefundPage>(body) {
+                            let mut slot = page.lock().unwrap_or_else(|e| e.into_inner());
+                            *slot = Some(p);
+                            return Verdict::Done(CallOutcome::NotFound);
+                        }
+                    }
+                    classify::classify(CallKind::Read, status, retry, body)
+                })
+                .await;
+            let page = page.into_inner().unwrap_or_else(|e| e.into_inner());
+            let (Some(page), CallOutcome::NotFound) = (page, &read) else {
+                // A 404 for a PaymentIntent we charged is not "no refund".
+                return match read {
+                    CallOutcome::NotFound => CallOutcome::Unknown(
+                        "Stripe has no PaymentIntent of the id we recorded".into(),
+                    ),
+                    other => other,
+                };
+            };
+            match page.find(r.idempotency_key) {
+                (Some(found), _) => return found,
+                (None, Some(next)) => after = Some(next),
+                // Every refund of the PaymentIntent was read: ours is not
+                // among them, so none was made with any key.
+                (None, None) => return CallOutcome::NotFound,
+            }
+        }
+        CallOutcome::Unknown("too many refunds to look through".into())
+    }
+}
+
+/// A `pm_…` PaymentMethod id.
+pub fn check_payment_method(payment_method: &str) -> Result<(), &'static str> {
+    let valid = payment_method.starts_with("pm_")
+        && payment_method.len() > 3
+        && payment_method.len() <= 255
+        && payment_method
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err("must be a Stripe PaymentMethod id: pm_ followed by up to 252 letters, digits or underscores")
+    }
+}
+
+impl PaymentProvider for Stripe {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn health(&self) -> &Health {
+        self.caller.health()
+    }
+
+    fn check_payment_method(&self, payment_method: &str) -> Result<(), &'static str> {
+        check_payment_method(payment_method)
+    }
+
+    fn open_charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
+        Box::pin(async move {
+            let form = vec![
+                ("amount".to_string(), r.amount.to_string()),
+                ("currency".into(), r.currency.to_ascii_lowercase()),
+                ("payment_method".into(), r.payment_method.clone()),
+                ("payment_method_types[]".into(), "card".into()),
+                ("capture_method".into(), "automatic".into()),
+                (
+                    format!("metadata[{ATTEMPT_KEY}]"),
+                    r.idempotency_key.to_string(),
+                ),
+                (format!("metadata[{ORDER_KEY}]"), r.order_id.to_string()),
+            ];
+            let created = self
+                .post(
+                    "open_charge",
+                    "/v1/payment_intents".into(),
+                    key(r.idempotency_key, "create"),
+                    form,
+                    classify::creation,
+                )
+                .await;
+            match created {
+                // A PaymentIntent just created is waiting for its confirm.
+                CallOutcome::Known(intent)
+                    if !intent.id.is_empty()
+                        && intent.status == crate::domain::payment::PaymentStatus::Pending =>
+                {
+                    Opened::Created(intent.id)
+                }
+                other => Opened::Settled(other),
+            }
+        })
+    }
+
+    fn charge<'a>(
+        &'a self,
+        r: &'a ChargeRequest,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            let Some(intent) = reference else {
+                return CallOutcome::Unknown("no PaymentIntent recorded to confirm".into());
+            };
+            self.post(
+                "charge",
+                format!("/v1/payment_intents/{intent}/confirm"),
+                key(r.idempotency_key, "confirm"),
+                Vec::new(),
+                |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
+            )
+            .await
+        })
+    }
+
+    fn find_charge<'a>(
+        &'a self,
+        attempt_id: Uuid,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            // Only a confirm moves money, and only a recorded PaymentIntent
+            // is ever confirmed: with none recorded, nothing was charged.
+            let Some(intent) = reference else {
+                return CallOutcome::NotFound;
+            };
+            self.get(
+                "find_charge",
+                format!("/v1/payment_intents/{intent}"),
+                move |status, retry, body| classify::intent_read(attempt_id, status, retry, body),
+            )
+            .await
+        })
+    }
+
+    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            let form = vec![
+                ("payment_intent".to_string(), r.charge_id.clone()),
+                ("amount".into(), r.amount.to_string()),
+                (
+                    format!("metadata[{REFUND_KEY}]"),
+                    r.idempotency_key.to_string(),
+                ),
+            ];
+            self.post(
+                "refund",
+                "/v1/refunds".into(),
+                key(r.idempotency_key, "refund"),
+                form,
+                |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
+            )
+            .await
+        })
+    }
+
+    fn find_refund<'a>(
+        &'a self,
+        r: &'a RefundRequest,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            match reference {
+                Some(id) => {
+                    self.get("find_refund", format!("/v1/refunds/{id}"), |s, retry, b| {
+                        if s == 404 {
+                            return Verdict::Done(CallOutcome::Unknown(
+                                "Stripe has no Refund of the id we recorded".into(),
+                            ));
+                        }
+                        classify::classify(CallKind::Read, s, retry, b)
+                    })
+                    .await
+                }
+                None => self.list_refunds(r).await,
+            }
+        })
+    }
+
+    fn probe(&self) -> BoxFuture<'_, CallOutcome> {
+        Box::pin(self.get(
+            "probe",
+            "/v1/payment_intents?limit=1".into(),
+            |status, retry, body| {
+                if (200..300).contains(&status) {
+                    Verdict::Done(CallOutcome::NotFound)
+                } else {
+                    classify::classify(CallKind::Read, status, retry, body)
+                }
+            },
+        ))
+    }
+
+    fn verify_webhook(
+        &self,
+        headers: Headers<'_>,
+        body: &[u8],
+        now_unix: i64,
+    ) -> Result<Option<String>, String> {
+        let Some(secrets) = &self.config.webhook_secrets else {
+            return Err(
+                "Stripe webhooks are refused: ONCEPAY_STRIPE_WEBHOOK_SECRET is not set".into(),
+            );
+        };
+        let secrets: Vec<&str> = secrets.0.iter().map(String::as_str).collect();
+        signature::verify(
+            &secrets,
+            headers("stripe-signature").as_deref(),
+            body,
+            now_unix,
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(None)
+    }
+
+    fn parse_event(&self, payload: &Value) -> Event {
+        classify::event(payload)
+    }
+}

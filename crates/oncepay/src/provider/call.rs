@@ -1,15 +1,17 @@
-//! A provider reached over HTTP with the sandbox's protocol (section 7 of
-//! the contract; documented in the README).
+//! How every adapter calls its provider over HTTP: one client per provider
+//! (rustls, the platform's roots), retries with the same key under a
+//! budget, and one place that counts calls, times them and tells
+//! [`Health`](super::Health) what they came to. What an answer proves is
+//! the adapter's table, passed in as `classify`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use reqwest::header::HeaderMap;
 use reqwest::Client;
-use serde_json::json;
-use uuid::Uuid;
 
-use super::classify::{classify, CallKind, Verdict};
-use super::{BoxFuture, CallOutcome, ChargeRequest, PaymentProvider, RefundRequest};
+use super::classify::Verdict;
+use super::CallOutcome;
 use crate::metrics::Metrics;
 
 /// Retry policy: exponential backoff with full jitter, bounded by a count and
@@ -34,10 +36,9 @@ impl RetryPolicy {
     }
 }
 
-/// The HTTP provider client.
-pub struct HttpProvider {
+/// An adapter's HTTP side.
+pub struct Caller {
     client: Client,
-    base_url: String,
     retry: RetryPolicy,
     metrics: Arc<Metrics>,
     health: super::Health,
@@ -48,21 +49,16 @@ pub struct HttpProvider {
 #[error("cannot build the provider HTTP client: {0}")]
 pub struct BuildError(#[from] reqwest::Error);
 
-impl HttpProvider {
-    /// A client for `base_url` with per-request `timeout`.
-    pub fn new(
-        base_url: &str,
-        timeout: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, BuildError> {
+impl Caller {
+    /// A client with per-request `timeout`.
+    pub fn new(timeout: Duration, metrics: Arc<Metrics>) -> Result<Self, BuildError> {
         let client = Client::builder()
             .connect_timeout(Duration::from_secs(2).min(timeout))
             .timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
-        Ok(HttpProvider {
+        Ok(Caller {
             client,
-            base_url: base_url.trim_end_matches('/').to_string(),
             retry: RetryPolicy {
                 attempts: 4,
                 base: Duration::from_millis(100),
@@ -74,8 +70,17 @@ impl HttpProvider {
         })
     }
 
-    /// One try: send, then classify the answer (see [`super::classify`]).
-    async fn once(&self, request: reqwest::RequestBuilder, kind: CallKind) -> Verdict {
+    /// Whether the provider last answered.
+    pub fn health(&self) -> &super::Health {
+        &self.health
+    }
+
+    /// One try: send, then classify the answer.
+    async fn once(
+        &self,
+        request: reqwest::RequestBuilder,
+        classify: &(dyn Fn(u16, &HeaderMap, &[u8]) -> Verdict + Sync),
+    ) -> Verdict {
         let response = match request.send().await {
             Ok(r) => r,
             // Timeouts, refused and dropped connections: nothing tells us
@@ -84,19 +89,21 @@ impl HttpProvider {
             Err(e) => return Verdict::Retry(describe(&e)),
         };
         let status = response.status().as_u16();
+        let headers = response.headers().clone();
         match response.bytes().await {
             Err(e) => Verdict::Retry(describe(&e)),
-            Ok(body) => classify(kind, status, &body),
+            Ok(body) => classify(status, &headers, &body),
         }
     }
 
     /// Runs a safe call with retries: every repeat carries the same provider
-    /// idempotency key (or is a read), so retrying can never double an effect.
-    async fn call(
+    /// idempotency key (or is a read), so retrying can never double an
+    /// effect. `operation` labels the metrics.
+    pub async fn call(
         &self,
         operation: &'static str,
-        kind: CallKind,
         build: impl Fn(&Client) -> reqwest::RequestBuilder,
+        classify: impl Fn(u16, &HeaderMap, &[u8]) -> Verdict + Sync,
     ) -> CallOutcome {
         let started = Instant::now();
         let mut last = String::new();
@@ -108,7 +115,7 @@ impl HttpProvider {
                 }
                 tokio::time::sleep(pause).await;
             }
-            match self.once(build(&self.client), kind).await {
+            match self.once(build(&self.client), &classify).await {
                 Verdict::Done(outcome) => {
                     self.observe(operation, &outcome, started);
                     return outcome;
@@ -116,6 +123,16 @@ impl HttpProvider {
                 Verdict::Retry(reason) => {
                     tracing::warn!(operation, attempt = n + 1, %reason, "provider call failed; retrying with the same key");
                     last = reason;
+                }
+                Verdict::Bug(reason) => {
+                    tracing::error!(operation, %reason, "BUG: the provider refused our request as one only a bug of ours can send; the outcome is unknown and left to the reconciler");
+                    self.metrics
+                        .provider_calls
+                        .with_label_values(&[operation, "our_bug"])
+                        .inc();
+                    let outcome = CallOutcome::Unknown(reason);
+                    self.observe(operation, &outcome, started);
+                    return outcome;
                 }
             }
         }
@@ -149,57 +166,6 @@ fn describe(e: &reqwest::Error) -> String {
         "could not connect".into()
     } else {
         "connection lost before an answer".into()
-    }
-}
-
-impl PaymentProvider for HttpProvider {
-    fn name(&self) -> &'static str {
-        "sandbox"
-    }
-
-    fn health(&self) -> &super::Health {
-        &self.health
-    }
-
-    fn charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(self.call("charge", CallKind::Write, move |client| {
-            client
-                .post(format!("{}/v1/charges", self.base_url))
-                .header("Idempotency-Key", r.idempotency_key.to_string())
-                .json(&json!({
-                    "amount": r.amount,
-                    "currency": r.currency,
-                    "source": r.payment_method,
-                    "metadata": {"order_id": r.order_id, "payment_id": r.idempotency_key},
-                }))
-        }))
-    }
-
-    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(self.call("refund", CallKind::Write, move |client| {
-            client
-                .post(format!("{}/v1/refunds", self.base_url))
-                .header("Idempotency-Key", r.idempotency_key.to_string())
-                .json(&json!({"charge": r.charge_id, "amount": r.amount}))
-        }))
-    }
-
-    fn find_charge(&self, key: Uuid) -> BoxFuture<'_, CallOutcome> {
-        Box::pin(self.call("find_charge", CallKind::Read, move |client| {
-            client.get(format!(
-                "{}/v1/charges?idempotency_key={key}",
-                self.base_url
-            ))
-        }))
-    }
-
-    fn find_refund(&self, key: Uuid) -> BoxFuture<'_, CallOutcome> {
-        Box::pin(self.call("find_refund", CallKind::Read, move |client| {
-            client.get(format!(
-                "{}/v1/refunds?idempotency_key={key}",
-                self.base_url
-            ))
-        }))
     }
 }
 

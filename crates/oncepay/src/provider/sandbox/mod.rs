@@ -1,0 +1,243 @@
+//! The sandbox (`oncepay sandbox`, contract section 7), oncepay's own test
+//! provider: charges in one call (`POST /v1/charges`, our attempt id as the
+//! `Idempotency-Key`), finds a charge or refund by that key (so its "no
+//! such charge" can be trusted: nothing it holds escapes the lookup), takes
+//! `tok_…` payment methods and signs webhooks with Standard Webhooks.
+
+pub mod classify;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use self::classify::{classify, Object};
+use super::call::{BuildError, Caller};
+use super::classify::CallKind;
+use super::{
+    BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened, PaymentProvider,
+    RefundRequest, Subject, SubjectKind,
+};
+use crate::metrics::Metrics;
+use crate::webhooks::WebhookSecret;
+
+/// The name stored on attempts and used in `/webhooks/sandbox`.
+pub const NAME: &str = "sandbox";
+
+/// The sandbox adapter.
+pub struct Sandbox {
+    caller: Caller,
+    base_url: String,
+    webhook_secret: WebhookSecret,
+}
+
+impl Sandbox {
+    /// An adapter for the sandbox at `base_url`, verifying its webhooks
+    /// with `webhook_secret`.
+    pub fn new(
+        base_url: &str,
+        webhook_secret: WebhookSecret,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, BuildError> {
+        Ok(Sandbox {
+            caller: Caller::new(timeout, metrics)?,
+            base_url: base_url.trim_end_matches('/').to_string(),
+            webhook_secret,
+        })
+    }
+
+    async fn read(&self, operation: &'static str, url: String) -> CallOutcome {
+        self.caller
+            .call(
+                operation,
+                |c| c.get(&url),
+                |s, _, b| classify(CallKind::Read, s, b),
+            )
+            .await
+    }
+}
+
+/// A `tok_` token: up to 255 visible ASCII characters.
+pub fn check_token(payment_method: &str) -> Result<(), &'static str> {
+    let valid = payment_method.starts_with("tok_")
+        && payment_method.len() <= 255
+        && payment_method.bytes().all(|b| (0x21..=0x7e).contains(&b));
+    if valid {
+        Ok(())
+    } else {
+        Err("must be a provider token: tok_ followed by up to 251 visible ASCII characters")
+    }
+}
+
+/// The sandbox's event envelope.
+#[derive(Deserialize)]
+struct Envelope {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(rename = "type")]
+    event_type: String,
+    data: Data,
+}
+
+#[derive(Deserialize)]
+struct Data {
+    object: Value,
+}
+
+/// An event's charge or refund: the object, with our key and its money.
+#[derive(Deserialize)]
+struct EventObject {
+    #[serde(flatten)]
+    object: Object,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    amount: Option<i64>,
+    #[serde(default)]
+    currency: Option<String>,
+}
+
+/// What a sandbox event says (`charge.*`, `refund.*`).
+pub fn parse_event(payload: &Value) -> Event {
+    let Ok(envelope) = serde_json::from_value::<Envelope>(payload.clone()) else {
+        return Event {
+            id: payload
+                .get("id")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            event_type: "unrecognised".into(),
+            subject: None,
+        };
+    };
+    let kind = match envelope.event_type.split('.').next() {
+        Some("charge") => Some(SubjectKind::Charge),
+        Some("refund") => Some(SubjectKind::Refund),
+        _ => None,
+    };
+    let subject = kind.and_then(|kind| {
+        let o: EventObject = serde_json::from_value(envelope.data.object).ok()?;
+        Some(Subject {
+            kind,
+            state: o.object.to_provider_object()?,
+            our_id: o
+                .idempotency_key
+                .as_deref()
+                .and_then(|k| Uuid::parse_str(k).ok()),
+            amount: o.amount,
+            currency: o.currency,
+        })
+    });
+    Event {
+        id: envelope.id,
+        event_type: envelope.event_type,
+        subject,
+    }
+}
+
+impl PaymentProvider for Sandbox {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn health(&self) -> &Health {
+        self.caller.health()
+    }
+
+    fn check_payment_method(&self, payment_method: &str) -> Result<(), &'static str> {
+        check_token(payment_method)
+    }
+
+    fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
+        Box::pin(async { Opened::NotNeeded })
+    }
+
+    fn charge<'a>(
+        &'a self,
+        r: &'a ChargeRequest,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        let url = format!("{}/v1/charges", self.base_url);
+        Box::pin(self.caller.call(
+            "charge",
+            move |client| {
+                client
+                    .post(&url)
+                    .header("Idempotency-Key", r.idempotency_key.to_string())
+                    .json(&json!({
+                        "amount": r.amount,
+                        "currency": r.currency,
+                        "source": r.payment_method,
+                        "metadata": {"order_id": r.order_id, "payment_id": r.idempotency_key},
+                    }))
+            },
+            |s, _, b| classify(CallKind::Write, s, b),
+        ))
+    }
+
+    fn find_charge<'a>(&'a self, key: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
+        let url = format!("{}/v1/charges?idempotency_key={key}", self.base_url);
+        Box::pin(self.read("find_charge", url))
+    }
+
+    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
+        let url = format!("{}/v1/refunds", self.base_url);
+        Box::pin(self.caller.call(
+            "refund",
+            move |client| {
+                client
+                    .post(&url)
+                    .header("Idempotency-Key", r.idempotency_key.to_string())
+                    .json(&json!({"charge": r.charge_id, "amount": r.amount}))
+            },
+            |s, _, b| classify(CallKind::Write, s, b),
+        ))
+    }
+
+    fn find_refund<'a>(
+        &'a self,
+        r: &'a RefundRequest,
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        let url = format!(
+            "{}/v1/refunds?idempotency_key={}",
+            self.base_url, r.idempotency_key
+        );
+        Box::pin(self.read("find_refund", url))
+    }
+
+    fn probe(&self) -> BoxFuture<'_, CallOutcome> {
+        // A charge that cannot exist: "no such charge" is an answer.
+        let url = format!(
+            "{}/v1/charges?idempotency_key={}",
+            self.base_url,
+            Uuid::nil()
+        );
+        Box::pin(self.read("probe", url))
+    }
+
+    fn verify_webhook(
+        &self,
+        headers: Headers<'_>,
+        body: &[u8],
+        now_unix: i64,
+    ) -> Result<Option<String>, String> {
+        let id = headers("webhook-id");
+        self.webhook_secret
+            .verify(
+                id.as_deref(),
+                headers("webhook-timestamp").as_deref(),
+                headers("webhook-signature").as_deref(),
+                body,
+                now_unix,
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(id)
+    }
+
+    fn parse_event(&self, payload: &Value) -> Event {
+        parse_event(payload)
+    }
+}

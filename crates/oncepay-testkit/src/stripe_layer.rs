@@ -18,8 +18,9 @@
 //!   card_error` with a `decline_code` (`generic_decline`), as Stripe sends.
 //! - **Faults** per kind of call ([`Call`]): `429 lock_timeout` and `429
 //!   rate_limit`, `500` with `Stripe-Should-Retry: true|false`, `401`
-//!   (a rotated key), an answer dropped after the effect, and a stall that
-//!   holds a request in flight until released.
+//!   (a rotated key), `400 idempotency_error`, an answer dropped after the
+//!   effect, a `500` saved under the key after the effect, and a stall
+//!   that holds a request in flight until released.
 //!
 //! What passes through is counted per kind, so a test can prove how many
 //! calls reached the provider.
@@ -84,6 +85,15 @@ pub enum StripeFault {
     DropAfterEffect,
     /// Hold the call before forwarding until [`StripeLayer::release`].
     Stall,
+    /// Forward (the provider acts), then answer `500 api_error` and save
+    /// that answer under the key, as Stripe does when it fails after it
+    /// began executing: every repeat of the key gets the same `500`.
+    ErrorAfterEffect,
+    /// `400 idempotency_error` before the provider sees it: what Stripe
+    /// answers a key reused with other parameters (a bug of the caller's).
+    IdempotencyError,
+    /// `409 idempotency_key_in_use` before the provider sees it.
+    KeyInUse,
 }
 
 struct Saved {
@@ -94,7 +104,8 @@ struct Saved {
 
 #[derive(Default)]
 struct State {
-    faults: HashMap<Call, StripeFault>,
+    /// The fault and how many more calls it applies to (`None`: all).
+    faults: HashMap<Call, (StripeFault, Option<u32>)>,
     keys: HashMap<String, Saved>,
     forwarded: HashMap<Call, u64>,
     replayed: u64,
@@ -168,7 +179,21 @@ async fn forward(shared: &Shared, req: &HttpRequest, body: Bytes) -> Result<(u16
 
 async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> HttpResponse {
     let call = Call::of(req.method(), req.path());
-    let fault = shared.state().faults.get(&call).cloned();
+    let fault = {
+        let mut state = shared.state();
+        let fault = state
+            .faults
+            .get_mut(&call)
+            .and_then(|(fault, left)| match left {
+                Some(0) => None,
+                Some(n) => {
+                    *n -= 1;
+                    Some(fault.clone())
+                }
+                None => Some(fault.clone()),
+            });
+        fault
+    };
     match fault {
         Some(StripeFault::LockTimeout) => {
             return stripe_error(
@@ -199,6 +224,22 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
                 );
             }
             return response;
+        }
+        Some(StripeFault::IdempotencyError) => {
+            return stripe_error(
+                400,
+                "idempotency_error",
+                None,
+                "Keys for idempotent requests can only be used with the same parameters they were first used with.",
+            )
+        }
+        Some(StripeFault::KeyInUse) => {
+            return stripe_error(
+                409,
+                "invalid_request_error",
+                Some("idempotency_key_in_use"),
+                "There is currently another in-progress request using this Idempotent Key.",
+            )
         }
         Some(StripeFault::Unauthorized) => {
             return stripe_error(
@@ -274,6 +315,13 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
     let mut state = shared.state();
     match forwarded {
         Ok((status, bytes)) => {
+            let (status, bytes) = if fault == Some(StripeFault::ErrorAfterEffect) {
+                let error =
+                    json!({"error": {"type": "api_error", "message": "An unknown error occurred"}});
+                (500, Bytes::from(error.to_string()))
+            } else {
+                (status, bytes)
+            };
             if let Some(key) = &key {
                 if let Some(saved) = state.keys.get_mut(key) {
                     saved.answer = Some((status, bytes.clone()));
@@ -329,7 +377,15 @@ impl StripeLayer {
 
     /// Applies `fault` to every later `call`.
     pub fn set(&self, call: Call, fault: StripeFault) {
-        self.shared.state().faults.insert(call, fault);
+        self.shared.state().faults.insert(call, (fault, None));
+    }
+
+    /// Applies `fault` to the next `times` calls of this kind only.
+    pub fn set_times(&self, call: Call, fault: StripeFault, times: u32) {
+        self.shared
+            .state()
+            .faults
+            .insert(call, (fault, Some(times)));
     }
 
     /// Passes every call again, and lets every stalled call go on.

@@ -54,6 +54,47 @@ pub struct Options {
     pub fault_proxy: bool,
     /// The database to use instead of a fresh one on the test server.
     pub database_url: Option<String>,
+    /// Where new payments go: the sandbox, or Stripe (localstripe behind
+    /// the Stripe-semantics layer).
+    pub provider: Provider,
+}
+
+/// A provider the service can be started with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Provider {
+    /// The sandbox.
+    Sandbox,
+    /// localstripe, behind `oncepay_testkit::stripe_layer`.
+    Stripe,
+}
+
+/// The Stripe key the tests use (localstripe takes any `sk_` key).
+pub const STRIPE_KEY: &str = "sk_test_oncepay";
+/// The webhook secret localstripe signs with in the tests.
+pub const STRIPE_WEBHOOK_SECRET: &str = "whsec_oncepay_tests";
+
+/// localstripe and the Stripe-semantics layer in front of it.
+pub struct StripeStack {
+    /// localstripe itself (read its books directly, not through the layer).
+    pub localstripe: oncepay_testkit::localstripe::LocalStripe,
+    /// The layer oncepay talks to, where faults are injected.
+    pub layer: oncepay_testkit::stripe_layer::StripeLayer,
+}
+
+/// Whether localstripe can run here; where it cannot and the run does not
+/// require it (`ONCEPAY_REQUIRE_LOCALSTRIPE`, set by `.ci/run`), a loud
+/// skip.
+pub fn localstripe_or_skip() -> bool {
+    if oncepay_testkit::localstripe::available() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("ONCEPAY_REQUIRE_LOCALSTRIPE").is_none(),
+        "ONCEPAY_REQUIRE_LOCALSTRIPE is set but {} is missing (make localstripe)",
+        oncepay_testkit::localstripe::python().display()
+    );
+    eprintln!("SKIPPED: no localstripe (make localstripe installs it)");
+    false
 }
 
 impl Default for Options {
@@ -75,6 +116,7 @@ impl Default for Options {
             sandbox_env: vec![("ONCEPAY_SANDBOX_ASYNC_DELAY", "300ms".into())],
             fault_proxy: false,
             database_url: None,
+            provider: Provider::Sandbox,
         }
     }
 }
@@ -90,6 +132,12 @@ impl Options {
     /// Routes oncepay's provider calls through a [`FaultProxy`].
     pub fn with_fault_proxy(mut self) -> Self {
         self.fault_proxy = true;
+        self
+    }
+
+    /// New payments go to `provider`.
+    pub fn provider(mut self, provider: Provider) -> Self {
+        self.provider = provider;
         self
     }
 
@@ -126,6 +174,8 @@ pub struct TestApp {
     pub ctx: Arc<AppContext>,
     /// The fault proxy in front of the sandbox, if the test asked for one.
     pub proxy: Option<FaultProxy>,
+    /// localstripe and its layer, when the test asked for Stripe.
+    pub stripe: Option<StripeStack>,
 }
 
 /// Starts a fresh database, sandbox and service with default options.
@@ -152,6 +202,24 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
     serve_env.push(("DATABASE_URL", db_url.clone()));
     serve_env.push(("ONCEPAY_BIND", "127.0.0.1:0".into()));
     serve_env.push(("ONCEPAY_PROVIDER_URL", provider_url));
+    let stripe = match options.provider {
+        Provider::Sandbox => None,
+        Provider::Stripe => {
+            let localstripe = oncepay_testkit::localstripe::LocalStripe::start()
+                .await
+                .expect("localstripe starts (make localstripe)");
+            let layer = oncepay_testkit::stripe_layer::StripeLayer::start(localstripe.url())
+                .expect("the Stripe layer starts");
+            serve_env.push(("ONCEPAY_PROVIDER", "stripe".into()));
+            serve_env.push(("ONCEPAY_STRIPE_SECRET_KEY", STRIPE_KEY.into()));
+            serve_env.push(("ONCEPAY_STRIPE_API_BASE", layer.url().to_string()));
+            serve_env.push((
+                "ONCEPAY_STRIPE_WEBHOOK_SECRET",
+                STRIPE_WEBHOOK_SECRET.into(),
+            ));
+            Some(StripeStack { localstripe, layer })
+        }
+    };
     let config: ServeConfig = env_of(serve_env).serve_config().expect("serve config");
     let app = Application::build(config).await.expect("service starts");
     let base = format!("http://{}", app.addr());
@@ -169,6 +237,22 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
         oncepay::sandbox::start(sandbox_config, sandbox_listener).expect("sandbox starts");
     tokio::spawn(sandbox_server);
     tokio::spawn(app.run_until_stopped());
+    if let Some(stack) = &stripe {
+        // localstripe posts its events, signed, to the service.
+        let registered = reqwest::Client::new()
+            .post(format!(
+                "{}/_config/webhooks/oncepay",
+                stack.localstripe.url()
+            ))
+            .form(&[
+                ("url", format!("{base}/webhooks/stripe")),
+                ("secret", STRIPE_WEBHOOK_SECRET.to_string()),
+            ])
+            .send()
+            .await
+            .expect("localstripe answers");
+        assert!(registered.status().is_success(), "webhook registered");
+    }
 
     let db = PgPool::connect(&db_url).await.expect("test pool");
     let key = oncepay::api_keys::create(&db, "merchant-a")
@@ -185,6 +269,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
             .expect("client"),
         ctx,
         proxy,
+        stripe,
     }
 }
 

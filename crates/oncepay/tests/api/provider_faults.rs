@@ -20,7 +20,7 @@ fn through_a_fault_proxy() -> Options {
 }
 
 impl TestApp {
-    fn proxy(&self) -> &FaultProxy {
+    pub(crate) fn proxy(&self) -> &FaultProxy {
         self.proxy
             .as_ref()
             .expect("this test runs with a fault proxy")
@@ -28,7 +28,7 @@ impl TestApp {
 
     /// One reconciler pass with every pending row and every decline to
     /// confirm due now.
-    async fn reconcile(&self) -> reconciler::Pass {
+    pub(crate) async fn reconcile(&self) -> reconciler::Pass {
         sqlx::query("UPDATE payment_attempt SET next_check_at = now() WHERE status = 'pending'")
             .execute(&self.db)
             .await

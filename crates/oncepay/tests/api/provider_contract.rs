@@ -1,0 +1,601 @@
+//! One provider contract, run against every adapter: the same scenarios
+//! pass with the sandbox and with Stripe (localstripe behind the
+//! Stripe-semantics layer). A scenario speaks of cards, faults, provider
+//! books and events in general terms; [`Books`] turns each into the
+//! provider's own (a `tok_` or a `pm_`, a fault proxy rule or a layer
+//! fault, the sandbox's ledger or localstripe's PaymentIntents, a Standard
+//! Webhooks or a `Stripe-Signature` event). Each scenario counts what the
+//! provider holds at the end.
+//!
+//! `make test` prints how many scenarios ran per provider.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::helpers::*;
+use oncepay_testkit::fault_proxy::{Fault, Route};
+use oncepay_testkit::stripe_layer::{Call, StripeFault};
+
+/// What can go wrong on the call that moves the money (the sandbox's
+/// charge, Stripe's confirm).
+#[derive(Debug, Clone, Copy)]
+enum Trouble {
+    /// The provider refuses our credentials (a rotated key): `401`.
+    Unauthorized,
+    /// The call never gets through (the sandbox is unreachable; Stripe
+    /// answers `500` and asks not to retry).
+    NotThrough,
+    /// The provider moves the money and the answer is lost or an error
+    /// (the sandbox's answer replaced by a `503`; Stripe's saved `500`).
+    AfterTheCharge,
+}
+
+/// The provider's side of a test app.
+trait Books {
+    fn under(&self) -> Provider;
+    fn card(&self) -> &'static str;
+    fn declined_card(&self) -> &'static str;
+    fn trouble(&self, trouble: Trouble);
+    fn heal(&self);
+}
+
+impl Books for TestApp {
+    fn under(&self) -> Provider {
+        if self.stripe.is_some() {
+            Provider::Stripe
+        } else {
+            Provider::Sandbox
+        }
+    }
+
+    fn card(&self) -> &'static str {
+        match self.under() {
+            Provider::Sandbox => "tok_visa",
+            Provider::Stripe => "pm_card_visa",
+        }
+    }
+
+    fn declined_card(&self) -> &'static str {
+        match self.under() {
+            Provider::Sandbox => "tok_declined",
+            // localstripe's card 4000000000000341.
+            Provider::Stripe => "pm_card_chargeCustomerFail",
+        }
+    }
+
+    fn trouble(&self, trouble: Trouble) {
+        match &self.stripe {
+            None => {
+                let fault = match trouble {
+                    Trouble::Unauthorized => Fault::answer(401, "unauthorized"),
+                    Trouble::NotThrough => Fault::Down,
+                    Trouble::AfterTheCharge => Fault::ForwardThenAnswer {
+                        status: 503,
+                        body: r#"{"code":"unavailable"}"#.into(),
+                    },
+                };
+                self.proxy().set(Route::Charge, fault);
+            }
+            Some(stack) => {
+                let fault = match trouble {
+                    Trouble::Unauthorized => StripeFault::Unauthorized,
+                    Trouble::NotThrough => StripeFault::ServerError {
+                        should_retry: Some(false),
+                    },
+                    Trouble::AfterTheCharge => StripeFault::ErrorAfterEffect,
+                };
+                stack.layer.set(Call::Confirm, fault);
+            }
+        }
+    }
+
+    fn heal(&self) {
+        match &self.stripe {
+            None => self.proxy().heal(),
+            Some(stack) => stack.layer.heal(),
+        }
+    }
+}
+
+impl TestApp {
+    /// The provider's money-moving charges for `order_id`, and every
+    /// object it holds for it (charges, or PaymentIntents in any state).
+    pub async fn charges_at_provider(&self, order_id: &str) -> (usize, usize) {
+        let objects: Vec<Value> = match &self.stripe {
+            None => self.charges_for(order_id).await,
+            Some(stack) => stripe_list(stack, "/v1/payment_intents?limit=100")
+                .await
+                .into_iter()
+                .filter(|pi| pi["metadata"]["oncepay_order_id"] == order_id)
+                .collect(),
+        };
+        let succeeded = objects
+            .iter()
+            .filter(|o| o["status"] == "succeeded")
+            .count();
+        (succeeded, objects.len())
+    }
+
+    /// What the provider refunded of `payment`'s charge.
+    async fn refunded_at_provider(&self, payment: &Value) -> i64 {
+        let charge = payment["provider_charge_id"].as_str().expect("charge id");
+        let refunds: Vec<Value> = match &self.stripe {
+            None => self.ledger().await["refunds"]
+                .as_array()
+                .expect("refunds")
+                .iter()
+                .filter(|r| r["charge"] == charge)
+                .cloned()
+                .collect(),
+            Some(stack) => {
+                stripe_list(
+                    stack,
+                    &format!("/v1/refunds?payment_intent={charge}&limit=100"),
+                )
+                .await
+            }
+        };
+        refunds
+            .iter()
+            .filter(|r| r["status"] == "succeeded")
+            .map(|r| r["amount"].as_i64().expect("amount"))
+            .sum()
+    }
+
+    /// Posts a provider-shaped event, signed as the provider signs, saying
+    /// `payment`'s charge is `status` (`succeeded` or `failed`); returns
+    /// the recorded outcome.
+    async fn provider_event(&self, payment: &Value, status: &str, event_id: &str) -> String {
+        let charge = payment["provider_charge_id"].as_str().unwrap_or_default();
+        let r = match &self.stripe {
+            None => {
+                let event = json!({
+                    "id": event_id,
+                    "type": format!("charge.{status}"),
+                    "data": {"object": {
+                        "id": charge,
+                        "status": status,
+                        "amount": payment["amount"],
+                        "currency": payment["currency"],
+                        "idempotency_key": payment["id"],
+                        "failure_code": if status == "failed" { json!("card_declined") } else { Value::Null },
+                    }},
+                });
+                post_signed_webhook(self, &event).await
+            }
+            Some(_) => {
+                let (stripe_status, error) = match status {
+                    "succeeded" => ("succeeded", Value::Null),
+                    _ => (
+                        "requires_payment_method",
+                        json!({"type": "card_error", "code": "card_declined"}),
+                    ),
+                };
+                let event = json!({
+                    "id": event_id,
+                    "object": "event",
+                    "type": if status == "succeeded" { "payment_intent.succeeded" } else { "payment_intent.payment_failed" },
+                    "created": chrono::Utc::now().timestamp(),
+                    "data": {"object": {
+                        "id": charge,
+                        "object": "payment_intent",
+                        "status": stripe_status,
+                        "amount": payment["amount"],
+                        "currency": payment["currency"].as_str().map(str::to_ascii_lowercase),
+                        "last_payment_error": error,
+                        "metadata": {"oncepay_attempt_id": payment["id"]},
+                    }},
+                });
+                post_stripe_event(self, &event).await
+            }
+        };
+        assert_eq!(r.status(), StatusCode::OK, "the event is accepted");
+        json_of(r).await["outcome"]
+            .as_str()
+            .expect("outcome")
+            .to_string()
+    }
+
+    /// Makes what a crash leaves: `key`'s record executing again from
+    /// `point` with a dead lease, as if its process died there.
+    pub async fn crash_at(&self, key: &str, point: &str) {
+        let n = sqlx::query(
+            "UPDATE idempotency_record
+                SET state = 'executing', recovery_point = $2, lease_token = gen_random_uuid(),
+                    lease_expires_at = now() - interval '1 second', response_status = NULL,
+                    response_body = NULL, response_location = NULL
+              WHERE idempotency_key = $1",
+        )
+        .bind(key)
+        .bind(point)
+        .execute(&self.db)
+        .await
+        .expect("crash")
+        .rows_affected();
+        assert_eq!(n, 1);
+    }
+
+    pub async fn pay_with(&self, key: &str, order_id: &str, card: &str) -> (StatusCode, Value) {
+        let body = json!({"order_id": order_id, "payment_method": card});
+        let r = self.post("/payments", key, &body).await;
+        let status = r.status();
+        (status, json_of(r).await)
+    }
+}
+
+/// Every object of a localstripe list (read from localstripe itself, not
+/// through the layer).
+pub async fn stripe_list(stack: &StripeStack, path: &str) -> Vec<Value> {
+    let list: Value = reqwest::Client::new()
+        .get(format!("{}{path}", stack.localstripe.url()))
+        .bearer_auth(STRIPE_KEY)
+        .send()
+        .await
+        .expect("localstripe answers")
+        .json()
+        .await
+        .expect("a list");
+    list["data"].as_array().expect("data").clone()
+}
+
+/// Posts `event` to `/webhooks/stripe` with Stripe's signature.
+pub async fn post_stripe_event(app: &TestApp, event: &Value) -> reqwest::Response {
+    let body = event.to_string();
+    let signature = oncepay::provider::stripe::signature::sign(
+        STRIPE_WEBHOOK_SECRET,
+        chrono::Utc::now().timestamp(),
+        body.as_bytes(),
+    );
+    app.http
+        .post(format!("{}/webhooks/stripe", app.base))
+        .header("Stripe-Signature", signature)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("sent")
+}
+
+/// Starts the service with `provider`: provider faults injectable, the
+/// reconciler driven by the test, every check due at once.
+pub async fn app_with(provider: Provider) -> Option<TestApp> {
+    if provider == Provider::Stripe && !localstripe_or_skip() {
+        return None;
+    }
+    let mut options = Options::default()
+        .provider(provider)
+        .serve("ONCEPAY_RECONCILE_AFTER", "0s");
+    if provider == Provider::Sandbox {
+        options = options
+            .with_fault_proxy()
+            .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off");
+    }
+    Some(spawn_app_with(options).await)
+}
+
+pub async fn payment(app: &TestApp, id: &Value) -> Value {
+    json_of(
+        app.get(&format!("/payments/{}", id.as_str().expect("id")))
+            .await,
+    )
+    .await
+}
+
+// ---- the scenarios ----
+
+async fn pays(app: TestApp) {
+    let order = app.create_order().await;
+    let (status, paid) = app.pay(&order, app.card()).await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    assert_eq!(paid["status"], "succeeded");
+    assert_eq!(paid["provider"], app.ctx.providers.current().name());
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+async fn declines(app: TestApp) {
+    let order = app.create_order().await;
+    let (status, failed) = app.pay(&order, app.declined_card()).await;
+    assert_eq!(status, StatusCode::CREATED, "{failed}");
+    assert_eq!(failed["status"], "failed");
+    assert!(
+        failed["failure_code"]
+            .as_str()
+            .is_some_and(|c| !c.is_empty()),
+        "a decline says why: {failed}"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    assert_eq!(app.charges_at_provider(&order).await.0, 0);
+}
+
+async fn pays_again_after_a_decline(app: TestApp) {
+    let order = app.create_order().await;
+    let (_, failed) = app.pay(&order, app.declined_card()).await;
+    assert_eq!(failed["status"], "failed");
+    let (status, paid) = app.pay(&order, app.card()).await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    assert_eq!(paid["status"], "succeeded");
+    assert_ne!(paid["id"], failed["id"], "a new attempt");
+    let (succeeded, objects) = app.charges_at_provider(&order).await;
+    assert_eq!(
+        (succeeded, objects),
+        (1, 2),
+        "one charge, and the declined one"
+    );
+}
+
+async fn replays(app: TestApp) {
+    let order = app.create_order().await;
+    let key = Uuid::new_v4().to_string();
+    let (first_status, first) = app.pay_with(&key, &order, app.card()).await;
+    let again = app
+        .post(
+            "/payments",
+            &key,
+            &json!({"order_id": order, "payment_method": app.card()}),
+        )
+        .await;
+    assert_eq!(again.status(), first_status);
+    assert_eq!(
+        again
+            .headers()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    assert_eq!(json_of(again).await, first);
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+async fn resumes_after_a_crash_between_opening_and_charging(app: TestApp) {
+    let order = app.create_order().await;
+    let key = Uuid::new_v4().to_string();
+    app.trouble(Trouble::NotThrough);
+    let (status, pending) = app.pay_with(&key, &order, app.card()).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "pending");
+    // What a crash leaves: the record executing from its last recorded
+    // step. With Stripe the PaymentIntent was created and its id recorded
+    // before the confirm; with the sandbox the attempt exists.
+    let point = match app.under() {
+        Provider::Stripe => {
+            assert!(
+                pending["provider_charge_id"]
+                    .as_str()
+                    .is_some_and(|id| id.starts_with("pi_")),
+                "the PaymentIntent is recorded before it is confirmed: {pending}"
+            );
+            "charge_opened"
+        }
+        Provider::Sandbox => "attempt_created",
+    };
+    app.crash_at(&key, point).await;
+    app.heal();
+    let pass = app.reconcile().await;
+    assert_eq!(pass.resumed, 1, "{pass:?}");
+    let paid = payment(&app, &pending["id"]).await;
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    // A retry gets the resumed command's answer (read from the record:
+    // this process's replay cache still holds the answer the "crash"
+    // rewrote, which a real crash would have taken with it).
+    let stored: i16 = sqlx::query_scalar(
+        "SELECT response_status FROM idempotency_record WHERE idempotency_key = $1",
+    )
+    .bind(&key)
+    .fetch_one(&app.db)
+    .await
+    .expect("record");
+    assert_eq!(stored, 201);
+    assert_eq!(
+        app.charges_at_provider(&order).await,
+        (1, 1),
+        "one object, charged once"
+    );
+}
+
+async fn settles_an_answer_lost_after_the_charge(app: TestApp) {
+    let order = app.create_order().await;
+    app.trouble(Trouble::AfterTheCharge);
+    let (status, pending) = app.pay(&order, app.card()).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "pending", "an error is not a decline");
+    assert_eq!(
+        app.charges_at_provider(&order).await.0,
+        1,
+        "the money moved"
+    );
+    // Paying again while it is pending is refused, not charged.
+    let (again, _) = app.pay(&order, app.card()).await;
+    assert_eq!(again, StatusCode::CONFLICT);
+    app.heal();
+    app.reconcile().await;
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "succeeded");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+async fn paid(app: &TestApp) -> (String, Value) {
+    let order = app.create_order().await;
+    let (status, paid) = app.pay(&order, app.card()).await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    (order, paid)
+}
+
+async fn refunds_part(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app.post(&path, "r1", &json!({"amount": 1000})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refund = json_of(r).await;
+    assert_eq!(refund["status"], "succeeded", "{refund}");
+    assert_eq!(app.refunded_at_provider(&paid).await, 1000);
+    assert_eq!(payment(&app, &paid["id"]).await["refunded_amount"], 1000);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+}
+
+async fn refunds_all(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app.post(&path, "r1", &json!({})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(json_of(r).await["amount"], paid["amount"]);
+    assert_eq!(
+        app.refunded_at_provider(&paid).await,
+        paid["amount"].as_i64().expect("amount")
+    );
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
+}
+
+async fn refunds_twice_at_once(app: TestApp) {
+    let (_, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let part = json!({"amount": amount * 6 / 10});
+    let (a, b) = tokio::join!(app.post(&path, "ra", &part), app.post(&path, "rb", &part));
+    let mut statuses = [a.status().as_u16(), b.status().as_u16()];
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [201, 422],
+        "one refund; the other exceeds the payment"
+    );
+    assert_eq!(app.refunded_at_provider(&paid).await, amount * 6 / 10);
+    assert_eq!(
+        app.count("SELECT count(*) FROM refund WHERE status = 'succeeded'")
+            .await,
+        1
+    );
+}
+
+async fn cancels_a_paid_order(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let r = app
+        .post(&format!("/orders/{order}/cancel"), "c1", &json!({}))
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    assert_eq!(json_of(r).await["status"], "cancelled");
+    assert_eq!(
+        app.refunded_at_provider(&paid).await,
+        paid["amount"].as_i64().expect("amount")
+    );
+}
+
+async fn takes_a_duplicate_event_once(app: TestApp) {
+    let order = app.create_order().await;
+    app.trouble(Trouble::AfterTheCharge);
+    let (_, pending) = app.pay(&order, app.card()).await;
+    assert_eq!(pending["status"], "pending");
+    app.heal();
+    let event = format!("evt_{}", Uuid::new_v4().simple());
+    let first = app.provider_event(&pending, "succeeded", &event).await;
+    assert_eq!(first, "processed");
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "succeeded");
+    let second = app.provider_event(&pending, "succeeded", &event).await;
+    assert_eq!(second, "duplicate");
+    assert_eq!(
+        app.count("SELECT count(*) FROM event WHERE type = 'payment.succeeded'")
+            .await,
+        1,
+        "one payment.succeeded for the merchant"
+    );
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+async fn ignores_an_event_out_of_order(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let stale = format!("evt_{}", Uuid::new_v4().simple());
+    let outcome = app.provider_event(&paid, "failed", &stale).await;
+    assert_ne!(outcome, "duplicate");
+    assert_eq!(payment(&app, &paid["id"]).await["status"], "succeeded");
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+async fn refuses_an_event_the_provider_does_not_confirm(app: TestApp) {
+    let order = app.create_order().await;
+    app.trouble(Trouble::NotThrough);
+    let (_, pending) = app.pay(&order, app.card()).await;
+    assert_eq!(pending["status"], "pending");
+    app.heal();
+    let forged = format!("evt_{}", Uuid::new_v4().simple());
+    let outcome = app.provider_event(&pending, "succeeded", &forged).await;
+    assert_eq!(outcome, "unconfirmed");
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "pending");
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    assert_eq!(app.charges_at_provider(&order).await.0, 0);
+}
+
+async fn waits_out_a_credential_outage(app: TestApp) {
+    let order = app.create_order().await;
+    app.trouble(Trouble::Unauthorized);
+    let (status, pending) = app.pay(&order, app.card()).await;
+    assert_eq!(
+        status,
+        StatusCode::ACCEPTED,
+        "a refused key is not a decline: {pending}"
+    );
+    assert_eq!(pending["status"], "pending");
+    let (again, _) = app.pay(&order, app.card()).await;
+    assert_eq!(
+        again,
+        StatusCode::CONFLICT,
+        "the order is not payable again"
+    );
+    // Still refused: still pending, however often it is asked.
+    app.reconcile().await;
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "pending");
+    app.heal();
+    app.reconcile().await;
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "succeeded");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+/// Declares each scenario once per provider.
+macro_rules! contract {
+    ($($scenario:ident),+ $(,)?) => {
+        mod sandbox {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    if let Some(app) = super::app_with(super::Provider::Sandbox).await {
+                        super::$scenario(app).await;
+                    }
+                }
+            )+
+        }
+
+        mod stripe {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    if let Some(app) = super::app_with(super::Provider::Stripe).await {
+                        super::$scenario(app).await;
+                    }
+                }
+            )+
+        }
+    };
+}
+
+contract!(
+    pays,
+    declines,
+    pays_again_after_a_decline,
+    replays,
+    resumes_after_a_crash_between_opening_and_charging,
+    settles_an_answer_lost_after_the_charge,
+    refunds_part,
+    refunds_all,
+    refunds_twice_at_once,
+    cancels_a_paid_order,
+    takes_a_duplicate_event_once,
+    ignores_an_event_out_of_order,
+    refuses_an_event_the_provider_does_not_confirm,
+    waits_out_a_credential_outage,
+);

@@ -1,0 +1,348 @@
+//! What only Stripe does: each of its faults, met through the
+//! Stripe-semantics layer in front of localstripe, and classified by what
+//! it proves. Each test fails loudly if a fault is taken for what it is
+//! not (a `401` for a decline, a `429` for a failure, a replayed answer for
+//! a second charge). The scenarios both providers share are in
+//! `provider_contract.rs`.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::helpers::*;
+use crate::provider_contract::{app_with, payment, post_stripe_event, stripe_list};
+use oncepay_testkit::ready;
+use oncepay_testkit::stripe_layer::{Call, StripeFault, StripeLayer};
+
+impl TestApp {
+    fn layer(&self) -> &StripeLayer {
+        &self.stripe.as_ref().expect("a Stripe app").layer
+    }
+
+    async fn pay_visa(&self) -> (String, StatusCode, Value) {
+        let order = self.create_order().await;
+        let (status, body) = self.pay(&order, "pm_card_visa").await;
+        (order, status, body)
+    }
+
+    /// The metric line's value, 0 if absent.
+    fn metric(&self, prefix: &str) -> u64 {
+        self.ctx
+            .metrics
+            .render()
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+async fn stripe_app() -> Option<TestApp> {
+    app_with(Provider::Stripe).await
+}
+
+#[tokio::test]
+async fn transient_answers_are_retried_with_the_same_key_and_charge_once() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    for (call, fault, times) in [
+        (Call::CreateIntent, StripeFault::LockTimeout, 1),
+        (Call::Confirm, StripeFault::LockTimeout, 1),
+        (Call::Confirm, StripeFault::RateLimited, 2),
+        (Call::Confirm, StripeFault::KeyInUse, 1),
+        (
+            Call::Confirm,
+            StripeFault::ServerError {
+                should_retry: Some(true),
+            },
+            1,
+        ),
+        (
+            Call::Confirm,
+            StripeFault::ServerError { should_retry: None },
+            1,
+        ),
+    ] {
+        app.layer().set_times(call, fault.clone(), times);
+        let (order, status, body) = app.pay_visa().await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (StatusCode::CREATED, Some("succeeded")),
+            "{fault:?} on {call:?} is retried at once: {body}"
+        );
+        assert_eq!(app.charges_at_provider(&order).await, (1, 1), "{fault:?}");
+    }
+}
+
+#[tokio::test]
+async fn stripe_should_retry_false_is_honoured_and_proves_nothing() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    app.layer().set(
+        Call::Confirm,
+        StripeFault::ServerError {
+            should_retry: Some(false),
+        },
+    );
+    let (order, status, pending) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "pending", "never a decline");
+    assert_eq!(app.layer().forwarded(Call::Confirm), 0);
+    // Not retried within the request: one refused confirm, then the answer.
+    assert_eq!(
+        app.metric("oncepay_provider_calls_total{operation=\"charge\",outcome=\"unknown\"}"),
+        1
+    );
+    app.layer().heal();
+    app.reconcile().await;
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "succeeded");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+#[tokio::test]
+async fn a_refused_key_is_an_outage_never_a_decline() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    // On the create: nothing exists at Stripe yet.
+    app.layer()
+        .set(Call::CreateIntent, StripeFault::Unauthorized);
+    let (order, status, pending) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "pending");
+    assert_eq!(pending["provider_charge_id"], Value::Null);
+    assert_eq!(app.charges_at_provider(&order).await, (0, 0));
+    // On the reconciler's reads too: still pending, never failed.
+    app.layer().set(Call::Read, StripeFault::Unauthorized);
+    app.reconcile().await;
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "pending");
+    app.layer().heal();
+    app.reconcile().await;
+    let paid = payment(&app, &pending["id"]).await;
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+#[tokio::test]
+async fn an_idempotency_error_is_our_bug_logged_and_counted_never_a_decline() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    app.layer()
+        .set(Call::Confirm, StripeFault::IdempotencyError);
+    let (order, status, pending) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "pending");
+    assert_eq!(
+        app.metric("oncepay_provider_calls_total{operation=\"charge\",outcome=\"our_bug\"}"),
+        1,
+        "counted once, not retried"
+    );
+    app.layer().heal();
+    app.reconcile().await;
+    assert_eq!(payment(&app, &pending["id"]).await["status"], "succeeded");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+#[tokio::test]
+async fn a_dropped_answer_is_replayed_under_the_same_key_not_charged_again() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    // The create's answer lost: the retry gets the same PaymentIntent.
+    app.layer()
+        .set_times(Call::CreateIntent, StripeFault::DropAfterEffect, 1);
+    // The confirm's answer lost: the retry gets the saved answer.
+    app.layer()
+        .set_times(Call::Confirm, StripeFault::DropAfterEffect, 1);
+    let (order, status, paid) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    assert_eq!(paid["status"], "succeeded");
+    assert_eq!(
+        app.layer().replayed(),
+        2,
+        "both repeats answered from Stripe's record"
+    );
+    assert_eq!(app.layer().forwarded(Call::CreateIntent), 1);
+    assert_eq!(app.layer().forwarded(Call::Confirm), 1);
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+#[tokio::test]
+async fn a_declined_card_fails_with_stripes_decline_code_and_the_order_stays_payable() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let order = app.create_order().await;
+    let (status, failed) = app.pay(&order, "pm_card_chargeCustomerFail").await;
+    assert_eq!(status, StatusCode::CREATED, "{failed}");
+    assert_eq!(failed["status"], "failed");
+    // The layer answers as Stripe does: card_error with a decline_code.
+    assert_eq!(failed["failure_code"], "generic_decline");
+    // An unknown PaymentMethod: refused at the create, nothing charged.
+    let (status, unknown) = app.pay(&order, "pm_card_doesNotExist").await;
+    assert_eq!(status, StatusCode::CREATED, "{unknown}");
+    assert_eq!(unknown["status"], "failed");
+    assert_eq!(unknown["failure_code"], "invalid_payment_method");
+    let (_, paid) = app.pay(&order, "pm_card_visa").await;
+    assert_eq!(paid["status"], "succeeded");
+    assert_eq!(app.charges_at_provider(&order).await.0, 1);
+}
+
+#[tokio::test]
+async fn payment_methods_are_in_the_current_providers_form() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let order = app.create_order().await;
+    let r = app
+        .post(
+            "/payments",
+            &Uuid::new_v4().to_string(),
+            &json!({"order_id": order, "payment_method": "tok_visa"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let problem = json_of(r).await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("payment_method") && d.contains("pm_")),
+        "{problem}"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 0);
+    // And with the sandbox, a Stripe id is refused the same way.
+    let sandbox = spawn_app().await;
+    let order = sandbox.create_order().await;
+    let (status, problem) = sandbox.pay(&order, "pm_card_visa").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{problem}");
+    assert!(problem["detail"]
+        .as_str()
+        .is_some_and(|d| d.contains("tok_")));
+}
+
+#[tokio::test]
+async fn localstripes_own_signed_event_settles_a_payment() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    app.layer()
+        .set(Call::Confirm, StripeFault::ErrorAfterEffect);
+    let (_, status, pending) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    // The reconciler is not run: only the event (confirmed by a read of
+    // the PaymentIntent) can settle it.
+    let settled = ready::until(Duration::from_secs(10), || async {
+        payment(&app, &pending["id"]).await["status"] == "succeeded"
+    })
+    .await;
+    assert!(
+        settled.is_ok(),
+        "payment_intent.succeeded from localstripe settles it"
+    );
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM webhook_event WHERE provider = 'stripe'
+               AND event_type = 'payment_intent.succeeded' AND outcome = 'processed'"
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn stripe_webhooks_are_verified_before_anything_is_read() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let event = json!({"id": "evt_1", "type": "payment_intent.succeeded", "data": {"object": {}}});
+    let body = event.to_string();
+    let now = chrono::Utc::now().timestamp();
+    let post = |signature: String| {
+        app.http
+            .post(format!("{}/webhooks/stripe", app.base))
+            .header("Stripe-Signature", signature)
+            .body(body.clone())
+            .send()
+    };
+    let sign = |secret: &str, t: i64| {
+        oncepay::provider::stripe::signature::sign(secret, t, body.as_bytes())
+    };
+    for (why, signature) in [
+        ("another secret", sign("whsec_other", now)),
+        ("ten minutes old", sign(STRIPE_WEBHOOK_SECRET, now - 600)),
+        ("no v1", format!("t={now}")),
+    ] {
+        let r = post(signature).await.expect("sent");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{why}");
+        assert_eq!(
+            json_of(r).await["code"],
+            "webhook_signature_invalid",
+            "{why}"
+        );
+    }
+    assert_eq!(app.count("SELECT count(*) FROM webhook_event").await, 0);
+    // Two signatures while a secret is rolled: either may match.
+    let good = sign(STRIPE_WEBHOOK_SECRET, now);
+    let v1 = good.split_once(",v1=").expect("v1").1;
+    let rolled = format!("t={now},v1={},v1={v1}", "00".repeat(32));
+    let r = post(rolled).await.expect("sent");
+    assert_eq!(r.status(), StatusCode::OK);
+    // The same event again is a duplicate.
+    let r = post_stripe_event(&app, &event).await;
+    assert_eq!(json_of(r).await["outcome"], "duplicate");
+}
+
+#[tokio::test]
+async fn attempts_are_settled_with_the_provider_they_were_made_with() {
+    let Some(stripe) = stripe_app().await else {
+        return;
+    };
+    // The same database, a process whose new payments go to the sandbox:
+    // its attempt stays the sandbox's after the switch back to Stripe.
+    let sandbox_first = spawn_app_with(
+        Options {
+            database_url: Some(db_url_of(&stripe).await),
+            ..Options::default()
+        }
+        .with_fault_proxy()
+        .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off"),
+    )
+    .await;
+    let order = sandbox_first.create_order().await;
+    sandbox_first.proxy().set(
+        oncepay_testkit::fault_proxy::Route::Charge,
+        oncepay_testkit::fault_proxy::Fault::Down,
+    );
+    let (status, pending) = sandbox_first.pay(&order, "tok_visa").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["provider"], "sandbox");
+    // The Stripe process's reconciler settles it, with its sandbox.
+    stripe.reconcile().await;
+    let settled = payment(&stripe, &pending["id"]).await;
+    assert_eq!(settled["status"], "succeeded", "{settled}");
+    assert_eq!(settled["provider"], "sandbox");
+    assert!(settled["provider_charge_id"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("ch_")));
+    let stack = stripe.stripe.as_ref().expect("stripe");
+    assert!(
+        stripe_list(stack, "/v1/payment_intents?limit=100")
+            .await
+            .is_empty(),
+        "nothing went to Stripe"
+    );
+}
+
+async fn db_url_of(app: &TestApp) -> String {
+    let name: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&app.db)
+        .await
+        .expect("name");
+    format!("{}/{name}", pg_server())
+}

@@ -93,6 +93,12 @@ test: localstripe ## run every test (unit, properties, API, multi-process, schem
 	  cargo test --workspace || status=$$?; \
 	fi; \
 	$(MAKE) --no-print-directory test-dbs-drop; \
+	if [ $$status -eq 0 ]; then \
+	  for provider in sandbox stripe; do \
+	    n=$$(cargo test -q -p oncepay --test api -- --list 2>/dev/null | grep -c "^provider_contract::$$provider::"); \
+	    echo "provider contract: $$n scenarios passed against $$provider"; \
+	  done; \
+	fi; \
 	exit $$status
 
 # localstripe (PyPI), the fake Stripe the Stripe tests run against: a test

@@ -32,3 +32,4 @@ pub mod processes;
 pub mod ready;
 pub mod receiver;
 pub mod stripe_layer;
+pub mod tls;

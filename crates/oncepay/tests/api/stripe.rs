@@ -346,3 +346,47 @@ async fn db_url_of(app: &TestApp) -> String {
         .expect("name");
     format!("{}/{name}", pg_server())
 }
+
+#[tokio::test]
+async fn serve_reaches_stripe_over_https_with_the_default_build() {
+    if !localstripe_or_skip() {
+        return;
+    }
+    let localstripe = oncepay_testkit::localstripe::LocalStripe::start()
+        .await
+        .expect("localstripe starts");
+    let layer = StripeLayer::start(localstripe.url()).expect("layer");
+    let tls = oncepay_testkit::tls::TlsForward::start(layer.url())
+        .await
+        .expect("a TLS server with a test certificate");
+    let (db_url, _db, key) = migrated_database_with_key().await;
+    // No sandbox runs: nothing may go there.
+    let mut env = serve_env(&db_url, "http://127.0.0.1:9");
+    env.push(("ONCEPAY_PROVIDER", "stripe".into()));
+    env.push(("ONCEPAY_STRIPE_SECRET_KEY", STRIPE_KEY.into()));
+    env.push(("ONCEPAY_STRIPE_API_BASE", tls.url().to_string()));
+    // The platform's roots, as the release binary reads them, told to
+    // trust the test CA.
+    env.push(("SSL_CERT_FILE", tls.ca().display().to_string()));
+    let serve = spawn_binary("serve", "ONCEPAY_BIND", &env).await;
+    let http = reqwest::Client::new();
+    let post = |path: &str, body: Value| {
+        http.post(format!("{}{path}", serve.base))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", Uuid::new_v4().to_string())
+            .json(&body)
+            .send()
+    };
+    let order = json_of(post("/orders", order_body()).await.expect("order")).await;
+    let r = post(
+        "/payments",
+        json!({"order_id": order["id"], "payment_method": "pm_card_visa"}),
+    )
+    .await
+    .expect("payment");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let paid = json_of(r).await;
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    assert!(tls.url().starts_with("https://"));
+    assert_eq!(layer.forwarded(Call::Confirm), 1, "reached through TLS");
+}

@@ -124,9 +124,13 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
 
     /// `ONCEPAY_PROVIDER`: where new payments go.
     fn provider(&self) -> Result<String, ConfigError> {
-        self.get("ONCEPAY_PROVIDER", "sandbox".to_string(), |v| match v {
-            "sandbox" | "stripe" => Ok(v.to_string()),
-            _ => Err("expected sandbox or stripe".into()),
+        use crate::provider::{sandbox, stripe};
+        self.get("ONCEPAY_PROVIDER", sandbox::NAME.to_string(), |v| {
+            if [sandbox::NAME, stripe::NAME].contains(&v) {
+                Ok(v.to_string())
+            } else {
+                Err("expected sandbox or stripe".into())
+            }
         })
     }
 
@@ -137,7 +141,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             StripeSecretKey::parse(v).map(Some).map_err(str::to_string)
         })?;
         let Some(secret_key) = secret_key else {
-            if provider == "stripe" {
+            if provider == crate::provider::stripe::NAME {
                 return Err(ConfigError {
                     var: "ONCEPAY_STRIPE_SECRET_KEY",
                     value: String::new(),

@@ -275,7 +275,7 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
          <tbody>\n{rows}</tbody>\n<tfoot><tr><th colspan=\"2\">Total</th><td class=\"money\">{total}</td></tr></tfoot>\n</table>\n\
          <form id=\"checkout\" data-token=\"{token}\" data-order=\"{order_id}\" data-initial=\"{initial}\" novalidate>\n\
          <label for=\"payment_method\">Card token</label>\n\
-         <input id=\"payment_method\" name=\"payment_method\" value=\"tok_visa\" autocomplete=\"off\" autocapitalize=\"off\" spellcheck=\"false\" required>\n\
+         <input id=\"payment_method\" name=\"payment_method\" value=\"{example}\" autocomplete=\"off\" autocapitalize=\"off\" spellcheck=\"false\" required>\n\
          <button id=\"pay\" type=\"submit\">Pay {total}</button>\n</form>\n\
          <div id=\"status\" role=\"status\" aria-live=\"polite\" data-status=\"idle\">Ready to pay.</div>\n\
          <section id=\"receipt\" hidden>\n<h2>Payment received</h2>\n<p>Thank you. <span id=\"receipt-amount\">{total}</span> was paid.</p>\n\
@@ -285,6 +285,7 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         order_id = order.id,
         token = escape(&path),
         initial = initial,
+        example = escape(state.ctx.providers.current().example_payment_method()),
     );
     Ok(html(
         StatusCode::OK,
@@ -344,7 +345,7 @@ pub async fn status(
 }
 
 /// `POST /checkout/{token}/payments` with `Idempotency-Key` and
-/// `{"payment_method": "tok_…"}`.
+/// `{"payment_method": …}`, in the current provider's form.
 pub async fn pay(
     state: web::Data<AppState>,
     req: HttpRequest,

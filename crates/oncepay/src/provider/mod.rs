@@ -155,6 +155,9 @@ pub trait PaymentProvider: Send + Sync {
     /// Whether `payment_method` has this provider's form; the error says
     /// which form is expected.
     fn check_payment_method(&self, payment_method: &str) -> Result<(), &'static str>;
+    /// A test-mode payment method that succeeds, offered on the checkout
+    /// page until it has a real card form.
+    fn example_payment_method(&self) -> &'static str;
     /// The first phase of a charge, for providers that create before they
     /// charge; [`Opened::NotNeeded`] (without a call) for the others.
     fn open_charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, Opened>;
@@ -264,6 +267,9 @@ impl PaymentProvider for Unconfigured {
     }
     fn check_payment_method(&self, _: &str) -> Result<(), &'static str> {
         Err("cannot be checked: the provider is not configured")
+    }
+    fn example_payment_method(&self) -> &'static str {
+        ""
     }
     fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async move { Opened::Settled(self.unknown()) })

@@ -150,6 +150,10 @@ impl PaymentProvider for Sandbox {
         check_token(payment_method)
     }
 
+    fn example_payment_method(&self) -> &'static str {
+        "tok_visa"
+    }
+
     fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async { Opened::NotNeeded })
     }

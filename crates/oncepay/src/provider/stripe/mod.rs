@@ -263,6 +263,10 @@ impl PaymentProvider for Stripe {
         check_payment_method(payment_method)
     }
 
+    fn example_payment_method(&self) -> &'static str {
+        "pm_card_visa"
+    }
+
     fn open_charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async move {
             let form = vec![

@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The launcher that binds loopback and keeps the store in memory.
 const LAUNCHER: &str = include_str!("../assets/run_localstripe.py");
@@ -58,20 +57,9 @@ impl LocalStripe {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", python.display()))?;
-        let stdout = process.stdout.take().ok_or("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let port = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(port) = line.strip_prefix("PORT ") {
-                    return port.trim().parse::<u16>().ok();
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .ok_or("localstripe did not say which port it listens on")?;
+        let port = crate::ready::announced_port(&mut process, Duration::from_secs(30))
+            .await
+            .ok_or("localstripe did not say which port it listens on")?;
         let url = format!("http://127.0.0.1:{port}");
         // Any answer (a 401 without a key) means it is serving.
         let client = reqwest::Client::new();

@@ -5,6 +5,29 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+/// The port a child process announces on its standard output as a line
+/// `PORT <n>` (our Python launchers bind port 0 and say which port they
+/// got), within `patience`.
+pub async fn announced_port(
+    child: &mut tokio::process::Child,
+    patience: Duration,
+) -> Option<u16> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let stdout = child.stdout.take()?;
+    let mut lines = BufReader::new(stdout).lines();
+    tokio::time::timeout(patience, async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(port) = line.strip_prefix("PORT ") {
+                return port.trim().parse::<u16>().ok();
+            }
+        }
+        None
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
 /// Waits until `GET url` answers 2xx, for up to `patience`.
 pub async fn until_ready(url: &str, patience: Duration) -> Result<(), String> {
     let client = reqwest::Client::new();

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const FORWARDER: &str = include_str!("../assets/tls_forward.py");
 
@@ -124,20 +123,9 @@ impl TlsForward {
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("cannot start python3: {e}"))?;
-        let stdout = process.stdout.take().ok_or("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let port = tokio::time::timeout(Duration::from_secs(20), async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(port) = line.strip_prefix("PORT ") {
-                    return port.trim().parse::<u16>().ok();
-                }
-            }
-            None
-        })
-        .await
-        .ok()
-        .flatten()
-        .ok_or("the TLS forwarder did not say which port it listens on")?;
+        let port = crate::ready::announced_port(&mut process, Duration::from_secs(20))
+            .await
+            .ok_or("the TLS forwarder did not say which port it listens on")?;
         Ok(TlsForward {
             url: format!("https://127.0.0.1:{port}"),
             ca: d.join("ca.pem"),

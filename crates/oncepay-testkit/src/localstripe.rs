@@ -12,7 +12,6 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-
 /// The launcher that binds loopback and keeps the store in memory.
 const LAUNCHER: &str = include_str!("../assets/run_localstripe.py");
 

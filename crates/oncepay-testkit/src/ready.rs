@@ -8,10 +8,7 @@ use std::time::{Duration, Instant};
 /// The port a child process announces on its standard output as a line
 /// `PORT <n>` (our Python launchers bind port 0 and say which port they
 /// got), within `patience`.
-pub async fn announced_port(
-    child: &mut tokio::process::Child,
-    patience: Duration,
-) -> Option<u16> {
+pub async fn announced_port(child: &mut tokio::process::Child, patience: Duration) -> Option<u16> {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let stdout = child.stdout.take()?;
     let mut lines = BufReader::new(stdout).lines();

@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-
 const FORWARDER: &str = include_str!("../assets/tls_forward.py");
 
 /// A running TLS forwarder, stopped when dropped.

@@ -108,6 +108,8 @@ struct State {
     faults: HashMap<Call, (StripeFault, Option<u32>)>,
     keys: HashMap<String, Saved>,
     forwarded: HashMap<Call, u64>,
+    /// Calls that met a fault, by kind.
+    faulted: HashMap<Call, u64>,
     replayed: u64,
     stalled: u64,
 }
@@ -192,6 +194,9 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
                 }
                 None => Some(fault.clone()),
             });
+        if fault.is_some() {
+            *state.faulted.entry(call).or_insert(0) += 1;
+        }
         fault
     };
     match fault {
@@ -388,6 +393,33 @@ impl StripeLayer {
             .insert(call, (fault, Some(times)));
     }
 
+    /// Passes every later `call` again (stalled calls stay held until
+    /// [`StripeLayer::release`]).
+    pub fn clear(&self, call: Call) {
+        self.shared.state().faults.remove(&call);
+    }
+
+    /// Applies `fault` to every `calls` for `duration`, then passes them
+    /// again (unless another fault was set on one meanwhile), as
+    /// [`crate::fault_proxy::FaultProxy::spell`] does. The timer runs on
+    /// the current tokio runtime. Not for [`StripeFault::Stall`]: what a
+    /// spell of it held stays held until released.
+    pub fn spell(&self, calls: &[Call], fault: StripeFault, duration: Duration) {
+        for call in calls {
+            self.set(*call, fault.clone());
+        }
+        let (layer, calls) = (self.clone(), calls.to_vec());
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            let mut state = layer.shared.state();
+            for call in calls {
+                if state.faults.get(&call) == Some(&(fault.clone(), None)) {
+                    state.faults.remove(&call);
+                }
+            }
+        });
+    }
+
     /// Passes every call again, and lets every stalled call go on.
     pub fn heal(&self) {
         self.shared.state().faults.clear();
@@ -407,6 +439,12 @@ impl StripeLayer {
             .get(&call)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Calls of this kind that met a fault (any kind, from `set`,
+    /// `set_times` or `spell`).
+    pub fn faulted(&self, call: Call) -> u64 {
+        self.shared.state().faulted.get(&call).copied().unwrap_or(0)
     }
 
     /// Repeats answered from a saved answer.

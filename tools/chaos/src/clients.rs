@@ -48,7 +48,36 @@ pub struct Clients {
     pub patience: Duration,
     /// Shared retry counts.
     pub retries: Mutex<Retries>,
+    /// The payment methods the intents use: one the provider declines,
+    /// one it settles later, one it charges at once.
+    pub methods: PaymentMethods,
     http: reqwest::Client,
+}
+
+/// The payment methods of one provider.
+#[derive(Debug, Clone, Copy)]
+pub struct PaymentMethods {
+    /// Declined by the provider.
+    pub declined: &'static str,
+    /// Settled asynchronously (where the provider can).
+    pub later: &'static str,
+    /// Charged at once.
+    pub charged: &'static str,
+}
+
+impl PaymentMethods {
+    /// The sandbox's test tokens.
+    pub const SANDBOX: PaymentMethods = PaymentMethods {
+        declined: "tok_declined",
+        later: "tok_async",
+        charged: "tok_visa",
+    };
+    /// localstripe's test cards (it has no asynchronous card).
+    pub const STRIPE: PaymentMethods = PaymentMethods {
+        declined: "pm_card_chargeCustomerFail",
+        later: "pm_card_visa",
+        charged: "pm_card_visa",
+    };
 }
 
 impl Clients {
@@ -58,12 +87,14 @@ impl Clients {
         api_key: String,
         timeout: Duration,
         patience: Duration,
+        methods: PaymentMethods,
     ) -> Clients {
         Clients {
             bases,
             api_key,
             patience,
             retries: Mutex::new(Retries::default()),
+            methods,
             // A connection per request, so that the lossy proxy's share of
             // connections is a share of requests.
             http: reqwest::Client::builder()
@@ -156,9 +187,9 @@ impl Clients {
     pub async fn run_intent(self: Arc<Self>, run: &str, i: usize) -> Intent {
         let mut intent = Intent::default();
         let token = match i % 10 {
-            7 => "tok_declined",
-            8 => "tok_async",
-            _ => "tok_visa",
+            7 => self.methods.declined,
+            8 => self.methods.later,
+            _ => self.methods.charged,
         };
         let order = json!({
             "customer_id": format!("chaos-{i}"),

@@ -70,13 +70,10 @@ fn text(v: &Value) -> String {
     v.as_str().unwrap_or_default().to_string()
 }
 
-async fn facts(db: &PgPool, sandbox: &str) -> Result<Facts, String> {
-    let ledger: Value = reqwest::get(format!("{sandbox}/v1/ledger"))
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
+/// The facts, from the provider's books (the sandbox's ledger, or
+/// Stripe's books in its shape: `crate::stripe::ledger`) and the database.
+async fn facts(db: &PgPool, ledger: &Value) -> Result<Facts, String> {
+    let ledger = ledger.clone();
     let list = |name: &str| ledger[name].as_array().cloned().unwrap_or_default();
     let mut charges_by_order: HashMap<String, Vec<Value>> = HashMap::new();
     let mut charge_by_key = HashMap::new();
@@ -532,8 +529,9 @@ pub struct Soak<'a> {
     pub webhooks: &'a crate::outbox::Receipts,
 }
 
-/// Checks every invariant and prints the tables.
-pub async fn check(db: &PgPool, sandbox: &str, soak: &Soak<'_>) -> Result<Report, String> {
+/// Checks every invariant against the provider's books (`ledger`, in the
+/// sandbox ledger's shape) and prints the tables.
+pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Report, String> {
     let Soak {
         intents,
         faults,
@@ -542,7 +540,7 @@ pub async fn check(db: &PgPool, sandbox: &str, soak: &Soak<'_>) -> Result<Report
         times: (soak_time, settle_time),
         webhooks,
     } = *soak;
-    let f = facts(db, sandbox).await?;
+    let f = facts(db, ledger).await?;
     let scalar = |sql: &'static str| async move {
         // Unreadable is a breach: -1 never passes a check.
         sqlx::query_scalar::<_, i64>(sql)
@@ -622,6 +620,7 @@ async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults) -> String {
             .await
             .unwrap_or(-1)
     };
+    let stripe = f.ledger["provider"] == "stripe";
     let provider = |name: &str| f.ledger["totals"]["faults"][name].as_u64().unwrap_or(0);
     let events = scalar("SELECT count(*) FROM webhook_event").await;
     let delivered = f.ledger["totals"]["webhooks_delivered"]
@@ -648,29 +647,80 @@ async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults) -> String {
             "client answer lost after the request reached oncepay (TCP)".into(),
             faults.lost_answers as i64,
         ),
-        (
-            "provider 5xx before charging (sandbox)".into(),
-            provider("error_5xx") as i64,
-        ),
-        (
-            "provider charged, answer lost (sandbox)".into(),
-            provider("dropped_response") as i64,
-        ),
-        (
-            "provider answered past the client timeout (sandbox)".into(),
-            provider("delayed_response") as i64,
-        ),
     ];
+    if !stripe {
+        rows.extend([
+            (
+                "provider 5xx before charging (sandbox)".into(),
+                provider("error_5xx") as i64,
+            ),
+            (
+                "provider charged, answer lost (sandbox)".into(),
+                provider("dropped_response") as i64,
+            ),
+            (
+                "provider answered past the client timeout (sandbox)".into(),
+                provider("delayed_response") as i64,
+            ),
+        ]);
+    }
+    let by = if stripe {
+        "Stripe layer"
+    } else {
+        "fault proxy"
+    };
     for (name, n) in &faults.provider {
-        rows.push((format!("spell: {name} (fault proxy)"), *n as i64));
+        rows.push((format!("spell: {name} ({by})"), *n as i64));
+    }
+    if let Some(layer) = &faults.stripe_layer {
+        rows.extend([
+            (
+                "Stripe calls that met a spell (Stripe layer)".to_string(),
+                layer.faulted as i64,
+            ),
+            (
+                "Stripe calls forwarded to localstripe (Stripe layer)".into(),
+                layer.forwarded as i64,
+            ),
+            (
+                "Stripe repeats answered from the saved answer (idempotency key)".into(),
+                layer.replayed as i64,
+            ),
+            (
+                "PaymentIntents left unconfirmed (no money moved)".into(),
+                f.charge_by_key
+                    .values()
+                    .filter(|c| c["status"] == "unconfirmed")
+                    .count() as i64,
+            ),
+            (
+                "attempts with more than one PaymentIntent".into(),
+                f.ledger["totals"]["attempts_with_more_than_one_payment_intent"]
+                    .as_i64()
+                    .unwrap_or(-1),
+            ),
+        ]);
+    }
+    if stripe {
+        rows.extend([
+            (
+                "webhook events localstripe sent (once each, never retried)".to_string(),
+                delivered,
+            ),
+            (
+                "webhook events oncepay received from Stripe".into(),
+                scalar("SELECT count(*) FROM webhook_event WHERE provider = 'stripe'").await,
+            ),
+        ]);
+    } else {
+        rows.push((
+            "webhook deliveries beyond the first (duplicates)".to_string(),
+            (delivered - events).max(0),
+        ));
     }
     rows.extend([
         (
-            "webhook deliveries beyond the first (duplicates)".to_string(),
-            (delivered - events).max(0),
-        ),
-        (
-            "webhook events confirmed by a provider read".into(),
+            "webhook events confirmed by a provider read".to_string(),
             scalar("SELECT count(*) FROM webhook_event WHERE confirmed_at IS NOT NULL").await,
         ),
         (

@@ -4,7 +4,11 @@
 //! and cuts the service's database connections, and the sandbox answers
 //! `5xx`, drops answers after charging, answers late, and delivers webhooks
 //! twice and out of order, and the merchant's webhook receiver fails a
-//! fifth of its deliveries. When the faults stop and the reconciler has
+//! fifth of its deliveries. With `--provider stripe` new payments go to
+//! localstripe behind the testkit's Stripe layer instead, which answers
+//! `429`, `500` (with `Stripe-Should-Retry` either way), `401`, `409 key in
+//! use`, drops answers after the effect and saves a `500` after it, in
+//! spells. When the faults stop and the reconciler has
 //! settled everything, it checks the invariants by counting, prints them
 //! with the faults and retries, and exits non-zero on any breach.
 
@@ -12,15 +16,16 @@ mod clients;
 mod ha;
 mod invariants;
 mod outbox;
+mod stripe;
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::Parser;
+use clap::{CommandFactory, Parser, ValueEnum};
 use sqlx::PgPool;
 
-use clients::{Clients, Intent};
+use clients::{Clients, Intent, PaymentMethods};
 use oncepay_testkit::fault_proxy::{Fault, FaultProxy, Route};
 use oncepay_testkit::lossy_tcp::LossyTcp;
 use oncepay_testkit::patroni::HaCluster;
@@ -60,6 +65,28 @@ struct Args {
     /// failovers that promote a standby left behind.
     #[arg(long, requires = "ha")]
     async_replication: bool,
+    /// Where oncepay's new payments go: the sandbox (behind the fault
+    /// proxy), or Stripe (localstripe from `make localstripe`, behind the
+    /// testkit's Stripe layer, which makes Stripe's faults). Not with --ha.
+    #[arg(long, value_enum, default_value_t = Provider::Sandbox)]
+    provider: Provider,
+}
+
+/// Where new payments go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Provider {
+    /// `oncepay sandbox`, behind the fault proxy.
+    Sandbox,
+    /// localstripe behind the Stripe layer.
+    Stripe,
+}
+
+/// The provider-side fault maker of the run.
+enum Faulting<'a> {
+    /// The fault proxy in front of the sandbox.
+    Sandbox(&'a FaultProxy),
+    /// The Stripe layer in front of localstripe.
+    Stripe(&'a stripe::Stack),
 }
 
 /// The database under the soak.
@@ -86,8 +113,19 @@ fn duration(text: &str) -> Result<Duration, String> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if args.ha && args.provider == Provider::Stripe {
+        Args::command()
+            .error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--provider stripe cannot be used with --ha (the HA soak runs on the sandbox only)",
+            )
+            .exit();
+    }
     let root = std::env::temp_dir().join(format!("oncepay-chaos-{}", std::process::id()));
     let result = run(&args, &root).await;
+    if !matches!(result, Ok(true)) {
+        keep_logs(&root);
+    }
     let _ = std::fs::remove_dir_all(&root);
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -102,6 +140,31 @@ async fn main() -> ExitCode {
     }
 }
 
+/// After a breach or an error: copies the run's logs (the serve processes'
+/// and the sandbox's) out of its root, which is removed, and says where.
+fn keep_logs(root: &std::path::Path) {
+    let kept = root.with_file_name(format!(
+        "{}-logs",
+        root.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    if std::fs::create_dir_all(&kept).is_err() {
+        return;
+    }
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let _ = std::fs::copy(&path, kept.join(entry.file_name()));
+        }
+    }
+    eprintln!(
+        "oncepay-chaos: the run's logs are kept in {}",
+        kept.display()
+    );
+}
+
 /// Faults the driver injected, counted.
 #[derive(Default)]
 pub struct Faults {
@@ -113,6 +176,18 @@ pub struct Faults {
     provider: std::collections::BTreeMap<&'static str, u64>,
     /// Client answers lost after the request committed.
     lost_answers: u64,
+    /// With `--provider stripe`: what the Stripe layer counted.
+    stripe_layer: Option<LayerCounts>,
+}
+
+/// What the Stripe layer counted over the run.
+pub struct LayerCounts {
+    /// Calls that met a fault.
+    faulted: u64,
+    /// Calls forwarded to localstripe.
+    forwarded: u64,
+    /// Repeats answered from a saved answer.
+    replayed: u64,
 }
 
 async fn run(args: &Args, root: &std::path::Path) -> Result<bool, String> {
@@ -198,6 +273,16 @@ async fn soak(
     sandbox.start("/healthz").await?;
     // The faults the sandbox cannot make come from a proxy in front of it.
     let proxy = FaultProxy::start(&sandbox_base).map_err(|e| format!("fault proxy: {e}"))?;
+    // With Stripe, new payments go to localstripe behind the Stripe layer;
+    // the sandbox stays registered (and idle).
+    let stripe = match args.provider {
+        Provider::Sandbox => None,
+        Provider::Stripe => {
+            eprintln!("localstripe behind the Stripe layer ...");
+            Some(stripe::Stack::start().await?)
+        }
+    };
+    let stripe_env = stripe.as_ref().map(stripe::Stack::serve_env);
     let mut services: Vec<Service> = ports
         .iter()
         .enumerate()
@@ -227,7 +312,15 @@ async fn soak(
                         "ONCEPAY_WEBHOOK_SCHEDULE",
                         "200ms,400ms,800ms,1s,1s,1s,2s,2s,2s,2s,2s,2s".into(),
                     ),
-                ]),
+                ])
+                .into_iter()
+                .chain(
+                    stripe_env
+                        .iter()
+                        .flatten()
+                        .map(|(k, v)| (k.to_string(), v.clone())),
+                )
+                .collect(),
                 bases[i].clone(),
                 root.join(format!("serve-{i}.log")),
             )
@@ -235,6 +328,12 @@ async fn soak(
         .collect();
     for s in services.iter_mut() {
         s.start("/readyz").await?;
+    }
+    if let Some(stripe) = &stripe {
+        // localstripe posts each event once, to the first process.
+        stripe
+            .register_webhook(&format!("{}/webhooks/stripe", bases[0]))
+            .await?;
     }
     // Clients reach each process through a proxy that loses some answers.
     let mut lossy = Vec::new();
@@ -257,6 +356,10 @@ async fn soak(
         api_key,
         Duration::from_secs(3),
         Duration::from_secs(90),
+        match args.provider {
+            Provider::Sandbox => PaymentMethods::SANDBOX,
+            Provider::Stripe => PaymentMethods::STRIPE,
+        },
     ));
     // The merchant's receiver, failing a fifth of its deliveries.
     let receiver =
@@ -295,6 +398,10 @@ async fn soak(
         ),
     }
     let mut faults = Faults::default();
+    let faulting = match &stripe {
+        Some(stack) => Faulting::Stripe(stack),
+        None => Faulting::Sandbox(&proxy),
+    };
     let intents = drive(
         args,
         &clients,
@@ -302,11 +409,14 @@ async fn soak(
         &mut faults,
         database,
         &mut services,
-        &proxy,
+        &faulting,
         &db,
     )
     .await?;
     proxy.heal();
+    if let Some(stack) = &stripe {
+        stack.layer.heal();
+    }
     for l in &lossy {
         l.stop_losing();
     }
@@ -328,10 +438,22 @@ async fn soak(
     );
     // The reconciler's pauses grow to 5 minutes for a row that met faults
     // at every look; patience covers one such pause.
-    let settled = settle(&db, &sandbox_base, Duration::from_secs(400)).await?;
+    let books = match &stripe {
+        Some(stack) => Books::Stripe(stack),
+        None => Books::Sandbox(&sandbox_base),
+    };
+    let settled = settle(&db, &books, Duration::from_secs(400)).await?;
     eprintln!("settled in {settled:.1?}; expiring every key and sending every intent again ...");
     let expiry = invariants::after_expiry(&db, &clients, &intents).await?;
-    settle(&db, &sandbox_base, Duration::from_secs(400)).await?;
+    settle(&db, &books, Duration::from_secs(400)).await?;
+    if let Some(stack) = &stripe {
+        let (forwarded, replayed) = stack.traffic();
+        faults.stripe_layer = Some(LayerCounts {
+            faulted: stack.faulted(),
+            forwarded,
+            replayed,
+        });
+    }
     let webhooks = outbox::Receipts {
         received: receiver.received(),
         secret,
@@ -344,14 +466,51 @@ async fn soak(
         times: (soak_time, settled),
         webhooks: &webhooks,
     };
-    let report = invariants::check(&db, &sandbox_base, &soak).await?;
+    let ledger = books.read().await?;
+    let report = invariants::check(&db, &ledger, &soak).await?;
     println!("{}{failovers}", report.text);
     for s in services.iter_mut() {
         s.kill().await;
     }
     sandbox.kill().await;
+    drop(stripe);
     db.close().await;
     Ok(report.ok)
+}
+
+/// The provider's books, read for the invariants.
+enum Books<'a> {
+    /// The sandbox's ledger at this base URL.
+    Sandbox(&'a str),
+    /// localstripe's PaymentIntents and Refunds, in the ledger's shape.
+    Stripe(&'a stripe::Stack),
+}
+
+impl Books<'_> {
+    /// The books in the sandbox ledger's shape.
+    async fn read(&self) -> Result<serde_json::Value, String> {
+        match self {
+            Books::Sandbox(base) => {
+                oncepay_testkit::ledger::read(&reqwest::Client::new(), base).await
+            }
+            Books::Stripe(stack) => stack.books().await,
+        }
+    }
+
+    /// Work the provider still has to do on its own (the sandbox's async
+    /// settlements and webhook deliveries; localstripe's deliveries, due a
+    /// second after each event: any event in the last 3 s counts as one).
+    async fn work_in_flight(&self, http: &reqwest::Client) -> Result<u64, String> {
+        match self {
+            Books::Sandbox(base) => oncepay_testkit::ledger::read(http, base)
+                .await
+                .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(u64::MAX)),
+            Books::Stripe(stack) => stack
+                .events_recently(Duration::from_secs(3))
+                .await
+                .map(u64::from),
+        }
+    }
 }
 
 /// Runs the intents while injecting faults; returns what each intent saw.
@@ -363,7 +522,7 @@ async fn drive(
     faults: &mut Faults,
     database: &mut Database,
     services: &mut [Service],
-    proxy: &FaultProxy,
+    faulting: &Faulting<'_>,
     db: &PgPool,
 ) -> Result<Vec<Intent>, String> {
     let started = Instant::now();
@@ -409,7 +568,7 @@ async fn drive(
                 None => {}
             },
             _ = tokio::time::sleep_until(next_fault.into()) => {
-                inject(faults, database, services, proxy, db).await?;
+                inject(faults, database, services, faulting, db).await?;
                 next_fault = Instant::now() + Duration::from_millis(fastrand::u64(150..700));
             }
             _ = tokio::time::sleep_until(next_failover.into()), if failing_over => {
@@ -430,20 +589,42 @@ async fn inject(
     faults: &mut Faults,
     database: &Database,
     services: &mut [Service],
-    proxy: &FaultProxy,
+    faulting: &Faulting<'_>,
     db: &PgPool,
 ) -> Result<(), String> {
-    let ms = |lo, hi| Duration::from_millis(fastrand::u64(lo..hi));
-    let mut spell = |name: &'static str, routes: &[Route], fault: Fault, lasting: Duration| {
-        proxy.spell(routes, fault, lasting);
-        *faults.provider.entry(name).or_insert(0) += 1;
-    };
-    match fastrand::u8(0..18) {
+    let kind = fastrand::u8(0..18);
+    match (kind, faulting) {
+        (0..=7, _) => kill_or_cut(kind, faults, database, services, db).await,
+        (8..=15, Faulting::Sandbox(proxy)) => {
+            let name = sandbox_spell(kind, proxy);
+            *faults.provider.entry(name).or_insert(0) += 1;
+            Ok(())
+        }
+        // With Stripe its layer makes the provider's faults, as often as
+        // the proxy makes the sandbox's.
+        (8..=15, Faulting::Stripe(stack)) => {
+            let name = stack.spell();
+            *faults.provider.entry(name).or_insert(0) += 1;
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A process or database fault (`kind` 0 to 7).
+async fn kill_or_cut(
+    kind: u8,
+    faults: &mut Faults,
+    database: &Database,
+    services: &mut [Service],
+    db: &PgPool,
+) -> Result<(), String> {
+    match kind {
         0..=3 => {
             let i = fastrand::usize(0..services.len());
             services[i].kill().await;
             faults.kills += 1;
-            tokio::time::sleep(ms(200, 800)).await;
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(200..800))).await;
             // Under Patroni a failover may leave no primary for a while: the
             // process is up when it lives, and ready when the database is.
             let up = if matches!(database, Database::Ha(..)) {
@@ -467,7 +648,7 @@ async fn inject(
                 faults.pg_restarts += 1;
             }
         }
-        6..=7 => {
+        _ => {
             let cut = sqlx::query("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE 'oncepay%'")
                 .execute(db)
                 .await;
@@ -475,49 +656,58 @@ async fn inject(
                 faults.terminations += 1;
             }
         }
-        8 => spell(
+    }
+    Ok(())
+}
+
+/// A spell of the fault proxy in front of the sandbox (`kind` 8 to 15);
+/// returns its name.
+fn sandbox_spell(kind: u8, proxy: &FaultProxy) -> &'static str {
+    let ms = |lo, hi| Duration::from_millis(fastrand::u64(lo..hi));
+    let (name, routes, fault, lasting): (&'static str, &[Route], Fault, Duration) = match kind {
+        8 => (
             "status reads refused (403, a rotated credential)",
             &[Route::StatusRead],
             Fault::answer(403, "forbidden"),
             ms(300, 1500),
         ),
-        9 => spell(
+        9 => (
             "status reads timed out (408)",
             &[Route::StatusRead],
             Fault::answer(408, "request_timeout"),
             ms(300, 1500),
         ),
-        10 => spell(
+        10 => (
             "status reads redirected (302)",
             &[Route::StatusRead],
             Fault::answer(302, "moved"),
             ms(300, 1500),
         ),
-        11 => spell(
+        11 => (
             "status reads answered with garbage",
             &[Route::StatusRead],
             Fault::Garbage,
             ms(300, 1500),
         ),
-        12 => spell(
+        12 => (
             "charges answered 409 (provider key in use)",
             &[Route::Charge],
             Fault::answer(409, "idempotency_key_in_use"),
             ms(300, 1000),
         ),
-        13 => spell(
+        13 => (
             "provider fully down (credential outage)",
             &[Route::StatusRead, Route::Charge, Route::Refund],
             Fault::Down,
             ms(500, 2000),
         ),
-        14 => spell(
+        14 => (
             "refunds unreachable",
             &[Route::Refund],
             Fault::Down,
             ms(1000, 3000),
         ),
-        15 => spell(
+        _ => (
             "charge made, answer replaced by a decline (lying provider)",
             &[Route::Charge],
             Fault::ForwardThenAnswer {
@@ -526,17 +716,17 @@ async fn inject(
             },
             ms(100, 400),
         ),
-        _ => {}
-    }
-    Ok(())
+    };
+    proxy.spell(routes, fault, lasting);
+    name
 }
 
 /// Waits until nothing is pending or executing here (merchant webhook
-/// deliveries included), and the sandbox has no webhook delivery or async
-/// settlement left to make. Returns how long
-/// it took; past `patience` it says what is still open and goes on (the
-/// invariants will count it).
-async fn settle(db: &PgPool, sandbox: &str, patience: Duration) -> Result<Duration, String> {
+/// deliveries included), and the provider has no webhook delivery or async
+/// settlement left to make (the sandbox's ledger says; for localstripe, no
+/// event in the last 3 s). Returns how long it took; past `patience` it
+/// says what is still open and goes on (the invariants will count it).
+async fn settle(db: &PgPool, books: &Books<'_>, patience: Duration) -> Result<Duration, String> {
     let started = Instant::now();
     let http = reqwest::Client::new();
     loop {
@@ -550,15 +740,13 @@ async fn settle(db: &PgPool, sandbox: &str, patience: Duration) -> Result<Durati
         )
         .fetch_one(db)
         .await;
-        let sandbox_busy = oncepay_testkit::ledger::read(&http, sandbox)
-            .await
-            .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(u64::MAX));
-        if open.as_ref().is_ok_and(|n| *n == 0) && sandbox_busy.as_ref().is_ok_and(|n| *n == 0) {
+        let provider_busy = books.work_in_flight(&http).await;
+        if open.as_ref().is_ok_and(|n| *n == 0) && provider_busy.as_ref().is_ok_and(|n| *n == 0) {
             return Ok(started.elapsed());
         }
         if started.elapsed() > patience {
             eprintln!(
-                "not settled after {patience:?}: open rows {open:?}, sandbox work in flight {sandbox_busy:?}"
+                "not settled after {patience:?}: open rows {open:?}, provider work in flight {provider_busy:?}"
             );
             return Ok(started.elapsed());
         }

@@ -21,3 +21,38 @@ async fn a_short_chaos_soak_keeps_every_invariant() {
         "{stdout}"
     );
 }
+
+#[tokio::test]
+async fn a_short_chaos_soak_through_stripe_keeps_every_invariant() {
+    if !oncepay_testkit::localstripe::available() {
+        assert!(
+            std::env::var_os("ONCEPAY_REQUIRE_LOCALSTRIPE").is_none(),
+            "ONCEPAY_REQUIRE_LOCALSTRIPE is set but localstripe is missing (make localstripe)"
+        );
+        eprintln!("SKIPPED: no localstripe (make localstripe installs it)");
+        return;
+    }
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay-chaos"))
+        .args([
+            "--provider",
+            "stripe",
+            "--intents",
+            "200",
+            "--concurrency",
+            "16",
+        ])
+        .output()
+        .await
+        .expect("run oncepay-chaos");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "chaos run failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("All invariants hold"), "{stdout}");
+    assert!(
+        stdout.contains("(Stripe layer)"),
+        "Stripe faults were injected: {stdout}"
+    );
+}

@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod outbound;
 pub mod outbox;
 pub mod problem;
+pub mod process_metrics;
 pub mod provider;
 pub mod provider_events;
 pub mod rate_limit;

@@ -49,6 +49,140 @@ pub struct Metrics {
     pub oldest_undelivered: prometheus::Gauge,
     /// Requests refused by a merchant's rate limit.
     pub rate_limited: IntCounter,
+    /// Provider answers refusing our credentials (`401`, `403`), by
+    /// provider and operation: a credential outage, never a decline.
+    pub provider_auth_refused: IntCounterVec,
+    /// Requests being handled now.
+    pub in_flight: prometheus::IntGauge,
+    /// Database pool connections by pool and state (`idle`, `in_use`), as
+    /// of the last scrape.
+    pub pool_connections: prometheus::IntGaugeVec,
+    /// Each pool's largest size.
+    pub pool_max: prometheus::IntGaugeVec,
+    /// When the reconciler last finished a pass (Unix seconds; 0: never).
+    pub reconciler_last_pass: prometheus::Gauge,
+}
+
+/// The label values each labelled counter is known to take, exported at 0
+/// from the first scrape: an alert on an increase then reads 0, not "no
+/// data", until something happens (and "no data" means a broken exporter).
+const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
+    (
+        "incidents",
+        &[&["charge_on_failed_attempt", "refund_on_failed_refund"]],
+    ),
+    ("pending_alarms", &[&["payment", "refund"]]),
+    (
+        "deliveries",
+        &[&[
+            "delivered",
+            "retrying",
+            "gave_up",
+            "gone",
+            "refused_address",
+        ]],
+    ),
+    (
+        "webhook_confirmations",
+        &[&["confirmed", "unconfirmed", "mismatch", "deferred"]],
+    ),
+    (
+        "webhooks",
+        &[&[
+            "processed",
+            "duplicate",
+            "ignored",
+            "unknown_charge",
+            "unconfirmed",
+            "mismatch",
+            "rejected",
+            "bad_signature",
+        ]],
+    ),
+    (
+        "idempotency",
+        &[&[
+            "executed",
+            "replayed",
+            "key_reused",
+            "in_flight",
+            "resumed",
+            "released",
+        ]],
+    ),
+    (
+        "transitions",
+        &[
+            &["pending", "succeeded", "failed"],
+            &["command", "webhook", "reconciler"],
+        ],
+    ),
+    (
+        "provider_calls",
+        &[
+            &[
+                "open_charge",
+                "charge",
+                "find_charge",
+                "refund",
+                "find_refund",
+                "probe",
+            ],
+            &[
+                "succeeded",
+                "pending",
+                "failed",
+                "not_found",
+                "unknown",
+                "our_bug",
+            ],
+        ],
+    ),
+    (
+        "provider_auth_refused",
+        &[
+            &["sandbox", "stripe"],
+            &[
+                "open_charge",
+                "charge",
+                "find_charge",
+                "refund",
+                "find_refund",
+                "probe",
+            ],
+        ],
+    ),
+    (
+        "reconciler",
+        &[
+            &["command", "payment", "refund", "decline", "recovery"],
+            &[
+                "resumed",
+                "freed",
+                "settled",
+                "still_pending",
+                "confirmed",
+                "unconfirmed",
+                "rechecked",
+                "error",
+            ],
+        ],
+    ),
+];
+
+/// Every combination of the label value lists.
+fn combinations(lists: &[&[&str]]) -> Vec<Vec<String>> {
+    lists.iter().fold(vec![Vec::new()], |acc, values| {
+        acc.iter()
+            .flat_map(|prefix| {
+                values.iter().map(move |v| {
+                    let mut next = prefix.clone();
+                    next.push((*v).to_string());
+                    next
+                })
+            })
+            .collect()
+    })
 }
 
 const LATENCY_BUCKETS: &[f64] = &[
@@ -96,13 +230,66 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(oldest_pending.clone()));
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = prometheus::IntGaugeVec::new(Opts::new(name, help), labels)
+                .unwrap_or_else(|e| panic!("metric {name} is malformed: {e}"));
+            let _ = registry.register(Box::new(g.clone()));
+            g
+        };
+        let gauge = |name: &str, help: &str| {
+            let g = prometheus::Gauge::new(name, help)
+                .unwrap_or_else(|e| panic!("metric {name} is malformed: {e}"));
+            let _ = registry.register(Box::new(g.clone()));
+            g
+        };
+        let in_flight = prometheus::IntGauge::new(
+            "oncepay_http_requests_in_flight",
+            "HTTP requests being handled now",
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(in_flight.clone()));
+        let build_info = prometheus::IntGaugeVec::new(
+            Opts::new(
+                "oncepay_build_info",
+                "The running build: version and commit",
+            ),
+            &["version", "commit"],
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        build_info
+            .with_label_values(&[
+                env!("CARGO_PKG_VERSION"),
+                option_env!("ONCEPAY_GIT_COMMIT").unwrap_or("unknown"),
+            ])
+            .set(1);
+        let _ = registry.register(Box::new(build_info));
         let oldest_undelivered = prometheus::Gauge::new(
             "oncepay_webhook_oldest_undelivered_seconds",
             "Age of the oldest event waiting for delivery to a merchant endpoint",
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(oldest_undelivered.clone()));
-        Metrics {
+        let metrics = Metrics {
+            provider_auth_refused: counter(
+                "oncepay_provider_auth_refused_total",
+                "Provider answers refusing oncepay's credentials (401, 403), by provider and operation",
+                &["provider", "operation"],
+            ),
+            in_flight,
+            pool_connections: gauge_vec(
+                "oncepay_db_pool_connections",
+                "Database pool connections by pool and state (idle, in_use)",
+                &["pool", "state"],
+            ),
+            pool_max: gauge_vec(
+                "oncepay_db_pool_max_connections",
+                "The largest size of each database pool",
+                &["pool"],
+            ),
+            reconciler_last_pass: gauge(
+                "oncepay_reconciler_last_pass_timestamp_seconds",
+                "When this process's reconciler last finished a pass (Unix seconds; 0: never)",
+            ),
             incidents: counter(
                 "oncepay_incidents_total",
                 "Money the provider moved that oncepay did not expect, by kind",
@@ -178,6 +365,52 @@ impl Metrics {
             swept,
             rate_limited,
             registry,
+        };
+        metrics.initialise_known_labels();
+        metrics
+    }
+
+    fn initialise_known_labels(&self) {
+        for (family, lists) in KNOWN_LABELS {
+            let counters: &[&IntCounterVec] = match *family {
+                "incidents" => &[&self.incidents],
+                "pending_alarms" => &[&self.pending_alarms],
+                "deliveries" => &[&self.deliveries],
+                "webhook_confirmations" => &[&self.webhook_confirmations],
+                "webhooks" => &[&self.webhooks],
+                "idempotency" => &[&self.idempotency],
+                "transitions" => &[&self.payment_transitions, &self.refund_transitions],
+                "provider_calls" => &[&self.provider_calls],
+                "provider_auth_refused" => &[&self.provider_auth_refused],
+                "reconciler" => &[&self.reconciler],
+                other => unreachable!("no counter family {other}"),
+            };
+            for labels in combinations(lists) {
+                let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+                for counter in counters {
+                    counter.with_label_values(&labels);
+                }
+            }
+        }
+        for kind in ["payment", "refund"] {
+            self.oldest_pending.with_label_values(&[kind]);
+        }
+    }
+
+    /// Notes the pools' sizes, for the scrape about to be rendered.
+    pub fn observe_pools(&self, pools: &[(&str, &sqlx::PgPool)]) {
+        for (name, pool) in pools {
+            let size = i64::from(pool.size());
+            let idle = i64::try_from(pool.num_idle()).unwrap_or(i64::MAX);
+            self.pool_connections
+                .with_label_values(&[name, "idle"])
+                .set(idle);
+            self.pool_connections
+                .with_label_values(&[name, "in_use"])
+                .set((size - idle).max(0));
+            self.pool_max
+                .with_label_values(&[name])
+                .set(i64::from(pool.options().get_max_connections()));
         }
     }
 
@@ -186,7 +419,8 @@ impl Metrics {
         self.idempotency.with_label_values(&[outcome]).inc();
     }
 
-    /// The Prometheus text exposition of every metric.
+    /// The Prometheus text exposition of every metric, and of the
+    /// process's own (`process_*`, read from `/proc` at each scrape).
     pub fn render(&self) -> String {
         let mut out = Vec::new();
         if TextEncoder::new()
@@ -195,7 +429,9 @@ impl Metrics {
         {
             return String::new();
         }
-        String::from_utf8(out).unwrap_or_default()
+        let mut text = String::from_utf8(out).unwrap_or_default();
+        text.push_str(&crate::process_metrics::render());
+        text
     }
 }
 

@@ -71,6 +71,8 @@ pub async fn observe(
     let metrics = req
         .app_data::<web::Data<AppState>>()
         .map(|s| s.ctx.metrics.clone());
+    // Decremented when this request ends, however it ends.
+    let _in_flight = metrics.as_ref().map(|m| InFlight::enter(m.clone()));
     let span = tracing::info_span!("request", request_id = %request_id, method = %method, path = %req.path());
     let head = req.method() == actix_web::http::Method::HEAD;
     let mut response = match nul_in_query(req.query_string()) {
@@ -121,4 +123,20 @@ pub async fn observe(
         tracing::info!(status, route = %route, latency_ms = elapsed.as_secs_f64() * 1e3, "request finished");
     });
     Ok(response)
+}
+
+/// One request counted in `oncepay_http_requests_in_flight` while it lives.
+struct InFlight(std::sync::Arc<crate::metrics::Metrics>);
+
+impl InFlight {
+    fn enter(metrics: std::sync::Arc<crate::metrics::Metrics>) -> InFlight {
+        metrics.in_flight.inc();
+        InFlight(metrics)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.dec();
+    }
 }

@@ -33,6 +33,9 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem>
 }
 
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    let ctx = &state.ctx;
+    ctx.metrics
+        .observe_pools(&[("main", &ctx.pool), ("claims", ctx.engine.claims_pool())]);
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.ctx.metrics.render())

@@ -264,6 +264,11 @@ impl Engine {
         }
     }
 
+    /// The pool of claims (its size is exported with the main pool's).
+    pub fn claims_pool(&self) -> &PgPool {
+        &self.claims
+    }
+
     /// The engine's settings.
     pub fn config(&self) -> EngineConfig {
         self.config

@@ -38,6 +38,7 @@ impl RetryPolicy {
 
 /// An adapter's HTTP side.
 pub struct Caller {
+    provider: &'static str,
     client: Client,
     retry: RetryPolicy,
     metrics: Arc<Metrics>,
@@ -50,14 +51,19 @@ pub struct Caller {
 pub struct BuildError(#[from] reqwest::Error);
 
 impl Caller {
-    /// A client with per-request `timeout`.
-    pub fn new(timeout: Duration, metrics: Arc<Metrics>) -> Result<Self, BuildError> {
+    /// A client of `provider` with per-request `timeout`.
+    pub fn new(
+        provider: &'static str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, BuildError> {
         let client = Client::builder()
             .connect_timeout(Duration::from_secs(2).min(timeout))
             .timeout(timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .build()?;
         Ok(Caller {
+            provider,
             client,
             retry: RetryPolicy {
                 attempts: 4,
@@ -78,6 +84,7 @@ impl Caller {
     /// One try: send, then classify the answer.
     async fn once(
         &self,
+        operation: &'static str,
         request: reqwest::RequestBuilder,
         classify: &(dyn Fn(u16, &HeaderMap, &[u8]) -> Verdict + Sync),
     ) -> Verdict {
@@ -89,6 +96,14 @@ impl Caller {
             Err(e) => return Verdict::Retry(describe(&e)),
         };
         let status = response.status().as_u16();
+        if matches!(status, 401 | 403) {
+            // A credential outage: counted apart so it can page on its
+            // own; the adapter's table still decides what it proves.
+            self.metrics
+                .provider_auth_refused
+                .with_label_values(&[self.provider, operation])
+                .inc();
+        }
         let headers = response.headers().clone();
         match response.bytes().await {
             Err(e) => Verdict::Retry(describe(&e)),
@@ -115,7 +130,7 @@ impl Caller {
                 }
                 tokio::time::sleep(pause).await;
             }
-            match self.once(build(&self.client), &classify).await {
+            match self.once(operation, build(&self.client), &classify).await {
                 Verdict::Done(outcome) => {
                     self.observe(operation, &outcome, started);
                     return outcome;

@@ -164,6 +164,9 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
         }
     }
     done.alarms = raise_alarms(ctx).await?;
+    ctx.metrics
+        .reconciler_last_pass
+        .set(chrono::Utc::now().timestamp() as f64);
     Ok(done)
 }
 

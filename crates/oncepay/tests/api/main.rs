@@ -1,6 +1,7 @@
 //! Black-box tests of oncepay: real PostgreSQL, real sandbox over HTTP, real
 //! server over TCP. One binary, one module per concern.
 
+mod alerting;
 mod api_keys;
 mod checkout;
 mod events;

@@ -43,7 +43,7 @@ impl Sandbox {
         metrics: Arc<Metrics>,
     ) -> Result<Self, BuildError> {
         Ok(Sandbox {
-            caller: Caller::new(timeout, metrics)?,
+            caller: Caller::new(NAME, timeout, metrics)?,
             base_url: base_url.trim_end_matches('/').to_string(),
             webhook_secret,
         })

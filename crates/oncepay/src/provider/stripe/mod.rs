@@ -139,7 +139,7 @@ impl Stripe {
         metrics: Arc<Metrics>,
     ) -> Result<Self, BuildError> {
         Ok(Stripe {
-            caller: Caller::new(timeout, metrics)?,
+            caller: Caller::new(NAME, timeout, metrics)?,
             config,
         })
     }

@@ -25,11 +25,116 @@ pub fn hash(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
-/// Creates a key for `merchant` (creating the merchant if needed).
+/// Creates a key with every scope for `merchant` (creating the merchant if
+/// needed), as the operator at this terminal (`oncepay api-key create`).
 pub async fn create(pool: &PgPool, merchant: &str) -> Result<String, StoreError> {
+    create_scoped(pool, merchant, Scopes::ALL, &crate::audit::Actor::cli()).await
+}
+
+/// Creates a key with `scopes` for `merchant` (creating the merchant if
+/// needed); the audit trail names `actor`.
+pub async fn create_scoped(
+    pool: &PgPool,
+    merchant: &str,
+    scopes: Scopes,
+    actor: &crate::audit::Actor,
+) -> Result<String, StoreError> {
     let key = generate();
-    store::merchants::add_api_key(pool, merchant, &hash(&key), &key[..PREFIX.len() + 6]).await?;
+    let new = store::merchants::NewKey {
+        hash: &hash(&key),
+        prefix: &key[..PREFIX.len() + 6],
+        scopes,
+    };
+    store::merchants::add_api_key(pool, merchant, &new, actor).await?;
     Ok(key)
+}
+
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Reads (`GET`).
+    Read,
+    /// Orders, payments, refunds, cancels, checkout sessions.
+    Write,
+    /// API keys, webhook endpoints, redelivery, the audit trail.
+    Admin,
+}
+
+impl Scope {
+    /// Every scope.
+    pub const ALL: [Scope; 3] = [Scope::Read, Scope::Write, Scope::Admin];
+
+    /// Its name, as stored and as the API shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Read => "read",
+            Scope::Write => "write",
+            Scope::Admin => "admin",
+        }
+    }
+
+    /// The scope of a name.
+    pub fn parse(name: &str) -> Option<Scope> {
+        Scope::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+
+    fn bit(self) -> u8 {
+        match self {
+            Scope::Read => 1,
+            Scope::Write => 2,
+            Scope::Admin => 4,
+        }
+    }
+}
+
+/// A key's scopes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Scopes(u8);
+
+impl Scopes {
+    /// Every scope (what a key made before scopes existed has).
+    pub const ALL: Scopes = Scopes(7);
+
+    /// Whether `scope` is among them.
+    pub fn has(self, scope: Scope) -> bool {
+        self.0 & scope.bit() != 0
+    }
+
+    /// Whether every one of them is among `other`.
+    pub fn within(self, other: Scopes) -> bool {
+        self.0 & !other.0 == 0
+    }
+
+    /// The first of them not among `other`.
+    pub fn first_outside(self, other: Scopes) -> Option<Scope> {
+        Scope::ALL
+            .into_iter()
+            .find(|s| self.has(*s) && !other.has(*s))
+    }
+
+    /// Their names, in a fixed order.
+    pub fn names(self) -> Vec<&'static str> {
+        Scope::ALL
+            .into_iter()
+            .filter(|s| self.has(*s))
+            .map(Scope::as_str)
+            .collect()
+    }
+
+    /// The scopes named, or the first name that is not a scope. At least
+    /// one must be named.
+    pub fn parse<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Scopes, String> {
+        let mut bits = 0;
+        for name in names {
+            let scope = Scope::parse(name.trim())
+                .ok_or_else(|| format!("{name:?} is not a scope (read, write, admin)"))?;
+            bits |= scope.bit();
+        }
+        if bits == 0 {
+            return Err("name at least one scope (read, write, admin)".into());
+        }
+        Ok(Scopes(bits))
+    }
 }
 
 /// Who a verified key speaks for, and that merchant's own rate limit (if
@@ -38,6 +143,10 @@ pub async fn create(pool: &PgPool, merchant: &str) -> Result<String, StoreError>
 pub struct Caller {
     /// The merchant.
     pub merchant_id: uuid::Uuid,
+    /// The key's id (the audit trail's actor).
+    pub key_id: uuid::Uuid,
+    /// What the key may do.
+    pub scopes: Scopes,
     /// When the key stops working (its `expires_at`, on this process's
     /// monotonic clock), if it has an expiry. A cached key is never
     /// accepted past it, whatever the cache's TTL.
@@ -166,6 +275,8 @@ mod tests {
         let cache = super::KeyCache::new(std::time::Duration::from_secs(30));
         let soon = super::Caller {
             merchant_id: uuid::Uuid::nil(),
+            key_id: uuid::Uuid::nil(),
+            scopes: super::Scopes::ALL,
             limit: None,
             expires_at: Some(std::time::Instant::now() + std::time::Duration::from_millis(50)),
         };
@@ -173,6 +284,20 @@ mod tests {
         assert_eq!(cache.get(&[1; 32]), Some(soon));
         std::thread::sleep(std::time::Duration::from_millis(80));
         assert_eq!(cache.get(&[1; 32]), None);
+    }
+
+    #[test]
+    fn scopes_are_named_and_compared() {
+        use super::{Scope, Scopes};
+        let rw = Scopes::parse(["read", "write"]).expect("scopes");
+        assert!(rw.has(Scope::Read) && rw.has(Scope::Write) && !rw.has(Scope::Admin));
+        assert_eq!(rw.names(), ["read", "write"]);
+        assert!(rw.within(Scopes::ALL));
+        assert!(!Scopes::ALL.within(rw));
+        assert_eq!(Scopes::ALL.first_outside(rw), Some(Scope::Admin));
+        assert_eq!(rw.first_outside(Scopes::ALL), None);
+        assert!(Scopes::parse([]).is_err());
+        assert!(Scopes::parse(["root"]).is_err());
     }
 
     #[test]

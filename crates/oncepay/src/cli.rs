@@ -68,6 +68,11 @@ pub enum ApiKeyCommand {
         /// The merchant's name, 1 to 100 characters.
         #[arg(long, value_parser = merchant_name)]
         merchant: String,
+        /// What the key may do, comma-separated: read (GETs), write
+        /// (orders, payments, refunds, cancel, checkout sessions), admin
+        /// (API keys, webhook endpoints, redelivery, the audit trail).
+        #[arg(long, default_value = "read,write,admin", value_parser = scopes)]
+        scope: crate::api_keys::Scopes,
     },
     /// List a merchant's keys (prefix, created, last used, expires, revoked).
     List {
@@ -81,6 +86,10 @@ pub enum ApiKeyCommand {
         #[arg(long)]
         id: uuid::Uuid,
     },
+}
+
+fn scopes(text: &str) -> Result<crate::api_keys::Scopes, String> {
+    crate::api_keys::Scopes::parse(text.split(','))
 }
 
 fn merchant_name(name: &str) -> Result<String, String> {
@@ -110,9 +119,20 @@ mod tests {
         assert_eq!(command("sandbox"), Command::Sandbox);
         let create = Command::ApiKey(ApiKeyCommand::Create {
             merchant: "acme".into(),
+            scope: crate::api_keys::Scopes::ALL,
         });
         assert_eq!(command("api-key create --merchant acme"), create);
         assert_eq!(command("api-key create --merchant=acme"), create);
+        let read_write = crate::api_keys::Scopes::parse(["read", "write"]).expect("scopes");
+        assert_eq!(
+            command("api-key create --merchant acme --scope read,write"),
+            Command::ApiKey(ApiKeyCommand::Create {
+                merchant: "acme".into(),
+                scope: read_write,
+            })
+        );
+        assert!(p("api-key create --merchant acme --scope read,root").is_err());
+        assert!(p("api-key create --merchant acme --scope ,").is_err());
         assert_eq!(
             command("api-key list --merchant acme"),
             Command::ApiKey(ApiKeyCommand::List {

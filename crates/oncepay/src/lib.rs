@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod api_keys;
+pub mod audit;
 pub mod cli;
 pub mod commands;
 pub mod config;

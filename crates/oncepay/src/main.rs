@@ -34,16 +34,20 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .context("migrating the database")?;
             println!("applied {} migration(s)", applied.len());
         }
-        Command::ApiKey(ApiKeyCommand::Create { merchant }) => {
+        Command::ApiKey(ApiKeyCommand::Create { merchant, scope }) => {
             let url = env.database_url()?;
             oncepay::store::prepare_database(&url)
                 .await
                 .context("migrating the database")?;
             let pool = oncepay::store::pool(&url, 1)?;
-            let key = oncepay::api_keys::create(&pool, &merchant)
+            let actor = oncepay::audit::Actor::cli();
+            let key = oncepay::api_keys::create_scoped(&pool, &merchant, scope, &actor)
                 .await
                 .context("creating the API key")?;
-            println!("API key for merchant {merchant:?} (shown once; only its hash is stored):");
+            println!(
+                "API key for merchant {merchant:?} with scopes {} (shown once; only its hash is stored):",
+                scope.names().join(",")
+            );
             println!("{key}");
         }
         Command::ApiKey(ApiKeyCommand::List { merchant }) => {
@@ -55,15 +59,16 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let keys = oncepay::store::merchants::list_keys_by_name(&pool, &merchant)
                 .await
                 .context("listing keys")?;
-            println!("id\tprefix\tcreated\tlast used\texpires\trevoked");
+            println!("id\tprefix\tscopes\tcreated\tlast used\texpires\trevoked");
             let at = |t: Option<chrono::DateTime<chrono::Utc>>| {
                 t.map(|t| t.to_rfc3339()).unwrap_or_else(|| "-".into())
             };
             for k in keys {
                 println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}",
                     k.id,
                     k.prefix,
+                    k.scopes.join(","),
                     k.created_at.to_rfc3339(),
                     at(k.last_used_at),
                     at(k.expires_at),
@@ -74,7 +79,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
         Command::ApiKey(ApiKeyCommand::Revoke { id }) => {
             let url = env.database_url()?;
             let pool = oncepay::store::pool(&url, 1)?;
-            match oncepay::store::merchants::revoke(&pool, None, id)
+            let actor = oncepay::audit::Actor::cli();
+            match oncepay::store::merchants::revoke(&pool, None, id, &actor)
                 .await
                 .context("revoking the key")?
             {
@@ -93,7 +99,8 @@ async fn run(command: Command) -> anyhow::Result<()> {
             let limit = per_second
                 .zip(burst)
                 .and_then(|(r, b)| oncepay::rate_limit::Limit::new(r.into(), b.into()));
-            if !oncepay::store::merchants::set_rate_limit(&pool, &merchant, limit)
+            let actor = oncepay::audit::Actor::cli();
+            if !oncepay::store::merchants::set_rate_limit(&pool, &merchant, limit, &actor)
                 .await
                 .context("setting the rate limit")?
             {

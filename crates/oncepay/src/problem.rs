@@ -56,6 +56,7 @@ problem_codes! {
     PayloadTooLarge = "payload_too_large", 413, "Request body too large";
     RequestTimeout = "request_timeout", 408, "Request not received in time";
     Unauthorized = "unauthorized", 401, "Missing or unknown API key";
+    InsufficientScope = "insufficient_scope", 403, "The API key lacks the scope this needs";
     WebhookSignatureInvalid = "webhook_signature_invalid", 401, "Webhook signature invalid";
     UnsupportedProvider = "unsupported_provider", 404, "Unknown webhook provider";
     NotFound = "not_found", 404, "Not found";

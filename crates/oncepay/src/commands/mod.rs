@@ -79,6 +79,10 @@ pub struct CommandInput {
     pub path_id: Option<Uuid>,
     /// The request body.
     pub body: Value,
+    /// Who sent it, for commands that write the audit trail (absent in
+    /// records made before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actor: Option<crate::audit::Actor>,
 }
 
 /// Why a command did not complete.

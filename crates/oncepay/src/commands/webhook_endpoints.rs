@@ -26,6 +26,7 @@ pub struct CreateWebhookEndpoint {
     /// handler (that needs DNS) before the command runs.
     pub url: String,
     events: Vec<String>,
+    actor: crate::audit::Actor,
 }
 
 impl Command for CreateWebhookEndpoint {
@@ -65,7 +66,12 @@ impl Command for CreateWebhookEndpoint {
         }
         events.sort();
         events.dedup();
-        Ok(CreateWebhookEndpoint { url, events })
+        let actor = input.actor.clone().unwrap_or_else(|| crate::audit::Actor {
+            kind: crate::audit::ActorKind::ApiKey,
+            id: "unrecorded".into(),
+            request_id: None,
+        });
+        Ok(CreateWebhookEndpoint { url, events, actor })
     }
 
     async fn step(
@@ -83,6 +89,15 @@ impl Command for CreateWebhookEndpoint {
             &self.url,
             &self.events,
             secret.key(),
+        )
+        .await?;
+        store::audit::record(
+            &mut tx,
+            run.merchant_id,
+            &self.actor,
+            crate::audit::Action::WebhookEndpointCreated,
+            &endpoint.id.to_string(),
+            json!({"url": endpoint.url, "events": endpoint.events}),
         )
         .await?;
         let mut body = json!(endpoint);

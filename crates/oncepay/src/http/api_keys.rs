@@ -9,7 +9,14 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
-use super::{authenticate, ok_json, on_service_runtime, path_uuid, read_body, AppState};
+use std::collections::HashMap;
+
+use super::lists::{FilterKind, ListSpec};
+use super::{
+    actor_of, authenticate, authenticate_caller, ok_json, on_service_runtime, path_uuid, read_body,
+    AppState,
+};
+use crate::api_keys::Scopes;
 use crate::idempotency::store_problem;
 use crate::input::{parse_body, Obj};
 use crate::problem::{Problem, ProblemCode};
@@ -33,15 +40,36 @@ pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> Reply {
     ok_json(&json!({"data": keys}))
 }
 
-/// `POST /api_keys` with optional `{"expire_current_in_seconds": N}`: a new
-/// key, shown once; with N, the calling key stops working N seconds from
-/// now (0 to a week), so clients can move over without downtime.
+/// `POST /api_keys` with optional `{"expire_current_in_seconds": N,
+/// "scopes": [...]}`: a new key, shown once, with the scopes named (the
+/// calling key's by default, never more: `403 insufficient_scope`); with
+/// N, the calling key stops working N seconds from now (0 to a week), so
+/// clients can move over without downtime.
 pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload) -> Reply {
-    let merchant = authenticate(&state, &req).await?;
+    let caller = authenticate_caller(&state, &req).await?;
+    let merchant = caller.merchant_id;
     let bytes = read_body(&state, &req, payload).await?;
     let body = parse_body(&bytes, true)?;
     let obj = Obj::root(&body)?;
-    obj.only(&["expire_current_in_seconds"])?;
+    obj.only(&["expire_current_in_seconds", "scopes"])?;
+    let scopes = match obj.has("scopes") {
+        false => caller.scopes,
+        true => {
+            let names = obj.strings("scopes")?;
+            Scopes::parse(names.iter().map(String::as_str))
+                .map_err(|e| Problem::rule(crate::domain::RuleViolation::new("scopes", e)))?
+        }
+    };
+    if let Some(beyond) = scopes.first_outside(caller.scopes) {
+        return Err(Problem::new(
+            ProblemCode::InsufficientScope,
+            format!(
+                "scopes: the calling key lacks `{}`, so it cannot give it",
+                beyond.as_str()
+            ),
+        )
+        .with_field("scopes"));
+    }
     let overlap = obj.opt_integer("expire_current_in_seconds")?;
     let overlap_ms = match overlap {
         None => None,
@@ -53,7 +81,7 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
             )))
         }
     };
-    let caller = req
+    let calling = req
         .headers()
         .get(actix_web::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -63,17 +91,23 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
     let hash = crate::api_keys::hash(&key);
     let prefix = key[..crate::api_keys::PREFIX.len() + 6].to_string();
     let pool = state.ctx.pool.clone();
+    let actor = actor_of(&caller);
     let info = on_service_runtime(&state, async move {
-        let expire = match (overlap_ms, caller.as_ref()) {
+        let expire = match (overlap_ms, calling.as_ref()) {
             (Some(ms), Some(old)) => Some((old, ms)),
             _ => None,
         };
-        store::merchants::add_key_for(&pool, merchant, &hash, &prefix, expire)
+        let new = store::merchants::NewKey {
+            hash: &hash,
+            prefix: &prefix,
+            scopes,
+        };
+        store::merchants::add_key_for(&pool, merchant, &new, expire, &actor)
             .await
             .map_err(store_problem)
     })
     .await?;
-    if let Some(old) = caller.filter(|_| overlap_ms.is_some()) {
+    if let Some(old) = calling.filter(|_| overlap_ms.is_some()) {
         state.keys.forget(&old);
     }
     let mut body = serde_json::to_value(&info).map_err(|_| Problem::internal())?;
@@ -91,11 +125,13 @@ pub async fn revoke(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Reply {
-    let merchant = authenticate(&state, &req).await?;
+    let caller = authenticate_caller(&state, &req).await?;
+    let merchant = caller.merchant_id;
     let id = path_uuid(&path, ProblemCode::ApiKeyNotFound, "API key")?;
     let pool = state.ctx.pool.clone();
+    let actor = actor_of(&caller);
     let revoked = on_service_runtime(&state, async move {
-        store::merchants::revoke(&pool, Some(merchant), id)
+        store::merchants::revoke(&pool, Some(merchant), id, &actor)
             .await
             .map_err(store_problem)
     })
@@ -111,4 +147,32 @@ pub async fn revoke(
             "live API key",
         )),
     }
+}
+
+fn audit_actions() -> Vec<&'static str> {
+    crate::audit::Action::ALL
+        .iter()
+        .map(|a| a.as_str())
+        .collect()
+}
+
+/// `GET /audit_events` (admin): the merchant's administrative actions,
+/// newest first, a page at a time, by `action`.
+pub async fn audit_events(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<HashMap<String, String>>,
+) -> Reply {
+    const SPEC: ListSpec = ListSpec {
+        statuses: &[],
+        filters: &[("action", FilterKind::OneOf(audit_actions))],
+    };
+    super::lists::list(
+        state,
+        req,
+        query,
+        &SPEC,
+        |pool, merchant, page| async move { store::audit::list(&pool, merchant, &page).await },
+    )
+    .await
 }

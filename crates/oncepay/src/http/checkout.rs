@@ -364,6 +364,7 @@ pub async fn pay(
     let input = CommandInput {
         path_id: None,
         body: json!({"order_id": session.order_id, "payment_method": method}),
+        actor: None,
     };
     let id = RecordId::checkout(session.merchant_id, session.id, &key);
     let fingerprint = Fingerprint::of("POST", req.path(), &body);

@@ -101,10 +101,13 @@ pub async fn redeliver(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Reply {
-    let (merchant, id) = event_of_path(&state, &req, &path).await?;
+    let caller = super::authenticate_caller(&state, &req).await?;
+    let merchant = caller.merchant_id;
+    let id = path_uuid(&path, ProblemCode::EventNotFound, "event")?;
     let pool = state.ctx.pool.clone();
+    let actor = super::actor_of(&caller);
     let queued = on_service_runtime(&state, async move {
-        store::deliveries::redeliver(&pool, merchant, id)
+        store::deliveries::redeliver(&pool, merchant, id, &actor)
             .await
             .map_err(store_problem)
     })

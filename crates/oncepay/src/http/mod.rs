@@ -3,6 +3,7 @@
 //! problems and stored responses into HTTP). Handlers stay thin: parse,
 //! call a command or a store read, answer.
 
+pub mod access;
 mod api_keys;
 mod body;
 mod checkout;
@@ -125,6 +126,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("/webhooks/{provider}", "POST"),
     ("/api_keys", "GET, POST"),
     ("/api_keys/{id}", "DELETE"),
+    ("/audit_events", "GET"),
     ("/healthz", "GET"),
     ("/readyz", "GET"),
     ("/metrics", "GET"),
@@ -190,6 +192,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route(web::post().to(api_keys::create)),
     )
     .service(resource("/api_keys/{id}", "DELETE").route(web::delete().to(api_keys::revoke)))
+    .service(resource("/audit_events", "GET").route(web::get().to(api_keys::audit_events)))
     .service(resource("/healthz", "GET").route(web::get().to(ops::healthz)))
     .service(resource("/readyz", "GET").route(web::get().to(ops::readyz)))
     .service(resource("/metrics", "GET").route(web::get().to(ops::metrics)))
@@ -279,10 +282,21 @@ fn ok_json<T: serde::Serialize>(value: &T) -> Result<HttpResponse, Problem> {
         .body(body))
 }
 
-/// The merchant behind `Authorization: Bearer <key>` (`401` otherwise),
-/// admitted by its rate limit (`429` otherwise, before anything else is
-/// read or written, so the request is effect-free).
+/// The merchant behind `Authorization: Bearer <key>`; see
+/// [`authenticate_caller`].
 async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Problem> {
+    Ok(authenticate_caller(state, req).await?.merchant_id)
+}
+
+/// The caller behind `Authorization: Bearer <key>` (`401` otherwise),
+/// allowed by its key's scopes to call this route (`403
+/// insufficient_scope` otherwise, see [`access`]) and admitted by its rate
+/// limit (`429` otherwise), before anything else is read or written, so a
+/// refused request is effect-free.
+async fn authenticate_caller(
+    state: &AppState,
+    req: &HttpRequest,
+) -> Result<crate::api_keys::Caller, Problem> {
     let unauthorized = || {
         Problem::new(
             ProblemCode::Unauthorized,
@@ -313,6 +327,19 @@ async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Probl
             caller
         }
     };
+    let pattern = req.match_pattern().unwrap_or_default();
+    if let Some(scope) = access::required(&pattern, req.method().as_str()) {
+        if !caller.scopes.has(scope) {
+            return Err(Problem::new(
+                ProblemCode::InsufficientScope,
+                format!(
+                    "this API key lacks the `{}` scope, which {} {pattern} needs",
+                    scope.as_str(),
+                    req.method()
+                ),
+            ));
+        }
+    }
     if let Err(wait) = state.rate_limits.check(caller.merchant_id, caller.limit) {
         state.ctx.metrics.rate_limited.inc();
         let seconds = crate::rate_limit::retry_after_secs(wait);
@@ -322,7 +349,13 @@ async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Probl
         )
         .retry_after(seconds));
     }
-    Ok(caller.merchant_id)
+    Ok(caller)
+}
+
+/// The audit trail's actor for a request by `caller`.
+fn actor_of(caller: &crate::api_keys::Caller) -> crate::audit::Actor {
+    let request_id = crate::telemetry::request_id().map(|id| id.to_string());
+    crate::audit::Actor::key(caller.key_id, request_id)
 }
 
 /// The `Idempotency-Key` header; never read from the URL.
@@ -395,6 +428,6 @@ mod tests {
             })
             .collect();
         assert_eq!(routed, documented());
-        assert_eq!(routed.len(), 34);
+        assert_eq!(routed.len(), 35);
     }
 }

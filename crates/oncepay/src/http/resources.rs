@@ -35,6 +35,7 @@ pub(super) async fn money_command<C: Command + 'static>(
     let input = CommandInput {
         path_id,
         body: parse_body(&bytes, body_optional)?,
+        actor: None,
     };
     let id = RecordId::merchant(merchant_id, &key);
     let fingerprint = Fingerprint::of("POST", req.path(), &input.body);

@@ -6,7 +6,8 @@ use serde_json::json;
 
 use super::resources::run_command;
 use super::{
-    authenticate, idempotency_key, ok_json, on_service_runtime, path_uuid, read_body, AppState,
+    actor_of, authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
+    path_uuid, read_body, AppState,
 };
 use crate::commands::webhook_endpoints::CreateWebhookEndpoint;
 use crate::commands::{Command, CommandInput};
@@ -22,12 +23,14 @@ type Reply = Result<HttpResponse, Problem>;
 /// request forgery) before the key is claimed, so a refused URL leaves the
 /// key free, like every other refusal of input.
 pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload) -> Reply {
-    let merchant_id = authenticate(&state, &req).await?;
+    let caller = authenticate_caller(&state, &req).await?;
+    let merchant_id = caller.merchant_id;
     let key = idempotency_key(&req)?;
     let bytes = read_body(&state, &req, payload).await?;
     let input = CommandInput {
         path_id: None,
         body: parse_body(&bytes, false)?,
+        actor: Some(actor_of(&caller)),
     };
     let command = CreateWebhookEndpoint::parse(&input)?;
     crate::outbound::check_url(&command.url, state.webhook_allow_private)
@@ -59,12 +62,14 @@ pub async fn delete(
     req: HttpRequest,
     path: web::Path<String>,
 ) -> Reply {
-    let merchant = authenticate(&state, &req).await?;
+    let caller = authenticate_caller(&state, &req).await?;
+    let merchant = caller.merchant_id;
     let code = ProblemCode::WebhookEndpointNotFound;
     let id = path_uuid(&path, code, "webhook endpoint")?;
     let pool = state.ctx.pool.clone();
+    let actor = actor_of(&caller);
     let deleted = on_service_runtime(&state, async move {
-        store::webhook_endpoints::delete(&pool, merchant, id)
+        store::webhook_endpoints::delete(&pool, merchant, id, &actor)
             .await
             .map_err(store_problem)
     })

@@ -111,6 +111,11 @@ impl<'a> Obj<'a> {
             .ok_or_else(|| Problem::invalid_field(join(&self.path, name), "is required"))
     }
 
+    /// Whether the field is present (and not `null`).
+    pub fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
     /// A required string.
     pub fn string(&self, name: &str) -> Result<String, Problem> {
         let field = join(&self.path, name);

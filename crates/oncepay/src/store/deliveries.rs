@@ -152,7 +152,9 @@ pub async fn redeliver(
     pool: &PgPool,
     merchant_id: Uuid,
     event_id: Uuid,
+    actor: &crate::audit::Actor,
 ) -> Result<Option<i64>, StoreError> {
+    let mut tx = pool.begin().await?;
     let row = sqlx::query(concat!(
         "WITH ev AS (
             SELECT id, merchant_id, type, object_id, sequence FROM event
@@ -171,11 +173,24 @@ pub async fn redeliver(
     ))
     .bind(event_id)
     .bind(merchant_id)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let found: i64 = row.try_get("found")?;
     let queued: i64 = row.try_get("queued")?;
-    Ok((found > 0).then_some(queued))
+    if found == 0 {
+        return Ok(None);
+    }
+    super::audit::record(
+        &mut tx,
+        merchant_id,
+        actor,
+        crate::audit::Action::EventRedelivered,
+        &event_id.to_string(),
+        serde_json::json!({"deliveries_queued": queued}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Some(queued))
 }
 
 /// One delivery attempt, as `GET /events/{id}` shows it.

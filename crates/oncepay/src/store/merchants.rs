@@ -7,14 +7,57 @@ use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
 use super::StoreError;
+use crate::audit::{Action, Actor};
+
+/// A key to store: its hash, its first characters, its scopes.
+#[derive(Debug, Clone, Copy)]
+pub struct NewKey<'a> {
+    /// SHA-256 of the key.
+    pub hash: &'a [u8; 32],
+    /// `opk_` and six more characters, to recognise it.
+    pub prefix: &'a str,
+    /// What it may do.
+    pub scopes: crate::api_keys::Scopes,
+}
+
+/// Stores a key of `merchant_id` and its audit row, in `tx`.
+async fn insert_key(
+    tx: &mut sqlx::PgConnection,
+    merchant_id: Uuid,
+    key: &NewKey<'_>,
+    actor: &Actor,
+) -> Result<ApiKeyInfo, StoreError> {
+    let row = sqlx::query(&format!(
+        "INSERT INTO api_key (key_hash, merchant_id, key_prefix, scopes) VALUES ($1, $2, $3, $4)
+         RETURNING {KEY_COLUMNS}"
+    ))
+    .bind(&key.hash[..])
+    .bind(merchant_id)
+    .bind(key.prefix)
+    .bind(key.scopes.names())
+    .fetch_one(&mut *tx)
+    .await?;
+    let info = key_from_row(&row)?;
+    let change = serde_json::json!({"prefix": info.prefix, "scopes": info.scopes});
+    super::audit::record(
+        tx,
+        merchant_id,
+        actor,
+        Action::ApiKeyCreated,
+        &info.id.to_string(),
+        change,
+    )
+    .await?;
+    Ok(info)
+}
 
 /// Creates the merchant if it does not exist and stores a new key's hash.
 /// Returns the merchant's id.
 pub async fn add_api_key(
     pool: &PgPool,
     merchant_name: &str,
-    key_hash: &[u8; 32],
-    key_prefix: &str,
+    key: &NewKey<'_>,
+    actor: &Actor,
 ) -> Result<Uuid, StoreError> {
     let mut tx = pool.begin().await?;
     let row = sqlx::query(
@@ -27,12 +70,7 @@ pub async fn add_api_key(
     .fetch_one(&mut *tx)
     .await?;
     let merchant_id: Uuid = row.try_get("id")?;
-    sqlx::query("INSERT INTO api_key (key_hash, merchant_id, key_prefix) VALUES ($1, $2, $3)")
-        .bind(&key_hash[..])
-        .bind(merchant_id)
-        .bind(key_prefix)
-        .execute(&mut *tx)
-        .await?;
+    insert_key(&mut tx, merchant_id, key, actor).await?;
     tx.commit().await?;
     Ok(merchant_id)
 }
@@ -43,8 +81,8 @@ pub const MERCHANT_FOR_KEY: &str = "UPDATE api_key k SET last_used_at = now()
       FROM merchant m
       WHERE k.key_hash = $1 AND k.revoked_at IS NULL
         AND (k.expires_at IS NULL OR k.expires_at > now()) AND m.id = k.merchant_id
-      RETURNING k.merchant_id, m.rate_limit_per_second, m.rate_limit_burst,
-                EXTRACT(EPOCH FROM k.expires_at - now())::float8 AS expires_in";
+      RETURNING k.merchant_id, k.id AS key_id, k.scopes, m.rate_limit_per_second,
+                m.rate_limit_burst, EXTRACT(EPOCH FROM k.expires_at - now())::float8 AS expires_in";
 
 /// The caller a key hash speaks for, if the key exists, is not revoked and
 /// has not expired.
@@ -62,8 +100,13 @@ pub async fn merchant_for_key(
     // The database's clock decides how long the key lives; this process
     // only counts that span down on its own monotonic clock.
     let expires_in: Option<f64> = row.try_get("expires_in")?;
+    let scopes: Vec<String> = row.try_get("scopes")?;
     Ok(Some(crate::api_keys::Caller {
         merchant_id: row.try_get("merchant_id")?,
+        key_id: row.try_get("key_id")?,
+        // The column's check admits only known names and at least one.
+        scopes: crate::api_keys::Scopes::parse(scopes.iter().map(String::as_str))
+            .map_err(StoreError::Corrupt)?,
         expires_at: expires_in.map(|secs| {
             std::time::Instant::now() + std::time::Duration::from_secs_f64(secs.max(0.0))
         }),
@@ -73,23 +116,53 @@ pub async fn merchant_for_key(
     }))
 }
 
-/// Sets (or, with `None`, clears) a merchant's own rate limit. False if
-/// there is no such merchant.
+/// Sets (or, with `None`, clears) a merchant's own rate limit, with its
+/// audit row. False if there is no such merchant.
 pub async fn set_rate_limit(
     pool: &PgPool,
     name: &str,
     limit: Option<crate::rate_limit::Limit>,
+    actor: &Actor,
 ) -> Result<bool, StoreError> {
     let as_i32 = |n: std::num::NonZeroU32| i32::try_from(n.get()).unwrap_or(i32::MAX);
-    let done = sqlx::query(
-        "UPDATE merchant SET rate_limit_per_second = $2, rate_limit_burst = $3 WHERE name = $1",
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query(
+        "WITH before AS (
+             SELECT id, rate_limit_per_second AS per_second, rate_limit_burst AS burst
+               FROM merchant WHERE name = $1 FOR UPDATE)
+         UPDATE merchant m SET rate_limit_per_second = $2, rate_limit_burst = $3
+           FROM before WHERE m.id = before.id
+         RETURNING m.id, before.per_second, before.burst",
     )
     .bind(name)
     .bind(limit.map(|l| as_i32(l.per_second)))
     .bind(limit.map(|l| as_i32(l.burst)))
-    .execute(pool)
+    .fetch_optional(&mut *tx)
     .await?;
-    Ok(done.rows_affected() == 1)
+    let Some(row) = row else {
+        return Ok(false);
+    };
+    let merchant_id: Uuid = row.try_get("id")?;
+    let before_rate: Option<i32> = row.try_get("per_second")?;
+    let before_burst: Option<i32> = row.try_get("burst")?;
+    let change = serde_json::json!({
+        "before": {"per_second": before_rate, "burst": before_burst},
+        "after": {
+            "per_second": limit.map(|l| l.per_second.get()),
+            "burst": limit.map(|l| l.burst.get()),
+        },
+    });
+    super::audit::record(
+        &mut tx,
+        merchant_id,
+        actor,
+        Action::RateLimitChanged,
+        &merchant_id.to_string(),
+        change,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// The channel on which revocations are announced to every process.
@@ -110,9 +183,12 @@ pub struct ApiKeyInfo {
     pub expires_at: Option<DateTime<Utc>>,
     /// When it was revoked, if it was.
     pub revoked_at: Option<DateTime<Utc>>,
+    /// What it may do (`read`, `write`, `admin`).
+    pub scopes: Vec<String>,
 }
 
-const KEY_COLUMNS: &str = "id, key_prefix, created_at, last_used_at, expires_at, revoked_at";
+const KEY_COLUMNS: &str =
+    "id, key_prefix, created_at, last_used_at, expires_at, revoked_at, scopes";
 
 fn key_from_row(row: &PgRow) -> Result<ApiKeyInfo, StoreError> {
     Ok(ApiKeyInfo {
@@ -122,6 +198,7 @@ fn key_from_row(row: &PgRow) -> Result<ApiKeyInfo, StoreError> {
         last_used_at: row.try_get("last_used_at")?,
         expires_at: row.try_get("expires_at")?,
         revoked_at: row.try_get("revoked_at")?,
+        scopes: row.try_get("scopes")?,
     })
 }
 
@@ -151,34 +228,41 @@ pub async fn list_keys_by_name(pool: &PgPool, name: &str) -> Result<Vec<ApiKeyIn
 
 /// Stores a new key for a merchant; with `expire`, the key `(hash, ms)`
 /// stops working that many milliseconds from now (rotation without
-/// downtime). One transaction.
+/// downtime). One transaction, with the audit rows.
 pub async fn add_key_for(
     pool: &PgPool,
     merchant_id: Uuid,
-    key_hash: &[u8; 32],
-    key_prefix: &str,
+    key: &NewKey<'_>,
     expire: Option<(&[u8; 32], i64)>,
+    actor: &Actor,
 ) -> Result<ApiKeyInfo, StoreError> {
     let mut tx = pool.begin().await?;
-    let row = sqlx::query(&format!(
-        "INSERT INTO api_key (key_hash, merchant_id, key_prefix) VALUES ($1, $2, $3)
-         RETURNING {KEY_COLUMNS}"
-    ))
-    .bind(&key_hash[..])
-    .bind(merchant_id)
-    .bind(key_prefix)
-    .fetch_one(&mut *tx)
-    .await?;
+    let info = insert_key(&mut tx, merchant_id, key, actor).await?;
     if let Some((old, after_ms)) = expire {
-        sqlx::query(
+        let row = sqlx::query(
             "UPDATE api_key SET expires_at = LEAST(COALESCE(expires_at, 'infinity'),
                                                    now() + $2::bigint * interval '1 millisecond')
-              WHERE key_hash = $1",
+              WHERE key_hash = $1
+              RETURNING id, expires_at",
         )
         .bind(&old[..])
         .bind(after_ms)
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
+        if let Some(row) = row {
+            let old_id: Uuid = row.try_get("id")?;
+            let expires_at: Option<DateTime<Utc>> = row.try_get("expires_at")?;
+            let change = serde_json::json!({"expires_at": expires_at, "replaced_by": info.id});
+            super::audit::record(
+                &mut tx,
+                merchant_id,
+                actor,
+                Action::ApiKeyRotated,
+                &old_id.to_string(),
+                change,
+            )
+            .await?;
+        }
         // Processes that cached the old key learn of its expiry at once.
         sqlx::query("SELECT pg_notify($1, encode($2, 'hex'))")
             .bind(REVOCATIONS)
@@ -187,7 +271,7 @@ pub async fn add_key_for(
             .await?;
     }
     tx.commit().await?;
-    key_from_row(&row)
+    Ok(info)
 }
 
 /// Revokes a key (of `merchant_id` if given), announcing it on
@@ -197,12 +281,13 @@ pub async fn revoke(
     pool: &PgPool,
     merchant_id: Option<Uuid>,
     id: Uuid,
+    actor: &Actor,
 ) -> Result<Option<(ApiKeyInfo, [u8; 32])>, StoreError> {
     let mut tx = pool.begin().await?;
     let row = sqlx::query(&format!(
         "UPDATE api_key SET revoked_at = now()
           WHERE id = $1 AND ($2::uuid IS NULL OR merchant_id = $2) AND revoked_at IS NULL
-          RETURNING key_hash, {KEY_COLUMNS}"
+          RETURNING key_hash, merchant_id, {KEY_COLUMNS}"
     ))
     .bind(id)
     .bind(merchant_id)
@@ -212,6 +297,18 @@ pub async fn revoke(
         return Ok(None);
     };
     let hash: Vec<u8> = row.try_get("key_hash")?;
+    let owner: Uuid = row.try_get("merchant_id")?;
+    let info = key_from_row(&row)?;
+    let change = serde_json::json!({"prefix": info.prefix, "revoked_at": info.revoked_at});
+    super::audit::record(
+        &mut tx,
+        owner,
+        actor,
+        Action::ApiKeyRevoked,
+        &id.to_string(),
+        change,
+    )
+    .await?;
     sqlx::query("SELECT pg_notify($1, encode($2, 'hex'))")
         .bind(REVOCATIONS)
         .bind(&hash)
@@ -221,5 +318,5 @@ pub async fn revoke(
     let hash: [u8; 32] = hash
         .try_into()
         .map_err(|_| StoreError::Corrupt("api key hash".into()))?;
-    Ok(Some((key_from_row(&row)?, hash)))
+    Ok(Some((info, hash)))
 }

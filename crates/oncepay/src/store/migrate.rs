@@ -47,6 +47,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V8__decline_checks",
         include_str!("../../migrations/V8__decline_checks.sql"),
     ),
+    (
+        "V9__scopes_and_audit",
+        include_str!("../../migrations/V9__scopes_and_audit.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -81,8 +81,14 @@ pub async fn list(pool: &PgPool, merchant_id: Uuid) -> Result<Vec<Endpoint>, Sto
 
 /// Deletes one of the merchant's endpoints: nothing more is sent there and
 /// its pending deliveries are cancelled. False if there is no such live
-/// endpoint.
-pub async fn delete(pool: &PgPool, merchant_id: Uuid, id: Uuid) -> Result<bool, StoreError> {
+/// endpoint. The audit row is written in the same transaction.
+pub async fn delete(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    id: Uuid,
+    actor: &crate::audit::Actor,
+) -> Result<bool, StoreError> {
+    let mut tx = pool.begin().await?;
     let row = sqlx::query(
         "WITH gone AS (
             UPDATE webhook_endpoint SET deleted_at = now()
@@ -90,14 +96,29 @@ pub async fn delete(pool: &PgPool, merchant_id: Uuid, id: Uuid) -> Result<bool, 
          cancelled AS (
             UPDATE webhook_delivery SET state = 'cancelled', claim_token = NULL
              WHERE endpoint_id IN (SELECT id FROM gone) AND state = 'pending' RETURNING 1)
-         SELECT (SELECT count(*) FROM gone) AS gone",
+         SELECT (SELECT count(*) FROM gone) AS gone,
+                (SELECT count(*) FROM cancelled) AS cancelled",
     )
     .bind(id)
     .bind(merchant_id)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     let gone: i64 = row.try_get("gone")?;
-    Ok(gone > 0)
+    if gone == 0 {
+        return Ok(false);
+    }
+    let cancelled: i64 = row.try_get("cancelled")?;
+    super::audit::record(
+        &mut tx,
+        merchant_id,
+        actor,
+        crate::audit::Action::WebhookEndpointDeleted,
+        &id.to_string(),
+        serde_json::json!({"pending_deliveries_cancelled": cancelled}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// Disables an endpoint whose receiver answered `410 Gone` and cancels its

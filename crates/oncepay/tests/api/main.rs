@@ -20,6 +20,7 @@ mod provider_faults;
 mod rate_limits;
 mod refunds;
 mod schema;
+mod scopes_and_audit;
 mod security;
 mod stripe;
 mod webhooks;

@@ -62,7 +62,8 @@ async fn a_limited_request_is_429_and_leaves_its_key_usable() {
     assert!(oncepay::store::merchants::set_rate_limit(
         &app.db,
         "merchant-b",
-        oncepay::rate_limit::Limit::new(1000, 1000)
+        oncepay::rate_limit::Limit::new(1000, 1000),
+        &oncepay::audit::Actor::cli(),
     )
     .await
     .expect("set"));

@@ -1,0 +1,130 @@
+//! The audit trail: who did which administrative action, written in the
+//! same transaction as the change (`store::audit`), never with a secret.
+//! Payments, refunds and orders have their own trail (the outbox's events);
+//! this one is for what changes how a merchant's account behaves.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Who acted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actor {
+    /// `api_key` or `cli`.
+    pub kind: ActorKind,
+    /// The key's id, or the OS user who ran the `oncepay` CLI.
+    pub id: String,
+    /// The request, for an action by API.
+    pub request_id: Option<String>,
+}
+
+/// The kinds of actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ActorKind {
+    /// A request authenticated by an API key.
+    ApiKey,
+    /// The `oncepay` command line.
+    Cli,
+}
+
+impl ActorKind {
+    /// As stored.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ActorKind::ApiKey => "api_key",
+            ActorKind::Cli => "cli",
+        }
+    }
+}
+
+impl Actor {
+    /// A request authenticated by key `key_id`.
+    pub fn key(key_id: Uuid, request_id: Option<String>) -> Actor {
+        Actor {
+            kind: ActorKind::ApiKey,
+            id: key_id.to_string(),
+            request_id,
+        }
+    }
+
+    /// The operator running the `oncepay` CLI here (`$USER`, else
+    /// `$LOGNAME`, else the numeric user id).
+    pub fn cli() -> Actor {
+        let user = std::env::var("USER")
+            .or_else(|_| std::env::var("LOGNAME"))
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(numeric_user);
+        Actor {
+            kind: ActorKind::Cli,
+            id: user,
+            request_id: None,
+        }
+    }
+}
+
+fn numeric_user() -> String {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|l| l.split_whitespace().next().map(|u| format!("uid {u}")))
+        })
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// The administrative actions recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// A key was made.
+    ApiKeyCreated,
+    /// A key was given an end (rotation: a new key, the old one expiring).
+    ApiKeyRotated,
+    /// A key was revoked.
+    ApiKeyRevoked,
+    /// A merchant's own rate limit was set or cleared.
+    RateLimitChanged,
+    /// A webhook endpoint was registered.
+    WebhookEndpointCreated,
+    /// A webhook endpoint was deleted.
+    WebhookEndpointDeleted,
+    /// An event was queued for delivery again.
+    EventRedelivered,
+}
+
+impl Action {
+    /// As stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::ApiKeyCreated => "api_key.created",
+            Action::ApiKeyRotated => "api_key.rotated",
+            Action::ApiKeyRevoked => "api_key.revoked",
+            Action::RateLimitChanged => "merchant.rate_limit_changed",
+            Action::WebhookEndpointCreated => "webhook_endpoint.created",
+            Action::WebhookEndpointDeleted => "webhook_endpoint.deleted",
+            Action::EventRedelivered => "event.redelivered",
+        }
+    }
+
+    /// What kind of object the action is on.
+    pub fn target_type(self) -> &'static str {
+        match self {
+            Action::ApiKeyCreated | Action::ApiKeyRotated | Action::ApiKeyRevoked => "api_key",
+            Action::RateLimitChanged => "merchant",
+            Action::WebhookEndpointCreated | Action::WebhookEndpointDeleted => "webhook_endpoint",
+            Action::EventRedelivered => "event",
+        }
+    }
+
+    /// Every action.
+    pub const ALL: [Action; 7] = [
+        Action::ApiKeyCreated,
+        Action::ApiKeyRotated,
+        Action::ApiKeyRevoked,
+        Action::RateLimitChanged,
+        Action::WebhookEndpointCreated,
+        Action::WebhookEndpointDeleted,
+        Action::EventRedelivered,
+    ];
+}

@@ -271,6 +271,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 _ => None,
             },
             sweep_interval: self.duration("ONCEPAY_SWEEP_INTERVAL", Duration::from_secs(60))?,
+            event_retention: self
+                .duration("ONCEPAY_EVENT_RETENTION", Duration::from_secs(30 * 86_400))?,
             shutdown_timeout: self.duration("ONCEPAY_SHUTDOWN_TIMEOUT", Duration::from_secs(30))?,
             merchant_webhooks: MerchantWebhooks {
                 schedule: self.get(
@@ -434,6 +436,9 @@ pub struct ServeConfig {
     pub public_url: Option<String>,
     /// How often expired idempotency records are swept.
     pub sweep_interval: Duration,
+    /// How long events, their deliveries and attempts are kept
+    /// (`ONCEPAY_EVENT_RETENTION`, 30 days, as Stripe keeps events).
+    pub event_retention: Duration,
     /// How long SIGTERM waits for in-flight requests.
     pub shutdown_timeout: Duration,
     /// Outbound webhooks to merchants' endpoints.

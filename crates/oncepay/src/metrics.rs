@@ -61,6 +61,8 @@ pub struct Metrics {
     pub pool_max: prometheus::IntGaugeVec,
     /// When the reconciler last finished a pass (Unix seconds; 0: never).
     pub reconciler_last_pass: prometheus::Gauge,
+    /// Rows deleted past `ONCEPAY_EVENT_RETENTION`, by table.
+    pub retention_deleted: IntCounterVec,
 }
 
 /// The label values each labelled counter is known to take, exported at 0
@@ -137,6 +139,10 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
                 "our_bug",
             ],
         ],
+    ),
+    (
+        "retention_deleted",
+        &[&["event", "webhook_delivery", "webhook_attempt"]],
     ),
     (
         "provider_auth_refused",
@@ -290,6 +296,11 @@ impl Metrics {
                 "oncepay_reconciler_last_pass_timestamp_seconds",
                 "When this process's reconciler last finished a pass (Unix seconds; 0: never)",
             ),
+            retention_deleted: counter(
+                "oncepay_retention_deleted_total",
+                "Rows deleted past ONCEPAY_EVENT_RETENTION, by table",
+                &["table"],
+            ),
             incidents: counter(
                 "oncepay_incidents_total",
                 "Money the provider moved that oncepay did not expect, by kind",
@@ -382,6 +393,7 @@ impl Metrics {
                 "transitions" => &[&self.payment_transitions, &self.refund_transitions],
                 "provider_calls" => &[&self.provider_calls],
                 "provider_auth_refused" => &[&self.provider_auth_refused],
+                "retention_deleted" => &[&self.retention_deleted],
                 "reconciler" => &[&self.reconciler],
                 other => unreachable!("no counter family {other}"),
             };

@@ -119,15 +119,27 @@ mod tests {
         if !std::path::Path::new("/proc/self/stat").exists() {
             return;
         }
+        let value = |name: &str| -> f64 {
+            let line = text.lines().find(|l| l.starts_with(name)).expect(name);
+            line[name.len()..].parse().expect("a number")
+        };
         for name in [
             "process_resident_memory_bytes ",
-            "process_cpu_seconds_total ",
             "process_open_fds ",
             "process_start_time_seconds ",
         ] {
-            let line = text.lines().find(|l| l.starts_with(name)).expect(name);
-            let value: f64 = line[name.len()..].parse().expect("a number");
-            assert!(value > 0.0, "{line}");
+            assert!(value(name) > 0.0, "{name}");
         }
+        // A test process may not have used a clock tick of CPU yet.
+        assert!(value("process_cpu_seconds_total ") >= 0.0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let started = value("process_start_time_seconds ");
+        assert!(
+            started <= now + 1.0 && started > now - 86_400.0,
+            "{started} vs {now}"
+        );
     }
 }

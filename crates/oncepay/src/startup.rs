@@ -125,6 +125,7 @@ impl Application {
             pending_alarm: config.pending_alarm,
             webhook_command_wait: config.webhook_command_wait,
             local_runs: Default::default(),
+            event_retention: config.event_retention,
             checkout: crate::commands::CheckoutSettings {
                 ttl: config.checkout_ttl,
                 public_url: config
@@ -269,6 +270,18 @@ impl Application {
                             }
                             Err(e) => {
                                 tracing::warn!(error = %e, "sweep failed; retrying next interval")
+                            }
+                        }
+                        match workers::sweeper::retention(&ctx).await {
+                            Ok(d) if d.events == 0 => {}
+                            Ok(d) => tracing::info!(
+                                events = d.events,
+                                deliveries = d.deliveries,
+                                attempts = d.attempts,
+                                "deleted events past ONCEPAY_EVENT_RETENTION"
+                            ),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "retention sweep failed; retrying next interval")
                             }
                         }
                     }

@@ -59,6 +59,8 @@ pub struct AppContext {
     pub local_runs: local_runs::LocalRuns,
     /// Hosted checkout pages.
     pub checkout: CheckoutSettings,
+    /// How long events (and their deliveries) are kept.
+    pub event_retention: Duration,
 }
 
 /// Settings of hosted checkout pages.

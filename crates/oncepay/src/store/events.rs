@@ -281,3 +281,65 @@ pub async fn trail(
     .await?;
     rows.iter().map(from_row).collect()
 }
+
+/// Arbitrary constant naming the retention sweep among advisory locks:
+/// one process at a time deletes old events.
+const RETENTION_LOCK: i64 = 0x6f6e_6365_7061_7902;
+
+/// What one retention batch deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Deleted {
+    /// Whether this process held the retention lock (another one works
+    /// otherwise, and this batch did nothing).
+    pub held: bool,
+    /// Events deleted.
+    pub events: u64,
+    /// Their deliveries.
+    pub deliveries: u64,
+    /// Their deliveries' attempts.
+    pub attempts: u64,
+}
+
+/// Deletes up to `batch` events older than `before` (a UUID v7 of that
+/// time: event ids are time-ordered, so the primary key finds them), with
+/// their deliveries and attempts, in one statement, unless another process
+/// holds the retention lock. Never an event with a delivery still pending,
+/// and never the newest event of its object: the next event of an object
+/// takes the newest sequence plus one, and receivers drop an event whose
+/// sequence is not above what they applied, so the newest must stay.
+pub async fn delete_old(pool: &PgPool, before: Uuid, batch: i64) -> Result<Deleted, StoreError> {
+    let row = sqlx::query(
+        "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS held),
+         old AS (
+            SELECT e.id FROM event e
+             WHERE (SELECT held FROM lock) AND e.id < $1
+               AND EXISTS (SELECT 1 FROM event n
+                            WHERE n.object_id = e.object_id AND n.sequence > e.sequence)
+               AND NOT EXISTS (SELECT 1 FROM webhook_delivery d
+                                WHERE d.event_id = e.id AND d.state = 'pending')
+             ORDER BY e.id
+             LIMIT $2
+             FOR UPDATE OF e SKIP LOCKED),
+         attempts AS (DELETE FROM webhook_attempt a USING old WHERE a.event_id = old.id RETURNING 1),
+         deliveries AS (DELETE FROM webhook_delivery d USING old WHERE d.event_id = old.id RETURNING 1),
+         events AS (DELETE FROM event e USING old WHERE e.id = old.id RETURNING 1)
+         SELECT (SELECT held FROM lock) AS held,
+                (SELECT count(*) FROM events) AS events,
+                (SELECT count(*) FROM deliveries) AS deliveries,
+                (SELECT count(*) FROM attempts) AS attempts",
+    )
+    .bind(before)
+    .bind(batch)
+    .bind(RETENTION_LOCK)
+    .fetch_one(pool)
+    .await?;
+    let count = |name: &str| -> Result<u64, StoreError> {
+        Ok(u64::try_from(row.try_get::<i64, _>(name)?).unwrap_or(0))
+    };
+    Ok(Deleted {
+        held: row.try_get("held")?,
+        events: count("events")?,
+        deliveries: count("deliveries")?,
+        attempts: count("attempts")?,
+    })
+}

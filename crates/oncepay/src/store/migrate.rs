@@ -51,6 +51,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V9__scopes_and_audit",
         include_str!("../../migrations/V9__scopes_and_audit.sql"),
     ),
+    (
+        "V10__event_retention",
+        include_str!("../../migrations/V10__event_retention.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -1,6 +1,7 @@
-//! Deletes expired idempotency records in small batches: each batch is one
-//! short statement that skips locked rows, so the sweeper never holds long
-//! locks or blocks requests.
+//! Deletes expired idempotency records, and events (with their deliveries
+//! and attempts) past `ONCEPAY_EVENT_RETENTION`, in small batches: each
+//! batch is one short statement that skips locked rows, so the sweeper
+//! never holds long locks or blocks requests.
 
 use crate::commands::AppContext;
 use crate::store::{self, StoreError};
@@ -19,5 +20,76 @@ pub async fn sweep(ctx: &AppContext) -> Result<u64, StoreError> {
             return Ok(total);
         }
         tokio::task::yield_now().await;
+    }
+}
+
+/// Events deleted per statement.
+pub const RETENTION_BATCH: i64 = 500;
+
+/// At most this many retention batches per pass, with a pause between
+/// them: a backlog of millions is worked through over many passes, paced
+/// so it never competes with payments for the database.
+pub const RETENTION_BATCHES_PER_PASS: u32 = 40;
+
+/// The pause between two retention batches.
+pub const RETENTION_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The smallest UUID v7 of the instant `at`: every event id made before it
+/// sorts lower (ids are time-ordered).
+fn first_id_at(at: chrono::DateTime<chrono::Utc>) -> uuid::Uuid {
+    let ms = u64::try_from(at.timestamp_millis()).unwrap_or(0);
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6] = 0x70;
+    bytes[8] = 0x80;
+    uuid::Uuid::from_bytes(bytes)
+}
+
+/// Deletes events older than the retention (never one whose delivery is
+/// pending, never an object's newest: see `store::events::delete_old`),
+/// with their deliveries and attempts; one process at a time across the
+/// fleet (an advisory lock). Returns what this pass deleted.
+pub async fn retention(ctx: &AppContext) -> Result<store::events::Deleted, StoreError> {
+    let retention = chrono::Duration::from_std(ctx.event_retention)
+        .unwrap_or_else(|_| chrono::Duration::days(36_500));
+    let before = first_id_at(chrono::Utc::now() - retention);
+    let mut total = store::events::Deleted::default();
+    for n in 0..RETENTION_BATCHES_PER_PASS {
+        if n > 0 {
+            tokio::time::sleep(RETENTION_PAUSE).await;
+        }
+        let batch = store::events::delete_old(&ctx.pool, before, RETENTION_BATCH).await?;
+        total.held |= batch.held;
+        total.events += batch.events;
+        total.deliveries += batch.deliveries;
+        total.attempts += batch.attempts;
+        for (table, count) in [
+            ("event", batch.events),
+            ("webhook_delivery", batch.deliveries),
+            ("webhook_attempt", batch.attempts),
+        ] {
+            ctx.metrics
+                .retention_deleted
+                .with_label_values(&[table])
+                .inc_by(count);
+        }
+        if !batch.held || batch.events < RETENTION_BATCH as u64 {
+            break;
+        }
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_first_id_of_an_instant_sorts_below_every_later_id_and_above_earlier_ones() {
+        let now = chrono::Utc::now();
+        let boundary = super::first_id_at(now);
+        let later = uuid::Uuid::now_v7();
+        assert!(boundary < later);
+        let earlier = super::first_id_at(now - chrono::Duration::milliseconds(1));
+        assert!(earlier < boundary);
+        assert_eq!(boundary.get_version_num(), 7);
     }
 }

@@ -547,3 +547,98 @@ async fn endpoints_are_created_once_per_key_listed_and_deleted() {
     );
     assert!(app.events_of("/webhook_endpoints").await.is_empty());
 }
+
+#[tokio::test]
+async fn old_events_go_with_their_deliveries_but_never_an_undelivered_one_or_an_objects_newest() {
+    // Everything is "old" a millisecond after it is written.
+    let app = spawn_app_with(fast_webhooks().serve("ONCEPAY_EVENT_RETENTION", "1ms")).await;
+    let accepting = Receiver::start(Policy::Accept).expect("receiver");
+    app.subscribe(accepting.url(), &["*"]).await;
+    app.paid_order("tok_visa").await;
+    let delivered = ready::until(Duration::from_secs(10), || async {
+        app.count("SELECT count(*) FROM webhook_delivery WHERE state <> 'delivered'")
+            .await
+            == 0
+    })
+    .await;
+    assert!(delivered.is_ok(), "the first order's events are delivered");
+    // From now on one receiver hangs: the second order's events stay undelivered.
+    let hanging = Receiver::start(Policy::Stall).expect("receiver");
+    app.subscribe(hanging.url(), &["*"]).await;
+    app.paid_order("tok_visa").await;
+    let deletable = app
+        .count(
+            "SELECT count(*) FROM event e
+              WHERE EXISTS (SELECT 1 FROM event n WHERE n.object_id = e.object_id AND n.sequence > e.sequence)
+                AND NOT EXISTS (SELECT 1 FROM webhook_delivery d WHERE d.event_id = e.id AND d.state = 'pending')",
+        )
+        .await;
+    assert!(deletable > 0, "the first order has superseded events");
+    let objects = app
+        .count("SELECT count(DISTINCT object_id) FROM event")
+        .await;
+    let undelivered: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT DISTINCT event_id FROM webhook_delivery WHERE state = 'pending'",
+    )
+    .fetch_all(&app.db)
+    .await
+    .expect("pending");
+    assert!(!undelivered.is_empty());
+    let newest = |db: sqlx::PgPool| async move {
+        sqlx::query_as::<_, (Uuid, i32)>(
+            "SELECT object_id, max(sequence) FROM event GROUP BY object_id ORDER BY object_id",
+        )
+        .fetch_all(&db)
+        .await
+        .expect("newest")
+    };
+    let newest_before = newest(app.db.clone()).await;
+
+    let deleted = oncepay::workers::sweeper::retention(&app.ctx)
+        .await
+        .expect("retention");
+    assert!(deleted.held);
+    assert_eq!(deleted.events, u64::try_from(deletable).expect("count"));
+    assert!(
+        deleted.deliveries > 0 && deleted.attempts > 0,
+        "{deleted:?}"
+    );
+    assert_eq!(
+        app.count("SELECT count(DISTINCT object_id) FROM event")
+            .await,
+        objects,
+        "every object keeps its newest event"
+    );
+    for id in &undelivered {
+        let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM event WHERE id = $1")
+            .bind(id)
+            .fetch_one(&app.db)
+            .await
+            .expect("count");
+        assert_eq!(kept, 1, "an undelivered event is never deleted");
+    }
+    assert_eq!(
+        app.count(
+            "SELECT count(*) FROM webhook_attempt a WHERE NOT EXISTS (SELECT 1 FROM event e WHERE e.id = a.event_id)"
+        )
+        .await,
+        0,
+        "no attempt outlives its event"
+    );
+    // Every object keeps its newest sequence (whatever its age), which its
+    // next event goes on from: receivers never see a number again.
+    assert_eq!(newest(app.db.clone()).await, newest_before);
+    let metrics = app.ctx.metrics.render();
+    assert!(
+        metrics.contains(&format!(
+            "oncepay_retention_deleted_total{{table=\"event\"}} {}",
+            deleted.events
+        )),
+        "{metrics}"
+    );
+    // A second pass finds nothing more to delete.
+    let again = oncepay::workers::sweeper::retention(&app.ctx)
+        .await
+        .expect("retention");
+    assert_eq!(again.events, 0);
+}

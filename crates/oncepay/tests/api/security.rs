@@ -247,13 +247,14 @@ async fn a_genuine_sandbox_webhook_still_settles_a_payment_on_its_own() {
         "paid"
     );
     let metrics = app.ctx.metrics.render();
-    let value = |prefix: &str| {
+    // Summed over every series of the prefix (each outcome is its own).
+    let value = |prefix: &str| -> u64 {
         metrics
             .lines()
-            .find(|l| l.starts_with(prefix))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next())
+            .filter_map(|v| v.parse::<u64>().ok())
+            .sum()
     };
     let reads = value("oncepay_provider_calls_total{operation=\"find_charge\"");
     let confirmed = value("oncepay_webhook_confirmations_total{result=\"confirmed\"}");

@@ -157,7 +157,15 @@ mod tests {
             .filter(|n| n.ends_with(".sql"))
             .map(|n| n.trim_end_matches(".sql").to_string())
             .collect();
-        files.sort();
+        // By version number: V10 comes after V9.
+        let version = |name: &String| -> u32 {
+            name.trim_start_matches('V')
+                .split("__")
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(u32::MAX)
+        };
+        files.sort_by_key(version);
         let listed: Vec<String> = MIGRATIONS.iter().map(|(n, _)| n.to_string()).collect();
         assert_eq!(files, listed);
     }

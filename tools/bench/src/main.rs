@@ -61,6 +61,14 @@ struct Args {
     /// grows with the tables.
     #[arg(long, default_value_t = 0)]
     records: u64,
+    /// Delivered events 40 days old (past ONCEPAY_EVENT_RETENTION's 30
+    /// days), each with its delivery and attempt, put in the tables before
+    /// the scenarios, in objects of four (the newest of each is kept): the
+    /// retention sweeper works through them while the scenarios run (`make
+    /// bench BENCH_ARGS="--old-events 3000000 --scenarios create-order"`,
+    /// with `ONCEPAY_SWEEP_INTERVAL=1s`), and the table says how fast.
+    #[arg(long, default_value_t = 0)]
+    old_events: u64,
 }
 
 impl Args {
@@ -223,6 +231,15 @@ async fn run(args: Args) -> Result<(), String> {
             sizes(&db).await
         );
     }
+    if args.old_events > 0 {
+        populate_old_events(&db, merchant, args.old_events).await?;
+        grown += &format!(
+            "\nOld events before the scenarios: {} (40 days old, delivered, one attempt each; {} of them past retention and not an object's newest).\n",
+            args.old_events,
+            args.old_events / 4 * 3
+        );
+    }
+    let retained_before = metric(&bench, "oncepay_retention_deleted_total{table=\"event\"} ").await;
     let swept_before = sweeper_deleted(&bench).await;
     let scenarios_started = std::time::Instant::now();
     let mut rows = Vec::new();
@@ -242,6 +259,20 @@ async fn run(args: Args) -> Result<(), String> {
             "After them: {}; the sweeper deleted {swept} expired records meanwhile ({:.0} rows/s over {secs:.0} s).\n",
             sizes(&db).await,
             swept as f64 / secs
+        );
+    }
+    if args.old_events > 0 {
+        let deleted = metric(&bench, "oncepay_retention_deleted_total{table=\"event\"} ")
+            .await
+            .saturating_sub(retained_before);
+        let secs = scenarios_started.elapsed().as_secs_f64();
+        let left: i64 = sqlx::query_scalar("SELECT count(*) FROM event")
+            .fetch_one(&db)
+            .await
+            .unwrap_or(-1);
+        grown += &format!(
+            "After them: the retention sweeper deleted {deleted} events (with their deliveries and attempts) in {secs:.0} s ({:.0} events/s), {left} events left.\n",
+            deleted as f64 / secs
         );
     }
     let peak_rss_under_load = bench.peak_rss.get();
@@ -319,6 +350,63 @@ async fn populate(db: &PgPool, merchant: Uuid, n: u64, f: &floor::Fixture) -> Re
     Ok(())
 }
 
+/// Puts `n` delivered events 40 days old in the tables, with a delivery
+/// and an attempt each, half a million per statement, in objects of four
+/// events (sequences 1 to 4). Ids are time-ordered and 40 days old, as the
+/// service's UUID v7 would be.
+async fn populate_old_events(db: &PgPool, merchant: Uuid, n: u64) -> Result<(), String> {
+    const CHUNK: u64 = 500_000;
+    let endpoint = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO webhook_endpoint (id, merchant_id, url, events, secret_key, deleted_at)
+         VALUES ($1, $2, 'http://127.0.0.1:9/old', ARRAY['*'], decode(repeat('ab', 32), 'hex'), now())",
+    )
+    .bind(endpoint)
+    .bind(merchant)
+    .execute(db)
+    .await
+    .map_err(|e| format!("an endpoint for the old events: {e}"))?;
+    let mut done = 0;
+    while done < n {
+        let upto = (done + CHUNK).min(n);
+        eprintln!("populating old events {done}..{upto} of {n} ...");
+        sqlx::query(
+            "WITH t AS (SELECT (extract(epoch FROM now() - interval '40 days') * 1000)::bigint AS ms),
+             ev AS (
+               INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence, data, cause, created_at)
+               SELECT (lpad(to_hex(t.ms + i / 4), 12, '0') || '7' || substr(md5(i::text), 1, 19))::uuid, $1,
+                      'payment.succeeded', 'payment',
+                      (lpad(to_hex(t.ms + i / 4), 12, '0') || 'a' || substr(md5('o' || (i / 4)::text), 1, 19))::uuid,
+                      (lpad(to_hex(t.ms + i / 4), 12, '0') || 'b' || substr(md5('r' || (i / 4)::text), 1, 19))::uuid,
+                      (i % 4) + 1, '{}'::jsonb, 'request', now() - interval '40 days'
+                 FROM generate_series($2::bigint, $3::bigint - 1) AS i, t
+               RETURNING id, object_id, sequence),
+             d AS (
+               INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence, state, attempts, delivered_at, created_at)
+               SELECT ev.id, $4, ev.object_id, ev.sequence, 'delivered', 1, now() - interval '40 days', now() - interval '40 days'
+                 FROM ev
+               RETURNING id, event_id)
+             INSERT INTO webhook_attempt (delivery_id, event_id, endpoint_id, attempted_at, response_status, latency_ms)
+             SELECT d.id, d.event_id, $4, now() - interval '40 days', 200, 5 FROM d",
+        )
+        .bind(merchant)
+        .bind(done as i64)
+        .bind(upto as i64)
+        .bind(endpoint)
+        .execute(db)
+        .await
+        .map_err(|e| format!("populating old events: {e}"))?;
+        done = upto;
+    }
+    for table in ["event", "webhook_delivery", "webhook_attempt"] {
+        sqlx::raw_sql(&format!("VACUUM ANALYZE {table}"))
+            .execute(db)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 /// The sizes of the two tables that grow with every create.
 async fn sizes(db: &PgPool) -> String {
     let row: Result<(i64, i64, i64, i64, i64), _> = sqlx::query_as(
@@ -340,6 +428,11 @@ async fn sizes(db: &PgPool) -> String {
 
 /// `oncepay_sweeper_deleted_total` from the service's metrics.
 async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
+    metric(b, "oncepay_sweeper_deleted_total ").await
+}
+
+/// The value of the series whose line starts with `prefix` (0 if absent).
+async fn metric(b: &Bench<'_>, prefix: &str) -> u64 {
     let text = match b
         .client
         .get(format!("{}/metrics", b.stack.base))
@@ -350,8 +443,8 @@ async fn sweeper_deleted(b: &Bench<'_>) -> u64 {
         Err(_) => return 0,
     };
     text.lines()
-        .find(|l| l.starts_with("oncepay_sweeper_deleted_total "))
-        .and_then(|l| l.split_whitespace().nth(1))
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .map_or(0, |v| v as u64)
 }

@@ -300,34 +300,47 @@ pub struct Deleted {
     pub attempts: u64,
 }
 
-/// Deletes up to `batch` events older than `before` (a UUID v7 of that
-/// time: event ids are time-ordered, so the primary key finds them), with
-/// their deliveries and attempts, in one statement, unless another process
-/// holds the retention lock. Never an event with a delivery still pending,
-/// and never the newest event of its object: the next event of an object
-/// takes the newest sequence plus one, and receivers drop an event whose
-/// sequence is not above what they applied, so the newest must stay.
-pub async fn delete_old(pool: &PgPool, before: Uuid, batch: i64) -> Result<Deleted, StoreError> {
+/// Looks at the next `batch` events after `after` and older than `before`
+/// (a UUID v7 of that time: event ids are time-ordered, so the primary key
+/// walks them), and deletes those it may, with their deliveries and
+/// attempts, in one statement, unless another process holds the retention
+/// lock. Never an event with a delivery still pending, and never the newest
+/// event of its object: the next event of an object takes the newest
+/// sequence plus one, and receivers drop an event whose sequence is not
+/// above what they applied, so the newest must stay. Returns what it
+/// deleted and the last id it looked at (`None`: nothing left to look at),
+/// so that the next batch goes on from there instead of walking the kept
+/// events again.
+pub async fn delete_old(
+    pool: &PgPool,
+    after: Uuid,
+    before: Uuid,
+    batch: i64,
+) -> Result<(Deleted, Option<Uuid>), StoreError> {
     let row = sqlx::query(
-        "WITH lock AS (SELECT pg_try_advisory_xact_lock($3) AS held),
-         old AS (
+        "WITH lock AS (SELECT pg_try_advisory_xact_lock($4) AS held),
+         seen AS (
             SELECT e.id FROM event e
-             WHERE (SELECT held FROM lock) AND e.id < $1
-               AND EXISTS (SELECT 1 FROM event n
+             WHERE (SELECT held FROM lock) AND e.id > $1 AND e.id < $2
+             ORDER BY e.id
+             LIMIT $3),
+         old AS (
+            SELECT e.id FROM event e JOIN seen USING (id)
+             WHERE EXISTS (SELECT 1 FROM event n
                             WHERE n.object_id = e.object_id AND n.sequence > e.sequence)
                AND NOT EXISTS (SELECT 1 FROM webhook_delivery d
                                 WHERE d.event_id = e.id AND d.state = 'pending')
-             ORDER BY e.id
-             LIMIT $2
              FOR UPDATE OF e SKIP LOCKED),
          attempts AS (DELETE FROM webhook_attempt a USING old WHERE a.event_id = old.id RETURNING 1),
          deliveries AS (DELETE FROM webhook_delivery d USING old WHERE d.event_id = old.id RETURNING 1),
          events AS (DELETE FROM event e USING old WHERE e.id = old.id RETURNING 1)
          SELECT (SELECT held FROM lock) AS held,
+                (SELECT id FROM seen ORDER BY id DESC LIMIT 1) AS last,
                 (SELECT count(*) FROM events) AS events,
                 (SELECT count(*) FROM deliveries) AS deliveries,
                 (SELECT count(*) FROM attempts) AS attempts",
     )
+    .bind(after)
     .bind(before)
     .bind(batch)
     .bind(RETENTION_LOCK)
@@ -336,10 +349,11 @@ pub async fn delete_old(pool: &PgPool, before: Uuid, batch: i64) -> Result<Delet
     let count = |name: &str| -> Result<u64, StoreError> {
         Ok(u64::try_from(row.try_get::<i64, _>(name)?).unwrap_or(0))
     };
-    Ok(Deleted {
+    let deleted = Deleted {
         held: row.try_get("held")?,
         events: count("events")?,
         deliveries: count("deliveries")?,
         attempts: count("attempts")?,
-    })
+    };
+    Ok((deleted, row.try_get("last")?))
 }

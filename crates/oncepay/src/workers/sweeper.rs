@@ -23,16 +23,21 @@ pub async fn sweep(ctx: &AppContext) -> Result<u64, StoreError> {
     }
 }
 
-/// Events deleted per statement.
+/// Events looked at per statement.
 pub const RETENTION_BATCH: i64 = 500;
 
-/// At most this many retention batches per pass, with a pause between
-/// them: a backlog of millions is worked through over many passes, paced
-/// so it never competes with payments for the database.
+/// At most this many retention batches per pass: a backlog of millions is
+/// worked through over many passes.
 pub const RETENTION_BATCHES_PER_PASS: u32 = 40;
 
-/// The pause between two retention batches.
-pub const RETENTION_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+/// Each batch is followed by a pause of this many times its own duration
+/// (at least [`RETENTION_MIN_PAUSE`]): the sweep takes at most a quarter
+/// of one connection's time, and slows down by itself when the database
+/// is busy, so it never competes with payments.
+pub const RETENTION_PAUSE_FACTOR: u32 = 3;
+
+/// The least pause between two retention batches.
+pub const RETENTION_MIN_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The smallest UUID v7 of the instant `at`: every event id made before it
 /// sorts lower (ids are time-ordered).
@@ -48,17 +53,18 @@ fn first_id_at(at: chrono::DateTime<chrono::Utc>) -> uuid::Uuid {
 /// Deletes events older than the retention (never one whose delivery is
 /// pending, never an object's newest: see `store::events::delete_old`),
 /// with their deliveries and attempts; one process at a time across the
-/// fleet (an advisory lock). Returns what this pass deleted.
+/// fleet (an advisory lock). Each pass walks the old events from the
+/// oldest, a batch at a time, paced. Returns what this pass deleted.
 pub async fn retention(ctx: &AppContext) -> Result<store::events::Deleted, StoreError> {
     let retention = chrono::Duration::from_std(ctx.event_retention)
         .unwrap_or_else(|_| chrono::Duration::days(36_500));
     let before = first_id_at(chrono::Utc::now() - retention);
+    let mut after = uuid::Uuid::nil();
     let mut total = store::events::Deleted::default();
     for n in 0..RETENTION_BATCHES_PER_PASS {
-        if n > 0 {
-            tokio::time::sleep(RETENTION_PAUSE).await;
-        }
-        let batch = store::events::delete_old(&ctx.pool, before, RETENTION_BATCH).await?;
+        let started = std::time::Instant::now();
+        let (batch, last) =
+            store::events::delete_old(&ctx.pool, after, before, RETENTION_BATCH).await?;
         total.held |= batch.held;
         total.events += batch.events;
         total.deliveries += batch.deliveries;
@@ -73,8 +79,13 @@ pub async fn retention(ctx: &AppContext) -> Result<store::events::Deleted, Store
                 .with_label_values(&[table])
                 .inc_by(count);
         }
-        if !batch.held || batch.events < RETENTION_BATCH as u64 {
+        let Some(last) = last.filter(|_| batch.held) else {
             break;
+        };
+        after = last;
+        if n + 1 < RETENTION_BATCHES_PER_PASS {
+            let pause = started.elapsed() * RETENTION_PAUSE_FACTOR;
+            tokio::time::sleep(pause.max(RETENTION_MIN_PAUSE)).await;
         }
     }
     Ok(total)

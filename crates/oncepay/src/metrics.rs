@@ -59,6 +59,10 @@ pub struct Metrics {
     pub pool_connections: prometheus::IntGaugeVec,
     /// Each pool's largest size.
     pub pool_max: prometheus::IntGaugeVec,
+    /// How long the last scrape waited to acquire a connection of each
+    /// pool: what a request would wait right now (a saturated pool shows
+    /// here before requests time out).
+    pub pool_acquire: GaugeVec,
     /// When the reconciler last finished a pass (Unix seconds; 0: never).
     pub reconciler_last_pass: prometheus::Gauge,
     /// Rows deleted past `ONCEPAY_EVENT_RETENTION`, by table.
@@ -292,6 +296,18 @@ impl Metrics {
                 "The largest size of each database pool",
                 &["pool"],
             ),
+            pool_acquire: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "oncepay_db_pool_acquire_seconds",
+                        "How long the last scrape waited to acquire a connection, by pool",
+                    ),
+                    &["pool"],
+                )
+                .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+                let _ = registry.register(Box::new(g.clone()));
+                g
+            },
             reconciler_last_pass: gauge(
                 "oncepay_reconciler_last_pass_timestamp_seconds",
                 "When this process's reconciler last finished a pass (Unix seconds; 0: never)",
@@ -407,6 +423,27 @@ impl Metrics {
         for kind in ["payment", "refund"] {
             self.oldest_pending.with_label_values(&[kind]);
         }
+    }
+
+    /// Times one acquisition from each pool (at most a second: a pool
+    /// that gives none in a second reads 1), for the scrape about to be
+    /// rendered.
+    pub async fn probe_pools(&self, pools: &[(&str, &sqlx::PgPool)]) {
+        for (name, pool) in pools {
+            let started = std::time::Instant::now();
+            let waited =
+                match tokio::time::timeout(std::time::Duration::from_secs(1), pool.acquire()).await
+                {
+                    Ok(Ok(conn)) => {
+                        let waited = started.elapsed().as_secs_f64();
+                        drop(conn);
+                        waited
+                    }
+                    _ => 1.0,
+                };
+            self.pool_acquire.with_label_values(&[name]).set(waited);
+        }
+        self.observe_pools(pools);
     }
 
     /// Notes the pools' sizes, for the scrape about to be rendered.

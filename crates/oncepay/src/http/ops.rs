@@ -33,9 +33,13 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem>
 }
 
 pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let ctx = &state.ctx;
-    ctx.metrics
-        .observe_pools(&[("main", &ctx.pool), ("claims", ctx.engine.claims_pool())]);
+    let ctx = state.ctx.clone();
+    let _ = super::on_service_runtime(&state, async move {
+        let pools = [("main", &ctx.pool), ("claims", ctx.engine.claims_pool())];
+        ctx.metrics.probe_pools(&pools).await;
+        Ok::<(), crate::problem::Problem>(())
+    })
+    .await;
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.ctx.metrics.render())

@@ -71,6 +71,16 @@ async fn a_fresh_service_exports_every_counter_at_zero_and_its_process() {
             "{series} > 0:\n{text}"
         );
     }
+    for pool in ["main", "claims"] {
+        let waited = value_of(
+            &text,
+            &format!(r#"oncepay_db_pool_acquire_seconds{{pool="{pool}"}}"#),
+        );
+        assert!(
+            waited.is_some_and(|w| (0.0..1.0).contains(&w)),
+            "{pool}: {waited:?}"
+        );
+    }
     let build = text
         .lines()
         .find(|l| l.starts_with("oncepay_build_info{"))

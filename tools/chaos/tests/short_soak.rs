@@ -1,21 +1,29 @@
 //! A short run of the fault harness (`make chaos` runs the full one): its own
 //! PostgreSQL cluster, three serve processes, kills, database crashes and
-//! provider faults, then every invariant checked by counting.
+//! provider faults, then every invariant checked by counting; once with the
+//! sandbox and once through Stripe (localstripe behind the Stripe layer).
 
-#[tokio::test]
-async fn a_short_chaos_soak_keeps_every_invariant() {
+/// Runs `oncepay-chaos` with `args`; returns what it printed, after
+/// asserting that it succeeded with every invariant holding.
+async fn soak(args: &[&str]) -> String {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay-chaos"))
-        .args(["--intents", "300", "--concurrency", "16"])
+        .args(args)
         .output()
         .await
         .expect("run oncepay-chaos");
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
         "chaos run failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains("All invariants hold"), "{stdout}");
+    stdout
+}
+
+#[tokio::test]
+async fn a_short_chaos_soak_keeps_every_invariant() {
+    let stdout = soak(&["--intents", "300", "--concurrency", "16"]).await;
     assert!(
         stdout.contains("| serve process SIGKILLed and restarted |"),
         "{stdout}"
@@ -32,25 +40,15 @@ async fn a_short_chaos_soak_through_stripe_keeps_every_invariant() {
         eprintln!("SKIPPED: no localstripe (make localstripe installs it)");
         return;
     }
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay-chaos"))
-        .args([
-            "--provider",
-            "stripe",
-            "--intents",
-            "200",
-            "--concurrency",
-            "16",
-        ])
-        .output()
-        .await
-        .expect("run oncepay-chaos");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "chaos run failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("All invariants hold"), "{stdout}");
+    let stdout = soak(&[
+        "--provider",
+        "stripe",
+        "--intents",
+        "200",
+        "--concurrency",
+        "16",
+    ])
+    .await;
     assert!(
         stdout.contains("(Stripe layer)"),
         "Stripe faults were injected: {stdout}"

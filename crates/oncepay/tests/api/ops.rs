@@ -195,3 +195,62 @@ async fn secrets_never_reach_the_logs() {
         assert!(!logs.contains(secret), "{secret:?} appeared in the logs");
     }
 }
+
+/// The compose files cannot be run here (no Docker engine): they are kept
+/// correct by reading, and by this test, which parses them and checks what
+/// a first `docker compose up` would trip on.
+#[test]
+fn the_compose_files_parse_and_hold_together() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let check = r#"
+import re, sys, yaml
+readme = open('README.md').read()
+documented = set(re.findall(r'^\| `(ONCEPAY_[A-Z0-9_]+)`', readme, re.M))
+problems = []
+for name in ['docker-compose.yml', 'docker-compose.ha.yml']:
+    doc = yaml.safe_load(open(name))
+    services = doc['services']
+    volumes = set((doc.get('volumes') or {}).keys())
+    configs = set((doc.get('configs') or {}).keys())
+    for sname, s in services.items():
+        deps = s.get('depends_on') or {}
+        for dep in (deps if isinstance(deps, (list, dict)) else []):
+            if dep not in services:
+                problems.append(f'{name}: {sname} depends on unknown {dep}')
+        for v in s.get('volumes') or []:
+            source = v.split(':')[0]
+            if not source.startswith(('.', '/')) and source not in volumes:
+                problems.append(f'{name}: {sname} mounts undeclared volume {source}')
+        for c in s.get('configs') or []:
+            if c['source'] not in configs:
+                problems.append(f'{name}: {sname} uses undeclared config {c["source"]}')
+        for p in s.get('ports') or []:
+            if not str(p).startswith('127.0.0.1:'):
+                problems.append(f'{name}: {sname} publishes {p} beyond loopback')
+        for var in (s.get('environment') or {}):
+            if var.startswith('ONCEPAY_') and var not in documented:
+                problems.append(f'{name}: {sname} sets {var}, which the README does not list')
+        inline = ((s.get('build') or {}).get('dockerfile_inline') or '')
+        if s.get('image') == 'oncepay:local' and 'ca-certificates' not in inline:
+            problems.append(f'{name}: {sname} image has no CA roots (Stripe is https)')
+    serve = services['oncepay']['environment']
+    for var in ['ONCEPAY_PUBLIC_URL', 'ONCEPAY_PROVIDER', 'ONCEPAY_STRIPE_SECRET_KEY']:
+        if var not in serve:
+            problems.append(f'{name}: oncepay does not set {var}')
+if 'target/' not in open('.dockerignore').read():
+    problems.append('.dockerignore does not keep target/ out of the build context')
+print('\n'.join(problems))
+sys.exit(1 if problems else 0)
+"#;
+    let out = std::process::Command::new("python3")
+        .args(["-c", check])
+        .current_dir(root)
+        .output()
+        .expect("python3 runs (with PyYAML, which make test installs with schemathesis)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

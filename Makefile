@@ -46,12 +46,23 @@ build: ## compile the oncepay binary (debug)
 
 run: db build ## start the sandbox and oncepay with a dev API key; print a curl that pays an order and a checkout page to pay one in a browser
 	@mkdir -p $(RUN_DIR)
+	@for port in 8080 8081; do \
+	  curl -s -o /dev/null --max-time 1 http://127.0.0.1:$$port/; \
+	  if [ $$? -ne 7 ]; then \
+	    echo "make run: port $$port on 127.0.0.1 is taken (make run serves oncepay on 8080 and the sandbox on 8081); stop what listens there first."; \
+	    exit 1; \
+	  fi; \
+	done
 	@$(BIN) migrate >/dev/null
 	@$(BIN) sandbox > $(RUN_DIR)/sandbox.log 2>&1 & sandbox=$$!; \
 	ONCEPAY_WEBHOOK_ALLOW_PRIVATE=true $(BIN) serve > $(RUN_DIR)/serve.log 2>&1 & serve=$$!; \
 	trap 'kill $$sandbox $$serve 2>/dev/null' EXIT INT TERM; \
 	key=$$($(BIN) api-key create --merchant dev | tail -n 1); \
 	for i in $$(seq 1 100); do curl -sf http://127.0.0.1:8080/readyz >/dev/null && break; sleep 0.1; done; \
+	if ! curl -sf http://127.0.0.1:8080/readyz >/dev/null; then \
+	  echo "make run: oncepay did not become ready; the end of $(RUN_DIR)/serve.log:"; \
+	  tail -n 20 $(RUN_DIR)/serve.log; exit 1; \
+	fi; \
 	order=$$(curl -s -X POST http://127.0.0.1:8080/orders -H "Authorization: Bearer $$key" \
 	  -H "Idempotency-Key: run-order-$$(date +%s%N)" -H 'Content-Type: application/json' \
 	  -d '{"customer_id":"cus_1","currency":"EUR","items":[{"sku":"book","quantity":2,"unit_amount":1250}]}' \

@@ -51,9 +51,9 @@ pub use client::{AttemptReport, Client, ClientBuilder, Intent};
 pub use error::{ApiError, Error};
 pub use model::{LineItem, NewOrder, Order, Payment, Refund, Status};
 pub use retry::RetryPolicy;
-/// The `uuid` crate this API's ids are typed with, so a caller names them
-/// without depending on a matching version of its own.
-pub use uuid;
 pub use store::{
     Closed, Command, FileStore, IntentRecord, IntentStore, MemoryStore, StoreError, StoredRequest,
 };
+/// The `uuid` crate this API's ids are typed with, so a caller names them
+/// without depending on a matching version of its own.
+pub use uuid;

@@ -231,15 +231,17 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(rate_limited.clone()));
-        let oldest_pending = GaugeVec::new(
-            Opts::new(
-                "oncepay_oldest_pending_seconds",
-                "Age of the oldest pending payment or refund, by kind",
-            ),
+        let float_gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            let g = GaugeVec::new(Opts::new(name, help), labels)
+                .unwrap_or_else(|e| panic!("metric {name} is malformed: {e}"));
+            let _ = registry.register(Box::new(g.clone()));
+            g
+        };
+        let oldest_pending = float_gauge_vec(
+            "oncepay_oldest_pending_seconds",
+            "Age of the oldest pending payment or refund, by kind",
             &["kind"],
-        )
-        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
-        let _ = registry.register(Box::new(oldest_pending.clone()));
+        );
         let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
             let g = prometheus::IntGaugeVec::new(Opts::new(name, help), labels)
                 .unwrap_or_else(|e| panic!("metric {name} is malformed: {e}"));
@@ -296,18 +298,11 @@ impl Metrics {
                 "The largest size of each database pool",
                 &["pool"],
             ),
-            pool_acquire: {
-                let g = GaugeVec::new(
-                    Opts::new(
-                        "oncepay_db_pool_acquire_seconds",
-                        "How long the last scrape waited to acquire a connection, by pool",
-                    ),
-                    &["pool"],
-                )
-                .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
-                let _ = registry.register(Box::new(g.clone()));
-                g
-            },
+            pool_acquire: float_gauge_vec(
+                "oncepay_db_pool_acquire_seconds",
+                "How long the last scrape waited to acquire a connection, by pool",
+                &["pool"],
+            ),
             reconciler_last_pass: gauge(
                 "oncepay_reconciler_last_pass_timestamp_seconds",
                 "When this process's reconciler last finished a pass (Unix seconds; 0: never)",

@@ -143,6 +143,49 @@ pub struct Event {
     pub subject: Option<Subject>,
 }
 
+/// The envelope both providers' events share: `{id, type, data: {object}}`.
+#[derive(Debug, serde::Deserialize)]
+pub struct Envelope {
+    /// The provider's event id.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The event type.
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// What the event carries.
+    pub data: EnvelopeData,
+}
+
+/// An envelope's `data`.
+#[derive(Debug, serde::Deserialize)]
+pub struct EnvelopeData {
+    /// The object the event is about, as the provider saw it.
+    pub object: Value,
+}
+
+impl Envelope {
+    /// The envelope of a verified event; `None` for a shape no adapter
+    /// reads (see [`Event::unrecognised`]).
+    pub fn read(payload: &Value) -> Option<Envelope> {
+        serde_json::from_value(payload.clone()).ok()
+    }
+}
+
+impl Event {
+    /// A verified event of a shape no adapter reads: recorded as
+    /// `unrecognised` (kept, never lost), about nothing.
+    pub fn unrecognised(payload: &Value) -> Event {
+        Event {
+            id: payload
+                .get("id")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            event_type: "unrecognised".into(),
+            subject: None,
+        }
+    }
+}
+
 /// A webhook's headers, by lower-case name.
 pub type Headers<'a> = &'a dyn Fn(&str) -> Option<String>;
 

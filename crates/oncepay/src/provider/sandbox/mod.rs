@@ -17,8 +17,8 @@ use self::classify::{classify, Object};
 use super::call::{BuildError, Caller};
 use super::classify::CallKind;
 use super::{
-    BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened, PaymentProvider,
-    RefundRequest, Subject, SubjectKind,
+    BoxFuture, CallOutcome, ChargeRequest, Envelope, Event, Headers, Health, Opened,
+    PaymentProvider, RefundRequest, Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::webhooks::WebhookSecret;
@@ -72,21 +72,6 @@ pub fn check_token(payment_method: &str) -> Result<(), &'static str> {
     }
 }
 
-/// The sandbox's event envelope.
-#[derive(Deserialize)]
-struct Envelope {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(rename = "type")]
-    event_type: String,
-    data: Data,
-}
-
-#[derive(Deserialize)]
-struct Data {
-    object: Value,
-}
-
 /// An event's charge or refund: the object, with our key and its money.
 #[derive(Deserialize)]
 struct EventObject {
@@ -102,15 +87,8 @@ struct EventObject {
 
 /// What a sandbox event says (`charge.*`, `refund.*`).
 pub fn parse_event(payload: &Value) -> Event {
-    let Ok(envelope) = serde_json::from_value::<Envelope>(payload.clone()) else {
-        return Event {
-            id: payload
-                .get("id")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            event_type: "unrecognised".into(),
-            subject: None,
-        };
+    let Some(envelope) = Envelope::read(payload) else {
+        return Event::unrecognised(payload);
     };
     let kind = match envelope.event_type.split('.').next() {
         Some("charge") => Some(SubjectKind::Charge),

@@ -306,21 +306,6 @@ impl RefundPage {
     }
 }
 
-/// The Stripe event envelope.
-#[derive(Deserialize)]
-struct Envelope {
-    #[serde(default)]
-    id: Option<String>,
-    #[serde(rename = "type")]
-    event_type: String,
-    data: Data,
-}
-
-#[derive(Deserialize)]
-struct Data {
-    object: serde_json::Value,
-}
-
 /// What a Stripe event says: `payment_intent.*` is about the charge of
 /// the attempt in its metadata, `refund.*` about the refund in its
 /// metadata, and `charge.refunded` about the refund of ours its charge
@@ -328,15 +313,8 @@ struct Data {
 /// events are about nothing we hold.
 pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
     use crate::provider::{Event, Subject, SubjectKind};
-    let Ok(envelope) = serde_json::from_value::<Envelope>(payload.clone()) else {
-        return Event {
-            id: payload
-                .get("id")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            event_type: "unrecognised".into(),
-            subject: None,
-        };
+    let Some(envelope) = crate::provider::Envelope::read(payload) else {
+        return Event::unrecognised(payload);
     };
     let object = &envelope.data.object;
     let (kind, object, key) = match envelope.event_type.split('.').next() {

@@ -8,6 +8,8 @@
 //! - [`fault_proxy`]: the provider faults the sandbox cannot make;
 //! - [`lossy_tcp`]: answers lost between a client and the service;
 //! - [`patroni`]: PostgreSQL under Patroni, etcd and HAProxy, for failovers;
+//! - [`pitr`]: a private PostgreSQL with WAL archiving and point-in-time
+//!   restore, for the disaster drill;
 //! - [`ledger`]: the sandbox's books, where charges are counted;
 //! - [`browser`]: a real headless Chromium over WebDriver;
 //! - [`receiver`]: a merchant's webhook receiver that records what it gets;
@@ -27,6 +29,7 @@ pub mod localstripe;
 pub mod loopback_http;
 pub mod lossy_tcp;
 pub mod patroni;
+pub mod pitr;
 pub mod ports;
 pub mod processes;
 pub mod ready;

@@ -25,7 +25,7 @@ pub fn sibling_binary(name: &str) -> Result<PathBuf, String> {
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)
@@ -34,13 +34,13 @@ fn is_root() -> bool {
 /// A PostgreSQL cluster in a temporary folder on a free port. PostgreSQL
 /// refuses to run as root, so as root its tools run as user `postgres`.
 pub struct PgCluster {
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     /// Its port.
     pub port: u16,
 }
 
 impl PgCluster {
-    fn tool(&self, name: &str) -> Command {
+    pub(crate) fn tool(&self, name: &str) -> Command {
         if is_root() {
             let mut c = Command::new("runuser");
             c.args(["-u", "postgres", "--", name]);
@@ -50,7 +50,7 @@ impl PgCluster {
         }
     }
 
-    async fn run(&self, mut cmd: Command, what: &str) -> Result<(), String> {
+    pub(crate) async fn run(&self, mut cmd: Command, what: &str) -> Result<(), String> {
         let out = cmd
             .stdin(Stdio::null())
             .output()
@@ -89,12 +89,17 @@ impl PgCluster {
         Ok(cluster)
     }
 
+    /// The server's log (it lives in the data directory).
+    pub(crate) fn log(&self) -> PathBuf {
+        self.dir.join("server.log")
+    }
+
     fn ctl(&self, action: &str) -> Command {
         let mut c = self.tool("pg_ctl");
         c.arg("-D")
             .arg(&self.dir)
             .args(["-w", "-t", "60", "-l"])
-            .arg(self.dir.join("server.log"));
+            .arg(self.log());
         c.args([
             "-o",
             &format!(

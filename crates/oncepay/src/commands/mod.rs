@@ -237,6 +237,8 @@ pub struct Run<'a> {
     pub merchant_id: Uuid,
     /// The client's idempotency key.
     pub key: &'a str,
+    /// The request's fingerprint.
+    pub fingerprint: &'a [u8],
 }
 
 /// One money command.
@@ -460,6 +462,7 @@ async fn steps<C: Command>(
         let run = Run {
             merchant_id: claim.merchant_id(),
             key: claim.key(),
+            fingerprint: claim.fingerprint(),
         };
         match command.step(ctx, run, at).await? {
             Step::Record {

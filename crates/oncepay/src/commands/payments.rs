@@ -34,6 +34,7 @@ use crate::domain::payment::{Payment, PaymentStatus};
 use crate::idempotency::{ClaimingWrite, StoredResponse};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
+use crate::provider::trace::{Origin, Trace};
 use crate::provider::{CallOutcome, ChargeRequest, Opened, ProviderObject};
 use crate::store::payments::{ClaimingAttempt, InsertAttemptError, NewAttempt};
 use crate::store::{self, StoreError};
@@ -164,13 +165,15 @@ impl Command for CreatePayment {
                     };
                     count_pending(&metrics);
                     crate::outbox::count(&metrics, std::slice::from_ref(&event));
-                    let attempt = Payment::pending(
+                    let mut attempt = Payment::pending(
                         attempt_id,
                         (order.id, order.amount, &order.currency),
                         &provider,
                         &payment_method,
                         now,
                     );
+                    attempt.merchant_id = record.id.merchant_id;
+                    attempt.origin = Origin::of(Some(&record.id.key), Some(record.fingerprint));
                     Ok(Some(PaymentMemo::Created { attempt, order }))
                 })
             });
@@ -338,6 +341,7 @@ impl CreatePayment {
             merchant_id: run.merchant_id,
             order_id: order.id,
             idempotency_key: run.key,
+            fingerprint: Some(run.fingerprint),
             amount: order.amount,
             currency: &order.currency,
             provider: ctx.providers.current().name(),
@@ -394,7 +398,7 @@ fn charge_request(attempt: &Payment) -> ChargeRequest {
         amount: attempt.amount,
         currency: attempt.currency.clone(),
         payment_method: attempt.payment_method.clone(),
-        order_id: attempt.order_id,
+        trace: Trace::of_payment(attempt),
     }
 }
 

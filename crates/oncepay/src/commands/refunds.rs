@@ -15,6 +15,7 @@ use crate::domain::refund;
 use crate::domain::RuleViolation;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
+use crate::provider::trace::Trace;
 use crate::provider::{CallOutcome, ProviderObject, RefundRequest};
 use crate::store::refunds::{InsertRefundError, NewRefund};
 use crate::store::{self, StoreError};
@@ -193,7 +194,7 @@ pub async fn start(
         let outstanding = match existing.status {
             PaymentStatus::Pending => Some(Outstanding {
                 provider: payment.provider.clone(),
-                request: refund_request(&existing, payment.provider_charge_id.clone())?,
+                request: refund_request(&existing, payment)?,
                 reference: existing.provider_refund_id.clone(),
                 maybe_sent: true,
             }),
@@ -214,6 +215,7 @@ pub async fn start(
         amount,
         reason: plan.reason,
         idempotency_key: Some(&plan.key),
+        fingerprint: Some(run.fingerprint),
         cancels_order: plan.cancels_order,
         incident: false,
         now: Utc::now(),
@@ -226,7 +228,7 @@ pub async fn start(
         }
         Err(InsertRefundError::Store(e)) => return Err(e.into()),
     };
-    let request = refund_request(&refund, payment.provider_charge_id.clone())?;
+    let request = refund_request(&refund, payment)?;
     Ok((
         refund.id,
         Some(Outstanding {
@@ -246,11 +248,8 @@ fn key_made_another_refund() -> Problem {
 
 /// What step 2 sends for a refund step 1 created: the refund id as the
 /// provider key, against the payment's charge.
-pub fn refund_request(
-    refund: &Refund,
-    charge_id: Option<String>,
-) -> Result<RefundRequest, StoreError> {
-    let charge_id = charge_id.ok_or_else(|| {
+pub fn refund_request(refund: &Refund, payment: &Payment) -> Result<RefundRequest, StoreError> {
+    let charge_id = payment.provider_charge_id.clone().ok_or_else(|| {
         StoreError::Corrupt(format!(
             "payment {} succeeded without a charge id",
             refund.payment_id
@@ -260,6 +259,7 @@ pub fn refund_request(
         idempotency_key: refund.id,
         charge_id,
         amount: refund.amount,
+        trace: Trace::of_refund(payment, refund),
     })
 }
 
@@ -285,12 +285,12 @@ pub async fn pending_request(
 /// the provider if known.
 pub async fn sent(ctx: &AppContext, refund: &Refund) -> Result<Outstanding, StoreError> {
     let mut conn = ctx.pool.acquire().await?;
-    let (provider, charge_id) = store::payments::charge_id_of(&mut conn, refund.payment_id)
+    let payment = store::payments::by_id(&mut conn, refund.payment_id)
         .await?
         .ok_or_else(|| StoreError::Corrupt(format!("payment {} vanished", refund.payment_id)))?;
     Ok(Outstanding {
-        provider,
-        request: refund_request(refund, charge_id)?,
+        provider: payment.provider.clone(),
+        request: refund_request(refund, &payment)?,
         reference: refund.provider_refund_id.clone(),
         maybe_sent: true,
     })

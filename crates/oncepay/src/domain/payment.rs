@@ -97,6 +97,13 @@ pub struct Payment {
     /// The provider token, kept to repeat the charge with the same key; never shown.
     #[serde(skip)]
     pub payment_method: String,
+    /// The merchant: not in the payment's JSON (the caller is the merchant).
+    #[serde(skip)]
+    pub merchant_id: uuid::Uuid,
+    /// The key's hash and request's fingerprint, sent in the provider's
+    /// metadata.
+    #[serde(skip)]
+    pub origin: crate::provider::trace::Origin,
 }
 
 impl Payment {
@@ -124,6 +131,8 @@ impl Payment {
             created_at: now,
             updated_at: now,
             payment_method: payment_method.to_string(),
+            merchant_id: uuid::Uuid::nil(),
+            origin: crate::provider::trace::Origin::default(),
         }
     }
 
@@ -183,6 +192,10 @@ pub struct Refund {
     /// a failed attempt; settling it never moves the order. Internal.
     #[serde(skip)]
     pub incident: bool,
+    /// The key's hash and request's fingerprint, sent in the provider's
+    /// metadata.
+    #[serde(skip)]
+    pub origin: crate::provider::trace::Origin,
 }
 
 #[cfg(test)]

@@ -187,6 +187,11 @@ impl Claim {
         &self.id.key
     }
 
+    /// The fingerprint of the request that holds the claim.
+    pub fn fingerprint(&self) -> &[u8] {
+        &self.lease.fingerprint
+    }
+
     /// A short hash of the key, for logs: it tells retries of one intent
     /// apart without writing the client's key down.
     pub fn key_hash(&self) -> String {
@@ -369,6 +374,7 @@ impl Engine {
                 resource_id: Some(resource),
                 command: request.command.to_string(),
                 request: request.input.clone(),
+                fingerprint: request.fingerprint.as_bytes().to_vec(),
             },
             fresh_since: Some(claimed_at),
         };

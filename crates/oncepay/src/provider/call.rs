@@ -156,6 +156,35 @@ impl Caller {
         outcome
     }
 
+    /// A safe read whose answer the adapter parses itself (a page of a
+    /// list): the body of a `2xx`, retried as [`Caller::call`] retries;
+    /// any other answer (`classify` decides which are retried) is an
+    /// error that says why.
+    pub async fn read_body(
+        &self,
+        operation: &'static str,
+        build: impl Fn(&Client) -> reqwest::RequestBuilder,
+        classify: impl Fn(u16, &HeaderMap, &[u8]) -> Verdict + Sync,
+    ) -> Result<Vec<u8>, String> {
+        let slot = std::sync::Mutex::new(None);
+        let outcome = self
+            .call(operation, build, |status, headers, body| {
+                if (200..300).contains(&status) {
+                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(body.to_vec());
+                    return Verdict::Done(CallOutcome::NotFound);
+                }
+                classify(status, headers, body)
+            })
+            .await;
+        match slot.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(body) => Ok(body),
+            None => Err(match outcome {
+                CallOutcome::Unknown(reason) => reason,
+                other => format!("unexpected answer: {other:?}"),
+            }),
+        }
+    }
+
     fn observe(&self, operation: &'static str, outcome: &CallOutcome, started: Instant) {
         self.health.observe(outcome);
         let label = match outcome {

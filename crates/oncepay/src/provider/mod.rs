@@ -22,6 +22,7 @@ pub mod call;
 pub mod classify;
 pub mod sandbox;
 pub mod stripe;
+pub mod trace;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,8 +49,8 @@ pub struct ChargeRequest {
     /// The client's payment method, in the provider's form
     /// ([`PaymentProvider::check_payment_method`]).
     pub payment_method: String,
-    /// The order paid, passed as metadata so provider records can be traced.
-    pub order_id: Uuid,
+    /// Where it came from, written into the provider's metadata.
+    pub trace: trace::Trace,
 }
 
 /// A refund to make (or to repeat, with the same key), or to look up.
@@ -61,6 +62,8 @@ pub struct RefundRequest {
     pub charge_id: String,
     /// Minor units.
     pub amount: i64,
+    /// Where it came from, written into the provider's metadata.
+    pub trace: trace::Trace,
 }
 
 /// What the provider reports about one charge or refund, in our terms.
@@ -186,6 +189,35 @@ impl Event {
     }
 }
 
+/// One charge or refund in a provider's books, as its list shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BookEntry {
+    /// A charge or a refund.
+    pub kind: SubjectKind,
+    /// Its id and state.
+    pub state: ProviderObject,
+    /// Minor units.
+    pub amount: i64,
+    /// ISO 4217 code, upper case.
+    pub currency: String,
+    /// When the provider created it, Unix seconds.
+    pub created: i64,
+    /// For a refund: the provider's id of the charge refunded.
+    pub charge: Option<String>,
+    /// What oncepay wrote into its metadata; `None` for an object oncepay
+    /// did not make (or made before it wrote traces).
+    pub trace: Option<trace::Trace>,
+}
+
+/// A page of a provider's books.
+#[derive(Debug, Clone, Default)]
+pub struct BooksPage {
+    /// The objects on it created in the window asked for.
+    pub entries: Vec<BookEntry>,
+    /// The cursor of the next page, if there is one.
+    pub next: Option<String>,
+}
+
 /// A webhook's headers, by lower-case name.
 pub type Headers<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -239,6 +271,16 @@ pub trait PaymentProvider: Send + Sync {
     ) -> Result<Option<String>, String>;
     /// Reads a verified event.
     fn parse_event(&self, payload: &Value) -> Event;
+    /// One page of the provider's `kind` objects created in
+    /// `[from, until)` (Unix seconds), after the cursor `after`; objects
+    /// that never moved money (a PaymentIntent never confirmed) are left
+    /// out. A safe, retried read; `Err` says why there is no page.
+    fn list_books<'a>(
+        &'a self,
+        kind: SubjectKind,
+        window: (i64, i64),
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<BooksPage, String>>;
 }
 
 /// The providers this process can speak to, by name, and the one new
@@ -349,6 +391,14 @@ impl PaymentProvider for Unconfigured {
             event_type: "unrecognised".into(),
             subject: None,
         }
+    }
+    fn list_books<'a>(
+        &'a self,
+        _: SubjectKind,
+        _: (i64, i64),
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<BooksPage, String>> {
+        Box::pin(async { Err(format!("provider {} is not configured", self.name)) })
     }
 }
 

@@ -1,8 +1,9 @@
 //! The sandbox's HTTP API and webhook delivery.
 //!
 //! `POST /v1/charges` and `POST /v1/refunds` (header `Idempotency-Key`),
-//! `GET /v1/charges/{id}`, `GET /v1/charges?idempotency_key=K`, the same for
-//! refunds, `GET /v1/ledger`, `GET /healthz`.
+//! `GET /v1/charges/{id}`, `GET /v1/charges?idempotency_key=K`, the list
+//! `GET /v1/charges?created[gte]=…&created[lt]=…&limit=…&starting_after=…`,
+//! the same for refunds, `GET /v1/ledger`, `GET /healthz`.
 
 use std::net::TcpListener;
 use std::pin::Pin;
@@ -384,10 +385,47 @@ async fn deliver_webhook(sandbox: &Sandbox, event: &Value) {
 #[derive(Deserialize)]
 struct Lookup {
     idempotency_key: Option<String>,
+    #[serde(rename = "created[gte]")]
+    created_gte: Option<i64>,
+    #[serde(rename = "created[lt]")]
+    created_lt: Option<i64>,
+    starting_after: Option<String>,
+    limit: Option<usize>,
+}
+
+/// A page of the books, oldest first (creation time, then id: ids are
+/// UUIDv7, so they sort by time too), Stripe's list shape: objects created
+/// in `[created[gte], created[lt])`, after the object `starting_after`.
+fn list<T: serde::Serialize>(
+    objects: impl Iterator<Item = (i64, String, T)>,
+    query: &Lookup,
+) -> HttpResponse {
+    let limit = query.limit.unwrap_or(10).clamp(1, 100);
+    let mut rows: Vec<(i64, String, T)> = objects
+        .filter(|(created, _, _)| {
+            query.created_gte.is_none_or(|gte| *created >= gte)
+                && query.created_lt.is_none_or(|lt| *created < lt)
+        })
+        .collect();
+    rows.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+    let start = match &query.starting_after {
+        Some(after) => match rows.iter().position(|(_, id, _)| id == after) {
+            Some(i) => i + 1,
+            None => return error(400, "invalid_cursor", "starting_after names no listed object"),
+        },
+        None => 0,
+    };
+    let page: Vec<&T> = rows.iter().skip(start).take(limit).map(|r| &r.2).collect();
+    let has_more = rows.len() > start + page.len();
+    HttpResponse::Ok().json(json!({"object": "list", "data": page, "has_more": has_more}))
 }
 
 async fn find_charge(sandbox: Shared, query: web::Query<Lookup>) -> HttpResponse {
     let books = sandbox.books();
+    if query.idempotency_key.is_none() {
+        let all = books.charges.values().map(|c| (c.created, c.id.clone(), c));
+        return list(all, &query);
+    }
     match query
         .idempotency_key
         .as_ref()
@@ -418,6 +456,8 @@ async fn get_charge(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
 struct RefundBody {
     charge: String,
     amount: i64,
+    #[serde(default)]
+    metadata: Value,
 }
 
 async fn create_refund(
@@ -465,6 +505,7 @@ async fn create_refund(
                     amount: body.amount,
                     status,
                     failure_code: code.map(str::to_string),
+                    metadata: body.metadata.clone(),
                     created: now_unix(),
                 };
                 books.refund_keys.insert(refund.id.clone(), key.clone());
@@ -496,6 +537,10 @@ async fn create_refund(
 
 async fn find_refund(sandbox: Shared, query: web::Query<Lookup>) -> HttpResponse {
     let books = sandbox.books();
+    if query.idempotency_key.is_none() {
+        let all = books.refunds.values().map(|r| (r.created, r.id.clone(), r));
+        return list(all, &query);
+    }
     match query
         .idempotency_key
         .as_ref()

@@ -53,6 +53,8 @@ pub struct Refund {
     pub status: &'static str,
     /// Why it failed.
     pub failure_code: Option<String>,
+    /// What the merchant attached.
+    pub metadata: Value,
     /// Unix seconds.
     pub created: i64,
 }
@@ -107,7 +109,7 @@ impl Books {
                     "status": c.status,
                     "amount": c.amount,
                     "amount_refunded": c.amount_refunded,
-                    "order_id": c.metadata.get("order_id"),
+                    "order_id": c.metadata.get(crate::provider::trace::ORDER),
                     "requests": self.requests.get(&c.idempotency_key).copied().unwrap_or(0),
                     "charges": self.effects.get(&c.idempotency_key).copied().unwrap_or(0),
                 })

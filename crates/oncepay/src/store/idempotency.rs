@@ -74,6 +74,9 @@ pub struct Lease {
     pub command: String,
     /// The command's input, as stored when it was first claimed.
     pub request: Value,
+    /// The request's fingerprint: written on the rows the command makes
+    /// and sent to the provider (`provider::trace`).
+    pub fingerprint: Vec<u8>,
 }
 
 /// What a live record means for a request that presents its key.
@@ -156,6 +159,7 @@ pub async fn insert_or_reclaim(
         resource_id: None,
         command: new.command.into(),
         request: new.request.clone(),
+        fingerprint: new.fingerprint.to_vec(),
     }))
 }
 
@@ -228,6 +232,7 @@ fn lease_from_row(row: &PgRow) -> Result<Lease, StoreError> {
         resource_id: row.try_get("resource_id")?,
         command: row.try_get("command")?,
         request: row.try_get("request")?,
+        fingerprint: row.try_get("fingerprint")?,
     })
 }
 
@@ -248,7 +253,7 @@ async fn take_over(
                 updated_at = now()
           WHERE merchant_id = $1 AND idempotency_key = $2
             AND state = 'executing' AND lease_expires_at < now()
-         RETURNING lease_token, recovery_point, resource_id, command, request",
+         RETURNING lease_token, recovery_point, resource_id, command, request, fingerprint",
     )
     .bind(id.merchant_id)
     .bind(&id.key)
@@ -280,7 +285,7 @@ pub async fn take_over_expired(
                   ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
           WHERE r.merchant_id = due.merchant_id AND r.idempotency_key = due.idempotency_key
          RETURNING r.merchant_id, r.idempotency_key, r.lease_token, r.recovery_point,
-                   r.resource_id, r.command, r.request",
+                   r.resource_id, r.command, r.request, r.fingerprint",
     )
     .bind(limit)
     .bind(millis(lease))

@@ -55,6 +55,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V10__event_retention",
         include_str!("../../migrations/V10__event_retention.sql"),
     ),
+    (
+        "V11__provider_books",
+        include_str!("../../migrations/V11__provider_books.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -11,18 +11,19 @@ use uuid::Uuid;
 use super::StoreError;
 use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus};
+use crate::provider::trace::Origin;
 
 /// The columns every read of a payment attempt returns, in `from_row`'s order.
 macro_rules! payment_columns {
     () => {
-        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method"
+        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint"
     };
 }
 
 /// The same columns qualified with the alias `p`, for joins and updates.
 macro_rules! payment_columns_p {
     () => {
-        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method"
+        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint"
     };
 }
 
@@ -43,6 +44,11 @@ fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         payment_method: row.try_get("payment_method")?,
+        merchant_id: row.try_get("merchant_id")?,
+        origin: Origin::of(
+            Some(row.try_get::<&str, _>("idempotency_key")?),
+            row.try_get::<Option<&[u8]>, _>("request_fingerprint")?,
+        ),
     })
 }
 
@@ -56,6 +62,8 @@ pub struct NewAttempt<'a> {
     pub order_id: Uuid,
     /// The client's idempotency key (second line of defence).
     pub idempotency_key: &'a str,
+    /// The request's fingerprint.
+    pub fingerprint: Option<&'a [u8]>,
     /// Amount in minor units.
     pub amount: i64,
     /// Currency code.
@@ -88,9 +96,9 @@ pub enum InsertAttemptError {
 pub const INSERT: &str = concat!(
     "INSERT INTO payment_attempt
             (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-             payment_method, next_check_at, created_at, updated_at)
+             payment_method, next_check_at, created_at, updated_at, request_fingerprint)
          VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
-                 now() + $10::bigint * interval '1 millisecond', $9, $9)
+                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11)
          RETURNING ",
     payment_columns!()
 );
@@ -111,6 +119,7 @@ pub async fn insert(
         .bind(new.payment_method)
         .bind(new.now)
         .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
+        .bind(new.fingerprint)
         .fetch_one(tx)
         .await;
     match result {
@@ -156,9 +165,9 @@ pub const INSERT_CLAIMING: &str = concat!(
      att AS (
         INSERT INTO payment_attempt
                (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-                payment_method, next_check_at, created_at, updated_at)
+                payment_method, next_check_at, created_at, updated_at, request_fingerprint)
         SELECT $16, $10, o.id, $11, o.amount, o.currency, 'pending', $20, $21,
-               now() + $23::bigint * interval '1 millisecond', $22, $22
+               now() + $23::bigint * interval '1 millisecond', $22, $22, $12
           FROM o WHERE EXISTS (SELECT 1 FROM claim)
         RETURNING id),
      new_events AS (
@@ -668,22 +677,18 @@ pub async fn lock_succeeded_for_order(
     row.as_ref().map(from_row).transpose()
 }
 
-/// The provider an attempt was made with, and its charge id once known.
-pub async fn charge_id_of(
-    conn: &mut PgConnection,
-    id: Uuid,
-) -> Result<Option<(String, Option<String>)>, StoreError> {
-    let row = sqlx::query("SELECT provider, provider_charge_id FROM payment_attempt WHERE id = $1")
-        .bind(id)
-        .fetch_optional(conn)
-        .await?;
-    row.map(|r| -> Result<_, StoreError> {
-        Ok((
-            r.try_get::<String, _>("provider")?,
-            r.try_get::<Option<String>, _>("provider_charge_id")?,
-        ))
-    })
-    .transpose()
+/// An attempt by id alone (no merchant scope, no lock): for work that
+/// starts from a row that names it.
+pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        payment_columns!(),
+        " FROM payment_attempt WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(from_row).transpose()
 }
 
 /// One page of the merchant's rows, newest first, and whether there are more

@@ -9,18 +9,19 @@ use uuid::Uuid;
 
 use super::StoreError;
 use crate::domain::payment::{PaymentStatus, Refund};
+use crate::provider::trace::Origin;
 
 /// The columns every read of a refund returns, in `from_row`'s order.
 macro_rules! refund_columns {
     () => {
-        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order, incident"
+        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order, incident, idempotency_key, request_fingerprint"
     };
 }
 
 /// The same columns qualified with the alias `r`, for joins and updates.
 macro_rules! refund_columns_r {
     () => {
-        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident"
+        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident, r.idempotency_key, r.request_fingerprint"
     };
 }
 
@@ -38,6 +39,10 @@ fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
         provider_refund_id: row.try_get("provider_refund_id")?,
         cancels_order: row.try_get("cancels_order")?,
         incident: row.try_get("incident")?,
+        origin: Origin::of(
+            row.try_get::<Option<&str>, _>("idempotency_key")?,
+            row.try_get::<Option<&[u8]>, _>("request_fingerprint")?,
+        ),
     })
 }
 
@@ -56,6 +61,8 @@ pub struct NewRefund<'a> {
     /// The key of the command that made it (the second line of defence);
     /// `None` for a refund oncepay made on its own.
     pub idempotency_key: Option<&'a str>,
+    /// The request's fingerprint (`None` with no key).
+    pub fingerprint: Option<&'a [u8]>,
     /// Whether settling it cancels the order.
     pub cancels_order: bool,
     /// Whether it returns money taken for a failed attempt (an incident).
@@ -86,9 +93,10 @@ pub async fn insert(
 ) -> Result<Refund, InsertRefundError> {
     let result = sqlx::query(concat!(
         "INSERT INTO refund (id, merchant_id, payment_id, amount, status, reason, cancels_order,
-                             incident, idempotency_key, next_check_at, created_at, updated_at)
+                             incident, idempotency_key, next_check_at, created_at, updated_at,
+                             request_fingerprint)
          VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8,
-                 now() + $10::bigint * interval '1 millisecond', $9, $9)
+                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11)
          RETURNING ",
         refund_columns!()
     ))
@@ -102,6 +110,7 @@ pub async fn insert(
     .bind(new.idempotency_key)
     .bind(new.now)
     .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
+    .bind(new.fingerprint)
     .fetch_one(tx)
     .await;
     match result {

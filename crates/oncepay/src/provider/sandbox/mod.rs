@@ -16,9 +16,10 @@ use uuid::Uuid;
 use self::classify::{classify, Object};
 use super::call::{BuildError, Caller};
 use super::classify::CallKind;
+use super::trace::Trace;
 use super::{
-    BoxFuture, CallOutcome, ChargeRequest, Envelope, Event, Headers, Health, Opened,
-    PaymentProvider, RefundRequest, Subject, SubjectKind,
+    BookEntry, BooksPage, BoxFuture, CallOutcome, ChargeRequest, Envelope, Event, Headers, Health,
+    Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::webhooks::WebhookSecret;
@@ -152,7 +153,7 @@ impl PaymentProvider for Sandbox {
                         "amount": r.amount,
                         "currency": r.currency,
                         "source": r.payment_method,
-                        "metadata": {"order_id": r.order_id, "payment_id": r.idempotency_key},
+                        "metadata": r.trace.metadata_json(),
                     }))
             },
             |s, _, b| classify(CallKind::Write, s, b),
@@ -172,7 +173,11 @@ impl PaymentProvider for Sandbox {
                 client
                     .post(&url)
                     .header("Idempotency-Key", r.idempotency_key.to_string())
-                    .json(&json!({"charge": r.charge_id, "amount": r.amount}))
+                    .json(&json!({
+                        "charge": r.charge_id,
+                        "amount": r.amount,
+                        "metadata": r.trace.metadata_json(),
+                    }))
             },
             |s, _, b| classify(CallKind::Write, s, b),
         ))
@@ -222,4 +227,82 @@ impl PaymentProvider for Sandbox {
     fn parse_event(&self, payload: &Value) -> Event {
         parse_event(payload)
     }
+
+    fn list_books<'a>(
+        &'a self,
+        kind: SubjectKind,
+        (from, until): (i64, i64),
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<BooksPage, String>> {
+        let what = match kind {
+            SubjectKind::Charge => "charges",
+            SubjectKind::Refund => "refunds",
+        };
+        let mut url = format!(
+            "{}/v1/{what}?created[gte]={from}&created[lt]={until}&limit=100",
+            self.base_url
+        );
+        if let Some(after) = after {
+            url.push_str(&format!("&starting_after={after}"));
+        }
+        Box::pin(async move {
+            let body = self
+                .caller
+                .read_body(
+                    "list_books",
+                    |c| c.get(&url),
+                    |s, _, b| classify(CallKind::Read, s, b),
+                )
+                .await?;
+            books_page(kind, &body)
+        })
+    }
+}
+
+/// A listed charge or refund.
+#[derive(Deserialize)]
+struct Listed {
+    #[serde(flatten)]
+    object: Object,
+    amount: i64,
+    #[serde(default)]
+    currency: Option<String>,
+    created: i64,
+    #[serde(default)]
+    charge: Option<String>,
+    #[serde(default)]
+    metadata: Value,
+}
+
+#[derive(Deserialize)]
+struct List {
+    data: Vec<Listed>,
+    has_more: bool,
+}
+
+/// A page of the sandbox's list in our terms. A refund's currency is its
+/// charge's: the row it is checked against says it.
+fn books_page(kind: SubjectKind, body: &[u8]) -> Result<BooksPage, String> {
+    let list: List =
+        serde_json::from_slice(body).map_err(|e| format!("unreadable sandbox list: {e}"))?;
+    let next = list
+        .has_more
+        .then(|| list.data.last().map(|o| o.object.id.clone()))
+        .flatten();
+    let entries = list
+        .data
+        .into_iter()
+        .filter_map(|o| {
+            Some(BookEntry {
+                kind,
+                state: o.object.to_provider_object()?,
+                amount: o.amount,
+                currency: o.currency.unwrap_or_default().to_ascii_uppercase(),
+                created: o.created,
+                charge: o.charge,
+                trace: Trace::read_json(&o.metadata),
+            })
+        })
+        .collect();
+    Ok(BooksPage { entries, next })
 }

@@ -60,11 +60,11 @@ struct Object {
 }
 
 /// The metadata key of our attempt id on a PaymentIntent.
-pub const ATTEMPT_KEY: &str = "oncepay_attempt_id";
+pub const ATTEMPT_KEY: &str = crate::provider::trace::ATTEMPT;
 /// The metadata key of our order id on a PaymentIntent.
-pub const ORDER_KEY: &str = "oncepay_order_id";
+pub const ORDER_KEY: &str = crate::provider::trace::ORDER;
 /// The metadata key of our refund id on a Refund.
-pub const REFUND_KEY: &str = "oncepay_refund_id";
+pub const REFUND_KEY: &str = crate::provider::trace::REFUND;
 
 impl Object {
     fn ours(&self, key: &str) -> Option<&str> {
@@ -280,15 +280,15 @@ pub fn intent_read(
     classify(CallKind::Read, status, should_retry, body)
 }
 
-/// One page of a list of Refunds.
+/// One page of a Stripe list (PaymentIntents or Refunds).
 #[derive(Deserialize)]
-pub struct RefundPage {
+pub struct ListPage {
     data: Vec<serde_json::Value>,
     #[serde(default)]
     has_more: bool,
 }
 
-impl RefundPage {
+impl ListPage {
     /// The refund of ours with `refund_id` on this page, in our terms; and
     /// the id to continue after, if Stripe has more.
     pub fn find(&self, refund_id: Uuid) -> (Option<CallOutcome>, Option<String>) {
@@ -303,6 +303,74 @@ impl RefundPage {
             .then(|| self.data.last()?.get("id")?.as_str().map(str::to_string))
             .flatten();
         (found.map(|r| known(r.to_string().as_bytes())), next)
+    }
+}
+
+impl ListPage {
+    /// This page as a page of the books: the PaymentIntents (`kind`
+    /// charge) or Refunds on it created in `[from, until)`, and the cursor
+    /// of the next page. A PaymentIntent never confirmed moved no money and
+    /// is left out. Stripe lists newest first: a page that reaches below
+    /// `from` is the last one needed (a list in the other order, as
+    /// localstripe's, is read to its end).
+    pub fn books(
+        &self,
+        kind: crate::provider::SubjectKind,
+        (from, until): (i64, i64),
+    ) -> crate::provider::BooksPage {
+        use crate::provider::{BookEntry, BooksPage, SubjectKind};
+        let created = |o: &serde_json::Value| o.get("created").and_then(serde_json::Value::as_i64);
+        let entries = self
+            .data
+            .iter()
+            .filter(|o| created(o).is_some_and(|c| c >= from && c < until))
+            .filter(|o| {
+                let status = o.get("status").and_then(serde_json::Value::as_str);
+                let declined = o.get("last_payment_error").is_some_and(|e| !e.is_null());
+                !matches!(
+                    (status, declined),
+                    (Some("requires_confirmation"), _) | (Some("requires_payment_method"), false)
+                )
+            })
+            .filter_map(|o| {
+                let CallOutcome::Known(state) = known(o.to_string().as_bytes()) else {
+                    return None;
+                };
+                let metadata: HashMap<String, String> = o
+                    .get("metadata")
+                    .and_then(|m| serde_json::from_value(m.clone()).ok())
+                    .unwrap_or_default();
+                Some(BookEntry {
+                    kind,
+                    state,
+                    amount: o.get("amount")?.as_i64()?,
+                    currency: o
+                        .get("currency")
+                        .and_then(serde_json::Value::as_str)
+                        .unwrap_or_default()
+                        .to_ascii_uppercase(),
+                    created: created(o)?,
+                    charge: match kind {
+                        SubjectKind::Refund => o
+                            .get("payment_intent")
+                            .and_then(serde_json::Value::as_str)
+                            .map(str::to_string),
+                        SubjectKind::Charge => None,
+                    },
+                    trace: crate::provider::trace::Trace::read(&metadata),
+                })
+            })
+            .collect();
+        let (first, last) = (
+            self.data.first().and_then(created),
+            self.data.last().and_then(created),
+        );
+        let newest_first_and_done =
+            matches!((first, last), (Some(f), Some(l)) if f > l && l < from);
+        let next = (self.has_more && !newest_first_and_done)
+            .then(|| self.data.last()?.get("id")?.as_str().map(str::to_string))
+            .flatten();
+        BooksPage { entries, next }
     }
 }
 

@@ -34,11 +34,12 @@ use reqwest::header::HeaderMap;
 use serde_json::Value;
 use uuid::Uuid;
 
-use self::classify::{CallKind, RefundPage, Verdict, ATTEMPT_KEY, ORDER_KEY, REFUND_KEY};
+use self::classify::{CallKind, ListPage, Verdict};
+use super::trace::Trace;
 use super::call::{BuildError, Caller};
 use super::{
-    BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened, PaymentProvider,
-    RefundRequest,
+    BooksPage, BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened,
+    PaymentProvider, RefundRequest, SubjectKind,
 };
 use crate::metrics::Metrics;
 
@@ -127,6 +128,14 @@ fn should_retry(headers: &HeaderMap) -> Option<bool> {
 
 /// The idempotency key of one of our calls: derived from our id and the
 /// call, so that each call has its own key and repeats reuse it.
+/// The trace as Stripe's form fields (`metadata[k]=v`).
+fn metadata(trace: &Trace) -> impl Iterator<Item = (String, String)> {
+    trace
+        .metadata()
+        .into_iter()
+        .map(|(k, v)| (format!("metadata[{k}]"), v))
+}
+
 fn key(id: Uuid, call: &str) -> String {
     format!("oncepay_{id}_{call}")
 }
@@ -204,7 +213,7 @@ impl Stripe {
             let read = self
                 .get("find_refund", path, |status, retry, body| {
                     if (200..300).contains(&status) {
-                        if let Ok(p) = serde_json::from_slice::<RefundPage>(body) {
+                        if let Ok(p) = serde_json::from_slice::<ListPage>(body) {
                             let mut slot = page.lock().unwrap_or_else(|e| e.into_inner());
                             *slot = Some(p);
                             return Verdict::Done(CallOutcome::NotFound);
@@ -269,18 +278,16 @@ impl PaymentProvider for Stripe {
 
     fn open_charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async move {
-            let form = vec![
+            let form: Vec<(String, String)> = [
                 ("amount".to_string(), r.amount.to_string()),
                 ("currency".into(), r.currency.to_ascii_lowercase()),
                 ("payment_method".into(), r.payment_method.clone()),
                 ("payment_method_types[]".into(), "card".into()),
                 ("capture_method".into(), "automatic".into()),
-                (
-                    format!("metadata[{ATTEMPT_KEY}]"),
-                    r.idempotency_key.to_string(),
-                ),
-                (format!("metadata[{ORDER_KEY}]"), r.order_id.to_string()),
-            ];
+            ]
+            .into_iter()
+            .chain(metadata(&r.trace))
+            .collect();
             let created = self
                 .post(
                     "open_charge",
@@ -345,14 +352,13 @@ impl PaymentProvider for Stripe {
 
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move {
-            let form = vec![
+            let form: Vec<(String, String)> = [
                 ("payment_intent".to_string(), r.charge_id.clone()),
                 ("amount".into(), r.amount.to_string()),
-                (
-                    format!("metadata[{REFUND_KEY}]"),
-                    r.idempotency_key.to_string(),
-                ),
-            ];
+            ]
+            .into_iter()
+            .chain(metadata(&r.trace))
+            .collect();
             self.post(
                 "refund",
                 "/v1/refunds".into(),
@@ -425,5 +431,38 @@ impl PaymentProvider for Stripe {
 
     fn parse_event(&self, payload: &Value) -> Event {
         classify::event(payload)
+    }
+
+    fn list_books<'a>(
+        &'a self,
+        kind: SubjectKind,
+        window: (i64, i64),
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<BooksPage, String>> {
+        // No `created` filter: localstripe refuses it (real Stripe takes
+        // it); the page filters by creation itself (`ListPage::books`).
+        let what = match kind {
+            SubjectKind::Charge => "payment_intents",
+            SubjectKind::Refund => "refunds",
+        };
+        let mut url = self.url(&format!("/v1/{what}?limit=100"));
+        if let Some(after) = after {
+            url.push_str(&format!("&starting_after={after}"));
+        }
+        Box::pin(async move {
+            let body = self
+                .caller
+                .read_body(
+                    "list_books",
+                    |client| self.authed(client.get(&url)),
+                    |status, headers, body| {
+                        classify::classify(CallKind::Read, status, should_retry(headers), body)
+                    },
+                )
+                .await?;
+            let page: ListPage = serde_json::from_slice(&body)
+                .map_err(|e| format!("unreadable Stripe list: {e}"))?;
+            Ok(page.books(kind, window))
+        })
     }
 }

@@ -37,6 +37,8 @@ pub const ARCHIVE_TIMEOUT: Duration = Duration::from_secs(5);
 /// included by `postgresql.conf` (`include_if_exists`) and deleted once
 /// the server is promoted, so later (re)starts are ordinary ones. (Not
 /// `recovery.conf`: PostgreSQL 12+ refuses to start if that name exists.)
+/// Its absence costs one "skipping missing configuration file" line in the
+/// log at each start.
 const RECOVERY_CONF: &str = "pitr_recovery.conf";
 
 /// How long a restore may take to replay and promote.
@@ -81,7 +83,10 @@ fn conf_quote(s: &str) -> String {
 /// `dir/%f` for `archive_command` / `restore_command`: a shell word in
 /// which a `%` of the path is not taken for a placeholder.
 fn archived_file(dir: &Path) -> String {
-    sh_quote(&format!("{}/%f", dir.display().to_string().replace('%', "%%")))
+    sh_quote(&format!(
+        "{}/%f",
+        dir.display().to_string().replace('%', "%%")
+    ))
 }
 
 /// The last lines of the file at `path`, for error messages.
@@ -114,8 +119,18 @@ fn postmaster_pid(dir: &Path) -> Option<u32> {
     text.lines().next()?.trim().parse().ok()
 }
 
+/// Whether process `pid` still runs. A zombie does not: the postmaster
+/// is orphaned by `pg_ctl`, and the init process of some machines (or
+/// containers) reaps orphans only now and then.
 fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) state ...": comm may hold spaces and parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
 }
 
 impl ArchivedCluster {
@@ -152,6 +167,11 @@ impl ArchivedCluster {
         ]);
         cluster.pg.run(init, "initdb").await?;
         let archive = cluster.archive_dir();
+        // Never overwrites an archived segment: an identical copy is a
+        // success (a segment archived again after a crash lost its .done
+        // status), a different one a failure that stops archiving. The copy
+        // is renamed into place, so a server killed mid-copy (as every
+        // restore does) leaves a stray `.part`, never a truncated segment.
         let archive_command = format!(
             "if test -f {f}; then cmp -s %p {f}; else cp %p {part} && mv {part} {f}; fi",
             f = archived_file(&archive),
@@ -370,27 +390,32 @@ impl ArchivedCluster {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        eprintln!("PHASE 0 {:?}", started.elapsed());
         let n = self.restores.fetch_add(1, Ordering::Relaxed) + 1;
-        let kept = self.root.join("logs").join(format!("server.before-restore-{n}.log"));
+        let kept = self
+            .root
+            .join("logs")
+            .join(format!("server.before-restore-{n}.log"));
         let _ = std::fs::rename(self.pg.log(), &kept);
         if dir.exists() {
             std::fs::remove_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
 
-        eprintln!("PHASE 1 {:?}", started.elapsed());
         // Restore: the base backup, and what to replay from the archive.
         let mut copy = self.pg.tool("cp");
         copy.arg("-a").arg(self.base_dir()).arg(dir);
         self.pg.run(copy, "copying the base backup").await?;
-        eprintln!("PHASE 2 {:?}", started.elapsed());
         let settings = format!(
             "# Written by oncepay-testkit's pitr::restore_to; deleted once promoted.\n\
              restore_command = {}\n\
              recovery_target_time = '{}'\n\
              recovery_target_action = 'promote'\n\
              recovery_target_timeline = 'latest'\n",
-            conf_quote(&format!("cp {} %p", archived_file(&self.archive_dir()))),
+            // A missing file ends the replay: no "cp: cannot stat" for it
+            // in the log, which would hide the log's useful lines.
+            conf_quote(&format!(
+                "test -f {f} && cp {f} %p",
+                f = archived_file(&self.archive_dir())
+            )),
             // What PostgreSQL parses as a timestamptz, to the microsecond
             // of commit timestamps, in UTC whatever the server's TimeZone.
             target.format("%Y-%m-%d %H:%M:%S%.6f+00"),
@@ -404,12 +429,10 @@ impl ArchivedCluster {
                 self.pg.run(chown, "chown").await?;
             }
         }
-        eprintln!("PHASE 3 {:?}", started.elapsed());
         self.pg
             .start()
             .await
             .map_err(|e| self.recovery_error(format!("restore to {target}: {e}")))?;
-        eprintln!("PHASE 4 {:?}", started.elapsed());
         let deadline = Instant::now() + PROMOTION_LIMIT;
         loop {
             if postmaster_pid(dir).is_none() {
@@ -432,12 +455,10 @@ impl ArchivedCluster {
         let conf = dir.join(RECOVERY_CONF);
         std::fs::remove_file(&conf).map_err(|e| format!("{}: {e}", conf.display()))?;
 
-        eprintln!("PHASE 5 {:?}", started.elapsed());
         let timeline = self.timeline().await?;
         let last_replayed_commit: Option<DateTime<Utc>> = self
             .scalar("SELECT pg_last_xact_replay_timestamp()")
             .await?;
-        eprintln!("PHASE 6 {:?}", started.elapsed());
         let history = self.archive_dir().join(format!("{timeline:08X}.history"));
         let deadline = Instant::now() + Duration::from_secs(30);
         while !history.exists() {
@@ -449,7 +470,6 @@ impl ArchivedCluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        eprintln!("PHASE 7 {:?}", started.elapsed());
         Ok(RestoreReport {
             timeline,
             took: started.elapsed(),

@@ -109,6 +109,13 @@ async fn drill(cluster: &ArchivedCluster, root: &Path) -> Result<(), String> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     execute(cluster, "INSERT INTO drill VALUES ('D')").await?;
     cluster.wait_archived(ARCHIVED).await?;
+    // A target no archived commit follows cannot be reached: the replay
+    // fails (and leaves no server), the next restore starts over.
+    let unreachable = cluster.restore_to(Utc::now()).await;
+    check(
+        matches!(&unreachable, Err(e) if e.contains("choose an older target")),
+        format!("a target after the archive's end: {unreachable:?}"),
+    )?;
     let second = cluster.restore_to(target).await?;
     eprintln!("restore 2 to {target}: {second:?}");
     let names = rows(cluster).await?;

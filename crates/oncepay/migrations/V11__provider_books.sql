@@ -35,6 +35,10 @@ CREATE TABLE books_run (
     dry_run      boolean NOT NULL,
     window_from  timestamptz NOT NULL,
     window_until timestamptz NOT NULL CHECK (window_until > window_from),
+    -- Charges are walked first, then refunds, then our own rows the
+    -- provider lacks; `position` is the creation time reached in the phase.
+    phase        text NOT NULL DEFAULT 'charges'
+                 CHECK (phase IN ('charges', 'refunds', 'missing', 'done')),
     position     timestamptz NOT NULL,
     matched      bigint NOT NULL DEFAULT 0,
     adopted      bigint NOT NULL DEFAULT 0,

@@ -35,6 +35,51 @@ pub enum Command {
     /// Manage merchants.
     #[command(subcommand)]
     Merchant(MerchantCommand),
+    /// Reconcile a window of every configured provider's books with the
+    /// database: rebuild rows the database lost from the providers'
+    /// metadata, refund (or hold) charges no order can own, and record
+    /// every disagreement as an incident. Prints the report.
+    Reconcile {
+        /// The window's start: a duration before now (`2h`, `90m`) or an
+        /// RFC 3339 time.
+        #[arg(long, value_parser = point_in_time)]
+        since: PointInTime,
+        /// The window's end (default: now), in the same forms.
+        #[arg(long, value_parser = point_in_time)]
+        until: Option<PointInTime>,
+        /// Report what would be done, changing nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// A point in time on the command line: a duration back from now, or a
+/// moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PointInTime {
+    /// This long before now.
+    Ago(std::time::Duration),
+    /// This moment.
+    At(chrono::DateTime<chrono::Utc>),
+}
+
+impl PointInTime {
+    /// The moment, counted back from `now`.
+    pub fn resolve(self, now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+        match self {
+            PointInTime::Ago(d) => now - chrono::Duration::from_std(d).unwrap_or_default(),
+            PointInTime::At(t) => t,
+        }
+    }
+}
+
+fn point_in_time(text: &str) -> Result<PointInTime, String> {
+    if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
+        return Ok(PointInTime::At(t.with_timezone(&chrono::Utc)));
+    }
+    crate::config::parse_duration(text)
+        .map(PointInTime::Ago)
+        .map_err(|e| format!("expected a duration before now (2h) or an RFC 3339 time: {e}"))
 }
 
 /// `oncepay merchant …`.

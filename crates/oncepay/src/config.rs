@@ -273,6 +273,18 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             sweep_interval: self.duration("ONCEPAY_SWEEP_INTERVAL", Duration::from_secs(60))?,
             event_retention: self
                 .duration("ONCEPAY_EVENT_RETENTION", Duration::from_secs(30 * 86_400))?,
+            books: BooksConfig {
+                interval: self.duration("ONCEPAY_BOOKS_INTERVAL", Duration::from_secs(3600))?,
+                window: self.duration("ONCEPAY_BOOKS_WINDOW", Duration::from_secs(26 * 3600))?,
+                orphan_policy: self.get(
+                    "ONCEPAY_ORPHAN_POLICY",
+                    crate::books::OrphanPolicy::Refund,
+                    |v| {
+                        crate::books::OrphanPolicy::parse(v)
+                            .ok_or_else(|| "expected refund or hold".to_string())
+                    },
+                )?,
+            },
             shutdown_timeout: self.duration("ONCEPAY_SHUTDOWN_TIMEOUT", Duration::from_secs(30))?,
             merchant_webhooks: MerchantWebhooks {
                 schedule: self.get(
@@ -439,6 +451,8 @@ pub struct ServeConfig {
     /// How long events, their deliveries and attempts are kept
     /// (`ONCEPAY_EVENT_RETENTION`, 30 days, as Stripe keeps events).
     pub event_retention: Duration,
+    /// The books reconciliation.
+    pub books: BooksConfig,
     /// How long SIGTERM waits for in-flight requests.
     pub shutdown_timeout: Duration,
     /// Outbound webhooks to merchants' endpoints.
@@ -498,6 +512,19 @@ pub struct SandboxConfig {
     pub async_delay: Duration,
     /// Faults injected at random into every request.
     pub faults: FaultRates,
+}
+
+/// The books reconciliation's settings (`crate::books`).
+#[derive(Debug, Clone, Copy)]
+pub struct BooksConfig {
+    /// How often `serve` reconciles (`ONCEPAY_BOOKS_INTERVAL`, 1 h).
+    pub interval: Duration,
+    /// Over how much of the recent past (`ONCEPAY_BOOKS_WINDOW`, 26 h: a
+    /// day and the provider's slowest settlement).
+    pub window: Duration,
+    /// What is done with a charge no order can own
+    /// (`ONCEPAY_ORPHAN_POLICY`: `refund`, the default, or `hold`).
+    pub orphan_policy: crate::books::OrphanPolicy,
 }
 
 /// Parses `500ms`, `2s`, `5m`, `24h`, `7d` (a bare number means seconds).

@@ -10,13 +10,16 @@
 //! - [`sandbox`] — the stand-alone sandbox provider;
 //! - [`workers`] — the reconciler and the sweeper;
 //! - [`outbox`] — events written with the changes they report, for merchants;
-//! - [`provider_events`] — inbound provider webhook events.
+//! - [`provider_events`] — inbound provider webhook events;
+//! - [`books`] — reconciliation against the providers' books, and the
+//!   restore guard.
 
 // Every public item says why it exists.
 #![warn(missing_docs)]
 
 pub mod api_keys;
 pub mod audit;
+pub mod books;
 pub mod cli;
 pub mod commands;
 pub mod config;

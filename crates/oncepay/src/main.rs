@@ -111,6 +111,65 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 None => println!("{merchant}: the process default rate limit"),
             }
         }
+        Command::Reconcile {
+            since,
+            until,
+            dry_run,
+        } => {
+            let now = chrono::Utc::now();
+            let window = (since.resolve(now), until.map_or(now, |u| u.resolve(now)));
+            anyhow::ensure!(
+                window.0 < window.1,
+                "--since must be before --until ({} is not before {})",
+                window.0.to_rfc3339(),
+                window.1.to_rfc3339()
+            );
+            let config = env.serve_config()?;
+            oncepay::store::prepare_database(&config.database_url)
+                .await
+                .context("migrating the database")?;
+            let ctx = oncepay::startup::context(&config, String::new())?;
+            let options = oncepay::books::Options {
+                dry_run,
+                policy: config.books.orphan_policy,
+                trigger: oncepay::books::Trigger::Cli,
+            };
+            let Some(runs) = oncepay::books::reconcile(&ctx, window, options).await? else {
+                anyhow::bail!(
+                    "another process is reconciling the books now; try again when it finishes"
+                );
+            };
+            println!(
+                "books {} {} .. {}{}",
+                if dry_run {
+                    "to reconcile"
+                } else {
+                    "reconciled"
+                },
+                window.0.to_rfc3339(),
+                window.1.to_rfc3339(),
+                if dry_run {
+                    " (dry run: nothing changed)"
+                } else {
+                    ""
+                }
+            );
+            println!("provider\tmatched\tadopted\trefunded\theld\tmismatched\tmissing\trun");
+            for run in runs {
+                let c = run.counts;
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    run.provider,
+                    c.matched,
+                    c.adopted,
+                    c.refunded,
+                    c.held,
+                    c.mismatched,
+                    c.missing,
+                    run.id
+                );
+            }
+        }
         Command::Serve => {
             let config = env.serve_config()?;
             let app = oncepay::startup::Application::build(config)

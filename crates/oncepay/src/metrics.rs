@@ -67,6 +67,10 @@ pub struct Metrics {
     pub reconciler_last_pass: prometheus::Gauge,
     /// Rows deleted past `ONCEPAY_EVENT_RETENTION`, by table.
     pub retention_deleted: IntCounterVec,
+    /// Provider objects the books reconciliation looked at, by outcome.
+    pub books_objects: IntCounterVec,
+    /// When this process last finished a books run (Unix seconds; 0: never).
+    pub books_last_run: prometheus::Gauge,
 }
 
 /// The label values each labelled counter is known to take, exported at 0
@@ -75,7 +79,24 @@ pub struct Metrics {
 const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
     (
         "incidents",
-        &[&["charge_on_failed_attempt", "refund_on_failed_refund"]],
+        &[&[
+            "charge_on_failed_attempt",
+            "refund_on_failed_refund",
+            "orphan_charge",
+            "books_mismatch",
+            "missing_at_provider",
+        ]],
+    ),
+    (
+        "books_objects",
+        &[&[
+            "matched",
+            "adopted",
+            "refunded",
+            "held",
+            "mismatched",
+            "missing",
+        ]],
     ),
     ("pending_alarms", &[&["payment", "refund"]]),
     (
@@ -133,6 +154,7 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
                 "refund",
                 "find_refund",
                 "probe",
+                "list_books",
             ],
             &[
                 "succeeded",
@@ -312,6 +334,15 @@ impl Metrics {
                 "Rows deleted past ONCEPAY_EVENT_RETENTION, by table",
                 &["table"],
             ),
+            books_objects: counter(
+                "oncepay_books_objects_total",
+                "Provider objects the books reconciliation looked at, by outcome",
+                &["outcome"],
+            ),
+            books_last_run: gauge(
+                "oncepay_books_last_run_timestamp_seconds",
+                "When this process last finished a books reconciliation run (Unix seconds; 0: never)",
+            ),
             incidents: counter(
                 "oncepay_incidents_total",
                 "Money the provider moved that oncepay did not expect, by kind",
@@ -405,6 +436,7 @@ impl Metrics {
                 "provider_calls" => &[&self.provider_calls],
                 "provider_auth_refused" => &[&self.provider_auth_refused],
                 "retention_deleted" => &[&self.retention_deleted],
+                "books_objects" => &[&self.books_objects],
                 "reconciler" => &[&self.reconciler],
                 other => unreachable!("no counter family {other}"),
             };

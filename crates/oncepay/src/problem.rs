@@ -79,6 +79,7 @@ problem_codes! {
     WebhookEndpointNotFound = "webhook_endpoint_not_found", 404, "Webhook endpoint not found";
     InternalError = "internal_error", 500, "Internal error";
     ServiceUnavailable = "service_unavailable", 503, "Service temporarily unavailable";
+    RestoreReconciliation = "restore_reconciliation", 503, "Reconciling with the provider's books after a restore";
 }
 
 /// An error answer, ready to serialise as `application/problem+json`.

@@ -89,6 +89,53 @@ fn providers(config: &ServeConfig, metrics: &Arc<Metrics>) -> Result<Providers, 
     })
 }
 
+/// Everything commands and workers share, for `serve` and for the CLI
+/// commands that act like it (`oncepay reconcile`); `bound_url` is the
+/// checkout's base when `ONCEPAY_PUBLIC_URL` is unset.
+pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext>, StartError> {
+    let pool = store::pool(&config.database_url, config.db_pool_size)?;
+    let claims = store::claims_pool(&config.database_url, (config.db_pool_size / 2).max(2))?;
+    let metrics = Arc::new(Metrics::new());
+    let providers = providers(config, &metrics)?;
+    let engine = Engine::new(
+        pool.clone(),
+        claims,
+        EngineConfig {
+            ttl: config.idempotency_ttl,
+            wait: config.idempotency_wait,
+            lease: config.idempotency_lease,
+            replay_cache_entries: config.replay_cache_entries,
+        },
+        metrics.clone(),
+    );
+    Ok(Arc::new(AppContext {
+        pool,
+        engine,
+        providers,
+        metrics,
+        reconcile_after: config.reconcile_after,
+        pending_alarm: config.pending_alarm,
+        webhook_command_wait: config.webhook_command_wait,
+        local_runs: Default::default(),
+        event_retention: config.event_retention,
+        checkout: crate::commands::CheckoutSettings {
+            ttl: config.checkout_ttl,
+            public_url: config.public_url.clone().unwrap_or(bound_url),
+        },
+        books_gate: Default::default(),
+    }))
+}
+
+/// How the restore guard looks: a gap starts a lease (and a minute for the
+/// provider's answers) before the last sight, since a command in flight
+/// then may have reached the provider without its rows surviving.
+fn guard_settings(config: &ServeConfig) -> crate::books::GuardSettings {
+    crate::books::GuardSettings {
+        margin: config.idempotency_lease + std::time::Duration::from_secs(60),
+        policy: config.books.orphan_policy,
+    }
+}
+
 impl Application {
     /// Migrates, binds `config.bind` (port 0 picks a free port) and starts
     /// the background workers.
@@ -99,41 +146,14 @@ impl Application {
         if !applied.is_empty() {
             tracing::info!(migrations = ?applied, "applied migrations");
         }
-        let pool = store::pool(&config.database_url, config.db_pool_size)?;
-        let claims = store::claims_pool(&config.database_url, (config.db_pool_size / 2).max(2))?;
-        let metrics = Arc::new(Metrics::new());
-        let providers = providers(&config, &metrics)?;
-        let engine = Engine::new(
-            pool.clone(),
-            claims,
-            EngineConfig {
-                ttl: config.idempotency_ttl,
-                wait: config.idempotency_wait,
-                lease: config.idempotency_lease,
-                replay_cache_entries: config.replay_cache_entries,
-            },
-            metrics.clone(),
-        );
         let listener = TcpListener::bind(config.bind)?;
         let addr = listener.local_addr()?;
-        let ctx = Arc::new(AppContext {
-            pool,
-            engine,
-            providers,
-            metrics,
-            reconcile_after: config.reconcile_after,
-            pending_alarm: config.pending_alarm,
-            webhook_command_wait: config.webhook_command_wait,
-            local_runs: Default::default(),
-            event_retention: config.event_retention,
-            checkout: crate::commands::CheckoutSettings {
-                ttl: config.checkout_ttl,
-                public_url: config
-                    .public_url
-                    .clone()
-                    .unwrap_or_else(|| format!("http://{addr}")),
-            },
-        });
+        let ctx = context(&config, format!("http://{addr}"))?;
+        // Before any request: a database that went back in time closes the
+        // gate until the books are reconciled (the guard worker does that).
+        if let Err(e) = crate::books::observe(&ctx, guard_settings(&config)).await {
+            tracing::warn!(error = %e, "could not read the database's lineage; the guard retries");
+        }
         let keys = Arc::new(crate::api_keys::KeyCache::new(config.auth_cache_ttl));
         let state = web::Data::new(AppState {
             ctx: ctx.clone(),
@@ -208,6 +228,8 @@ impl Application {
         ));
         let reconciler_ctx = ctx.clone();
         let sweeper_ctx = ctx.clone();
+        let (guard_ctx, books_ctx) = (ctx.clone(), ctx.clone());
+        let (guard, books) = (guard_settings(&config), config.books);
         let (delivery_ctx, gauge_ctx) = (ctx.clone(), ctx.clone());
         let webhooks = &config.merchant_webhooks;
         let deliverer = Arc::new(workers::deliveries::Deliverer::new(
@@ -252,6 +274,34 @@ impl Application {
                     async move {
                         if let Err(e) = workers::reconciler::pass(&ctx).await {
                             tracing::warn!(error = %e, "reconciler pass failed; retrying next interval");
+                        }
+                    }
+                },
+            )),
+            tokio::spawn(workers::every(
+                "restore-guard",
+                std::time::Duration::from_secs(2),
+                stopped.clone(),
+                move || {
+                    let ctx = guard_ctx.clone();
+                    async move {
+                        if let Err(e) = crate::books::restore_guard(&ctx, guard).await {
+                            tracing::warn!(error = %e, "restore guard failed; retrying");
+                        }
+                    }
+                },
+            )),
+            tokio::spawn(workers::every(
+                "books",
+                books.interval,
+                stopped.clone(),
+                move || {
+                    let ctx = books_ctx.clone();
+                    async move {
+                        let pass =
+                            crate::books::scheduled_pass(&ctx, books.window, books.orphan_policy);
+                        if let Err(e) = pass.await {
+                            tracing::warn!(error = %e, "books reconciliation failed; the next pass resumes it");
                         }
                     }
                 },

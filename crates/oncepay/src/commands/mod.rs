@@ -61,6 +61,9 @@ pub struct AppContext {
     pub checkout: CheckoutSettings,
     /// How long events (and their deliveries) are kept.
     pub event_retention: Duration,
+    /// Closed while a gap in the database's history is reconciled with
+    /// the providers' books (`books::restore_guard`).
+    pub books_gate: crate::books::Gate,
 }
 
 /// Settings of hosted checkout pages.
@@ -328,6 +331,9 @@ pub async fn run<C: Command>(
             response,
             replayed: true,
         });
+    }
+    if ctx.books_gate.is_closed() {
+        return Err(crate::books::gate_closed());
     }
     if let Some((response, write)) = command.in_one() {
         if let Some(response) = ctx.engine.execute_in_one(&request, response, write).await? {

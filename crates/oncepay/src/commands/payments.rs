@@ -306,7 +306,7 @@ async fn as_it_is(
 }
 
 /// The answer: `201` once the payment is final, `202` while pending.
-fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
+pub fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
     let status = if payment.status.is_final() { 201 } else { 202 };
     json_response(status, payment, Some(format!("/payments/{}", payment.id)))
 }

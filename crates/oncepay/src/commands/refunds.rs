@@ -13,6 +13,7 @@ use crate::domain::money::Amount;
 use crate::domain::payment::{Payment, PaymentStatus, Refund};
 use crate::domain::refund;
 use crate::domain::RuleViolation;
+use crate::idempotency::StoredResponse;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::provider::trace::Trace;
@@ -98,10 +99,15 @@ impl Command for CreateRefund {
         let observed = step_2(ctx, outstanding.as_ref()).await;
         let mut tx = ctx.pool.begin().await?;
         let refund = finish(&mut tx, ctx, refund_id, observed).await?;
-        let status = if refund.status.is_final() { 201 } else { 202 };
-        let response = json_response(status, &refund, Some(format!("/refunds/{}", refund.id)))?;
+        let response = refund_response(&refund)?;
         Ok(Step::Complete { tx, response })
     }
+}
+
+/// The answer: `201` once the refund is final, `202` while pending.
+pub fn refund_response(refund: &Refund) -> Result<StoredResponse, CommandError> {
+    let status = if refund.status.is_final() { 201 } else { 202 };
+    json_response(status, refund, Some(format!("/refunds/{}", refund.id)))
 }
 
 impl CreateRefund {

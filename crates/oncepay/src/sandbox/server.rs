@@ -411,7 +411,13 @@ fn list<T: serde::Serialize>(
     let start = match &query.starting_after {
         Some(after) => match rows.iter().position(|(_, id, _)| id == after) {
             Some(i) => i + 1,
-            None => return error(400, "invalid_cursor", "starting_after names no listed object"),
+            None => {
+                return error(
+                    400,
+                    "invalid_cursor",
+                    "starting_after names no listed object",
+                )
+            }
         },
         None => 0,
     };

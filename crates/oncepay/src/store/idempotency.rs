@@ -11,6 +11,19 @@ use uuid::Uuid;
 
 use super::StoreError;
 
+/// The stored key of a record rebuilt from the provider's books for the
+/// key in the SQL expression `$key` (`provider::trace::adopted_key`).
+macro_rules! adopted_key {
+    ($key:literal) => {
+        concat!(
+            "'adopted ' || encode(sha256(convert_to(",
+            $key,
+            ", 'UTF8')), 'hex')"
+        )
+    };
+}
+pub(crate) use adopted_key;
+
 /// The recovery point of a record that has not recorded any effect: such a
 /// record can be deleted (freeing its key) without losing anything.
 pub const STARTED: &str = "started";
@@ -114,12 +127,17 @@ pub struct NewRecord<'a> {
 }
 
 /// Claims a key (see `insert_or_reclaim`).
-pub const INSERT_OR_RECLAIM: &str = "INSERT INTO idempotency_record
+pub const INSERT_OR_RECLAIM: &str = concat!(
+    "INSERT INTO idempotency_record
             (merchant_id, idempotency_key, fingerprint, command, request, state, recovery_point,
              lease_token, lease_expires_at, expires_at)
-         VALUES ($1, $2, $3, $4, $5, 'executing', 'started', $6,
+         SELECT $1, $2, $3, $4, $5, 'executing', 'started', $6,
                  now() + $7::bigint * interval '1 millisecond',
-                 now() + $8::bigint * interval '1 millisecond')
+                 now() + $8::bigint * interval '1 millisecond'
+          WHERE NOT EXISTS (SELECT 1 FROM idempotency_record
+                             WHERE merchant_id = $1 AND idempotency_key = ",
+    adopted_key!("$2"),
+    ")
          ON CONFLICT (merchant_id, idempotency_key) DO UPDATE SET
             fingerprint = EXCLUDED.fingerprint, command = EXCLUDED.command,
             request = EXCLUDED.request, state = 'executing', recovery_point = 'started',
@@ -131,7 +149,8 @@ pub const INSERT_OR_RECLAIM: &str = "INSERT INTO idempotency_record
            AND (idempotency_record.state = 'completed'
                 OR (idempotency_record.recovery_point = 'started'
                     AND idempotency_record.lease_expires_at < now()))
-         RETURNING lease_token";
+         RETURNING lease_token"
+);
 
 /// Tries to claim a key: inserts a fresh record, or reuses an expired one
 /// that is completed or never recorded an effect, and returns our lease.
@@ -164,11 +183,30 @@ pub async fn insert_or_reclaim(
 }
 
 /// Reads a live record (see `load_live`).
-pub const LOAD_LIVE: &str =
-    "SELECT fingerprint, state, response_status, response_body, response_location,
-                lease_expires_at < now() AS lease_expired,
-                (extract(epoch FROM expires_at - now()) * 1000)::bigint AS ttl_left_ms
-         FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2";
+///
+/// A record rebuilt from the provider's books is stored under the hash of
+/// its key ([`adopted_key!`]): when none is stored under the key itself,
+/// the rebuilt one takes the key, in the same statement, and is read.
+pub const LOAD_LIVE: &str = concat!(
+    "WITH adopted AS (
+        UPDATE idempotency_record SET idempotency_key = $2, updated_at = now()
+         WHERE merchant_id = $1 AND idempotency_key = ",
+    adopted_key!("$2"),
+    "
+           AND NOT EXISTS (SELECT 1 FROM idempotency_record
+                            WHERE merchant_id = $1 AND idempotency_key = $2)
+        RETURNING fingerprint, state, response_status, response_body, response_location,
+                  lease_expires_at, expires_at)
+     SELECT fingerprint, state, response_status, response_body, response_location,
+            lease_expires_at < now() AS lease_expired,
+            (extract(epoch FROM expires_at - now()) * 1000)::bigint AS ttl_left_ms
+       FROM idempotency_record WHERE merchant_id = $1 AND idempotency_key = $2
+     UNION ALL
+     SELECT fingerprint, state, response_status, response_body, response_location,
+            lease_expires_at < now() AS lease_expired,
+            (extract(epoch FROM expires_at - now()) * 1000)::bigint AS ttl_left_ms
+       FROM adopted"
+);
 
 /// Reads a live record and, if its lease has expired and the fingerprint
 /// matches, takes the lease over. Returns `None` if the record vanished
@@ -403,4 +441,36 @@ pub async fn sweep_expired(pool: &PgPool, batch: i64) -> Result<u64, StoreError>
     .execute(pool)
     .await?;
     Ok(done.rows_affected())
+}
+
+/// A completed record rebuilt from the provider's books (`crate::books`),
+/// stored under the hash of its key until the client presents the key
+/// ([`LOAD_LIVE`]). Nothing is written if one is stored already.
+pub async fn insert_rebuilt(
+    tx: &mut PgConnection,
+    id: &RecordId,
+    fingerprint: &[u8],
+    command: &str,
+    response: &StoredResponse,
+    ttl: Duration,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "INSERT INTO idempotency_record
+            (merchant_id, idempotency_key, fingerprint, command, request, state, recovery_point,
+             resource_id, response_status, response_body, response_location, expires_at)
+         VALUES ($1, $2, $3, $4, '{}'::jsonb, 'completed', 'finished', NULL, $5, $6, $7,
+                 now() + $8::bigint * interval '1 millisecond')
+         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING",
+    )
+    .bind(id.merchant_id)
+    .bind(&id.key)
+    .bind(fingerprint)
+    .bind(command)
+    .bind(i16::try_from(response.status).unwrap_or(i16::MAX))
+    .bind(&response.body)
+    .bind(&response.location)
+    .bind(millis(ttl))
+    .execute(tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
 }

@@ -17,6 +17,7 @@ macro_rules! next_check_after_claim {
 
 pub mod alarms;
 pub mod audit;
+pub mod books;
 pub mod checkout;
 pub mod deliveries;
 pub mod events;

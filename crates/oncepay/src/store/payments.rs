@@ -160,6 +160,10 @@ pub const INSERT_CLAIMING: &str = concat!(
                now() + $18::bigint * interval '1 millisecond',
                now() + $19::bigint * interval '1 millisecond'
           FROM o
+         WHERE NOT EXISTS (SELECT 1 FROM idempotency_record
+                            WHERE merchant_id = $10 AND idempotency_key = ",
+    super::idempotency::adopted_key!("$11"),
+    ")
         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
         RETURNING 1),
      att AS (

@@ -35,8 +35,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use self::classify::{CallKind, ListPage, Verdict};
-use super::trace::Trace;
 use super::call::{BuildError, Caller};
+use super::trace::Trace;
 use super::{
     BooksPage, BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened,
     PaymentProvider, RefundRequest, SubjectKind,

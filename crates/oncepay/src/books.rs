@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::commands::settle::{self, Cause};
 use crate::commands::AppContext;
-use crate::domain::order::Order;
+use crate::domain::adoption::{adoption, Adoption};
 use crate::domain::payment::PaymentStatus;
 use crate::idempotency::RecordId;
 use crate::provider::trace::{adopted_key, unhex, Trace};
@@ -112,45 +112,6 @@ impl From<sqlx::Error> for BooksError {
     }
 }
 
-/// What to do with an object we have no row for: the rule, in one place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Adoption {
-    /// Rebuild the attempt.
-    Adopt,
-    /// An orphan: money no order of ours can own.
-    Orphan(&'static str),
-    /// Nothing to do: a failed charge moved no money.
-    Ignore,
-}
-
-/// Whether a charge we have no row for can be adopted by its order: a
-/// failed charge always can (it moved no money and conflicts with
-/// nothing), unless its order is gone; a pending or succeeded one only by
-/// an order that awaits payment with no live attempt, for the same amount
-/// and currency — anything else would be a second charge for the order.
-pub fn adoption(
-    order: Option<&Order>,
-    live_attempt: bool,
-    charge: PaymentStatus,
-    (amount, currency): (i64, &str),
-) -> Adoption {
-    let failed = charge == PaymentStatus::Failed;
-    match order {
-        None if failed => Adoption::Ignore,
-        None => Adoption::Orphan("its order is gone"),
-        Some(o) if o.amount != amount || !o.currency.eq_ignore_ascii_case(currency) => {
-            if failed {
-                Adoption::Ignore
-            } else {
-                Adoption::Orphan("its amount or currency is not its order's")
-            }
-        }
-        Some(_) if failed => Adoption::Adopt,
-        Some(o) if o.status.is_payable() && !live_attempt => Adoption::Adopt,
-        Some(_) => Adoption::Orphan("its order is paid by another attempt, or cancelled"),
-    }
-}
-
 /// The key of the refund of an orphan charge: derived from the charge, so
 /// every pass (and every process) asks for the same refund.
 pub fn orphan_refund_id(provider: &str, charge_id: &str) -> Uuid {
@@ -170,6 +131,12 @@ pub struct Options {
     pub policy: OrphanPolicy,
     /// What started it.
     pub trigger: Trigger,
+}
+
+/// A window's end in a provider's whole seconds: an object created in the
+/// window's last, partial second is in it.
+fn unix_ceil(t: DateTime<Utc>) -> i64 {
+    t.timestamp() + i64::from(t.timestamp_subsec_nanos() > 0)
 }
 
 fn at(unix: i64) -> DateTime<Utc> {
@@ -334,7 +301,7 @@ async fn walk(
     kind: SubjectKind,
     options: Options,
 ) -> Result<(), BooksError> {
-    let window = (run.position.timestamp(), run.window_until.timestamp());
+    let window = (run.position.timestamp(), unix_ceil(run.window_until));
     let mut after: Option<String> = None;
     loop {
         let page = provider
@@ -1066,53 +1033,6 @@ pub async fn scheduled_pass(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::order::OrderStatus;
-
-    fn order(status: OrderStatus) -> Order {
-        let mut o = Order::awaiting_payment(
-            Uuid::now_v7(),
-            Uuid::now_v7(),
-            "c".into(),
-            Vec::new(),
-            1000,
-            "EUR".into(),
-            serde_json::json!({}),
-            Utc::now(),
-        );
-        o.status = status;
-        o
-    }
-
-    #[test]
-    fn the_adoption_rule() {
-        use Adoption::*;
-        use PaymentStatus::*;
-        let waiting = order(OrderStatus::AwaitingPayment);
-        let paid = order(OrderStatus::Paid);
-        let money = (1000, "EUR");
-        assert_eq!(adoption(Some(&waiting), false, Succeeded, money), Adopt);
-        assert_eq!(adoption(Some(&waiting), false, Pending, money), Adopt);
-        assert_eq!(adoption(Some(&waiting), false, Failed, money), Adopt);
-        assert!(matches!(
-            adoption(Some(&waiting), true, Succeeded, money),
-            Orphan(_)
-        ));
-        assert!(matches!(
-            adoption(Some(&paid), false, Succeeded, money),
-            Orphan(_)
-        ));
-        assert_eq!(adoption(Some(&paid), true, Failed, money), Adopt);
-        assert!(matches!(adoption(None, false, Succeeded, money), Orphan(_)));
-        assert_eq!(adoption(None, false, Failed, money), Ignore);
-        assert!(matches!(
-            adoption(Some(&waiting), false, Succeeded, (999, "EUR")),
-            Orphan(_)
-        ));
-        assert_eq!(
-            adoption(Some(&waiting), false, Succeeded, (1000, "eur")),
-            Adopt
-        );
-    }
 
     #[test]
     fn an_orphan_is_refunded_under_one_key() {

@@ -2,6 +2,7 @@
 //! state machines of orders, payment attempts and refunds. Storage and HTTP
 //! call into this module; it calls into nothing.
 
+pub mod adoption;
 pub mod event;
 pub mod money;
 pub mod order;

@@ -176,6 +176,9 @@ pub struct TestApp {
     pub proxy: Option<FaultProxy>,
     /// localstripe and its layer, when the test asked for Stripe.
     pub stripe: Option<StripeStack>,
+    /// The environment `serve` was configured from: what another
+    /// `oncepay` process (`oncepay reconcile`) on the same stack needs.
+    pub serve_env: Vec<(&'static str, String)>,
 }
 
 /// Starts a fresh database, sandbox and service with default options.
@@ -220,7 +223,9 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
             Some(StripeStack { localstripe, layer })
         }
     };
-    let config: ServeConfig = env_of(serve_env).serve_config().expect("serve config");
+    let config: ServeConfig = env_of(serve_env.clone())
+        .serve_config()
+        .expect("serve config");
     let app = Application::build(config).await.expect("service starts");
     let base = format!("http://{}", app.addr());
     let ctx = app.context();
@@ -270,6 +275,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
         ctx,
         proxy,
         stripe,
+        serve_env,
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod alerting;
 mod api_keys;
+mod books;
 mod checkout;
 mod events;
 mod failover;

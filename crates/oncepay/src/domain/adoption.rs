@@ -1,0 +1,95 @@
+//! What oncepay does with a provider's charge it has no row for (the books
+//! reconciliation, `crate::books`): the rule, free of I/O.
+
+use super::order::Order;
+use super::payment::PaymentStatus;
+
+/// What to do with an object we have no row for: the rule, in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Adoption {
+    /// Rebuild the attempt.
+    Adopt,
+    /// An orphan: money no order of ours can own.
+    Orphan(&'static str),
+    /// Nothing to do: a failed charge moved no money.
+    Ignore,
+}
+
+/// Whether a charge we have no row for can be adopted by its order: a
+/// failed charge always can (it moved no money and conflicts with
+/// nothing), unless its order is gone; a pending or succeeded one only by
+/// an order that awaits payment with no live attempt, for the same amount
+/// and currency — anything else would be a second charge for the order.
+pub fn adoption(
+    order: Option<&Order>,
+    live_attempt: bool,
+    charge: PaymentStatus,
+    (amount, currency): (i64, &str),
+) -> Adoption {
+    let failed = charge == PaymentStatus::Failed;
+    match order {
+        None if failed => Adoption::Ignore,
+        None => Adoption::Orphan("its order is gone"),
+        Some(o) if o.amount != amount || !o.currency.eq_ignore_ascii_case(currency) => {
+            if failed {
+                Adoption::Ignore
+            } else {
+                Adoption::Orphan("its amount or currency is not its order's")
+            }
+        }
+        Some(_) if failed => Adoption::Adopt,
+        Some(o) if o.status.is_payable() && !live_attempt => Adoption::Adopt,
+        Some(_) => Adoption::Orphan("its order is paid by another attempt, or cancelled"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::order::OrderStatus;
+
+    fn order(status: OrderStatus) -> Order {
+        Order {
+            id: uuid::Uuid::now_v7(),
+            customer_id: "c".into(),
+            items: Vec::new(),
+            amount: 1000,
+            currency: "EUR".into(),
+            status,
+            metadata: Default::default(),
+            created_at: chrono::Utc::now(),
+            updated_at: chrono::Utc::now(),
+        }
+    }
+
+    #[test]
+    fn the_adoption_rule() {
+        use Adoption::*;
+        use PaymentStatus::*;
+        let waiting = order(OrderStatus::AwaitingPayment);
+        let paid = order(OrderStatus::Paid);
+        let money = (1000, "EUR");
+        assert_eq!(adoption(Some(&waiting), false, Succeeded, money), Adopt);
+        assert_eq!(adoption(Some(&waiting), false, Pending, money), Adopt);
+        assert_eq!(adoption(Some(&waiting), false, Failed, money), Adopt);
+        assert!(matches!(
+            adoption(Some(&waiting), true, Succeeded, money),
+            Orphan(_)
+        ));
+        assert!(matches!(
+            adoption(Some(&paid), false, Succeeded, money),
+            Orphan(_)
+        ));
+        assert_eq!(adoption(Some(&paid), true, Failed, money), Adopt);
+        assert!(matches!(adoption(None, false, Succeeded, money), Orphan(_)));
+        assert_eq!(adoption(None, false, Failed, money), Ignore);
+        assert!(matches!(
+            adoption(Some(&waiting), false, Succeeded, (999, "EUR")),
+            Orphan(_)
+        ));
+        assert_eq!(
+            adoption(Some(&waiting), false, Succeeded, (1000, "eur")),
+            Adopt
+        );
+    }
+}

@@ -18,7 +18,7 @@ use oncepay_testkit::ready;
 /// Deletes what a restore to just before `payment_id`'s attempt would
 /// lose: the attempt, its refunds, their events and idempotency records,
 /// provider events received since, and the order's move to paid.
-async fn lose_payment(app: &TestApp, payment_id: &str) {
+pub(crate) async fn lose_payment(app: &TestApp, payment_id: &str) {
     let id = Uuid::parse_str(payment_id).unwrap();
     let mut tx = app.db.begin().await.unwrap();
     let row = sqlx::query("SELECT order_id, created_at FROM payment_attempt WHERE id = $1")
@@ -50,7 +50,7 @@ async fn lose_payment(app: &TestApp, payment_id: &str) {
 
 /// Runs `oncepay reconcile` with the service's environment; returns
 /// whether it succeeded, with its output.
-async fn reconcile(app: &TestApp, args: &[&str]) -> (bool, String) {
+pub(crate) async fn reconcile(app: &TestApp, args: &[&str]) -> (bool, String) {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"));
     cmd.arg("reconcile")
         .args(args)
@@ -73,10 +73,15 @@ async fn reconcile(app: &TestApp, args: &[&str]) -> (bool, String) {
 /// The report's row of the sandbox: matched, adopted, refunded, held,
 /// mismatched, missing.
 fn sandbox_counts(report: &str) -> [i64; 6] {
+    counts(report, "sandbox")
+}
+
+/// The report's row of `provider`.
+pub(crate) fn counts(report: &str, provider: &str) -> [i64; 6] {
     let line = report
         .lines()
-        .find(|l| l.starts_with("sandbox\t"))
-        .unwrap_or_else(|| panic!("no sandbox row in:\n{report}"));
+        .find(|l| l.starts_with(&format!("{provider}\t")))
+        .unwrap_or_else(|| panic!("no {provider} row in:\n{report}"));
     let n: Vec<i64> = line
         .split('\t')
         .skip(1)

@@ -390,3 +390,68 @@ async fn serve_reaches_stripe_over_https_with_the_default_build() {
     assert!(tls.url().starts_with("https://"));
     assert_eq!(layer.forwarded(Call::Confirm), 1, "reached through TLS");
 }
+
+#[tokio::test]
+async fn a_stripe_charge_and_refund_whose_rows_were_lost_are_adopted_from_stripes_books() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let order = app.create_order().await;
+    let body = json!({"order_id": order, "payment_method": "pm_card_visa"});
+    let r = app.post("/payments", "stripe-pay-1", &body).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let paid = json_of(r).await;
+    let id = paid["id"].as_str().unwrap().to_string();
+    let refund_body = json!({"amount": 700});
+    let r = app
+        .post(
+            &format!("/payments/{id}/refunds"),
+            "stripe-refund-1",
+            &refund_body,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refund = json_of(r).await;
+    crate::books::lose_payment(&app, &id).await;
+
+    let (ok, report) = crate::books::reconcile(&app, &["--since", "1h"]).await;
+    assert!(ok, "{report}");
+    let [_, adopted, refunded, _, mismatched, missing] = crate::books::counts(&report, "stripe");
+    assert_eq!(
+        (adopted, refunded, mismatched, missing),
+        (2, 0, 0, 0),
+        "{report}"
+    );
+
+    let r = app.post("/payments", "stripe-pay-1", &body).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let again = json_of(r).await;
+    assert_eq!(
+        (&again["id"], &again["status"]),
+        (&paid["id"], &paid["status"])
+    );
+    assert_eq!(again["provider_charge_id"], paid["provider_charge_id"]);
+    let r = app
+        .post(
+            &format!("/payments/{id}/refunds"),
+            "stripe-refund-1",
+            &refund_body,
+        )
+        .await;
+    let again = json_of(r).await;
+    assert_eq!(
+        (&again["id"], &again["status"]),
+        (&refund["id"], &refund["status"])
+    );
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    let intents = stripe_list(
+        app.stripe.as_ref().unwrap(),
+        "/v1/payment_intents?limit=100",
+    )
+    .await;
+    let ours = intents
+        .iter()
+        .filter(|pi| pi["metadata"]["oncepay_order_id"] == order.as_str())
+        .count();
+    assert_eq!(ours, 1, "one PaymentIntent for the order");
+}

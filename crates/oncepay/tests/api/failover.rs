@@ -84,8 +84,12 @@ async fn a_switchover_answers_503_then_recovers_without_a_restart() {
                     StatusCode::CREATED => {
                         Seen::Created(body["id"].as_str().unwrap_or_default().into())
                     }
+                    // A new timeline is a gap in the database's history
+                    // to reconcile with the provider's books first.
                     StatusCode::SERVICE_UNAVAILABLE
-                        if retry_after && body["code"] == "service_unavailable" =>
+                        if retry_after
+                            && (body["code"] == "service_unavailable"
+                                || body["code"] == "restore_reconciliation") =>
                     {
                         Seen::Unavailable
                     }

@@ -20,7 +20,7 @@ BIN := target/debug/oncepay
 RELEASE_BUILD := cargo build --release -p oncepay -p oncepay-bench -p oncepay-chaos
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha ha-packages localstripe
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha chaos-restore ha-packages localstripe
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -150,6 +150,10 @@ CHAOS_ARGS ?=
 chaos: ## release build, then the fault soak (2,000 intents; CHAOS_ARGS="--duration 10m" for a soak); prints the invariants
 	$(RELEASE_BUILD)
 	target/release/oncepay-chaos $(CHAOS_ARGS)
+
+chaos-restore: ## the restore drill: PostgreSQL with WAL archiving destroyed and restored 30-120 s back, 5 times, under load; CHAOS_ARGS="--without-adoption" is the mutation run
+	$(RELEASE_BUILD)
+	target/release/oncepay-chaos --restore $(CHAOS_ARGS)
 
 ha-packages: ## install Debian's patroni, etcd-server and haproxy if missing (make chaos-ha and the failover test need them)
 	@if ! command -v patroni >/dev/null || ! command -v etcd >/dev/null || ! command -v haproxy >/dev/null; then \

@@ -648,10 +648,18 @@ async fn orphan(
         return Ok(one(|c| c.held += 1));
     }
     let refund_id = orphan_refund_id(provider.name(), &entry.state.id);
+    // What the merchant refunded before the rows were lost stays refunded;
+    // the rest goes back.
+    let left = entry.amount - entry.refunded;
+    if left <= 0 {
+        let mut conn = ctx.pool.acquire().await?;
+        sql::resolve_orphan(&mut conn, provider.name(), &entry.state.id, "refunded").await?;
+        return Ok(one(|c| c.matched += 1));
+    }
     let request = RefundRequest {
         idempotency_key: refund_id,
         charge_id: entry.state.id.clone(),
-        amount: entry.amount,
+        amount: left,
         trace: Trace {
             refund_id: Some(refund_id),
             reason: Some("oncepay: orphan charge".into()),

@@ -355,6 +355,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                     20,
                 )?,
                 reorder_webhooks: self.flag("ONCEPAY_SANDBOX_REORDER_WEBHOOKS", false)?,
+                forget_trace: self.flag("ONCEPAY_SANDBOX_FORGET_TRACE", false)?,
             },
         })
     }
@@ -495,6 +496,11 @@ pub struct FaultRates {
     pub duplicate_webhooks: u32,
     /// Deliver each charge's events in reverse order (`ONCEPAY_SANDBOX_REORDER_WEBHOOKS`).
     pub reorder_webhooks: bool,
+    /// Keep only the order id of the metadata oncepay sends, as a provider
+    /// without metadata would (`ONCEPAY_SANDBOX_FORGET_TRACE`): the books
+    /// reconciliation can then rebuild nothing (`make chaos-restore`'s
+    /// mutation run).
+    pub forget_trace: bool,
 }
 
 /// Settings of `oncepay sandbox`.

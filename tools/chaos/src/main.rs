@@ -16,6 +16,7 @@ mod clients;
 mod ha;
 mod invariants;
 mod outbox;
+mod restore;
 mod stripe;
 
 use std::process::ExitCode;
@@ -70,6 +71,19 @@ struct Args {
     /// testkit's Stripe layer, which makes Stripe's faults). Not with --ha.
     #[arg(long, value_enum, default_value_t = Provider::Sandbox)]
     provider: Provider,
+    /// The restore drill (`make chaos-restore`): PostgreSQL with WAL
+    /// archiving, destroyed and restored to a point 30–120 s in the past
+    /// again and again while customers pay and refund.
+    #[arg(long, conflicts_with_all = ["ha", "duration"])]
+    restore: bool,
+    /// With --restore: how many restores.
+    #[arg(long, default_value_t = 5, requires = "restore")]
+    restores: usize,
+    /// With --restore, the mutation run: the sandbox keeps none of the
+    /// trace oncepay writes into its metadata, so the books can rebuild
+    /// nothing; the drill must then report double charges.
+    #[arg(long, requires = "restore")]
+    without_adoption: bool,
 }
 
 /// Where new payments go.
@@ -122,7 +136,18 @@ async fn main() -> ExitCode {
             .exit();
     }
     let root = std::env::temp_dir().join(format!("oncepay-chaos-{}", std::process::id()));
-    let result = run(&args, &root).await;
+    let result = if args.restore {
+        let drill = restore::Drill {
+            restores: args.restores,
+            without_adoption: args.without_adoption,
+        };
+        match std::fs::create_dir_all(&root) {
+            Ok(()) => restore::run(&drill, &root).await,
+            Err(e) => Err(e.to_string()),
+        }
+    } else {
+        run(&args, &root).await
+    };
     if !matches!(result, Ok(true)) {
         keep_logs(&root);
     }

@@ -204,6 +204,9 @@ pub struct BookEntry {
     pub created: i64,
     /// For a refund: the provider's id of the charge refunded.
     pub charge: Option<String>,
+    /// For a charge: how much of it is refunded already (0 if the list
+    /// does not say).
+    pub refunded: i64,
     /// What oncepay wrote into its metadata; `None` for an object oncepay
     /// did not make (or made before it wrote traces).
     pub trace: Option<trace::Trace>,

@@ -133,6 +133,19 @@ async fn deliver(delivery: Delivery, body: Value) -> HttpResponse {
     }
 }
 
+/// The metadata the books keep: all of it, or with
+/// `ONCEPAY_SANDBOX_FORGET_TRACE` only the order id.
+fn kept_metadata(sandbox: &Sandbox, metadata: &Value) -> Value {
+    if !sandbox.config.faults.forget_trace {
+        return metadata.clone();
+    }
+    let order = crate::provider::trace::ORDER;
+    match metadata.get(order) {
+        Some(id) => json!({ order: id }),
+        None => json!({}),
+    }
+}
+
 fn key_of(req: &HttpRequest) -> Option<String> {
     req.headers()
         .get("Idempotency-Key")
@@ -203,7 +216,8 @@ async fn create_charge(
             }
             None => {
                 let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
-                new_charge(&mut books, &key, &body, &faults.base, reorder)
+                let metadata = kept_metadata(&sandbox, &body.metadata);
+                new_charge(&mut books, &key, &body, metadata, &faults.base, reorder)
             }
         };
         let delivery = sandbox.delivery(&mut books, &faults, n);
@@ -266,6 +280,7 @@ fn new_charge(
     books: &mut Books,
     key: &str,
     body: &ChargeBody,
+    metadata: Value,
     token: &str,
     reorder: bool,
 ) -> (Charge, Vec<Value>, Option<&'static str>) {
@@ -280,7 +295,7 @@ fn new_charge(
         failure_code: outcome.failure.map(|f| f.0.to_string()),
         failure_message: outcome.failure.map(|f| f.1.to_string()),
         amount_refunded: 0,
-        metadata: body.metadata.clone(),
+        metadata,
         created: now_unix(),
         source: body.source.clone(),
     };
@@ -511,7 +526,7 @@ async fn create_refund(
                     amount: body.amount,
                     status,
                     failure_code: code.map(str::to_string),
-                    metadata: body.metadata.clone(),
+                    metadata: kept_metadata(&sandbox, &body.metadata),
                     created: now_unix(),
                 };
                 books.refund_keys.insert(refund.id.clone(), key.clone());

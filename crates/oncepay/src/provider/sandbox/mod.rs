@@ -271,6 +271,8 @@ struct Listed {
     #[serde(default)]
     charge: Option<String>,
     #[serde(default)]
+    amount_refunded: i64,
+    #[serde(default)]
     metadata: Value,
 }
 
@@ -300,6 +302,7 @@ fn books_page(kind: SubjectKind, body: &[u8]) -> Result<BooksPage, String> {
                 currency: o.currency.unwrap_or_default().to_ascii_uppercase(),
                 created: o.created,
                 charge: o.charge,
+                refunded: o.amount_refunded,
                 trace: Trace::read_json(&o.metadata),
             })
         })

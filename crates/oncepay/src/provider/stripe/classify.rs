@@ -357,6 +357,11 @@ impl ListPage {
                             .map(str::to_string),
                         SubjectKind::Charge => None,
                     },
+                    // With `expand[]=data.latest_charge`, the charge says.
+                    refunded: o
+                        .pointer("/latest_charge/amount_refunded")
+                        .and_then(serde_json::Value::as_i64)
+                        .unwrap_or(0),
                     trace: crate::provider::trace::Trace::read(&metadata),
                 })
             })

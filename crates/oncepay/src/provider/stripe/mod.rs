@@ -442,10 +442,11 @@ impl PaymentProvider for Stripe {
         // No `created` filter: localstripe refuses it (real Stripe takes
         // it); the page filters by creation itself (`ListPage::books`).
         let what = match kind {
-            SubjectKind::Charge => "payment_intents",
-            SubjectKind::Refund => "refunds",
+            // Each with its charge, which says how much is refunded.
+            SubjectKind::Charge => "payment_intents?limit=100&expand[]=data.latest_charge",
+            SubjectKind::Refund => "refunds?limit=100",
         };
-        let mut url = self.url(&format!("/v1/{what}?limit=100"));
+        let mut url = self.url(&format!("/v1/{what}"));
         if let Some(after) = after {
             url.push_str(&format!("&starting_after={after}"));
         }

@@ -396,7 +396,7 @@ async fn customer(client: &Client, i: usize) {
     else {
         return;
     };
-    if payment.status == Status::Succeeded && i % 3 == 0 {
+    if payment.status == Status::Succeeded && i.is_multiple_of(3) {
         tokio::time::sleep(Duration::from_millis(fastrand::u64(1_000..10_000))).await;
         let _ = client
             .intent(&format!("refund {i}"))

@@ -62,9 +62,13 @@ CREATE UNIQUE INDEX books_run_one_open ON books_run (provider)
 -- finds the timeline moved opens a gap from `seen_at` (minus the lease),
 -- reconciles it with the provider's books, and only then takes money
 -- commands; `gap_from` is set while that is under way.
+-- The cluster's system identifier is kept too: a logical dump restored
+-- into a new cluster may start on timeline 1 again, but not on the same
+-- system.
 CREATE TABLE database_lineage (
     singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     timeline   bigint NOT NULL,
+    system_id  bigint,
     seen_at    timestamptz NOT NULL,
     gap_from   timestamptz
 );

@@ -977,8 +977,9 @@ pub async fn observe(
     ctx: &AppContext,
     settings: GuardSettings,
 ) -> Result<Option<DateTime<Utc>>, BooksError> {
-    let timeline = sql::current_timeline(&ctx.pool).await?;
-    let lineage = sql::observe_lineage(&ctx.pool, timeline, settings.margin).await?;
+    let now = sql::current_lineage(&ctx.pool).await?;
+    let lineage = sql::observe_lineage(&ctx.pool, now, settings.margin).await?;
+    let timeline = lineage.timeline;
     let Some(gap_from) = lineage.gap_from else {
         ctx.books_gate.set_closed(false);
         return Ok(None);

@@ -79,6 +79,10 @@ struct Args {
     /// With --restore: how many restores.
     #[arg(long, default_value_t = 5, requires = "restore")]
     restores: usize,
+    /// With --restore: how long customers pay before each restore (default:
+    /// 45 to 65 s, at random; at least 31 s, so a point 30 s back exists).
+    #[arg(long, value_parser = duration, requires = "restore")]
+    traffic: Option<Duration>,
     /// With --restore, the mutation run: the sandbox keeps none of the
     /// trace oncepay writes into its metadata, so the books can rebuild
     /// nothing; the drill must then report double charges.
@@ -139,6 +143,7 @@ async fn main() -> ExitCode {
     let result = if args.restore {
         let drill = restore::Drill {
             restores: args.restores,
+            traffic: args.traffic,
             without_adoption: args.without_adoption,
         };
         match std::fs::create_dir_all(&root) {

@@ -45,6 +45,8 @@ use sqlx::PgPool;
 pub struct Drill {
     /// How many restores.
     pub restores: usize,
+    /// How long customers pay before each restore (`None`: 45–65 s).
+    pub traffic: Option<Duration>,
     /// The mutation run: providers keep no trace.
     pub without_adoption: bool,
 }
@@ -236,7 +238,10 @@ async fn drive(
         let backed_up = pg.base_backup().await?;
         // Customers pay for a while; the database is destroyed at a
         // random moment in it, under load.
-        let traffic = Duration::from_millis(45_000 + fastrand::u64(0..20_000));
+        let traffic = drill
+            .traffic
+            .map(|t| t.max(Duration::from_secs(31)))
+            .unwrap_or_else(|| Duration::from_millis(45_000 + fastrand::u64(0..20_000)));
         let mut work = tokio::task::JoinSet::new();
         let until = Instant::now() + traffic;
         for lane in 0..LANES {

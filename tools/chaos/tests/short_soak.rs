@@ -1,7 +1,8 @@
 //! A short run of the fault harness (`make chaos` runs the full one): its own
 //! PostgreSQL cluster, three serve processes, kills, database crashes and
 //! provider faults, then every invariant checked by counting; once with the
-//! sandbox and once through Stripe (localstripe behind the Stripe layer).
+//! sandbox and once through Stripe (localstripe behind the Stripe layer);
+//! and one round of the restore drill (`make chaos-restore` runs five).
 
 /// Runs `oncepay-chaos` with `args`; returns what it printed, after
 /// asserting that it succeeded with every invariant holding.
@@ -53,4 +54,10 @@ async fn a_short_chaos_soak_through_stripe_keeps_every_invariant() {
         stdout.contains("(Stripe layer)"),
         "Stripe faults were injected: {stdout}"
     );
+}
+
+#[tokio::test]
+async fn one_round_of_the_restore_drill_keeps_every_invariant() {
+    let stdout = soak(&["--restore", "--restores", "1", "--traffic", "35s"]).await;
+    assert!(stdout.contains("restore 1: back "), "{stdout}");
 }

@@ -376,34 +376,46 @@ pub struct Lineage {
     pub gap_from: Option<DateTime<Utc>>,
 }
 
-/// The PostgreSQL timeline the database writes on now: a restore to a
-/// point in time (and a failover) starts a new one.
-pub async fn current_timeline(pool: &PgPool) -> Result<i64, StoreError> {
+/// Where the database's history stands: the PostgreSQL timeline it
+/// writes on (a restore to a point in time, like a failover, starts a new
+/// one) and the cluster's system identifier (another cluster, e.g. a
+/// logical dump restored elsewhere); `None` where PostgreSQL does not let
+/// this role read it.
+pub async fn current_lineage(pool: &PgPool) -> Result<(i64, Option<i64>), StoreError> {
     let name: String = sqlx::query_scalar("SELECT pg_walfile_name(pg_current_wal_lsn())")
         .fetch_one(pool)
         .await?;
-    name.get(..8)
+    let timeline = name
+        .get(..8)
         .and_then(|t| i64::from_str_radix(t, 16).ok())
-        .ok_or_else(|| StoreError::Corrupt(format!("WAL file name {name}")))
+        .ok_or_else(|| StoreError::Corrupt(format!("WAL file name {name}")))?;
+    let system: Option<i64> =
+        sqlx::query_scalar("SELECT system_identifier::bigint FROM pg_control_system()")
+            .fetch_one(pool)
+            .await
+            .ok();
+    Ok((timeline, system))
 }
 
-/// Compares the stored lineage with the timeline now, in one transaction
+/// Compares the stored lineage with the database's now, in one statement
 /// (row-locked, so processes starting together agree): the first sight
-/// stores it; a moved timeline opens a gap from the last sight minus
-/// `margin` (or keeps the gap already open); otherwise the sight is
-/// refreshed. Returns the lineage as it now stands.
+/// stores it; a moved timeline or another system opens a gap from the last
+/// sight minus `margin` (or keeps the gap already open); otherwise the
+/// sight is refreshed. Returns the lineage as it now stands.
 pub async fn observe_lineage(
     pool: &PgPool,
-    timeline: i64,
+    (timeline, system): (i64, Option<i64>),
     margin: std::time::Duration,
 ) -> Result<Lineage, StoreError> {
     let row = sqlx::query(
-        "INSERT INTO database_lineage AS l (timeline, seen_at) VALUES ($1, now())
+        "INSERT INTO database_lineage AS l (timeline, system_id, seen_at) VALUES ($1, $3, now())
          ON CONFLICT (singleton) DO UPDATE SET
             timeline = EXCLUDED.timeline,
+            system_id = coalesce(EXCLUDED.system_id, l.system_id),
             seen_at = now(),
             gap_from = CASE
                 WHEN l.timeline <> EXCLUDED.timeline
+                  OR l.system_id <> EXCLUDED.system_id
                     THEN least(coalesce(l.gap_from, 'infinity'),
                                l.seen_at - $2::bigint * interval '1 millisecond')
                 ELSE l.gap_from END
@@ -411,6 +423,7 @@ pub async fn observe_lineage(
     )
     .bind(timeline)
     .bind(super::idempotency::millis(margin))
+    .bind(system)
     .fetch_one(pool)
     .await?;
     Ok(Lineage {

@@ -494,7 +494,7 @@ async fn adopt_charge(
     let mut tx = ctx.pool.begin().await?;
     let order = store::orders::lock(&mut tx, trace.merchant_id, trace.order_id).await?;
     let live = match &order {
-        Some(o) => store::payments::live_attempt_status(&mut tx, o.id)
+        Some(o) => store::payments::live_attempt(&mut tx, o.id)
             .await?
             .is_some(),
         None => false,

@@ -263,6 +263,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 .duration("ONCEPAY_RECONCILE_INTERVAL", Duration::from_secs(2))?,
             reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
             pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
+            action_timeout: self.duration("ONCEPAY_ACTION_TIMEOUT", Duration::from_secs(3600))?,
             webhook_command_wait: self
                 .duration("ONCEPAY_WEBHOOK_COMMAND_WAIT", Duration::from_millis(250))?,
             checkout_ttl: self.duration("ONCEPAY_CHECKOUT_TTL", Duration::from_secs(3600))?,
@@ -343,6 +344,12 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_SANDBOX_BIND")?,
             webhooks_enabled: self.flag("ONCEPAY_SANDBOX_WEBHOOKS", true)?,
             async_delay: self.duration("ONCEPAY_SANDBOX_ASYNC_DELAY", Duration::from_secs(2))?,
+            public_url: match (self.lookup)("ONCEPAY_SANDBOX_PUBLIC_URL") {
+                Some(v) if !v.trim().is_empty() => {
+                    Some(self.url("ONCEPAY_SANDBOX_PUBLIC_URL", "")?)
+                }
+                _ => None,
+            },
             faults: FaultRates {
                 delay: self.duration("ONCEPAY_SANDBOX_DELAY", Duration::ZERO)?,
                 delay_rate: rate("ONCEPAY_SANDBOX_DELAY_RATE")?,
@@ -439,6 +446,10 @@ pub struct ServeConfig {
     /// How long a payment or refund may stay pending before an alarm (error
     /// log, counter) is raised for it.
     pub pending_alarm: Duration,
+    /// How long a payment may wait for its customer (3-D Secure) before
+    /// the reconciler fails it as `authentication_expired`, having asked
+    /// the provider first (`ONCEPAY_ACTION_TIMEOUT`, 1 h).
+    pub action_timeout: Duration,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (see `provider_events`).
     pub webhook_command_wait: Duration,
@@ -518,6 +529,9 @@ pub struct SandboxConfig {
     pub async_delay: Duration,
     /// Faults injected at random into every request.
     pub faults: FaultRates,
+    /// How customers' browsers reach the sandbox, for its authentication
+    /// page (`ONCEPAY_SANDBOX_PUBLIC_URL`); `None`: the bound address.
+    pub public_url: Option<String>,
 }
 
 /// The books reconciliation's settings (`crate::books`).

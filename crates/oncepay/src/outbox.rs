@@ -159,6 +159,22 @@ pub async fn payment_changed(
     write(tx, metrics, Some(of_payment(payment, cause)?)).await
 }
 
+/// A pending payment attempt now waits for its customer (`next_action`).
+pub async fn payment_requires_action(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    payment: &Payment,
+    cause: Cause,
+) -> Result<(), StoreError> {
+    let event = build(
+        EventType::PaymentRequiresAction,
+        (payment.id, payment.order_id),
+        payment,
+        |r| cause_of(cause, r),
+    )?;
+    write(tx, metrics, Some(event)).await
+}
+
 /// A refund reached a final status. A refund oncepay made itself, to
 /// return a charge it did not expect, is caused by that incident.
 pub async fn refund_changed(

@@ -115,6 +115,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         metrics,
         reconcile_after: config.reconcile_after,
         pending_alarm: config.pending_alarm,
+        action_timeout: config.action_timeout,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),
         event_retention: config.event_retention,

@@ -52,6 +52,9 @@ pub struct AppContext {
     pub reconcile_after: Duration,
     /// How long a payment or refund may stay pending before it raises an alarm.
     pub pending_alarm: Duration,
+    /// How long a payment may wait for its customer (`next_action`) before
+    /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
+    pub action_timeout: Duration,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (`ONCEPAY_WEBHOOK_COMMAND_WAIT`).
     pub webhook_command_wait: Duration,

@@ -188,9 +188,8 @@ impl CancelOrder {
                 format!("the order is already {}", order.status.as_str()),
             ))),
             CancelPlan::CancelNow => {
-                if store::payments::live_attempt_status(&mut tx, order.id).await?
-                    == Some(PaymentStatus::Pending)
-                {
+                let live = store::payments::live_attempt(&mut tx, order.id).await?;
+                if live.is_some_and(|p| p.status == PaymentStatus::Pending) {
                     return Err(CommandError::Reject(super::payments::payment_in_progress()));
                 }
                 let order = store::orders::set_status(

@@ -330,10 +330,17 @@ impl CreatePayment {
     ) -> Result<Step<PaymentPoint, PaymentMemo>, CommandError> {
         let mut tx = ctx.pool.begin().await?;
         let order = super::lock_order(&mut tx, run.merchant_id, self.order_id).await?;
-        if store::payments::live_attempt_status(&mut tx, order.id).await?
-            == Some(PaymentStatus::Pending)
-        {
-            return Err(CommandError::Reject(payment_in_progress()));
+        match store::payments::live_attempt(&mut tx, order.id).await? {
+            // It waits for its customer (3-D Secure): paying again is the
+            // customer coming back to the same payment, not a second one.
+            Some(live) if live.next_action.is_some() => {
+                let response = payment_response(&live)?;
+                return Ok(Step::Complete { tx, response });
+            }
+            Some(live) if live.status == PaymentStatus::Pending => {
+                return Err(CommandError::Reject(payment_in_progress()));
+            }
+            _ => {}
         }
         super::ensure_payable(&order, "can be paid")?;
         let new = NewAttempt {

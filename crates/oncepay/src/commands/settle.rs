@@ -100,6 +100,28 @@ pub async fn payment(
                 .inc();
             p
         }
+        // Still pending, and now waiting for the customer (3-D Secure):
+        // where to send them, once, with its event.
+        Transition::Unchanged
+            if current.status == PaymentStatus::Pending
+                && current.next_action.is_none()
+                && observed.next_action.is_some() =>
+        {
+            let url = observed.next_action.as_deref().unwrap_or_default();
+            let no_failure = store::payments::ChargeFacts {
+                charge_id: facts.charge_id,
+                failure_code: None,
+                failure_message: None,
+            };
+            store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?;
+            match store::payments::require_action(tx, attempt_id, url).await? {
+                Some(p) => {
+                    crate::outbox::payment_requires_action(tx, metrics, &p, cause).await?;
+                    p
+                }
+                None => current,
+            }
+        }
         // Same state: keep the charge id if we learn it now.
         Transition::Unchanged
             if current.provider_charge_id.is_none() && facts.charge_id.is_some() =>

@@ -59,6 +59,7 @@ event_types! {
     OrderCancelled = "order.cancelled", Order;
     OrderRefunded = "order.refunded", Order;
     PaymentPending = "payment.pending", Payment;
+    PaymentRequiresAction = "payment.requires_action", Payment;
     PaymentSucceeded = "payment.succeeded", Payment;
     PaymentFailed = "payment.failed", Payment;
     RefundSucceeded = "refund.succeeded", Refund;

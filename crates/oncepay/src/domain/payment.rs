@@ -90,6 +90,10 @@ pub struct Payment {
     pub failure_message: Option<String>,
     /// Sum of its succeeded refunds.
     pub refunded_amount: i64,
+    /// What the customer must do before the payment can settle (3-D
+    /// Secure at their bank): `null` unless the payment is `pending` and
+    /// waits for them.
+    pub next_action: Option<NextAction>,
     /// When it was created.
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When it last changed.
@@ -97,6 +101,9 @@ pub struct Payment {
     /// The provider token, kept to repeat the charge with the same key; never shown.
     #[serde(skip)]
     pub payment_method: String,
+    /// Since when it waits for the customer (`next_action`).
+    #[serde(skip)]
+    pub action_required_at: Option<chrono::DateTime<chrono::Utc>>,
     /// The merchant: not in the payment's JSON (the caller is the merchant).
     #[serde(skip)]
     pub merchant_id: uuid::Uuid,
@@ -128,9 +135,11 @@ impl Payment {
             failure_code: None,
             failure_message: None,
             refunded_amount: 0,
+            next_action: None,
             created_at: now,
             updated_at: now,
             payment_method: payment_method.to_string(),
+            action_required_at: None,
             merchant_id: uuid::Uuid::nil(),
             origin: crate::provider::trace::Origin::default(),
         }
@@ -166,6 +175,27 @@ impl Payment {
 }
 
 /// A refund as the API shows it (contract section 3).
+/// What a customer must do for a pending payment: follow a redirect (to
+/// their bank's authentication page), then come back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NextAction {
+    /// Always `redirect`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Where to send the customer.
+    pub url: String,
+}
+
+impl NextAction {
+    /// A redirect to `url`.
+    pub fn redirect(url: &str) -> NextAction {
+        NextAction {
+            kind: "redirect",
+            url: url.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Refund {
     /// UUID v7; also the provider idempotency key of the refund.

@@ -78,6 +78,9 @@ pub struct ProviderObject {
     pub failure_code: Option<String>,
     /// A readable reason.
     pub failure_message: Option<String>,
+    /// For a pending charge that waits for its customer (3-D Secure): where
+    /// to send them.
+    pub next_action: Option<String>,
 }
 
 /// The result of a provider call, after the adapter's table decided what

@@ -26,6 +26,8 @@ pub struct Sandbox {
     books: Mutex<Books>,
     config: SandboxConfig,
     http: reqwest::Client,
+    /// How browsers reach it (its bank page).
+    public_url: String,
 }
 
 type Shared = web::Data<Sandbox>;
@@ -74,13 +76,14 @@ enum Delivery {
 
 impl Sandbox {
     /// A sandbox with empty books.
-    pub fn new(config: SandboxConfig) -> Result<Sandbox, reqwest::Error> {
+    pub fn new(config: SandboxConfig, public_url: String) -> Result<Sandbox, reqwest::Error> {
         Ok(Sandbox {
             books: Mutex::new(Books::default()),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()?,
             config,
+            public_url: public_url.trim_end_matches('/').to_string(),
         })
     }
 
@@ -161,11 +164,17 @@ struct ChargeBody {
     source: String,
     #[serde(default)]
     metadata: Value,
+    /// Where the bank page sends the customer back (3-D Secure tokens).
+    #[serde(default)]
+    return_url: Option<String>,
 }
 
 fn charge_event(charge: &Charge, status: &'static str) -> Value {
     let mut object = charge.clone();
     object.status = status;
+    if status != "pending" {
+        object.next_action = None;
+    }
     if status != "failed" {
         object.failure_code = None;
         object.failure_message = None;
@@ -217,7 +226,15 @@ async fn create_charge(
             None => {
                 let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
                 let metadata = kept_metadata(&sandbox, &body.metadata);
-                new_charge(&mut books, &key, &body, metadata, &faults.base, reorder)
+                let bank = format!("{}/v1/authenticate", sandbox.public_url);
+                new_charge(
+                    &mut books,
+                    &key,
+                    &body,
+                    metadata,
+                    (&faults.base, &bank),
+                    reorder,
+                )
             }
         };
         let delivery = sandbox.delivery(&mut books, &faults, n);
@@ -249,6 +266,9 @@ struct Outcome {
     status: &'static str,
     failure: Option<(&'static str, &'static str)>,
     later: Option<&'static str>,
+    /// 3-D Secure: it waits for the customer at the bank page, and
+    /// approving there makes it this.
+    on_approval: Option<&'static str>,
 }
 
 fn outcome_of(token: &str) -> Outcome {
@@ -261,16 +281,23 @@ fn outcome_of(token: &str) -> Outcome {
         ),
         "tok_async" => ("pending", None, Some("succeeded")),
         "tok_async_declined" => ("pending", None, Some("failed")),
+        "tok_3ds" | "tok_3ds_declined" => ("pending", None, None),
         _ => (
             "failed",
             Some(("invalid_payment_method", "Unknown test token.")),
             None,
         ),
     };
+    let on_approval = match token {
+        "tok_3ds" => Some("succeeded"),
+        "tok_3ds_declined" => Some("failed"),
+        _ => None,
+    };
     Outcome {
         status,
         failure,
         later,
+        on_approval,
     }
 }
 
@@ -281,12 +308,18 @@ fn new_charge(
     key: &str,
     body: &ChargeBody,
     metadata: Value,
-    token: &str,
+    (token, bank): (&str, &str),
     reorder: bool,
 ) -> (Charge, Vec<Value>, Option<&'static str>) {
     let outcome = outcome_of(token);
+    let id = new_id("ch");
     let charge = Charge {
-        id: new_id("ch"),
+        next_action: outcome
+            .on_approval
+            .map(|_| json!({"type": "redirect", "url": format!("{bank}/{id}")})),
+        on_approval: outcome.on_approval,
+        return_url: body.return_url.clone(),
+        id,
         object: "charge",
         idempotency_key: key.to_string(),
         amount: body.amount,
@@ -588,6 +621,99 @@ async fn get_refund(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
     }
 }
 
+/// The sandbox's bank: the page a 3-D Secure charge's `next_action`
+/// sends the customer to, with *Approve* and *Decline*.
+async fn bank_page(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
+    let books = sandbox.books();
+    let charge = books
+        .charge_keys
+        .get(path.as_str())
+        .and_then(|k| books.charges.get(k));
+    let Some(charge) = charge else {
+        return error(404, "charge_not_found", "no such charge");
+    };
+    let id = html_escape(&charge.id);
+    let body = if charge.on_approval.is_some() {
+        format!(
+            r#"<form method="post" action="/v1/authenticate/{id}/approve"><button id="approve" type="submit">Approve</button></form>
+<form method="post" action="/v1/authenticate/{id}/decline"><button id="decline" type="submit">Decline</button></form>"#
+        )
+    } else {
+        format!(
+            "<p>This payment is no longer waiting for you: it is {}.</p>",
+            charge.status
+        )
+    };
+    let amount = format!("{} {}", charge.amount, html_escape(&charge.currency));
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header(("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self' http: https:"))
+        .body(format!(
+            r#"<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1"><title>Sandbox bank: confirm your payment</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:28rem;margin:3rem auto;padding:0 1rem;color:#111}}button{{font-size:1rem;padding:.6rem 1.4rem;margin:.4rem 0;border:2px solid #333;border-radius:.4rem;background:#fff;color:#111}}button:focus{{outline:3px solid #1a4fd6;outline-offset:2px}}</style></head>
+<body><main><h1>Sandbox bank</h1><p>Confirm the payment of {amount} (minor units) for charge <code>{id}</code>.</p>{body}</main></body></html>"#
+        ))
+}
+
+fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The customer's choice at the bank page: the charge settles (approved:
+/// as its token says; declined: failed `authentication_failed`), its
+/// webhook is sent, and the customer goes back where they came from.
+async fn bank_decision(sandbox: Shared, path: web::Path<(String, String)>) -> HttpResponse {
+    let (id, choice) = path.into_inner();
+    if choice != "approve" && choice != "decline" {
+        return error(404, "not_found", "approve or decline");
+    }
+    let (charge, copies) = {
+        let mut books = sandbox.books();
+        let Some(key) = books.charge_keys.get(&id).cloned() else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let Some(charge) = books.charges.get_mut(&key) else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        if let Some(approved) = charge.on_approval.take() {
+            let (status, failure) = match (choice.as_str(), approved) {
+                ("approve", "succeeded") => ("succeeded", None),
+                ("approve", _) => ("failed", Some(("card_declined", "The card was declined."))),
+                _ => (
+                    "failed",
+                    Some((
+                        "authentication_failed",
+                        "The customer declined the authentication.",
+                    )),
+                ),
+            };
+            charge.status = status;
+            charge.next_action = None;
+            charge.failure_code = failure.map(|f| f.0.to_string());
+            charge.failure_message = failure.map(|f| f.1.to_string());
+        }
+        (charge.clone(), sandbox.config.faults.duplicate_webhooks)
+    };
+    if charge.next_action.is_none() && matches!(charge.status, "succeeded" | "failed") {
+        let event = charge_event(&charge, charge.status);
+        send_webhooks(sandbox.clone().into_inner(), vec![event], copies);
+    }
+    match &charge.return_url {
+        Some(url) => HttpResponse::SeeOther()
+            .insert_header(("Location", url.as_str()))
+            .finish(),
+        None => HttpResponse::Ok()
+            .content_type("text/html; charset=utf-8")
+            .body(format!(
+                "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Sandbox bank</title></head><body><main><p>Done: the payment is {}. You can close this page.</p></main></body></html>",
+                charge.status
+            )),
+    }
+}
+
 async fn ledger(sandbox: Shared) -> HttpResponse {
     HttpResponse::Ok().json(sandbox.books().ledger())
 }
@@ -601,7 +727,11 @@ pub fn start(
     config: SandboxConfig,
     listener: TcpListener,
 ) -> std::io::Result<actix_web::dev::Server> {
-    let sandbox = web::Data::new(Sandbox::new(config).map_err(std::io::Error::other)?);
+    let public_url = config
+        .public_url
+        .clone()
+        .unwrap_or(format!("http://{}", listener.local_addr()?));
+    let sandbox = web::Data::new(Sandbox::new(config, public_url).map_err(std::io::Error::other)?);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(sandbox.clone())
@@ -619,6 +749,11 @@ pub fn start(
             .route("/v1/refunds", web::post().to(create_refund))
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))
+            .route("/v1/authenticate/{id}", web::get().to(bank_page))
+            .route(
+                "/v1/authenticate/{id}/{choice}",
+                web::post().to(bank_decision),
+            )
             .route("/v1/ledger", web::get().to(ledger))
             .route("/healthz", web::get().to(healthz))
     })

@@ -34,6 +34,17 @@ pub struct Charge {
     /// Token the charge was made with, suffixes included; not shown.
     #[serde(skip)]
     pub source: String,
+    /// While it waits for its customer (`tok_3ds`):
+    /// `{"type": "redirect", "url": …}` to the sandbox's bank page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_action: Option<Value>,
+    /// What approving at the bank page makes of it (`tok_3ds`: succeeded;
+    /// `tok_3ds_declined`: failed); `None` once decided.
+    #[serde(skip)]
+    pub on_approval: Option<&'static str>,
+    /// Where the bank page sends the customer back.
+    #[serde(skip)]
+    pub return_url: Option<String>,
 }
 
 /// One refund.

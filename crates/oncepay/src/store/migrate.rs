@@ -59,6 +59,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V11__provider_books",
         include_str!("../../migrations/V11__provider_books.sql"),
     ),
+    (
+        "V12__customer_action",
+        include_str!("../../migrations/V12__customer_action.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -10,20 +10,20 @@ use uuid::Uuid;
 
 use super::StoreError;
 use crate::domain::order::Order;
-use crate::domain::payment::{Payment, PaymentStatus};
+use crate::domain::payment::{NextAction, Payment, PaymentStatus};
 use crate::provider::trace::Origin;
 
 /// The columns every read of a payment attempt returns, in `from_row`'s order.
 macro_rules! payment_columns {
     () => {
-        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint"
+        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint, next_action_url, action_required_at"
     };
 }
 
 /// The same columns qualified with the alias `p`, for joins and updates.
 macro_rules! payment_columns_p {
     () => {
-        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint"
+        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint, p.next_action_url, p.action_required_at"
     };
 }
 
@@ -41,6 +41,10 @@ fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
         failure_code: row.try_get("failure_code")?,
         failure_message: row.try_get("failure_message")?,
         refunded_amount: row.try_get("refunded_amount")?,
+        next_action: row
+            .try_get::<Option<&str>, _>("next_action_url")?
+            .map(NextAction::redirect),
+        action_required_at: row.try_get("action_required_at")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         payment_method: row.try_get("payment_method")?,
@@ -277,7 +281,8 @@ pub const SETTLE_COMPLETING: &str = concat!(
         UPDATE payment_attempt
            SET status = $14, provider_charge_id = $15, failure_code = $16,
                failure_message = $17, updated_at = $18,
-               decline_check_at = CASE WHEN $25 THEN next_check_at END
+               decline_check_at = CASE WHEN $25 THEN next_check_at END,
+               next_action_url = NULL, action_required_at = NULL
          WHERE id = $13 AND (SELECT ok FROM go)
         RETURNING 1),
      ord AS (
@@ -351,26 +356,21 @@ pub async fn settle_completing(
     Ok(ok == Some(true))
 }
 
-/// The order's live attempt, if any.
-pub const LIVE_ATTEMPT_STATUS: &str = "SELECT status FROM payment_attempt
-          WHERE order_id = $1 AND status IN ('pending', 'succeeded')";
-
-/// The status of the order's pending or succeeded attempt, if it has one.
-pub async fn live_attempt_status(
+/// The order's pending or succeeded attempt, if it has one (there is at
+/// most one: `payment_attempt_one_live_per_order`).
+pub async fn live_attempt(
     tx: &mut PgConnection,
     order_id: Uuid,
-) -> Result<Option<PaymentStatus>, StoreError> {
-    let row = sqlx::query(LIVE_ATTEMPT_STATUS)
-        .bind(order_id)
-        .fetch_optional(tx)
-        .await?;
-    match row {
-        None => Ok(None),
-        Some(row) => {
-            let status: String = row.try_get("status")?;
-            Ok(PaymentStatus::parse(&status))
-        }
-    }
+) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        payment_columns!(),
+        " FROM payment_attempt WHERE order_id = $1 AND status IN ('pending', 'succeeded')"
+    ))
+    .bind(order_id)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
 }
 
 /// Reads one of a merchant's attempts.
@@ -533,7 +533,9 @@ pub const SET_STATUS: &str = concat!(
     "UPDATE payment_attempt
             SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
                 failure_code = COALESCE($4, failure_code),
-                failure_message = COALESCE($5, failure_message), updated_at = now()
+                failure_message = COALESCE($5, failure_message), updated_at = now(),
+                next_action_url = CASE WHEN $2 = 'pending' THEN next_action_url END,
+                action_required_at = CASE WHEN $2 = 'pending' THEN action_required_at END
           WHERE id = $1 RETURNING ",
     payment_columns!()
 );
@@ -555,6 +557,28 @@ pub async fn set_status(
         .fetch_one(tx)
         .await?;
     from_row(&row)
+}
+
+/// A pending attempt now waits for its customer at `url` (from now on,
+/// for the reconciler's timeout). `None` if it is no longer pending.
+pub async fn require_action(
+    tx: &mut PgConnection,
+    id: Uuid,
+    url: &str,
+) -> Result<Option<Payment>, StoreError> {
+    let row = sqlx::query(concat!(
+        "UPDATE payment_attempt
+            SET next_action_url = $2, action_required_at = coalesce(action_required_at, now()),
+                updated_at = now()
+          WHERE id = $1 AND status = 'pending'
+          RETURNING ",
+        payment_columns!()
+    ))
+    .bind(id)
+    .bind(url)
+    .fetch_optional(tx)
+    .await?;
+    row.as_ref().map(from_row).transpose()
 }
 
 /// Records the provider's object opened for a pending attempt (Stripe's

@@ -176,6 +176,7 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
     let Some(object) = payments::look_up_or_charge(ctx, payment).await else {
         return Ok(false);
     };
+    let object = expire_action(ctx, payment, object);
     let mut tx = ctx.pool.begin().await?;
     let (p, _) = settle::payment(
         &mut tx,
@@ -187,6 +188,31 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
     .await?;
     tx.commit().await?;
     Ok(p.status.is_final())
+}
+
+/// A payment the provider still holds as waiting for its customer, for
+/// longer than `ONCEPAY_ACTION_TIMEOUT`, fails as `authentication_expired`
+/// (the provider was asked first: an approval that came in time is
+/// applied). A later approval is money for a failed attempt: an incident,
+/// refunded.
+fn expire_action(ctx: &AppContext, payment: &Payment, observed: ProviderObject) -> ProviderObject {
+    let waited = payment
+        .action_required_at
+        .map(|since| chrono::Utc::now() - since)
+        .and_then(|d| d.to_std().ok());
+    let expired = observed.status == crate::domain::payment::PaymentStatus::Pending
+        && waited.is_some_and(|w| w >= ctx.action_timeout);
+    if !expired {
+        return observed;
+    }
+    tracing::warn!(payment_id = %payment.id, "the customer never completed the payment's authentication; failing it");
+    ProviderObject {
+        status: crate::domain::payment::PaymentStatus::Failed,
+        failure_code: Some("authentication_expired".into()),
+        failure_message: Some("The customer did not complete the authentication in time.".into()),
+        next_action: None,
+        ..observed
+    }
 }
 
 /// What a decline's confirming read proved: `None`, nothing yet (a read

@@ -5,6 +5,7 @@ mod alerting;
 mod api_keys;
 mod books;
 mod checkout;
+mod customer_action;
 mod events;
 mod failover;
 mod helpers;

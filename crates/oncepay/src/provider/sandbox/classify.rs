@@ -45,6 +45,15 @@ pub struct Object {
     failure_code: Option<String>,
     #[serde(default)]
     failure_message: Option<String>,
+    /// While the charge waits for its customer (`tok_3ds`).
+    #[serde(default)]
+    next_action: Option<Redirect>,
+}
+
+/// A charge's `next_action`: `{"type": "redirect", "url": …}`.
+#[derive(Debug, Deserialize)]
+struct Redirect {
+    url: String,
 }
 
 impl Object {
@@ -55,6 +64,7 @@ impl Object {
             status: PaymentStatus::parse(&self.status)?,
             failure_code: self.failure_code.clone(),
             failure_message: self.failure_message.clone(),
+            next_action: self.next_action.as_ref().map(|r| r.url.clone()),
         })
     }
 }
@@ -103,6 +113,7 @@ fn decline(body: &[u8]) -> Option<ProviderObject> {
         status: PaymentStatus::Failed,
         failure_message: Some(error.detail.unwrap_or_else(|| "declined".into())),
         failure_code: Some(code),
+        next_action: None,
     })
 }
 

@@ -57,6 +57,8 @@ struct Object {
     failure_reason: Option<String>,
     #[serde(default)]
     metadata: Option<HashMap<String, String>>,
+    #[serde(default)]
+    next_action: Option<serde_json::Value>,
 }
 
 /// The metadata key of our attempt id on a PaymentIntent.
@@ -134,6 +136,16 @@ pub fn known(body: &[u8]) -> CallOutcome {
     };
     match status {
         Some(status) if !object.id.is_empty() => CallOutcome::Known(ProviderObject {
+            // A redirect the customer follows to their bank (with the
+            // `return_url` given at confirm); `use_stripe_sdk` is
+            // Stripe.js's to handle in the page, not a URL.
+            next_action: object
+                .next_action
+                .as_ref()
+                .and_then(|n| n.pointer("/redirect_to_url/url"))
+                .and_then(serde_json::Value::as_str)
+                .filter(|_| status == PaymentStatus::Pending)
+                .map(str::to_string),
             id: object.id,
             status,
             failure_code,
@@ -174,6 +186,7 @@ pub fn classify(kind: CallKind, status: u16, should_retry: Option<bool>, body: &
                 status: PaymentStatus::Failed,
                 failure_code: Some(e.decline_code.clone().unwrap_or_else(|| code.to_string())),
                 failure_message: Some(e.message.unwrap_or_else(|| "declined".into())),
+                next_action: None,
             }))
         }
         (404, _, _) if kind == CallKind::Read => Verdict::Done(CallOutcome::NotFound),
@@ -225,6 +238,7 @@ pub fn creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict
                     e.message
                         .unwrap_or_else(|| "Stripe refused the payment".into()),
                 ),
+                next_action: None,
             }));
         }
     }

@@ -1,0 +1,161 @@
+//! A payment that waits for its customer (3-D Secure at the bank): it stays
+//! `pending` with `next_action`, paying again is the same payment, and it
+//! ends like any other — approved, declined, or abandoned and expired.
+//! The sandbox's bank page is driven over HTTP as a browser's form would.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::helpers::*;
+
+/// Pays `order` with `token` under a new key.
+async fn pay(app: &TestApp, order: &str, token: &str) -> (StatusCode, Value) {
+    app.pay(order, token).await
+}
+
+/// Presses a button of the sandbox's bank page at `url`, as its form does
+/// (without following the redirect back).
+async fn press(url: &str, button: &str) -> StatusCode {
+    let page = reqwest::get(url).await.unwrap().text().await.unwrap();
+    assert!(
+        page.contains(&format!("id=\"{button}\"")),
+        "the bank page has a {button} button: {page}"
+    );
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{url}/{button}"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+fn bank_url(payment: &Value) -> String {
+    assert_eq!(payment["status"], "pending", "{payment}");
+    assert_eq!(payment["next_action"]["type"], "redirect", "{payment}");
+    payment["next_action"]["url"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn a_payment_waits_for_its_customer_and_paying_again_is_the_same_payment() {
+    let app = spawn_app().await;
+    let order = app.create_order().await;
+    let (status, waiting) = pay(&app, &order, "tok_3ds").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let url = bank_url(&waiting);
+    assert!(url.starts_with(&format!("{}/v1/authenticate/", app.sandbox)));
+
+    // A double click, a reload, a second tab: each a new key, all the same
+    // payment, one charge.
+    let tries = futures_join(&app, &order).await;
+    for (status, body) in &tries {
+        assert_eq!(*status, StatusCode::ACCEPTED, "{body}");
+        assert_eq!(body["id"], waiting["id"]);
+        assert_eq!(body["next_action"], waiting["next_action"]);
+    }
+    assert_eq!(app.charges_for(&order).await.len(), 1);
+    let id = waiting["id"].as_str().unwrap();
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM event WHERE object_id = '{id}' AND type = 'payment.requires_action'"
+        ))
+        .await,
+        1
+    );
+
+    assert_eq!(press(&url, "approve").await, StatusCode::OK);
+    let paid = app
+        .poll_until(&format!("/payments/{id}"), |p| p["status"] == "succeeded")
+        .await;
+    assert_eq!(paid["next_action"], Value::Null);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.charges_for(&order).await.len(), 1);
+}
+
+async fn futures_join(app: &TestApp, order: &str) -> Vec<(StatusCode, Value)> {
+    let (a, b, c) = tokio::join!(
+        pay(app, order, "tok_3ds"),
+        pay(app, order, "tok_3ds"),
+        pay(app, order, "tok_visa")
+    );
+    vec![a, b, c]
+}
+
+#[tokio::test]
+async fn declined_at_the_bank_fails_and_the_order_can_be_paid_again_once() {
+    let app = spawn_app().await;
+    let order = app.create_order().await;
+    let (_, waiting) = pay(&app, &order, "tok_3ds").await;
+    assert_eq!(press(&bank_url(&waiting), "decline").await, StatusCode::OK);
+    let id = waiting["id"].as_str().unwrap();
+    let failed = app
+        .poll_until(&format!("/payments/{id}"), |p| p["status"] == "failed")
+        .await;
+    assert_eq!(failed["failure_code"], "authentication_failed");
+    assert_eq!(failed["next_action"], Value::Null);
+    let (status, again) = pay(&app, &order, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED, "{again}");
+    assert_ne!(again["id"], waiting["id"]);
+    let succeeded = app
+        .charges_for(&order)
+        .await
+        .iter()
+        .filter(|c| c["status"] == "succeeded")
+        .count();
+    assert_eq!(succeeded, 1);
+
+    // A card its bank declines after the customer approved.
+    let order = app.create_order().await;
+    let (_, waiting) = pay(&app, &order, "tok_3ds_declined").await;
+    press(&bank_url(&waiting), "approve").await;
+    let id = waiting["id"].as_str().unwrap();
+    let failed = app
+        .poll_until(&format!("/payments/{id}"), |p| p["status"] == "failed")
+        .await;
+    assert_eq!(failed["failure_code"], "card_declined");
+}
+
+#[tokio::test]
+async fn an_abandoned_authentication_expires_and_a_late_approval_is_refunded() {
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_ACTION_TIMEOUT", "1s")
+            .serve("ONCEPAY_RECONCILE_AFTER", "200ms"),
+    )
+    .await;
+    let order = app.create_order().await;
+    let (_, waiting) = pay(&app, &order, "tok_3ds").await;
+    let url = bank_url(&waiting);
+    let id = waiting["id"].as_str().unwrap().to_string();
+    let expired = oncepay_testkit::ready::until_some(Duration::from_secs(30), || async {
+        oncepay::workers::reconciler::pass(&app.ctx).await.ok();
+        let p = json_of(app.get(&format!("/payments/{id}")).await).await;
+        (p["status"] == "failed").then_some(p)
+    })
+    .await
+    .expect("the payment expired");
+    assert_eq!(expired["failure_code"], "authentication_expired");
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+
+    // The customer approves after all: the money comes back, as an incident.
+    press(&url, "approve").await;
+    let refunded = oncepay_testkit::ready::until(Duration::from_secs(30), || async {
+        oncepay::workers::reconciler::pass(&app.ctx).await.ok();
+        app.count(&format!(
+            "SELECT count(*) FROM refund WHERE payment_id = '{id}' AND incident AND status = 'succeeded'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    assert!(refunded.is_ok(), "the late approval was refunded");
+    let charge = &app.charges_for(&order).await[0];
+    assert_eq!(charge["amount_refunded"], charge["amount"]);
+}

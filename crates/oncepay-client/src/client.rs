@@ -575,6 +575,23 @@ impl Intent {
             return answer;
         };
         let path = format!("/{resource}/{id}");
+        // It waits for the customer (3-D Secure): polling cannot help until
+        // they act; the caller sends them to `next_action.url` and resumes
+        // the intent later. One read says where it stands now (a replayed
+        // answer is the payment as it was first answered).
+        if !answer.body["next_action"].is_null() {
+            return match self.client.read::<Value>(&path).await {
+                Ok(latest) => {
+                    let settled = serde_json::from_value::<Status>(latest["status"].clone())
+                        .is_ok_and(Status::is_final);
+                    Answer {
+                        status: if settled { 201 } else { answer.status },
+                        body: latest,
+                    }
+                }
+                Err(_) => answer,
+            };
+        }
         let mut current = answer;
         let policy = self.client.inner.policy;
         for n in 0u32.. {

@@ -49,7 +49,7 @@ mod store;
 
 pub use client::{AttemptReport, Client, ClientBuilder, Intent};
 pub use error::{ApiError, Error};
-pub use model::{LineItem, NewOrder, Order, Payment, Refund, Status};
+pub use model::{LineItem, NewOrder, NextAction, Order, Payment, Refund, Status};
 pub use retry::RetryPolicy;
 pub use store::{
     Closed, Command, FileStore, IntentRecord, IntentStore, MemoryStore, StoreError, StoredRequest,

@@ -141,16 +141,27 @@ async fn run(cli: Cli) -> Result<(), Error> {
         } => {
             let payment = client.intent(&intent).pay(order, &token).await?;
             println!("payment {} {:?}", payment.id, payment.status);
+            if let Some(action) = &payment.next_action {
+                println!(
+                    "the customer must authenticate at {} (the intent stays open: `resume` once they did)",
+                    action.url
+                );
+            }
         }
         Action::Resume => {
             for open in client.open_intents()? {
                 match client.resume(&open).await {
-                    Ok(body) => println!(
-                        "resumed {}: {} {}",
-                        open.name,
-                        body["id"].as_str().unwrap_or("-"),
-                        body["status"].as_str().unwrap_or("-")
-                    ),
+                    Ok(body) => {
+                        println!(
+                            "resumed {}: {} {}",
+                            open.name,
+                            body["id"].as_str().unwrap_or("-"),
+                            body["status"].as_str().unwrap_or("-")
+                        );
+                        if let Some(url) = body["next_action"]["url"].as_str() {
+                            println!("  still waiting for the customer at {url}");
+                        }
+                    }
                     Err(e) => println!("resumed {}: {e}", open.name),
                 }
             }

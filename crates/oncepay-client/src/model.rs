@@ -116,10 +116,24 @@ pub struct Payment {
     pub failure_message: Option<String>,
     /// Sum of its succeeded refunds.
     pub refunded_amount: i64,
+    /// While `pending` and waiting for the customer (3-D Secure): where to
+    /// send them; the intent stays open until the payment is final.
+    #[serde(default)]
+    pub next_action: Option<NextAction>,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.
     pub updated_at: String,
+}
+
+/// What a customer must do for a pending payment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NextAction {
+    /// `redirect`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Where to send the customer (their bank's page).
+    pub url: String,
 }
 
 /// One refund (`GET /refunds/{id}`).

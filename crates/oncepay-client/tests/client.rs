@@ -345,3 +345,45 @@ async fn no_answer_by_the_deadline_is_unknown_and_the_intent_stays_open() {
         .expect_err("one intent, one request");
     assert!(matches!(reused, Error::IntentReused(_)));
 }
+
+#[tokio::test]
+async fn a_payment_waiting_for_its_customer_returns_at_once_with_where_to_send_them() {
+    let stack = stack(&[]).await;
+    let client = stack.client(quick());
+    let order = stack.order(&client).await;
+    let started = std::time::Instant::now();
+    let waiting = client
+        .intent("pay 3ds")
+        .pay(order, "tok_3ds")
+        .await
+        .expect("waiting is not an error");
+    assert_eq!(waiting.status, Status::Pending);
+    let action = waiting.next_action.clone().expect("next_action");
+    assert_eq!(action.kind, "redirect");
+    assert!(
+        started.elapsed() < quick().deadline,
+        "not polled to the deadline"
+    );
+    assert_eq!(client.open_intents().expect("open").len(), 1, "still open");
+
+    // The customer approves at the bank; resuming the intent finishes it.
+    let approved = reqwest::Client::new()
+        .post(format!("{}/approve", action.url))
+        .send()
+        .await
+        .expect("bank");
+    assert!(approved.status().is_success());
+    let open = client.open_intents().expect("open").remove(0);
+    let body = ready::until_some(Duration::from_secs(10), || async {
+        let body = client.resume(&open).await.ok()?;
+        (body["status"] == "succeeded").then_some(body)
+    })
+    .await
+    .expect("settled");
+    assert_eq!(body["id"].as_str(), Some(waiting.id.to_string().as_str()));
+    assert!(client.open_intents().expect("open").is_empty());
+    let charges = ledger::read(&stack.http, &stack.sandbox)
+        .await
+        .expect("ledger");
+    assert_eq!(charges["totals"]["charges"], 1);
+}

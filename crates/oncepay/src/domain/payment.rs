@@ -174,7 +174,6 @@ impl Payment {
     }
 }
 
-/// A refund as the API shows it (contract section 3).
 /// What a customer must do for a pending payment: follow a redirect (to
 /// their bank's authentication page), then come back.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -196,6 +195,7 @@ impl NextAction {
     }
 }
 
+/// A refund as the API shows it (contract section 3).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Refund {
     /// UUID v7; also the provider idempotency key of the refund.

@@ -110,6 +110,15 @@ impl Command for CreatePayment {
     /// The payment method must be in the form of the provider new payments
     /// go to (`ONCEPAY_PROVIDER`); each adapter says which.
     fn check(&self, ctx: &AppContext) -> Result<(), Problem> {
+        // A card number never reaches oncepay on purpose: the page sends it
+        // to the provider's tokenization and oncepay only the token. One
+        // sent here is refused without being echoed, logged or stored.
+        if crate::domain::card::looks_like_card_number(&self.payment_method) {
+            return Err(Problem::rule(crate::domain::RuleViolation::new(
+                "payment_method",
+                "is a card number, which oncepay never accepts: send the card to the provider's tokenization (the checkout page does) and pay with the token it returns",
+            )));
+        }
         ctx.providers
             .current()
             .check_payment_method(&self.payment_method)

@@ -3,6 +3,7 @@
 //! call into this module; it calls into nothing.
 
 pub mod adoption;
+pub mod card;
 pub mod event;
 pub mod money;
 pub mod order;

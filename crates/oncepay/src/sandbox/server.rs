@@ -226,15 +226,13 @@ async fn create_charge(
             None => {
                 let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
                 let metadata = kept_metadata(&sandbox, &body.metadata);
+                // A token made from a card number behaves as its test card.
+                let base = match books.tokens.get(&faults.base) {
+                    Some(test_token) => test_token.to_string(),
+                    None => faults.base.clone(),
+                };
                 let bank = format!("{}/v1/authenticate", sandbox.public_url);
-                new_charge(
-                    &mut books,
-                    &key,
-                    &body,
-                    metadata,
-                    (&faults.base, &bank),
-                    reorder,
-                )
+                new_charge(&mut books, &key, &body, metadata, (&base, &bank), reorder)
             }
         };
         let delivery = sandbox.delivery(&mut books, &faults, n);
@@ -282,6 +280,11 @@ fn outcome_of(token: &str) -> Outcome {
         "tok_async" => ("pending", None, Some("succeeded")),
         "tok_async_declined" => ("pending", None, Some("failed")),
         "tok_3ds" | "tok_3ds_declined" => ("pending", None, None),
+        "tok_insufficient_funds" => (
+            "failed",
+            Some(("insufficient_funds", "Your card has insufficient funds.")),
+            None,
+        ),
         _ => (
             "failed",
             Some(("invalid_payment_method", "Unknown test token.")),
@@ -714,6 +717,82 @@ async fn bank_decision(sandbox: Shared, path: web::Path<(String, String)>) -> Ht
     }
 }
 
+/// `POST /v1/tokens`: a card (Stripe's form fields) becomes a token, as a
+/// provider's tokenization does for a checkout page, so the card number
+/// never reaches the merchant's service. Any origin may call it (the page
+/// is on the merchant's). Stripe's test numbers behave as theirs.
+async fn create_token(sandbox: Shared, form: web::Form<Vec<(String, String)>>) -> HttpResponse {
+    let field = |name: &str| {
+        form.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let card_error = |code: &str, param: &str, message: &str| {
+        HttpResponse::PaymentRequired()
+            .insert_header(("Access-Control-Allow-Origin", "*"))
+            .json(json!({"error": {"type": "card_error", "code": code, "param": param, "message": message}}))
+    };
+    let Some((number, brand)) =
+        field("card[number]").and_then(|n| crate::domain::card::read_number(&n))
+    else {
+        return card_error(
+            "incorrect_number",
+            "card[number]",
+            "Your card number is incorrect.",
+        );
+    };
+    let month = field("card[exp_month]").and_then(|m| m.parse::<u32>().ok());
+    let year = field("card[exp_year]")
+        .and_then(|y| y.parse::<i32>().ok())
+        .map(|y| if y < 100 { 2000 + y } else { y });
+    let (Some(month @ 1..=12), Some(year)) = (month, year) else {
+        return card_error(
+            "invalid_expiry_month",
+            "card[exp_month]",
+            "Your card's expiration date is incomplete.",
+        );
+    };
+    let today = chrono::Utc::now().date_naive();
+    use chrono::Datelike;
+    if (year, month) < (today.year(), today.month()) || year > today.year() + 50 {
+        return card_error("expired_card", "card[exp_year]", "Your card has expired.");
+    }
+    let cvc_ok = field("card[cvc]").is_some_and(|c| {
+        let len = if brand == "amex" { 4 } else { 3 };
+        c.len() == len && c.bytes().all(|b| b.is_ascii_digit())
+    });
+    if !cvc_ok {
+        return card_error(
+            "invalid_cvc",
+            "card[cvc]",
+            "Your card's security code is invalid.",
+        );
+    }
+    let behaves_as = match number.as_str() {
+        "4000000000000002" => "tok_declined",
+        "4000002760003184" => "tok_3ds",
+        "4000000000009995" => "tok_insufficient_funds",
+        _ => "tok_visa",
+    };
+    let id = new_id("tok");
+    sandbox.books().tokens.insert(id.clone(), behaves_as);
+    let last4 = number
+        .get(number.len() - 4..)
+        .unwrap_or_default()
+        .to_string();
+    HttpResponse::Ok()
+        .insert_header(("Access-Control-Allow-Origin", "*"))
+        .json(json!({
+            "id": id,
+            "object": "token",
+            "type": "card",
+            "created": now_unix(),
+            "livemode": false,
+            "used": false,
+            "card": {"brand": brand, "last4": last4, "exp_month": month, "exp_year": year},
+        }))
+}
+
 async fn ledger(sandbox: Shared) -> HttpResponse {
     HttpResponse::Ok().json(sandbox.books().ledger())
 }
@@ -754,6 +833,7 @@ pub fn start(
                 "/v1/authenticate/{id}/{choice}",
                 web::post().to(bank_decision),
             )
+            .route("/v1/tokens", web::post().to(create_token))
             .route("/v1/ledger", web::get().to(ledger))
             .route("/healthz", web::get().to(healthz))
     })

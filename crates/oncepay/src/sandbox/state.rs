@@ -93,6 +93,8 @@ pub struct Books {
     pub work_in_flight: u64,
     /// Faults injected, by kind.
     pub faults: HashMap<&'static str, u64>,
+    /// Tokens made by `POST /v1/tokens`, and the test token each behaves as.
+    pub tokens: HashMap<String, &'static str>,
 }
 
 impl Books {

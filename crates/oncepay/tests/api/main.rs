@@ -4,6 +4,7 @@
 mod alerting;
 mod api_keys;
 mod books;
+mod cards;
 mod checkout;
 mod customer_action;
 mod events;

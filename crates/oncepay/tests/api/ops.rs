@@ -142,6 +142,64 @@ async fn secrets_never_reach_the_logs() {
         .await
         .expect("pay");
     }
+    // A card: tokenized at the provider as the checkout page does, paid
+    // with its token; and the same number sent to oncepay directly.
+    let card = "4242 4242 4242 4242";
+    let token: serde_json::Value = http
+        .post(format!("http://127.0.0.1:{sandbox_port}/v1/tokens"))
+        .form(&[
+            ("card[number]", card),
+            ("card[exp_month]", "12"),
+            ("card[exp_year]", "2040"),
+            ("card[cvc]", "123"),
+        ])
+        .send()
+        .await
+        .expect("tokenize")
+        .json()
+        .await
+        .expect("a token");
+    let carded = json_of(
+        post("/orders", "idem-card-order", order_body())
+            .await
+            .expect("o"),
+    )
+    .await;
+    let paid = post(
+        "/payments",
+        "idem-card-pay",
+        json!({"order_id": carded["id"], "payment_method": token["id"]}),
+    )
+    .await
+    .expect("pay");
+    assert_eq!(paid.status(), 201);
+    let refused = post(
+        "/payments",
+        "idem-card-raw",
+        json!({"order_id": carded["id"], "payment_method": card}),
+    )
+    .await
+    .expect("pay");
+    assert_eq!(refused.status(), 422);
+    let refused = refused.text().await.expect("body");
+    assert!(
+        refused.contains("payment_method") && !refused.contains("4242"),
+        "{refused}"
+    );
+    let stored: String = sqlx::query_scalar(
+        "SELECT concat_ws(' ',
+            (SELECT string_agg(request::text || coalesce(convert_from(response_body, 'UTF8'), ''), ' ') FROM idempotency_record),
+            (SELECT string_agg(payment_method, ' ') FROM payment_attempt),
+            (SELECT string_agg(data::text, ' ') FROM event),
+            (SELECT string_agg(payload::text, ' ') FROM webhook_event))",
+    )
+    .fetch_one(&db)
+    .await
+    .expect("dump");
+    assert!(
+        !stored.contains("4242"),
+        "a card number was stored: {stored}"
+    );
     // A forged webhook too: its bad signature must not be echoed.
     http.post(format!("{base}/webhooks/sandbox"))
         .header("webhook-id", "evt_forged")
@@ -191,6 +249,8 @@ async fn secrets_never_reach_the_logs() {
         "oncepay-development-webhook-secret",
         "idem-secret-1",
         "v1,",
+        "4242424242424242",
+        "4242 4242",
     ] {
         assert!(!logs.contains(secret), "{secret:?} appeared in the logs");
     }

@@ -1,14 +1,20 @@
 // oncepay hosted checkout: one payment intent per order, one key per intent.
 //
 // The rules (the design notes' UI patterns):
+// - the card goes to the provider's tokenization (data-tokenize), never to
+//   oncepay: oncepay gets the token only;
 // - the key is made at the first click and written to sessionStorage
-//   (per order) BEFORE the request leaves;
+//   (per order) BEFORE the payment request leaves;
 // - until a final status, the button stays busy (aria-busy, focusable, its
 //   label says what is happening) and clicks, Enter and submits send nothing;
 // - a timeout or a lost answer moves to "checking": the status is polled
 //   with backoff, and the request is sent again with the SAME key when the
 //   server has no record of it; a reload with a stored key does the same;
-// - succeeded shows a receipt, no Pay button, and forgets the key;
+// - a payment waiting for the customer's bank (next_action) sends them
+//   there; back on the page it says "Confirming with your bank…" and polls,
+//   never offering to pay again while the outcome is unknown;
+// - succeeded shows a receipt, no Pay button, forgets the key, and returns
+//   to the shop's success URL if it gave one;
 // - failed shows the reason and allows a new attempt with a NEW key;
 // - an order that can no longer be paid (cancelled, refunded) ends on
 //   "closed", and a link that no longer works on "expired".
@@ -21,15 +27,38 @@
   "use strict";
   var form = document.getElementById("checkout");
   if (!form) return;
-  var input = document.getElementById("payment_method");
+  var T = {};
+  try { T = JSON.parse(form.dataset.text || "{}"); } catch (e) { T = {}; }
+  var lang = form.dataset.lang || "en";
   var button = document.getElementById("pay");
   var status = document.getElementById("status");
   var receipt = document.getElementById("receipt");
+  var bank = document.getElementById("bank");
   var token = form.dataset.token;
   var base = "/checkout/" + encodeURIComponent(token);
   var storageKey = "oncepay-checkout:" + form.dataset.order;
-  var payLabel = button.textContent;
+  var tokenizeUrl = form.dataset.tokenize || "";
+  var successUrl = form.dataset.successUrl || "";
+  var cardNumber = document.getElementById("card-number");
+  var cardExp = document.getElementById("card-exp");
+  var cardCvc = document.getElementById("card-cvc");
+  var tokenInput = document.getElementById("payment_method");
+  var testToken = document.getElementById("test-token");
+  var inputs = [cardNumber, cardExp, cardCvc, tokenInput].filter(Boolean);
   var busy = false;
+
+  // Amounts in the customer's language and the order's currency.
+  Array.prototype.forEach.call(document.querySelectorAll("[data-minor]"), function (el) {
+    try {
+      var exponent = parseInt(el.dataset.exponent, 10) || 0;
+      var value = parseInt(el.dataset.minor, 10) / Math.pow(10, exponent);
+      el.textContent = new Intl.NumberFormat(lang, {
+        style: "currency", currency: el.dataset.currency,
+        minimumFractionDigits: exponent, maximumFractionDigits: exponent
+      }).format(value);
+    } catch (e) { /* the server's rendering stays */ }
+  });
+  var payLabel = button.textContent;
 
   function saved() {
     try { return JSON.parse(window.sessionStorage.getItem(storageKey) || "null"); }
@@ -57,7 +86,7 @@
     button.setAttribute("aria-disabled", "true");
     button.classList.add("busy");
     button.textContent = label;
-    input.readOnly = true;
+    inputs.forEach(function (i) { i.readOnly = true; });
   }
 
   function setIdle() {
@@ -66,48 +95,82 @@
     button.removeAttribute("aria-disabled");
     button.classList.remove("busy");
     button.textContent = payLabel;
-    input.readOnly = false;
+    inputs.forEach(function (i) { i.readOnly = false; });
   }
+
+  // A field's error, tied to it (aria-describedby names the message).
+  function fieldError(input, text) {
+    var message = document.getElementById(input.id + "-error");
+    if (text) {
+      input.setAttribute("aria-invalid", "true");
+      if (message) { message.textContent = text; message.hidden = false; }
+    } else {
+      input.removeAttribute("aria-invalid");
+      if (message) { message.textContent = ""; message.hidden = true; }
+    }
+  }
+  function clearErrors() { inputs.forEach(function (i) { fieldError(i, ""); }); }
+
+  function hideBank() { if (bank) bank.hidden = true; }
 
   function succeeded(payment) {
     forget();
     busy = true;
+    hideBank();
     form.hidden = true;
     receipt.hidden = false;
-    if (payment && payment.id) document.getElementById("receipt-id").textContent = payment.id;
-    var title = document.querySelector("h1");
-    if (title && title.firstChild) title.firstChild.textContent = "Paid ";
-    show("succeeded", "Payment succeeded. You can close this page.");
+    var id = (payment && payment.id) || form.dataset.paidBy;
+    if (id) document.getElementById("receipt-id").textContent = id;
+    var verb = document.querySelector("h1 .verb");
+    if (verb) verb.textContent = T.paid_label || "Paid";
+    show("succeeded", T.succeeded || "Payment succeeded.");
+    if (successUrl && payment) {
+      show("succeeded", (T.succeeded || "") + " " + (T.returning || ""));
+      window.setTimeout(function () { window.location.assign(successUrl); }, 800);
+    }
   }
 
   function failed(payment) {
     forget();
+    hideBank();
     setIdle();
-    var reason = (payment && (payment.failure_message || payment.failure_code)) || "The payment was declined.";
-    show("failed", "Payment failed: " + reason + " You can try again with another card.");
-    input.focus();
+    var reason = (payment && (payment.failure_message || payment.failure_code)) || T.declined;
+    show("failed", (T.failed || "Payment failed:") + " " + reason + " " + (T.try_again || ""));
+    (inputs[0] || button).focus();
   }
 
   function checking() {
-    setBusy("Checking payment status…");
-    show("checking", "Checking the payment status. Please do not pay again.");
+    setBusy(T.checking_busy || "Checking payment status…");
+    show("checking", T.checking || "Checking the payment status. Please do not pay again.");
+  }
+
+  // The payment waits for the customer's bank: say so, keep a way back to
+  // the bank's page, never offer to pay again.
+  function atBank(url) {
+    setBusy(T.bank_busy || "Confirming with your bank…");
+    show("authenticating", T.bank || "Confirming with your bank… Please do not pay again.");
+    if (bank && url) {
+      document.getElementById("continue").href = url;
+      bank.hidden = false;
+    }
   }
 
   // Final: nothing more to do on this page, and nothing more is sent.
   function ended(state, text) {
     forget();
     busy = true;
+    hideBank();
     form.hidden = true;
     show(state, text);
   }
-  function closed() { ended("closed", "This order can no longer be paid."); }
-  function expired() { ended("expired", "This checkout link is no longer valid. Ask the shop for a new one."); }
+  function closed() { ended("closed", T.closed || "This order can no longer be paid."); }
+  function expired() { ended("expired", T.expired || "This checkout link is no longer valid."); }
 
   // Final for this visit: the outcome is still unknown after every poll.
   // The key stays stored, so a reload asks again (never pays again).
   function unknown() {
-    setBusy("Payment status unknown");
-    show("unknown", "We could not confirm the payment yet. Do not pay again: reload this page in a few minutes to see its outcome.");
+    setBusy(T.unknown_busy || "Payment status unknown");
+    show("unknown", T.unknown || "We could not confirm the payment yet. Do not pay again.");
   }
 
   var RESENDS = 3;
@@ -128,9 +191,17 @@
     var controller = new AbortController();
     var timer = window.setTimeout(function () { controller.abort(); }, ms);
     options.signal = controller.signal;
-    options.credentials = "same-origin";
     options.cache = "no-store";
     return window.fetch(url, options).finally(function () { window.clearTimeout(timer); });
+  }
+
+  // Sends the customer to their bank; they come back to this page, which
+  // finds the intent stored and polls it.
+  function toBank(intent, url) {
+    intent.bank = url;
+    remember(intent);
+    atBank(url);
+    window.location.assign(url);
   }
 
   // Sends the intent's request: a final answer ends it; anything else
@@ -140,6 +211,7 @@
     remember(intent);
     return timed(base + "/payments", {
       method: "POST",
+      credentials: "same-origin",
       headers: { "Content-Type": "application/json", "Idempotency-Key": intent.key },
       body: JSON.stringify({ payment_method: intent.method })
     }, 8000).then(function (r) {
@@ -147,17 +219,18 @@
         if (r.status === 201 || r.status === 202) {
           if (body.status === "succeeded") return succeeded(body);
           if (body.status === "failed") return failed(body);
+          if (body.next_action && body.next_action.url) return toBank(intent, body.next_action.url);
           return poll(intent, POLL_FIRST_MS);
         }
         if (r.status === 410 || r.status === 404) return expired();
         if (r.status === 409 && body.code === "idempotency_key_reused") {
-          return failed({ failure_message: "This payment could not be sent again." });
+          return failed({ failure_message: T.not_sent_again });
         }
         // order_not_payable: paid by another tab, or closed; the status says which.
         if (r.status === 409 || r.status === 429 || r.status >= 500) {
           return poll(intent, retryAfter(r, POLL_FIRST_MS));
         }
-        failed({ failure_message: body.detail || "The payment could not be made." });
+        failed({ failure_message: body.detail || T.could_not_pay });
       });
     }, function () { return poll(intent, POLL_FIRST_MS); });
   }
@@ -165,7 +238,7 @@
   // Asks the status with backoff until the outcome is known, sending the
   // same request again (same key) while the server has no record of it.
   function poll(intent, firstPause) {
-    checking();
+    if (intent.bank) atBank(intent.bank); else checking();
     var pause = POLL_FIRST_MS;
     var rounds = 0;
     function again(ms) {
@@ -174,7 +247,7 @@
       return sleep(ms).then(ask);
     }
     function ask() {
-      return timed(base + "/status?key=" + encodeURIComponent(intent.key), { method: "GET" }, 8000)
+      return timed(base + "/status?key=" + encodeURIComponent(intent.key), { method: "GET", credentials: "same-origin" }, 8000)
         .then(function (r) {
           if (r.status === 404 || r.status === 410) return { expired: true };
           if (!r.ok) return { wait: retryAfter(r, 0) };
@@ -187,6 +260,15 @@
             if (s.order_status === "paid") return succeeded(s.latest);
             if (s.attempt && s.attempt.status === "failed") return failed(s.attempt);
             if (s.order_status !== "awaiting_payment") return closed();
+            var waiting = s.attempt && s.attempt.next_action && s.attempt.next_action.url;
+            if (waiting) {
+              // Known: it waits for the customer. Not "unknown", however long.
+              intent.bank = waiting;
+              remember(intent);
+              atBank(waiting);
+              pause = Math.min(pause * 2, POLL_MAX_MS);
+              return sleep(pause).then(ask);
+            }
             var noRecord = !s.attempt && !(s.latest && s.latest.status === "pending");
             if (noRecord && (intent.sent || 0) < RESENDS) {
               return sleep(pause).then(function () { return send(intent); });
@@ -200,16 +282,136 @@
     return firstPause ? sleep(firstPause).then(ask) : ask();
   }
 
+  // ---- the card: formatted as typed, checked here, tokenized by the provider.
+
+  function digits(text) { return (text || "").replace(/\D/g, ""); }
+  function brandOf(number) {
+    if (/^4/.test(number)) return "visa";
+    if (/^(5[1-5]|2(2[2-9]|[3-6]|7[01]|720))/.test(number)) return "mastercard";
+    if (/^3[47]/.test(number)) return "amex";
+    if (/^(6011|65)/.test(number)) return "discover";
+    if (/^35(2[89]|[3-8])/.test(number)) return "jcb";
+    if (/^62/.test(number)) return "unionpay";
+    return "";
+  }
+  function luhn(number) {
+    var sum = 0;
+    for (var i = 0; i < number.length; i++) {
+      var d = parseInt(number.charAt(number.length - 1 - i), 10);
+      if (i % 2 === 1) { d *= 2; if (d > 9) d -= 9; }
+      sum += d;
+    }
+    return number.length >= 12 && number.length <= 19 && sum % 10 === 0;
+  }
+  function grouped(number) {
+    if (brandOf(number) === "amex") {
+      return [number.slice(0, 4), number.slice(4, 10), number.slice(10, 15)].filter(Boolean).join(" ");
+    }
+    return number.replace(/(\d{4})(?=\d)/g, "$1 ");
+  }
+  if (cardNumber) {
+    var brandLabel = document.createElement("span");
+    brandLabel.id = "card-brand";
+    brandLabel.className = "brand";
+    cardNumber.parentNode.insertBefore(brandLabel, cardNumber.nextSibling);
+    cardNumber.addEventListener("input", function () {
+      var number = digits(cardNumber.value).slice(0, 19);
+      cardNumber.value = grouped(number);
+      brandLabel.textContent = brandOf(number);
+      cardNumber.dataset.brand = brandOf(number);
+    });
+  }
+  if (cardExp) {
+    cardExp.addEventListener("input", function () {
+      var d = digits(cardExp.value).slice(0, 4);
+      cardExp.value = d.length > 2 ? d.slice(0, 2) + "/" + d.slice(2) : d;
+    });
+  }
+  if (cardCvc) {
+    cardCvc.addEventListener("input", function () { cardCvc.value = digits(cardCvc.value).slice(0, 4); });
+  }
+
+  // The card's fields, checked; null (with errors shown) if one is wrong.
+  function readCard() {
+    var number = digits(cardNumber.value);
+    var exp = digits(cardExp.value);
+    var cvc = digits(cardCvc.value);
+    var month = parseInt(exp.slice(0, 2), 10);
+    var year = 2000 + parseInt(exp.slice(2, 4), 10);
+    var now = new Date();
+    var ok = true;
+    if (!luhn(number)) { fieldError(cardNumber, T.err_number); ok = false; }
+    if (exp.length !== 4 || !(month >= 1 && month <= 12)) {
+      fieldError(cardExp, T.err_expiry); ok = false;
+    } else if (year < now.getFullYear() || (year === now.getFullYear() && month < now.getMonth() + 1)) {
+      fieldError(cardExp, T.err_expired); ok = false;
+    }
+    if (cvc.length !== (brandOf(number) === "amex" ? 4 : 3)) { fieldError(cardCvc, T.err_cvc); ok = false; }
+    if (!ok) {
+      var first = inputs.filter(function (i) { return i.getAttribute("aria-invalid") === "true"; })[0];
+      if (first) first.focus();
+      return null;
+    }
+    return { number: number, month: String(month), year: String(year), cvc: cvc };
+  }
+
+  // The card to the provider, the token back; the number never goes to
+  // oncepay.
+  function tokenize(card) {
+    var body = new URLSearchParams();
+    body.set("card[number]", card.number);
+    body.set("card[exp_month]", card.month);
+    body.set("card[exp_year]", card.year);
+    body.set("card[cvc]", card.cvc);
+    return timed(tokenizeUrl, { method: "POST", body: body, credentials: "omit" }, 10000).then(function (r) {
+      return r.json().catch(function () { return {}; }).then(function (answer) {
+        if (r.ok && answer.id) return answer.id;
+        var param = answer.error && answer.error.param;
+        var target = param === "card[number]" ? cardNumber
+          : (param === "card[cvc]" ? cardCvc : (param ? cardExp : null));
+        var message = param === "card[number]" ? T.err_number
+          : param === "card[cvc]" ? T.err_cvc
+          : (answer.error && answer.error.code === "expired_card") ? T.err_expired
+          : param ? T.err_expiry : T.err_tokenize;
+        if (target) { fieldError(target, message); target.focus(); }
+        throw new Error(message);
+      });
+    });
+  }
+
+  function usesTestToken() {
+    return tokenInput && (!cardNumber || (testToken && testToken.open));
+  }
+
+  function pay(method) {
+    var intent = { key: newKey(), method: method };
+    remember(intent);             // before anything leaves
+    setBusy(T.processing_busy || "Processing payment…");
+    show("processing", T.processing || "Processing the payment…");
+    send(intent);
+  }
+
   function start(event) {
     if (event) event.preventDefault();
     if (busy) return;
-    var method = input.value.trim();
-    if (!method) { show("failed", "Enter a card token."); input.focus(); return; }
-    var intent = { key: newKey(), method: method };
-    remember(intent);             // before anything leaves
-    setBusy("Processing payment…");
-    show("processing", "Processing the payment…");
-    send(intent);
+    clearErrors();
+    if (usesTestToken()) {
+      var method = tokenInput.value.trim();
+      if (!method) { fieldError(tokenInput, T.err_token); tokenInput.focus(); return; }
+      return pay(method);
+    }
+    var card = readCard();
+    if (!card) return;
+    setBusy(T.processing_busy || "Processing payment…");
+    show("processing", T.processing || "Processing the payment…");
+    tokenize(card).then(function (tok) {
+      cardNumber.value = "";       // the number is not kept on the page
+      cardCvc.value = "";
+      pay(tok);
+    }, function (e) {
+      setIdle();
+      show("failed", (e && e.message) || T.err_tokenize);
+    });
   }
 
   form.addEventListener("submit", start);
@@ -227,7 +429,9 @@
   }
   var pending = saved();
   if (pending && pending.key) {
-    input.value = pending.method;
+    if (tokenInput && pending.method && pending.method.indexOf("tok_") === 0 && !cardNumber) {
+      tokenInput.value = pending.method;
+    }
     poll(pending);
   }
 })();

@@ -85,6 +85,8 @@ pub enum Action {
     ApiKeyRevoked,
     /// A merchant's own rate limit was set or cleared.
     RateLimitChanged,
+    /// The name customers see on the checkout page was set or cleared.
+    DisplayNameChanged,
     /// A webhook endpoint was registered.
     WebhookEndpointCreated,
     /// A webhook endpoint was deleted.
@@ -101,6 +103,7 @@ impl Action {
             Action::ApiKeyRotated => "api_key.rotated",
             Action::ApiKeyRevoked => "api_key.revoked",
             Action::RateLimitChanged => "merchant.rate_limit_changed",
+            Action::DisplayNameChanged => "merchant.display_name_changed",
             Action::WebhookEndpointCreated => "webhook_endpoint.created",
             Action::WebhookEndpointDeleted => "webhook_endpoint.deleted",
             Action::EventRedelivered => "event.redelivered",
@@ -111,18 +114,19 @@ impl Action {
     pub fn target_type(self) -> &'static str {
         match self {
             Action::ApiKeyCreated | Action::ApiKeyRotated | Action::ApiKeyRevoked => "api_key",
-            Action::RateLimitChanged => "merchant",
+            Action::RateLimitChanged | Action::DisplayNameChanged => "merchant",
             Action::WebhookEndpointCreated | Action::WebhookEndpointDeleted => "webhook_endpoint",
             Action::EventRedelivered => "event",
         }
     }
 
     /// Every action.
-    pub const ALL: [Action; 7] = [
+    pub const ALL: [Action; 8] = [
         Action::ApiKeyCreated,
         Action::ApiKeyRotated,
         Action::ApiKeyRevoked,
         Action::RateLimitChanged,
+        Action::DisplayNameChanged,
         Action::WebhookEndpointCreated,
         Action::WebhookEndpointDeleted,
         Action::EventRedelivered,

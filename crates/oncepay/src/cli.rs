@@ -73,6 +73,14 @@ impl PointInTime {
     }
 }
 
+fn display_name(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if text.chars().count() > 100 || text.chars().any(char::is_control) {
+        return Err("1 to 100 characters, no control characters".into());
+    }
+    Ok(text.to_string())
+}
+
 fn point_in_time(text: &str) -> Result<PointInTime, String> {
     if let Ok(t) = chrono::DateTime::parse_from_rfc3339(text) {
         return Ok(PointInTime::At(t.with_timezone(&chrono::Utc)));
@@ -85,6 +93,16 @@ fn point_in_time(text: &str) -> Result<PointInTime, String> {
 /// `oncepay merchant …`.
 #[derive(Debug, Subcommand, PartialEq, Eq)]
 pub enum MerchantCommand {
+    /// Set what customers see of the merchant on the checkout page.
+    Set {
+        /// The merchant's name.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: String,
+        /// The name shown to customers (1 to 100 characters; an empty
+        /// value shows the merchant's name again).
+        #[arg(long, value_parser = display_name)]
+        display_name: String,
+    },
     /// Give a merchant its own rate limit (every process picks it up within
     /// ONCEPAY_AUTH_CACHE_TTL), or with --default return it to the
     /// process default (ONCEPAY_RATE_LIMIT_PER_SECOND / _BURST).

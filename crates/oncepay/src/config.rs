@@ -235,6 +235,12 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             stripe: self.stripe(&provider)?,
             provider,
             provider_url: self.provider_url()?,
+            provider_public_url: match (self.lookup)("ONCEPAY_PROVIDER_PUBLIC_URL") {
+                Some(v) if !v.trim().is_empty() => {
+                    Some(self.url("ONCEPAY_PROVIDER_PUBLIC_URL", "")?)
+                }
+                _ => None,
+            },
             webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_BIND")?,
             idempotency_ttl,
             idempotency_wait: self.duration("ONCEPAY_IDEMPOTENCY_WAIT", Duration::from_secs(2))?,
@@ -407,6 +413,9 @@ pub struct ServeConfig {
     pub stripe: Option<StripeConfig>,
     /// Base URL of the sandbox (`ONCEPAY_PROVIDER_URL`).
     pub provider_url: String,
+    /// How customers' browsers reach the sandbox (its tokenization and
+    /// bank page) (`ONCEPAY_PROVIDER_PUBLIC_URL`); `None`: `provider_url`.
+    pub provider_public_url: Option<String>,
     /// Verifies inbound webhooks.
     pub webhook_secret: crate::webhooks::WebhookSecret,
     /// How long idempotency records are kept.

@@ -88,6 +88,22 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 None => anyhow::bail!("no live API key with id {id}"),
             }
         }
+        Command::Merchant(MerchantCommand::Set {
+            merchant,
+            display_name,
+        }) => {
+            let url = env.database_url()?;
+            let pool = oncepay::store::pool(&url, 1)?;
+            let actor = oncepay::audit::Actor::cli();
+            let shown = (!display_name.is_empty()).then_some(display_name.as_str());
+            if !oncepay::store::merchants::set_display_name(&pool, &merchant, shown, &actor)
+                .await
+                .context("setting the display name")?
+            {
+                anyhow::bail!("no merchant named {merchant:?}");
+            }
+            println!("{merchant}: customers see {:?}", shown.unwrap_or(&merchant));
+        }
         Command::Merchant(MerchantCommand::RateLimit {
             merchant,
             per_second,

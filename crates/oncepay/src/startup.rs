@@ -65,8 +65,12 @@ pub struct Application {
 /// The registry of providers: the sandbox (always: its rows and the
 /// default), and Stripe when its key is set.
 fn providers(config: &ServeConfig, metrics: &Arc<Metrics>) -> Result<Providers, StartError> {
+    let public = config
+        .provider_public_url
+        .as_deref()
+        .unwrap_or(&config.provider_url);
     let mut all: Vec<Arc<dyn PaymentProvider>> = vec![Arc::new(Sandbox::new(
-        &config.provider_url,
+        (&config.provider_url, public),
         config.webhook_secret.clone(),
         config.provider_timeout,
         metrics.clone(),

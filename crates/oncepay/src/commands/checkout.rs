@@ -34,6 +34,69 @@ pub fn token_hash(token: &str) -> [u8; 32] {
 /// Open a checkout page for an order.
 pub struct CreateCheckout {
     order_id: Uuid,
+    way_back: WayBack,
+}
+
+/// Where the page sends the customer back, and in which language it
+/// speaks (`POST /orders/{id}/checkout`'s optional body).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WayBack {
+    /// After paying; `{CHECKOUT_SESSION_ID}` in it becomes the session's id.
+    pub success_url: Option<String>,
+    /// When the customer gives up.
+    pub cancel_url: Option<String>,
+    /// `en`, `ru` or `zh`; `None`: the browser's `Accept-Language`.
+    pub locale: Option<&'static str>,
+}
+
+/// The placeholder a `success_url` may hold, replaced by the session's id
+/// (as Stripe Checkout does).
+pub const SESSION_ID_PLACEHOLDER: &str = "{CHECKOUT_SESSION_ID}";
+
+/// A URL the customer's browser is sent to: absolute `https://`, or
+/// `http://` on a loopback host (development); never `javascript:`,
+/// `data:` or any other scheme. oncepay never fetches it, so the rules on
+/// addresses of outbound webhooks do not apply.
+pub fn way_back_url(field: &str, text: &str) -> Result<String, Problem> {
+    use crate::domain::RuleViolation;
+    let refuse = |why: &str| Problem::rule(RuleViolation::new(field, why));
+    if text.len() > 2048 || text.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(refuse(
+            "must be at most 2048 characters, without white space or control characters",
+        ));
+    }
+    let url = reqwest::Url::parse(&text.replace(SESSION_ID_PLACEHOLDER, "cs"))
+        .map_err(|_| refuse("must be an absolute https:// URL"))?;
+    let host = url.host_str().unwrap_or_default();
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    if !scheme_ok || host.is_empty() || !url.username().is_empty() || url.password().is_some() {
+        return Err(refuse(
+            "must be an absolute https:// URL (http:// only on a loopback host), without a user name or password",
+        ));
+    }
+    Ok(text.to_string())
+}
+
+/// The page's language: `en`, `ru` or `zh` (a region, `ru-RU`, is its
+/// language); `auto` (or none): the browser's.
+fn locale(text: &str) -> Result<Option<&'static str>, Problem> {
+    let base = text.split(['-', '_']).next().unwrap_or_default();
+    match base.to_ascii_lowercase().as_str() {
+        "auto" if text.eq_ignore_ascii_case("auto") => Ok(None),
+        "en" => Ok(Some("en")),
+        "ru" => Ok(Some("ru")),
+        "zh" => Ok(Some("zh")),
+        _ => Err(Problem::rule(crate::domain::RuleViolation::new(
+            "locale",
+            "must be en, ru, zh (or a region of them, as ru-RU), or auto",
+        ))),
+    }
 }
 
 impl Command for CreateCheckout {
@@ -45,8 +108,23 @@ impl Command for CreateCheckout {
         let order_id = input
             .path_id
             .ok_or_else(|| Problem::not_found(ProblemCode::OrderNotFound, "order"))?;
-        Obj::root(&input.body)?.only(&[])?;
-        Ok(CreateCheckout { order_id })
+        let body = Obj::root(&input.body)?;
+        body.only(&["success_url", "cancel_url", "locale"])?;
+        let url = |name: &str| {
+            body.opt_string(name)?
+                .map(|u| way_back_url(name, &u))
+                .transpose()
+        };
+        let way_back = WayBack {
+            success_url: url("success_url")?,
+            cancel_url: url("cancel_url")?,
+            locale: body
+                .opt_string("locale")?
+                .map(|l| locale(&l))
+                .transpose()?
+                .flatten(),
+        };
+        Ok(CreateCheckout { order_id, way_back })
     }
 
     async fn step(
@@ -62,11 +140,10 @@ impl Command for CreateCheckout {
         let ttl_ms = i64::try_from(ctx.checkout.ttl.as_millis()).unwrap_or(i64::MAX);
         let expires_at = store::checkout::insert(
             &mut tx,
-            id,
-            run.merchant_id,
-            order.id,
+            (id, run.merchant_id, order.id),
             &token_hash(&token),
             ttl_ms,
+            &self.way_back,
         )
         .await?;
         let body = json!({
@@ -74,6 +151,9 @@ impl Command for CreateCheckout {
             "order_id": order.id,
             "url": format!("{}/checkout/{token}", ctx.checkout.public_url),
             "expires_at": expires_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "success_url": self.way_back.success_url,
+            "cancel_url": self.way_back.cancel_url,
+            "locale": self.way_back.locale,
         });
         let response = json_response(201, &body, None)?;
         Ok(Step::Complete { tx, response })

@@ -83,6 +83,9 @@ pub enum PaymentMemo {
 pub struct CreatePayment {
     order_id: Uuid,
     payment_method: String,
+    /// Where the customer comes back after acting at their bank (3-D
+    /// Secure): the checkout page sets its own URL.
+    return_url: Option<String>,
 }
 
 /// Reads a UUID field: a string that is not a UUID is a shape error.
@@ -98,12 +101,17 @@ impl Command for CreatePayment {
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let body = Obj::root(&input.body)?;
-        body.only(&["order_id", "payment_method"])?;
+        body.only(&["order_id", "payment_method", "return_url"])?;
         let order_id = uuid_field(&body, "order_id")?;
         let payment_method = body.string("payment_method")?;
+        let return_url = body
+            .opt_string("return_url")?
+            .map(|u| super::checkout::way_back_url("return_url", &u))
+            .transpose()?;
         Ok(CreatePayment {
             order_id,
             payment_method,
+            return_url,
         })
     }
 
@@ -208,9 +216,9 @@ impl Command for CreatePayment {
                 point: PaymentPoint::AttemptCreated,
                 memo: Some(PaymentMemo::Created { attempt, order }),
                 ..
-            } => match open(ctx, &attempt).await {
+            } => match open(ctx, &attempt, self.return_url.as_deref()).await {
                 Opening::Charge => {
-                    let observed = charge(ctx, &attempt).await;
+                    let observed = charge(ctx, &attempt, self.return_url.as_deref()).await;
                     (attempt, Some(order), observed)
                 }
                 Opening::Record(reference) => {
@@ -241,7 +249,7 @@ impl Command for CreatePayment {
                 memo: Some(PaymentMemo::Opened { attempt, order }),
                 ..
             } => {
-                let observed = charge(ctx, &attempt).await;
+                let observed = charge(ctx, &attempt, self.return_url.as_deref()).await;
                 (attempt, Some(order), observed)
             }
             At::After {
@@ -408,25 +416,29 @@ enum Opening {
     Settled(Option<ProviderObject>),
 }
 
-fn charge_request(attempt: &Payment) -> ChargeRequest {
+fn charge_request(attempt: &Payment, return_url: Option<&str>) -> ChargeRequest {
     ChargeRequest {
         idempotency_key: attempt.id,
         amount: attempt.amount,
         currency: attempt.currency.clone(),
         payment_method: attempt.payment_method.clone(),
         trace: Trace::of_payment(attempt),
+        return_url: return_url.map(str::to_string),
     }
 }
 
 /// The first phase of a charge, with the attempt's provider: nothing for
 /// a provider that charges in one call, or for an attempt whose object is
 /// recorded already.
-async fn open(ctx: &AppContext, attempt: &Payment) -> Opening {
+async fn open(ctx: &AppContext, attempt: &Payment, return_url: Option<&str>) -> Opening {
     if attempt.provider_charge_id.is_some() {
         return Opening::Charge;
     }
     let provider = ctx.providers.named(&attempt.provider);
-    match provider.open_charge(&charge_request(attempt)).await {
+    match provider
+        .open_charge(&charge_request(attempt, return_url))
+        .await
+    {
         Opened::NotNeeded => Opening::Charge,
         Opened::Created(reference) => Opening::Record(reference),
         Opened::Settled(outcome) => Opening::Settled(known(outcome, attempt.id, "charge")),
@@ -448,9 +460,13 @@ fn known(outcome: CallOutcome, id: Uuid, what: &str) -> Option<ProviderObject> {
 /// Charges (or re-charges with the same key; confirms the recorded object)
 /// with the attempt's provider and returns what it said, or `None` when
 /// the outcome is unknown.
-pub async fn charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
+pub async fn charge(
+    ctx: &AppContext,
+    attempt: &Payment,
+    return_url: Option<&str>,
+) -> Option<ProviderObject> {
     let provider = ctx.providers.named(&attempt.provider);
-    let request = charge_request(attempt);
+    let request = charge_request(attempt, return_url);
     let outcome = provider
         .charge(&request, attempt.provider_charge_id.as_deref())
         .await;
@@ -469,13 +485,13 @@ pub async fn look_up_or_charge(ctx: &AppContext, attempt: &Payment) -> Option<Pr
         .await;
     match found {
         CallOutcome::Known(object) => Some(object),
-        CallOutcome::NotFound => match open(ctx, attempt).await {
-            Opening::Charge => charge(ctx, attempt).await,
+        CallOutcome::NotFound => match open(ctx, attempt, None).await {
+            Opening::Charge => charge(ctx, attempt, None).await,
             Opening::Settled(observed) => observed,
             Opening::Record(reference) => {
                 let recorded = record_reference(ctx, attempt.id, &reference).await;
                 match recorded {
-                    Ok(Some(attempt)) => charge(ctx, &attempt).await,
+                    Ok(Some(attempt)) => charge(ctx, &attempt, None).await,
                     Ok(None) => None,
                     Err(e) => {
                         tracing::warn!(payment_id = %attempt.id, error = %e, "recording the provider's object failed; it is retried");

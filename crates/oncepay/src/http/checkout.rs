@@ -19,6 +19,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::checkout_text::Lang;
 use super::resources::{money_command, run_command};
 use super::{idempotency_key, ok_json, on_service_runtime, path_uuid, read_body, AppState};
 use crate::commands::checkout::{token_hash, CreateCheckout, TOKEN_PREFIX};
@@ -35,9 +36,19 @@ use crate::store::{self, checkout::Session};
 
 type Reply = Result<HttpResponse, Problem>;
 
-/// Only the page's own origin, for everything; no framing, no plugins.
-const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
-                   connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+/// Only the page's own origin, for everything but the provider's
+/// tokenization (`connect`), where the card goes; no framing, no plugins.
+fn csp(tokenization: Option<&str>) -> String {
+    let origin = tokenization
+        .and_then(|u| reqwest::Url::parse(u).ok())
+        .map(|u| u.origin().ascii_serialization())
+        .filter(|o| o != "null");
+    format!(
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+         connect-src 'self'{}; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+        origin.map(|o| format!(" {o}")).unwrap_or_default()
+    )
+}
 
 const SCRIPT: &str = include_str!("../../assets/checkout.js");
 const STYLESHEET: &str = include_str!("../../assets/checkout.css");
@@ -186,11 +197,11 @@ async fn order_and_attempts(
     .await
 }
 
-fn html(status: actix_web::http::StatusCode, body: String) -> HttpResponse {
+fn html(status: actix_web::http::StatusCode, body: String, csp: &str) -> HttpResponse {
     let mut response = HttpResponse::build(status);
     response
         .content_type("text/html; charset=utf-8")
-        .insert_header(("Content-Security-Policy", CSP))
+        .insert_header(("Content-Security-Policy", csp.to_string()))
         .insert_header(("Referrer-Policy", "no-referrer"));
     response.body(body)
 }
@@ -210,45 +221,55 @@ fn escape(text: &str) -> String {
     out
 }
 
-fn page(title: &str, main: &str) -> String {
+fn page(lang: Lang, title: &str, main: &str) -> String {
     format!(
-        "<!doctype html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+        "<!doctype html>\n<html lang=\"{}\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
          <title>{}</title>\n<link rel=\"stylesheet\" href=\"/checkout/assets/checkout.css\">\n\
          </head>\n<body>\n<main class=\"card\">\n{main}\n</main>\n</body>\n</html>\n",
+        lang.tag(),
         escape(title)
     )
 }
 
-/// `GET /checkout/{token}`: the page, or a clear error page (`404`/`410`).
+/// `GET /checkout/{token}`: the page, or a clear error page (`404`/`410`),
+/// in the session's language or the browser's.
 pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<String>) -> Reply {
     use actix_web::http::StatusCode;
     let token = Token::new(&path);
     admit(&state, &req, &token)?;
+    let accept = req
+        .headers()
+        .get(header::ACCEPT_LANGUAGE)
+        .and_then(|v| v.to_str().ok());
     let session = match session_of(&state, &token).await? {
         Ok(session) => session,
         Err(closed) => {
+            let lang = Lang::choose(None, accept);
+            let t = lang.text();
             let (status, title, text) = match closed {
-                Closed::Unknown => (
-                    StatusCode::NOT_FOUND,
-                    "Checkout not found",
-                    "This checkout link is not valid. Check the link the shop sent you.",
-                ),
-                Closed::Expired => (
-                    StatusCode::GONE,
-                    "Checkout expired",
-                    "This checkout link has expired, and nothing can be paid with it. Ask the shop for a new one.",
-                ),
+                Closed::Unknown => (StatusCode::NOT_FOUND, t.not_found_title, t.not_found),
+                Closed::Expired => (StatusCode::GONE, t.expired_title, t.expired_page),
             };
             let main = format!(
                 "<h1>{title}</h1>\n<p class=\"notice\" id=\"closed\" data-status=\"closed\">{text}</p>"
             );
-            return Ok(html(status, page(title, &main)));
+            return Ok(html(status, page(lang, title, &main), &csp(None)));
         }
     };
-    let (order, _) = order_and_attempts(&state, &session, false).await?;
+    let lang = Lang::choose(session.locale.as_deref(), accept);
+    let t = lang.text();
+    let (order, attempts) = order_and_attempts(&state, &session, true).await?;
     let currency = Currency::try_from(order.currency.as_str()).map_err(|_| Problem::internal())?;
-    let total = currency.format(order.amount);
+    let money = |minor: i64| {
+        format!(
+            "<span class=\"money\" data-minor=\"{minor}\" data-exponent=\"{}\" data-currency=\"{}\">{}</span>",
+            currency.exponent(),
+            escape(currency.as_str()),
+            escape(&currency.format(minor))
+        )
+    };
+    let total = money(order.amount);
     let rows: String = order
         .items
         .iter()
@@ -257,39 +278,140 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
                 "<tr><td>{}</td><td class=\"qty\">{}</td><td class=\"money\">{}</td></tr>\n",
                 escape(&item.sku),
                 item.quantity,
-                escape(&currency.format(item.unit_amount.saturating_mul(item.quantity)))
+                money(item.unit_amount.saturating_mul(item.quantity))
             )
         })
         .collect();
-    // The page starts where the order is: paid shows the receipt, an order
-    // that can no longer be paid says so, and neither offers a Pay button.
+    // The page starts where the order is: paid shows the receipt (with its
+    // payment), an order that can no longer be paid says so, and neither
+    // offers a Pay button.
     let initial = match order.status {
         OrderStatus::AwaitingPayment => "idle",
         OrderStatus::Paid => "succeeded",
         OrderStatus::Refunded | OrderStatus::Cancelled => "closed",
     };
+    let paid_by = attempts
+        .iter()
+        .rev()
+        .find(|p| p.status == crate::domain::payment::PaymentStatus::Succeeded)
+        .map(|p| p.id.to_string())
+        .unwrap_or_default();
+    let provider = state.ctx.providers.current();
+    let tokenization = provider.tokenization_url();
+    let test_mode = provider.test_mode();
+    let banner = if test_mode {
+        format!(
+            "<p class=\"test-mode\" id=\"test-mode\" role=\"note\">{}</p>\n",
+            escape(t.test_mode)
+        )
+    } else {
+        String::new()
+    };
+    let field = |id: &str, label: &str, attrs: &str| {
+        format!(
+            "<div class=\"field\"><label for=\"{id}\">{}</label>\n<input id=\"{id}\" {attrs} aria-describedby=\"{id}-error\">\n\
+             <p class=\"field-error\" id=\"{id}-error\" hidden></p></div>\n",
+            escape(label)
+        )
+    };
+    // A card form where the provider tokenizes from the browser (the
+    // sandbox); the raw token field (in test mode, behind a disclosure, or
+    // alone where the provider's own script would take the card).
+    let card = match tokenization {
+        Some(_) => format!(
+            "{}<div class=\"row\">{}{}</div>\n",
+            field(
+                "card-number",
+                t.card_number,
+                "name=\"cardnumber\" inputmode=\"numeric\" autocomplete=\"cc-number\" placeholder=\"1234 1234 1234 1234\" maxlength=\"23\""
+            ),
+            field(
+                "card-exp",
+                &format!("{} ({})", t.expiry, t.expiry_hint),
+                "name=\"exp-date\" inputmode=\"numeric\" autocomplete=\"cc-exp\" placeholder=\"MM/YY\" maxlength=\"7\""
+            ),
+            field(
+                "card-cvc",
+                t.cvc,
+                "name=\"cvc\" inputmode=\"numeric\" autocomplete=\"cc-csc\" maxlength=\"4\""
+            ),
+        ),
+        None => String::new(),
+    };
+    let example = escape(provider.example_payment_method());
+    let token_input = format!(
+        "<label for=\"payment_method\">{}</label>\n<input id=\"payment_method\" name=\"payment_method\" value=\"{example}\" \
+         autocomplete=\"off\" autocapitalize=\"off\" spellcheck=\"false\" aria-describedby=\"payment_method-error\">\n\
+         <p class=\"field-error\" id=\"payment_method-error\" hidden></p>\n",
+        escape(t.test_token)
+    );
+    let token = match (tokenization, test_mode) {
+        (Some(_), true) => format!(
+            "<details id=\"test-token\"><summary>{}</summary>\n{token_input}</details>\n",
+            escape(t.use_test_token)
+        ),
+        (Some(_), false) => String::new(),
+        (None, _) => token_input,
+    };
+    let success_url = session
+        .success_url
+        .as_deref()
+        .map(|u| {
+            u.replace(
+                crate::commands::checkout::SESSION_ID_PLACEHOLDER,
+                &session.id.to_string(),
+            )
+        })
+        .unwrap_or_default();
+    let cancel = match &session.cancel_url {
+        Some(url) => format!(
+            "<p class=\"cancel\"><a id=\"cancel\" href=\"{}\">{}</a></p>\n",
+            escape(url),
+            escape(t.cancel)
+        ),
+        None => String::new(),
+    };
+    let text = serde_json::to_string(t).map_err(|_| Problem::internal())?;
     let main = format!(
-        "<header>\n<p class=\"merchant\">Secure checkout</p>\n<h1>Pay <span class=\"amount\">{total}</span></h1>\n\
-         <p class=\"order\">Order {order_id}</p>\n</header>\n\
-         <table class=\"items\">\n<thead><tr><th>Item</th><th class=\"qty\">Qty</th><th class=\"money\">Amount</th></tr></thead>\n\
-         <tbody>\n{rows}</tbody>\n<tfoot><tr><th colspan=\"2\">Total</th><td class=\"money\">{total}</td></tr></tfoot>\n</table>\n\
-         <form id=\"checkout\" data-token=\"{token}\" data-order=\"{order_id}\" data-initial=\"{initial}\" novalidate>\n\
-         <label for=\"payment_method\">Card token</label>\n\
-         <input id=\"payment_method\" name=\"payment_method\" value=\"{example}\" autocomplete=\"off\" autocapitalize=\"off\" spellcheck=\"false\" required>\n\
-         <button id=\"pay\" type=\"submit\">Pay {total}</button>\n</form>\n\
-         <div id=\"status\" role=\"status\" aria-live=\"polite\" data-status=\"idle\">Ready to pay.</div>\n\
-         <section id=\"receipt\" hidden>\n<h2>Payment received</h2>\n<p>Thank you. <span id=\"receipt-amount\">{total}</span> was paid.</p>\n\
-         <p class=\"ref\">Payment <span id=\"receipt-id\"></span></p>\n</section>\n\
+        "<header>\n<p class=\"merchant\" id=\"merchant\">{merchant}</p>\n{banner}<h1><span class=\"verb\">{pay}</span> {total}</h1>\n\
+         <p class=\"order\">{order_word} <span class=\"ref\">{order_id}</span></p>\n</header>\n\
+         <table class=\"items\">\n<thead><tr><th scope=\"col\">{item}</th><th scope=\"col\" class=\"qty\">{qty}</th><th scope=\"col\" class=\"money\">{amount}</th></tr></thead>\n\
+         <tbody>\n{rows}</tbody>\n<tfoot><tr><th scope=\"row\" colspan=\"2\">{total_word}</th><td class=\"money\">{total}</td></tr></tfoot>\n</table>\n\
+         <form id=\"checkout\" data-token=\"{token_path}\" data-order=\"{order_id}\" data-initial=\"{initial}\" data-paid-by=\"{paid_by}\" \
+         data-lang=\"{lang}\" data-tokenize=\"{tokenize}\" data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
+         {card}{token}<button id=\"pay\" type=\"submit\">{pay} {total}</button>\n{cancel}</form>\n\
+         <div id=\"status\" role=\"status\" aria-live=\"polite\" data-status=\"idle\">{ready}</div>\n\
+         <p id=\"bank\" hidden><a id=\"continue\" href=\"#\">{continue_at_bank}</a></p>\n\
+         <section id=\"receipt\" hidden>\n<h2>{received}</h2>\n<p>{thank_you} <span id=\"receipt-amount\">{total}</span></p>\n\
+         <p class=\"ref\">{payment_ref} <span id=\"receipt-id\"></span></p>\n</section>\n\
          <script src=\"/checkout/assets/checkout.js\" defer></script>",
-        total = escape(&total),
+        merchant = escape(&session.merchant_name),
+        pay = escape(t.pay),
+        order_word = escape(t.order),
         order_id = order.id,
-        token = escape(&path),
-        initial = initial,
-        example = escape(state.ctx.providers.current().example_payment_method()),
+        item = escape(t.item),
+        qty = escape(t.qty),
+        amount = escape(t.amount),
+        total_word = escape(t.total),
+        token_path = escape(&path),
+        lang = lang.tag(),
+        tokenize = escape(tokenization.unwrap_or_default()),
+        success = escape(&success_url),
+        text = escape(&text),
+        ready = escape(t.ready),
+        continue_at_bank = escape(t.continue_at_bank),
+        received = escape(t.received),
+        thank_you = escape(t.thank_you),
+        payment_ref = escape(t.payment_ref),
     );
     Ok(html(
         StatusCode::OK,
-        page(&format!("Checkout — {total}"), &main),
+        page(
+            lang,
+            &format!("{} — {}", t.title, currency.format(order.amount)),
+            &main,
+        ),
+        &csp(tokenization),
     ))
 }
 
@@ -304,6 +426,7 @@ fn attempt_json(p: &Payment) -> Value {
         "status": p.status,
         "failure_code": p.failure_code,
         "failure_message": p.failure_message,
+        "next_action": p.next_action,
     })
 }
 
@@ -361,9 +484,11 @@ pub async fn pay(
     let obj = Obj::root(&body)?;
     obj.only(&["payment_method"])?;
     let method = obj.string("payment_method")?;
+    // The customer comes back to this page from their bank (3-D Secure).
+    let page_url = format!("{}/checkout/{}", state.ctx.checkout.public_url, token.text);
     let input = CommandInput {
         path_id: None,
-        body: json!({"order_id": session.order_id, "payment_method": method}),
+        body: json!({"order_id": session.order_id, "payment_method": method, "return_url": page_url}),
         actor: None,
     };
     let id = RecordId::checkout(session.merchant_id, session.id, &key);

@@ -7,6 +7,7 @@ pub mod access;
 mod api_keys;
 mod body;
 mod checkout;
+pub mod checkout_text;
 mod events;
 mod lists;
 mod middleware;

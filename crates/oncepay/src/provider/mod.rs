@@ -51,6 +51,8 @@ pub struct ChargeRequest {
     pub payment_method: String,
     /// Where it came from, written into the provider's metadata.
     pub trace: trace::Trace,
+    /// Where the customer comes back after acting at their bank.
+    pub return_url: Option<String>,
 }
 
 /// A refund to make (or to repeat, with the same key), or to look up.
@@ -237,8 +239,15 @@ pub trait PaymentProvider: Send + Sync {
     /// which form is expected.
     fn check_payment_method(&self, payment_method: &str) -> Result<(), &'static str>;
     /// A test-mode payment method that succeeds, offered on the checkout
-    /// page until it has a real card form.
+    /// page behind "Use a test token" (test mode only).
     fn example_payment_method(&self) -> &'static str;
+    /// Whether no real money moves (the sandbox; a Stripe test key): the
+    /// checkout page says so.
+    fn test_mode(&self) -> bool;
+    /// Where a checkout page posts a card to get a token (the browser
+    /// calls it, so the number never reaches oncepay); `None` where the
+    /// provider's own script does it (Stripe Elements).
+    fn tokenization_url(&self) -> Option<&str>;
     /// The first phase of a charge, for providers that create before they
     /// charge; [`Opened::NotNeeded`] (without a call) for the others.
     fn open_charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, Opened>;
@@ -397,6 +406,12 @@ impl PaymentProvider for Unconfigured {
             event_type: "unrecognised".into(),
             subject: None,
         }
+    }
+    fn test_mode(&self) -> bool {
+        false
+    }
+    fn tokenization_url(&self) -> Option<&str> {
+        None
     }
     fn list_books<'a>(
         &'a self,

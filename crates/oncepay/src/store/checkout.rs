@@ -19,20 +19,29 @@ pub struct Session {
     pub expires_at: DateTime<Utc>,
     /// Whether it has expired (by the database's clock).
     pub expired: bool,
+    /// Where the page sends the customer after paying.
+    pub success_url: Option<String>,
+    /// Where the page sends a customer who gives up.
+    pub cancel_url: Option<String>,
+    /// The page's language, if the merchant chose one.
+    pub locale: Option<String>,
+    /// The merchant as customers see it (its display name, else its name).
+    pub merchant_name: String,
 }
 
 /// Inserts a session; only the token's hash is stored.
 pub async fn insert(
     tx: &mut PgConnection,
-    id: Uuid,
-    merchant_id: Uuid,
-    order_id: Uuid,
+    (id, merchant_id, order_id): (Uuid, Uuid, Uuid),
     token_hash: &[u8; 32],
     ttl_ms: i64,
+    way_back: &crate::commands::checkout::WayBack,
 ) -> Result<DateTime<Utc>, StoreError> {
     let row = sqlx::query(
-        "INSERT INTO checkout_session (id, merchant_id, order_id, token_hash, expires_at)
-         VALUES ($1, $2, $3, $4, date_trunc('milliseconds', now()) + $5::bigint * interval '1 millisecond')
+        "INSERT INTO checkout_session (id, merchant_id, order_id, token_hash, expires_at,
+                                       success_url, cancel_url, locale)
+         VALUES ($1, $2, $3, $4, date_trunc('milliseconds', now()) + $5::bigint * interval '1 millisecond',
+                 $6, $7, $8)
          RETURNING expires_at",
     )
     .bind(id)
@@ -40,6 +49,9 @@ pub async fn insert(
     .bind(order_id)
     .bind(&token_hash[..])
     .bind(ttl_ms)
+    .bind(&way_back.success_url)
+    .bind(&way_back.cancel_url)
+    .bind(way_back.locale)
     .fetch_one(tx)
     .await?;
     Ok(row.try_get("expires_at")?)
@@ -51,8 +63,10 @@ pub async fn by_token_hash(
     token_hash: &[u8; 32],
 ) -> Result<Option<Session>, StoreError> {
     let row = sqlx::query(
-        "SELECT id, merchant_id, order_id, expires_at, expires_at <= now() AS expired
-           FROM checkout_session WHERE token_hash = $1",
+        "SELECT s.id, s.merchant_id, s.order_id, s.expires_at, s.expires_at <= now() AS expired,
+                s.success_url, s.cancel_url, s.locale, coalesce(m.display_name, m.name) AS shown_as
+           FROM checkout_session s JOIN merchant m ON m.id = s.merchant_id
+          WHERE s.token_hash = $1",
     )
     .bind(&token_hash[..])
     .fetch_optional(pool)
@@ -64,6 +78,10 @@ pub async fn by_token_hash(
             order_id: r.try_get("order_id")?,
             expires_at: r.try_get("expires_at")?,
             expired: r.try_get("expired")?,
+            success_url: r.try_get("success_url")?,
+            cancel_url: r.try_get("cancel_url")?,
+            locale: r.try_get("locale")?,
+            merchant_name: r.try_get("shown_as")?,
         })
     })
     .transpose()

@@ -168,6 +168,44 @@ pub async fn set_rate_limit(
     Ok(true)
 }
 
+/// Sets (or, with `None`, clears) the name customers see on the checkout
+/// page, with its audit row. False if there is no such merchant.
+pub async fn set_display_name(
+    pool: &PgPool,
+    name: &str,
+    display_name: Option<&str>,
+    actor: &Actor,
+) -> Result<bool, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query(
+        "WITH before AS (SELECT id, display_name FROM merchant WHERE name = $1 FOR UPDATE)
+         UPDATE merchant m SET display_name = $2
+           FROM before WHERE m.id = before.id
+         RETURNING m.id, before.display_name",
+    )
+    .bind(name)
+    .bind(display_name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        return Ok(false);
+    };
+    let merchant_id: Uuid = row.try_get("id")?;
+    let before: Option<String> = row.try_get("display_name")?;
+    let change = serde_json::json!({"before": before, "after": display_name});
+    super::audit::record(
+        &mut tx,
+        merchant_id,
+        actor,
+        Action::DisplayNameChanged,
+        &merchant_id.to_string(),
+        change,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 /// The channel on which revocations are announced to every process.
 pub const REVOCATIONS: &str = "oncepay_api_keys";
 

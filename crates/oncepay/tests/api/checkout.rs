@@ -22,8 +22,17 @@ async fn checkout_with(app: &TestApp, browser: &Browser, token: &str) -> (String
     (order_id, browser.find("#pay").await.expect("button"))
 }
 
-/// Replaces the card field's token.
+/// Opens "Use a test token" (a customer's click) and replaces the token.
 async fn enter_token(browser: &Browser, token: &str) {
+    if browser
+        .attribute("#test-token", "open")
+        .await
+        .expect("disclosure")
+        .is_none()
+    {
+        let summary = browser.find("#test-token summary").await.expect("summary");
+        browser.click(&summary).await.expect("open the disclosure");
+    }
     let input = browser.find("#payment_method").await.expect("input");
     browser.clear(&input).await.expect("clear");
     browser.type_into(&input, token).await.expect("type");
@@ -291,12 +300,7 @@ async fn a_decline_allows_a_new_attempt_with_a_new_key() {
     let order_id = app.create_order().await;
     let url = app.checkout_url(&order_id).await;
     browser.goto(&url).await.expect("open");
-    let input = browser.find("#payment_method").await.expect("input");
-    browser.clear(&input).await.expect("clear");
-    browser
-        .type_into(&input, "tok_declined")
-        .await
-        .expect("type");
+    enter_token(&browser, "tok_declined").await;
     let pay = browser.find("#pay").await.expect("button");
     browser.click(&pay).await.expect("click");
     browser
@@ -415,6 +419,7 @@ async fn an_order_that_can_no_longer_be_paid_ends_the_page_with_a_bounded_number
         .post(&format!("/orders/{order_id}/cancel"), "cancel", &json!({}))
         .await;
     assert_eq!(r.status(), StatusCode::OK);
+    enter_token(&browser, "tok_visa").await;
     browser
         .click(&browser.find("#pay").await.expect("button"))
         .await
@@ -475,6 +480,7 @@ async fn an_order_that_can_no_longer_be_paid_ends_the_page_with_a_bounded_number
         .await;
     assert_eq!(refund.status(), StatusCode::CREATED);
     assert_eq!(app.status_of(&format!("/orders/{other}")).await, "refunded");
+    enter_token(&browser, "tok_visa").await;
     let before = checkout_requests(&app).await;
     browser
         .click(&browser.find("#pay").await.expect("button"))

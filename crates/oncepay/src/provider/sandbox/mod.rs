@@ -32,13 +32,15 @@ pub struct Sandbox {
     caller: Caller,
     base_url: String,
     webhook_secret: WebhookSecret,
+    /// `POST /v1/tokens` as customers' browsers reach it.
+    tokens_url: String,
 }
 
 impl Sandbox {
     /// An adapter for the sandbox at `base_url`, verifying its webhooks
     /// with `webhook_secret`.
     pub fn new(
-        base_url: &str,
+        (base_url, public_url): (&str, &str),
         webhook_secret: WebhookSecret,
         timeout: Duration,
         metrics: Arc<Metrics>,
@@ -47,6 +49,7 @@ impl Sandbox {
             caller: Caller::new(NAME, timeout, metrics)?,
             base_url: base_url.trim_end_matches('/').to_string(),
             webhook_secret,
+            tokens_url: format!("{}/v1/tokens", public_url.trim_end_matches('/')),
         })
     }
 
@@ -133,6 +136,14 @@ impl PaymentProvider for Sandbox {
         "tok_visa"
     }
 
+    fn test_mode(&self) -> bool {
+        true
+    }
+
+    fn tokenization_url(&self) -> Option<&str> {
+        Some(&self.tokens_url)
+    }
+
     fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async { Opened::NotNeeded })
     }
@@ -154,6 +165,7 @@ impl PaymentProvider for Sandbox {
                         "currency": r.currency,
                         "source": r.payment_method,
                         "metadata": r.trace.metadata_json(),
+                        "return_url": r.return_url,
                     }))
             },
             |s, _, b| classify(CallKind::Write, s, b),

@@ -276,6 +276,15 @@ impl PaymentProvider for Stripe {
         "pm_card_visa"
     }
 
+    fn test_mode(&self) -> bool {
+        let key = &self.config.secret_key.0;
+        key.starts_with("sk_test_") || key.starts_with("rk_test_")
+    }
+
+    fn tokenization_url(&self) -> Option<&str> {
+        None
+    }
+
     fn open_charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async move {
             let form: Vec<(String, String)> = [

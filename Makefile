@@ -20,7 +20,7 @@ BIN := target/debug/oncepay
 RELEASE_BUILD := cargo build --release -p oncepay -p oncepay-bench -p oncepay-chaos
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha chaos-restore ha-packages localstripe
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha chaos-restore ha-packages localstripe axe
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
@@ -93,7 +93,7 @@ run: db build ## start the sandbox and oncepay with a dev API key; print a curl 
 	echo; \
 	wait $$serve
 
-test: localstripe ## run every test (unit, properties, API, multi-process, schemathesis, a short chaos soak)
+test: localstripe axe ## run every test (unit, properties, API, multi-process, schemathesis, a short chaos soak)
 	@command -v schemathesis >/dev/null || python3 -m pip install --quiet schemathesis
 	@$(MAKE) --no-print-directory test-dbs-drop
 	@status=0; \
@@ -111,6 +111,16 @@ test: localstripe ## run every test (unit, properties, API, multi-process, schem
 	  done; \
 	fi; \
 	exit $$status
+
+# axe-core (npm), the accessibility checker the checkout's browser tests
+# run in Chromium: a test tool only, never shipped.
+AXE_DIR := target/axe
+AXE_VERSION := 4.11.0
+axe: ## install axe-core (npm) into target/axe if missing (the checkout's accessibility tests)
+	@if [ ! -f $(AXE_DIR)/node_modules/axe-core/axe.min.js ] && command -v npm >/dev/null; then \
+	  echo "installing axe-core $(AXE_VERSION) into $(AXE_DIR) ..."; \
+	  npm install --silent --no-audit --no-fund --prefix $(AXE_DIR) axe-core@$(AXE_VERSION); \
+	fi
 
 # localstripe (PyPI), the fake Stripe the Stripe tests run against: a test
 # tool only, in a virtual environment of its own, never shipped.

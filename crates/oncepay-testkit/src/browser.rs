@@ -273,3 +273,46 @@ impl Browser {
             .await;
     }
 }
+
+/// Where `make axe` installs axe-core (npm): the accessibility checker
+/// the checkout's tests run inside the page.
+pub fn axe_script() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/axe/node_modules/axe-core/axe.min.js")
+}
+
+impl Browser {
+    /// Runs axe-core on the page as it is now, for WCAG 2.x A and AA (2.2
+    /// included); returns each violation as `rule: nodes (first target)`.
+    pub async fn axe(&self) -> BrowserResult<Vec<String>> {
+        let source = std::fs::read_to_string(axe_script())
+            .map_err(|e| format!("axe-core is missing (make axe): {e}"))?;
+        self.eval(
+            &format!("{source}\n;window.__axe = null; return true;"),
+            Value::Array(Vec::new()),
+        )
+        .await?;
+        self.eval(
+            "axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa', 'wcag21a', 'wcag21aa', 'wcag22aa']}})
+               .then(function (r) { window.__axe = r.violations.map(function (v) {
+                   return v.id + ': ' + v.nodes.length + ' (' + v.nodes[0].target.join(' ') + ') ' + v.help; }); },
+                     function (e) { window.__axe = ['axe failed: ' + e]; });
+             return true;",
+            Value::Array(Vec::new()),
+        )
+        .await?;
+        for _ in 0..200 {
+            let found = self
+                .eval("return window.__axe;", Value::Array(Vec::new()))
+                .await?;
+            if let Value::Array(items) = found {
+                return Ok(items
+                    .into_iter()
+                    .map(|v| v.as_str().unwrap_or_default().to_string())
+                    .collect());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Err("axe-core gave no answer in 10 s".into())
+    }
+}

@@ -420,7 +420,10 @@
   });
 
   if (form.dataset.initial === "succeeded") {
-    succeeded(null);
+    // Paid: by this tab's own intent (back from the bank, a reload) it is
+    // this visit's success, and the shop's success URL follows.
+    var mine = saved();
+    succeeded(mine && mine.key ? { id: form.dataset.paidBy } : null);
     return;
   }
   if (form.dataset.initial === "closed") {

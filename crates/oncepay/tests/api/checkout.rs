@@ -23,7 +23,7 @@ async fn checkout_with(app: &TestApp, browser: &Browser, token: &str) -> (String
 }
 
 /// Opens "Use a test token" (a customer's click) and replaces the token.
-async fn enter_token(browser: &Browser, token: &str) {
+pub(crate) async fn enter_token(browser: &Browser, token: &str) {
     if browser
         .attribute("#test-token", "open")
         .await
@@ -38,7 +38,7 @@ async fn enter_token(browser: &Browser, token: &str) {
     browser.type_into(&input, token).await.expect("type");
 }
 
-fn screenshot_path(name: &str) -> PathBuf {
+pub(crate) fn screenshot_path(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../target/checkout-screenshots")
         .join(format!("{name}.png"))
@@ -55,8 +55,8 @@ async fn phone() -> Option<Browser> {
     Some(Browser::start(390, 844).await.expect("chromium starts"))
 }
 
-const STATUS: &str = "#status";
-const PATIENCE: Duration = Duration::from_secs(20);
+pub(crate) const STATUS: &str = "#status";
+pub(crate) const PATIENCE: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_checkout_session_is_made_once_per_key_and_only_for_a_payable_order() {

@@ -6,6 +6,7 @@ mod api_keys;
 mod books;
 mod cards;
 mod checkout;
+mod checkout_card;
 mod customer_action;
 mod events;
 mod failover;

@@ -63,6 +63,9 @@ pub struct PaymentMethods {
     pub later: &'static str,
     /// Charged at once.
     pub charged: &'static str,
+    /// A card that waits for its customer at the bank (3-D Secure), if
+    /// the provider has one the harness can drive.
+    pub authenticated: Option<&'static str>,
 }
 
 impl PaymentMethods {
@@ -71,12 +74,14 @@ impl PaymentMethods {
         declined: "tok_declined",
         later: "tok_async",
         charged: "tok_visa",
+        authenticated: Some("tok_3ds"),
     };
     /// localstripe's test cards (it has no asynchronous card).
     pub const STRIPE: PaymentMethods = PaymentMethods {
         declined: "pm_card_chargeCustomerFail",
         later: "pm_card_visa",
         charged: "pm_card_visa",
+        authenticated: None,
     };
 }
 
@@ -186,9 +191,10 @@ impl Clients {
     /// refund half of some succeeded ones.
     pub async fn run_intent(self: Arc<Self>, run: &str, i: usize) -> Intent {
         let mut intent = Intent::default();
-        let token = match i % 10 {
-            7 => self.methods.declined,
-            8 => self.methods.later,
+        let token = match (i % 10, self.methods.authenticated) {
+            (7, _) => self.methods.declined,
+            (8, _) => self.methods.later,
+            (9, Some(authenticated)) => authenticated,
             _ => self.methods.charged,
         };
         let order = json!({
@@ -243,6 +249,9 @@ impl Clients {
         let Some(payment_id) = intent.payment_answers[0]["id"].as_str().map(str::to_string) else {
             return intent;
         };
+        if let Some(url) = intent.payment_answers[0]["next_action"]["url"].as_str() {
+            self.at_the_bank(url, i).await;
+        }
         // Poll a pending payment for a while, as a checkout page would.
         let deadline = Instant::now() + Duration::from_secs(20);
         while intent.payment_statuses.last().map(String::as_str) == Some("pending")
@@ -277,6 +286,35 @@ impl Clients {
                 .await;
         }
         intent
+    }
+
+    /// The customer at their bank (3-D Secure), in turn: approves at once,
+    /// declines, never comes (the payment expires, ONCEPAY_ACTION_TIMEOUT),
+    /// or approves after it expired (the charge is then refunded as an
+    /// incident).
+    async fn at_the_bank(&self, url: &str, i: usize) {
+        let choice = match (i / 10) % 4 {
+            0 => Some(("approve", Duration::ZERO)),
+            1 => Some(("decline", Duration::ZERO)),
+            2 => None,
+            _ => Some(("approve", Duration::from_secs(6))),
+        };
+        let Some((button, after)) = choice else {
+            return;
+        };
+        tokio::time::sleep(after).await;
+        for _ in 0..5 {
+            let pressed = self
+                .http
+                .post(format!("{url}/{button}"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success() || r.status().is_redirection());
+            if pressed {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// A partial refund and a cancel of the same paid order sent at once.

@@ -328,6 +328,10 @@ async fn soak(
                     ("ONCEPAY_IDEMPOTENCY_LEASE", "3s".into()),
                     ("ONCEPAY_RECONCILE_INTERVAL", "500ms".into()),
                     ("ONCEPAY_RECONCILE_AFTER", "2s".into()),
+                    // A customer who never comes back from the bank: the
+                    // payment fails after this, and a late approval is
+                    // refunded as an incident.
+                    ("ONCEPAY_ACTION_TIMEOUT", "4s".into()),
                     ("ONCEPAY_SWEEP_INTERVAL", "1s".into()),
                     ("ONCEPAY_HTTP_WORKERS", "2".into()),
                     ("ONCEPAY_LOG", "warn".into()),

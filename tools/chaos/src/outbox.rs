@@ -29,9 +29,16 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Vec<String>>, String> {
         r.try_get::<String, _>(i).map_err(|e| e.to_string())
     };
     let mut out = HashMap::new();
-    for r in q("SELECT id::text, status FROM payment_attempt").await? {
+    for r in
+        q("SELECT id::text, status, (action_required_at IS NOT NULL)::text FROM payment_attempt")
+            .await?
+    {
         let status = get(&r, 1)?;
         let mut types = vec!["payment.pending".to_string()];
+        // It waited for its customer at the bank (3-D Secure).
+        if get(&r, 2)? == "true" {
+            types.push("payment.requires_action".to_string());
+        }
         if status != "pending" {
             types.push(format!("payment.{status}"));
         }

@@ -282,7 +282,7 @@ pub const SETTLE_COMPLETING: &str = concat!(
            SET status = $14, provider_charge_id = $15, failure_code = $16,
                failure_message = $17, updated_at = $18,
                decline_check_at = CASE WHEN $25 THEN next_check_at END,
-               next_action_url = NULL, action_required_at = NULL
+               next_action_url = NULL
          WHERE id = $13 AND (SELECT ok FROM go)
         RETURNING 1),
      ord AS (
@@ -534,8 +534,7 @@ pub const SET_STATUS: &str = concat!(
             SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
                 failure_code = COALESCE($4, failure_code),
                 failure_message = COALESCE($5, failure_message), updated_at = now(),
-                next_action_url = CASE WHEN $2 = 'pending' THEN next_action_url END,
-                action_required_at = CASE WHEN $2 = 'pending' THEN action_required_at END
+                next_action_url = CASE WHEN $2 = 'pending' THEN next_action_url END
           WHERE id = $1 RETURNING ",
     payment_columns!()
 );

@@ -242,6 +242,20 @@ async fn confirm_payment_decline(ctx: &AppContext, payment: &Payment) -> Result<
         .named(&payment.provider)
         .find_charge(payment.id, payment.provider_charge_id.as_deref())
         .await;
+    // A charge that waits for its customer at the bank (3-D Secure) moved
+    // no money; past ONCEPAY_ACTION_TIMEOUT the decline stands (an
+    // approval after that is a webhook, and an incident refunded).
+    let waited = (chrono::Utc::now() - payment.created_at)
+        .to_std()
+        .unwrap_or_default();
+    let read = match read {
+        CallOutcome::Known(object)
+            if object.next_action.is_some() && waited >= ctx.action_timeout =>
+        {
+            CallOutcome::NotFound
+        }
+        other => other,
+    };
     let Some(observed) = confirming_read(read, payment.id) else {
         return Ok(false);
     };

@@ -554,20 +554,10 @@ async fn adopt_charge(
     )
     .await?;
     if let (Some(key), Some(fingerprint)) = (key, fingerprint) {
-        let response =
-            crate::commands::payments::payment_response(&payment).map_err(command_store_error)?;
-        store::idempotency::insert_rebuilt(
-            &mut tx,
-            &RecordId {
-                merchant_id: trace.merchant_id,
-                key,
-            },
-            &fingerprint,
-            crate::commands::payments::CreatePayment::NAME,
-            &response,
-            ctx.engine.config().ttl,
-        )
-        .await?;
+        let response = crate::commands::payments::payment_response(&payment);
+        let origin = (trace.merchant_id, key, fingerprint);
+        let command = crate::commands::payments::CreatePayment::NAME;
+        rebuild_record(ctx, &mut tx, origin, command, response).await?;
     }
     tx.commit().await?;
     tracing::warn!(
@@ -576,6 +566,23 @@ async fn adopt_charge(
         "adopted a charge from the provider's books: its rows were lost"
     );
     Ok(one(|c| c.adopted += 1))
+}
+
+/// The completed idempotency record of a rebuilt row, under its key's
+/// hash (it takes the key when the client presents it), with the answer
+/// the command gives for the row as it now is.
+async fn rebuild_record(
+    ctx: &AppContext,
+    tx: &mut sqlx::PgConnection,
+    (merchant_id, key, fingerprint): (Uuid, String, Vec<u8>),
+    command: &str,
+    response: Result<crate::idempotency::StoredResponse, crate::commands::CommandError>,
+) -> Result<(), StoreError> {
+    let response = response.map_err(command_store_error)?;
+    let id = RecordId { merchant_id, key };
+    let ttl = ctx.engine.config().ttl;
+    store::idempotency::insert_rebuilt(tx, &id, &fingerprint, command, &response, ttl).await?;
+    Ok(())
 }
 
 fn command_store_error(e: crate::commands::CommandError) -> StoreError {
@@ -836,20 +843,10 @@ async fn adopt_refund(
     // A cancellation's answer is its order, which `POST /orders/{id}/cancel`
     // gives again on its own; a refund's record is rebuilt.
     if let (Some(key), Some(fingerprint), false) = (key, fingerprint, trace.cancels_order) {
-        let response =
-            crate::commands::refunds::refund_response(&refund).map_err(command_store_error)?;
-        store::idempotency::insert_rebuilt(
-            &mut tx,
-            &RecordId {
-                merchant_id: payment.merchant_id,
-                key,
-            },
-            &fingerprint,
-            crate::commands::refunds::CreateRefund::NAME,
-            &response,
-            ctx.engine.config().ttl,
-        )
-        .await?;
+        let response = crate::commands::refunds::refund_response(&refund);
+        let origin = (payment.merchant_id, key, fingerprint);
+        let command = crate::commands::refunds::CreateRefund::NAME;
+        rebuild_record(ctx, &mut tx, origin, command, response).await?;
     }
     tx.commit().await?;
     tracing::warn!(

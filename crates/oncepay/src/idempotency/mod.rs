@@ -197,7 +197,7 @@ impl Claim {
     pub fn key_hash(&self) -> String {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.id.key.as_bytes());
-        digest[..6].iter().map(|b| format!("{b:02x}")).collect()
+        crate::provider::trace::hex(&digest[..6])
     }
 
     /// The command's name as stored.

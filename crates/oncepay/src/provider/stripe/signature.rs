@@ -36,22 +36,12 @@ fn mac(secret: &str, timestamp: &str, body: &[u8]) -> Hmac<Sha256> {
     mac
 }
 
-fn hex_decode(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-        .collect()
-}
-
 /// The header Stripe would send for `body` at `timestamp` (for tests and
 /// the fault harness).
 pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
     let t = timestamp.to_string();
     let digest = mac(secret, &t, body).finalize().into_bytes();
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::provider::trace::hex(&digest);
     format!("t={t},v1={hex}")
 }
 
@@ -69,7 +59,7 @@ pub fn verify(
     for part in header.split(',') {
         match part.trim().split_once('=') {
             Some(("t", t)) => timestamp = Some(t),
-            Some(("v1", v)) => signatures.extend(hex_decode(v)),
+            Some(("v1", v)) => signatures.extend(crate::provider::trace::unhex(v)),
             _ => {}
         }
     }

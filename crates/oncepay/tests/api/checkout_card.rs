@@ -205,6 +205,24 @@ async fn a_card_pays_through_the_form_and_axe_finds_nothing_at_either_width() {
             .await
             .expect("attempt");
         assert!(method.starts_with("tok_"), "oncepay got a token: {method}");
+        // Nowhere in oncepay's database, nor in the provider's books.
+        let stored: String = sqlx::query_scalar(
+            "SELECT concat_ws(' ',
+                (SELECT string_agg(request::text || coalesce(convert_from(response_body, 'UTF8'), ''), ' ') FROM idempotency_record),
+                (SELECT string_agg(payment_method, ' ') FROM payment_attempt),
+                (SELECT string_agg(data::text, ' ') FROM event),
+                (SELECT string_agg(payload::text, ' ') FROM webhook_event))",
+        )
+        .fetch_one(&app.db)
+        .await
+        .expect("dump");
+        let ledger = app.ledger().await.to_string();
+        for place in [&stored, &ledger] {
+            assert!(
+                !place.contains("4242424242424242") && !place.contains("4242 4242"),
+                "{place}"
+            );
+        }
         // Reopened, the paid link shows the receipt with its payment.
         browser.reload().await.expect("reload");
         browser

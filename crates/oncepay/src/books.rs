@@ -32,7 +32,7 @@ use uuid::Uuid;
 
 use crate::commands::settle::{self, Cause};
 use crate::commands::AppContext;
-use crate::domain::adoption::{adoption, Adoption};
+use crate::domain::adoption::{adoption, agreement, Adoption, Agreement};
 use crate::domain::payment::PaymentStatus;
 use crate::idempotency::RecordId;
 use crate::provider::trace::{adopted_key, unhex, Trace};
@@ -358,6 +358,25 @@ async fn examine(
     }
 }
 
+/// A row settled from the provider's state: matched, or a contradiction
+/// (an incident the settlement recorded).
+fn settled(contradicted: bool) -> Counts {
+    if contradicted {
+        one(|c| c.mismatched += 1)
+    } else {
+        one(|c| c.matched += 1)
+    }
+}
+
+/// How a row's final status and the provider's disagree, for a person.
+fn disagreement(what: &str, id: Uuid, ours: PaymentStatus, entry: &BookEntry) -> String {
+    format!(
+        "{what} {id} is {} here and {} at the provider",
+        ours.as_str(),
+        entry.state.status.as_str()
+    )
+}
+
 fn one(f: impl FnOnce(&mut Counts)) -> Counts {
     let mut c = Counts::default();
     f(&mut c);
@@ -438,38 +457,23 @@ async fn examine_charge(
         );
         return mismatch(ctx, provider, entry, ids, &detail, options).await;
     }
-    use PaymentStatus::*;
-    match (ours.status, entry.state.status) {
-        (a, b) if a == b => Ok(one(|c| c.matched += 1)),
+    match agreement(ours.status, entry.state.status) {
+        Agreement::Agree => Ok(one(|c| c.matched += 1)),
         // Forward from pending, or a charge on a failed attempt (whose
         // money rule records the incident and refunds it): the webhook's
         // rules, applied by the one function that applies them.
-        (Pending, _) | (Failed, Succeeded) => {
+        Agreement::Settle { contradicted } => {
             if !options.dry_run {
                 let mut tx = ctx.pool.begin().await?;
-                settle::payment(
-                    &mut tx,
-                    &ctx.metrics,
-                    (ours.id, ours.order_id),
-                    &entry.state,
-                    Cause::Reconciler,
-                )
-                .await?;
+                let owners = (ours.id, ours.order_id);
+                let cause = Cause::Reconciler;
+                settle::payment(&mut tx, &ctx.metrics, owners, &entry.state, cause).await?;
                 tx.commit().await?;
             }
-            Ok(if ours.status == Pending {
-                one(|c| c.matched += 1)
-            } else {
-                one(|c| c.mismatched += 1)
-            })
+            Ok(settled(contradicted))
         }
-        (ours_status, theirs) => {
-            let detail = format!(
-                "attempt {} is {} here and {} at the provider",
-                ours.id,
-                ours_status.as_str(),
-                theirs.as_str()
-            );
+        Agreement::Disagree => {
+            let detail = disagreement("attempt", ours.id, ours.status, entry);
             mismatch(ctx, provider, entry, ids, &detail, options).await
         }
     }
@@ -737,35 +741,19 @@ async fn examine_refund(
         );
         return mismatch(ctx, provider, entry, ids, &detail, options).await;
     }
-    use PaymentStatus::*;
-    match (ours.status, entry.state.status) {
-        (a, b) if a == b => Ok(one(|c| c.matched += 1)),
-        (Pending, _) | (Failed, Succeeded) => {
+    match agreement(ours.status, entry.state.status) {
+        Agreement::Agree => Ok(one(|c| c.matched += 1)),
+        Agreement::Settle { contradicted } => {
             if !options.dry_run {
                 let mut tx = ctx.pool.begin().await?;
-                settle::refund(
-                    &mut tx,
-                    &ctx.metrics,
-                    ours.id,
-                    &entry.state,
-                    Cause::Reconciler,
-                )
-                .await?;
+                let cause = Cause::Reconciler;
+                settle::refund(&mut tx, &ctx.metrics, ours.id, &entry.state, cause).await?;
                 tx.commit().await?;
             }
-            Ok(if ours.status == Pending {
-                one(|c| c.matched += 1)
-            } else {
-                one(|c| c.mismatched += 1)
-            })
+            Ok(settled(contradicted))
         }
-        (ours_status, theirs) => {
-            let detail = format!(
-                "refund {} is {} here and {} at the provider",
-                ours.id,
-                ours_status.as_str(),
-                theirs.as_str()
-            );
+        Agreement::Disagree => {
+            let detail = disagreement("refund", ours.id, ours.status, entry);
             mismatch(ctx, provider, entry, ids, &detail, options).await
         }
     }

@@ -43,6 +43,36 @@ pub fn adoption(
     }
 }
 
+/// What the provider's status of an object makes of ours, for an object
+/// we have a row for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agreement {
+    /// The same.
+    Agree,
+    /// Ours is pending (forward), or failed while the provider took the
+    /// money (the incident rule of `settle`): apply the provider's state
+    /// by the webhook's rules. `contradicted`: the latter.
+    Settle {
+        /// Ours was failed and the provider's succeeded.
+        contradicted: bool,
+    },
+    /// A final status of ours the provider's does not explain.
+    Disagree,
+}
+
+/// [`Agreement`] of our status with the provider's.
+pub fn agreement(ours: PaymentStatus, theirs: PaymentStatus) -> Agreement {
+    use PaymentStatus::*;
+    match (ours, theirs) {
+        (a, b) if a == b => Agreement::Agree,
+        (Pending, _) => Agreement::Settle {
+            contradicted: false,
+        },
+        (Failed, Succeeded) => Agreement::Settle { contradicted: true },
+        _ => Agreement::Disagree,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +90,24 @@ mod tests {
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
         }
+    }
+
+    #[test]
+    fn the_agreement_of_statuses() {
+        use PaymentStatus::*;
+        assert_eq!(agreement(Succeeded, Succeeded), Agreement::Agree);
+        assert_eq!(
+            agreement(Pending, Succeeded),
+            Agreement::Settle {
+                contradicted: false
+            }
+        );
+        assert_eq!(
+            agreement(Failed, Succeeded),
+            Agreement::Settle { contradicted: true }
+        );
+        assert_eq!(agreement(Succeeded, Failed), Agreement::Disagree);
+        assert_eq!(agreement(Failed, Pending), Agreement::Disagree);
     }
 
     #[test]

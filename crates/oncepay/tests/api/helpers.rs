@@ -431,14 +431,22 @@ impl TestApp {
             .to_string()
     }
 
-    /// Counts rows with a query returning one bigint.
+    /// Counts rows with a query returning one bigint. A pooled connection
+    /// a failover cut (the failover tests) is dropped and the query asked
+    /// again on a fresh one, a few times.
     pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query(sql)
-            .fetch_one(&self.db)
-            .await
-            .expect("count query")
-            .try_get::<i64, _>(0)
-            .expect("bigint")
+        let mut tries = 0;
+        loop {
+            match sqlx::query(sql).fetch_one(&self.db).await {
+                Ok(row) => return row.try_get::<i64, _>(0).expect("bigint"),
+                Err(sqlx::Error::Io(e)) if tries < 5 => {
+                    tries += 1;
+                    eprintln!("count query: a cut connection ({e}); asking again");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("count query: {e:?}"),
+            }
+        }
     }
 
     /// The sandbox ledger.

@@ -445,3 +445,93 @@ async fn the_page_speaks_russian_and_chinese() {
     }
     browser.quit().await;
 }
+
+/// The id of the element that has the keyboard's focus.
+async fn focused(browser: &Browser) -> String {
+    browser
+        .eval(
+            "return document.activeElement ? document.activeElement.id : '';",
+            json!([]),
+        )
+        .await
+        .expect("focus")
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_keyboard_alone_pays_and_mashing_pay_on_the_way_to_the_bank_charges_once() {
+    let Some(browser) = browser_of(390, 844).await else {
+        return;
+    };
+    let app = spawn_app().await;
+    let shop = shop().await;
+    // Keyboard only: type, Tab to the next field, Enter to pay.
+    let order = app.create_order().await;
+    let (_, url) = session(&app, &order, json!({"cancel_url": format!("{shop}/cart")})).await;
+    browser.goto(&url).await.expect("open");
+    let number = browser.find("#card-number").await.expect("number");
+    browser.click(&number).await.expect("focus");
+    const TAB: &str = "\u{E004}";
+    const ENTER: &str = "\u{E007}";
+    browser
+        .type_into(&number, &format!("4242424242424242{TAB}"))
+        .await
+        .expect("type");
+    assert_eq!(focused(&browser).await, "card-exp");
+    let exp = browser.find("#card-exp").await.expect("exp");
+    browser
+        .type_into(&exp, &format!("1240{TAB}"))
+        .await
+        .expect("type");
+    assert_eq!(focused(&browser).await, "card-cvc");
+    let cvc = browser.find("#card-cvc").await.expect("cvc");
+    browser
+        .type_into(&cvc, &format!("123{ENTER}"))
+        .await
+        .expect("type");
+    browser
+        .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
+        .await
+        .expect("paid by keyboard");
+    assert_eq!(app.charges_for(&order).await.len(), 1);
+
+    // Five clicks on Pay with a card its bank must confirm: one payment,
+    // one charge, and the customer at the bank.
+    let order = app.create_order().await;
+    let (_, url) = session(&app, &order, json!({"cancel_url": format!("{shop}/cart")})).await;
+    browser.goto(&url).await.expect("open");
+    type_card(&browser, "4000 0027 6000 3184", "1240", "123").await;
+    let pay = browser.find("#pay").await.expect("pay");
+    for _ in 0..5 {
+        let _ = browser.click(&pay).await;
+    }
+    wait_location(&browser, "/v1/authenticate/").await;
+    // Back without acting, then a reload: still the one waiting payment.
+    browser.goto(&url).await.expect("back");
+    browser
+        .wait_attribute(STATUS, "data-status", "authenticating", PATIENCE)
+        .await
+        .expect("waiting for the bank");
+    browser.reload().await.expect("reload");
+    browser
+        .wait_attribute(STATUS, "data-status", "authenticating", PATIENCE)
+        .await
+        .expect("still waiting after a reload");
+    assert_eq!(app.charges_for(&order).await.len(), 1, "one charge");
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt WHERE status = 'pending'")
+            .await,
+        1
+    );
+
+    // The customer gives up: the cancel link goes back to the shop.
+    let order = app.create_order().await;
+    let (_, url) = session(&app, &order, json!({"cancel_url": format!("{shop}/cart")})).await;
+    browser.goto(&url).await.expect("open");
+    click(&browser, "#cancel").await;
+    wait_location(&browser, &format!("{shop}/cart")).await;
+    assert_eq!(app.charges_for(&order).await.len(), 0);
+    browser.quit().await;
+}

@@ -28,7 +28,12 @@ pub(crate) async fn lose_payment(app: &TestApp, payment_id: &str) {
         .unwrap();
     let order: Uuid = row.get("order_id");
     let since: chrono::DateTime<chrono::Utc> = row.get("created_at");
+    // Locks in the service's order (order, then payment, then refund), so
+    // a webhook settling the same rows meanwhile waits instead of a
+    // deadlock.
     for sql in [
+        "SELECT 1 FROM orders WHERE id = $2 AND $1::uuid IS NOT NULL AND $3::timestamptz IS NOT NULL FOR UPDATE",
+        "SELECT 1 FROM payment_attempt WHERE id = $1 AND order_id = $2 AND $3::timestamptz IS NOT NULL FOR UPDATE",
         "DELETE FROM idempotency_record WHERE resource_id = $1
             OR resource_id IN (SELECT id FROM refund WHERE payment_id = $1)",
         "DELETE FROM event WHERE order_id = $2 AND created_at >= $3",

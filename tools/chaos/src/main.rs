@@ -270,37 +270,19 @@ async fn soak(
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect();
     let sandbox_base = format!("http://127.0.0.1:{}", free_port()?);
-    let env = |pairs: &[(&str, String)]| {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect::<Vec<_>>()
-    };
-    let mut sandbox = Service::new(
+    let mut sandbox = start_sandbox(
         bin,
-        &["sandbox"],
-        env(&[
-            (
-                "ONCEPAY_SANDBOX_BIND",
-                sandbox_base.trim_start_matches("http://").to_string(),
-            ),
-            (
-                "ONCEPAY_SANDBOX_WEBHOOK_URL",
-                format!("{}/webhooks/sandbox", bases[0]),
-            ),
-            ("ONCEPAY_SANDBOX_ASYNC_DELAY", "1s".into()),
+        root,
+        (&sandbox_base, &format!("{}/webhooks/sandbox", bases[0])),
+        &[
             ("ONCEPAY_SANDBOX_ERROR_RATE", "0.05".into()),
             ("ONCEPAY_SANDBOX_DROP_RATE", "0.05".into()),
             ("ONCEPAY_SANDBOX_DELAY_RATE", "0.03".into()),
             ("ONCEPAY_SANDBOX_DELAY", "1500ms".into()),
-            ("ONCEPAY_SANDBOX_DUPLICATE_WEBHOOKS", "2".into()),
             ("ONCEPAY_SANDBOX_REORDER_WEBHOOKS", "on".into()),
-            ("ONCEPAY_LOG", "warn".into()),
-        ]),
-        sandbox_base.clone(),
-        root.join("sandbox.log"),
-    );
-    sandbox.start("/healthz").await?;
+        ],
+    )
+    .await?;
     // The faults the sandbox cannot make come from a proxy in front of it.
     let proxy = FaultProxy::start(&sandbox_base).map_err(|e| format!("fault proxy: {e}"))?;
     // With Stripe, new payments go to localstripe behind the Stripe layer;
@@ -510,6 +492,46 @@ async fn soak(
     drop(stripe);
     db.close().await;
     Ok(report.ok)
+}
+
+/// Pairs as a child's environment.
+pub(crate) fn env(pairs: &[(&str, String)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+/// Starts `oncepay sandbox` at `base`, posting its webhooks to `webhooks`:
+/// async charges settle after 1 s and every webhook is sent twice; `faults`
+/// adds the run's own (`ONCEPAY_SANDBOX_*`). Its log is `sandbox.log` in
+/// `root`.
+pub(crate) async fn start_sandbox(
+    bin: &std::path::Path,
+    root: &std::path::Path,
+    (base, webhooks): (&str, &str),
+    faults: &[(&str, String)],
+) -> Result<Service, String> {
+    let mut pairs = vec![
+        (
+            "ONCEPAY_SANDBOX_BIND",
+            base.trim_start_matches("http://").to_string(),
+        ),
+        ("ONCEPAY_SANDBOX_WEBHOOK_URL", webhooks.to_string()),
+        ("ONCEPAY_SANDBOX_ASYNC_DELAY", "1s".into()),
+        ("ONCEPAY_SANDBOX_DUPLICATE_WEBHOOKS", "2".into()),
+        ("ONCEPAY_LOG", "warn".into()),
+    ];
+    pairs.extend(faults.iter().cloned());
+    let mut sandbox = Service::new(
+        bin,
+        &["sandbox"],
+        env(&pairs),
+        base.to_string(),
+        root.join("sandbox.log"),
+    );
+    sandbox.start("/healthz").await?;
+    Ok(sandbox)
 }
 
 /// The provider's books, read for the invariants.

@@ -30,6 +30,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::env;
 use chrono::{TimeDelta, Utc};
 use oncepay_client::{
     Client, Command, FileStore, IntentRecord, IntentStore, LineItem, NewOrder, RetryPolicy, Status,
@@ -89,13 +90,6 @@ impl IntentStore for Shared {
     }
 }
 
-fn env(pairs: &[(&str, String)]) -> Vec<(String, String)> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect()
-}
-
 async fn count(db: &PgPool, sql: &str) -> Result<i64, String> {
     sqlx::query_scalar(sql)
         .fetch_one(db)
@@ -147,32 +141,20 @@ async fn drive(
         .map(|p| format!("http://127.0.0.1:{p}"))
         .collect();
     let sandbox_base = format!("http://127.0.0.1:{}", free_port()?);
-    let mut sandbox = Service::new(
+    let mut sandbox = crate::start_sandbox(
         bin,
-        &["sandbox"],
-        env(&[
-            (
-                "ONCEPAY_SANDBOX_BIND",
-                sandbox_base.trim_start_matches("http://").to_string(),
-            ),
-            (
-                "ONCEPAY_SANDBOX_WEBHOOK_URL",
-                format!("{}/webhooks/sandbox", bases[0]),
-            ),
-            ("ONCEPAY_SANDBOX_ASYNC_DELAY", "1s".into()),
+        root,
+        (&sandbox_base, &format!("{}/webhooks/sandbox", bases[0])),
+        &[
             ("ONCEPAY_SANDBOX_ERROR_RATE", "0.03".into()),
             ("ONCEPAY_SANDBOX_DROP_RATE", "0.03".into()),
-            ("ONCEPAY_SANDBOX_DUPLICATE_WEBHOOKS", "2".into()),
             (
                 "ONCEPAY_SANDBOX_FORGET_TRACE",
                 drill.without_adoption.to_string(),
             ),
-            ("ONCEPAY_LOG", "warn".into()),
-        ]),
-        sandbox_base.clone(),
-        root.join("sandbox.log"),
-    );
-    sandbox.start("/healthz").await?;
+        ],
+    )
+    .await?;
     let mut services: Vec<Service> = ports
         .iter()
         .enumerate()

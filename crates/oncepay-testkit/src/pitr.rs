@@ -195,7 +195,10 @@ impl ArchivedCluster {
         let mut text = std::fs::read_to_string(&conf).map_err(|e| e.to_string())?;
         text.push_str(&settings);
         std::fs::write(&conf, text).map_err(|e| e.to_string())?;
-        cluster.pg.start().await.map_err(|e| cluster.with_log(e))?;
+        let mut cluster = cluster;
+        if let Err(e) = cluster.pg.start_on_a_free_port().await {
+            return Err(cluster.with_log(e));
+        }
         Ok(cluster)
     }
 

@@ -85,8 +85,30 @@ impl PgCluster {
             .arg(&cluster.dir)
             .args(["-U", "postgres", "-A", "trust", "--no-sync"]);
         cluster.run(init, "initdb").await?;
-        cluster.start().await?;
+        let mut cluster = cluster;
+        cluster.start_on_a_free_port().await?;
         Ok(cluster)
+    }
+
+    /// Starts a new cluster; a port that another process took between
+    /// `free_port` and the server's bind (tests start clusters at once)
+    /// is given up for another, a few times.
+    pub(crate) async fn start_on_a_free_port(&mut self) -> Result<(), String> {
+        let mut tries = 0;
+        loop {
+            match self.start().await {
+                Ok(()) => return Ok(()),
+                Err(e) if tries < 3 => {
+                    tries += 1;
+                    eprintln!(
+                        "PostgreSQL did not start on port {} ({e}); another port",
+                        self.port
+                    );
+                    self.port = free_port()?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// The server's log (it lives in the data directory).

@@ -330,10 +330,11 @@ async fn a_failing_receiver_gets_every_event_signed_with_one_id_per_event() {
 
 #[tokio::test]
 async fn deliveries_follow_their_object_sequence_and_subscriptions() {
-    // Twelve retries: a delivery failing every one of them at even odds
-    // is a 1-in-8192 chance, never met in practice.
+    // Twenty retries: a delivery failing every one of them at even odds is
+    // a one-in-a-million chance (with twelve, one CI run in a few hundred
+    // met it among the eight deliveries).
     let app =
-        spawn_app_with(fast_webhooks().serve("ONCEPAY_WEBHOOK_SCHEDULE", &["50ms"; 12].join(",")))
+        spawn_app_with(fast_webhooks().serve("ONCEPAY_WEBHOOK_SCHEDULE", &["50ms"; 20].join(",")))
             .await;
     let receiver = Receiver::start(Policy::FailRandomly(0.5)).expect("receiver");
     app.subscribe(receiver.url(), &["payment.succeeded", "payment.pending"])

@@ -44,33 +44,40 @@ db: ## make sure PostgreSQL answers on $(PGHOST):$(PGPORT) (starts a private clu
 build: ## compile the oncepay binary (debug)
 	cargo build --bin oncepay
 
+# make run's ports (RUN_PORT=9080 RUN_SANDBOX_PORT=9081 where 8080/8081 are taken).
+RUN_PORT ?= 8080
+RUN_SANDBOX_PORT ?= 8081
+RUN_URL = http://127.0.0.1:$(RUN_PORT)
+RUN_SANDBOX_URL = http://127.0.0.1:$(RUN_SANDBOX_PORT)
 run: db build ## start the sandbox and oncepay with a dev API key; print a curl that pays an order and a checkout page to pay one in a browser
 	@mkdir -p $(RUN_DIR)
-	@for port in 8080 8081; do \
+	@for port in $(RUN_PORT) $(RUN_SANDBOX_PORT); do \
 	  curl -s -o /dev/null --max-time 1 http://127.0.0.1:$$port/; \
 	  if [ $$? -ne 7 ]; then \
-	    echo "make run: port $$port on 127.0.0.1 is taken (make run serves oncepay on 8080 and the sandbox on 8081); stop what listens there first."; \
+	    echo "make run: port $$port on 127.0.0.1 is taken (oncepay on RUN_PORT=$(RUN_PORT), the sandbox on RUN_SANDBOX_PORT=$(RUN_SANDBOX_PORT)); stop what listens there or pick others, e.g. make run RUN_PORT=9080 RUN_SANDBOX_PORT=9081."; \
 	    exit 1; \
 	  fi; \
 	done
 	@$(BIN) migrate >/dev/null
-	@$(BIN) sandbox > $(RUN_DIR)/sandbox.log 2>&1 & sandbox=$$!; \
-	ONCEPAY_WEBHOOK_ALLOW_PRIVATE=true $(BIN) serve > $(RUN_DIR)/serve.log 2>&1 & serve=$$!; \
+	@ONCEPAY_SANDBOX_BIND=127.0.0.1:$(RUN_SANDBOX_PORT) ONCEPAY_SANDBOX_WEBHOOK_URL=$(RUN_URL)/webhooks/sandbox \
+	  $(BIN) sandbox > $(RUN_DIR)/sandbox.log 2>&1 & sandbox=$$!; \
+	ONCEPAY_BIND=127.0.0.1:$(RUN_PORT) ONCEPAY_PROVIDER_URL=$(RUN_SANDBOX_URL) ONCEPAY_WEBHOOK_ALLOW_PRIVATE=true \
+	  $(BIN) serve > $(RUN_DIR)/serve.log 2>&1 & serve=$$!; \
 	trap 'kill $$sandbox $$serve 2>/dev/null' EXIT INT TERM; \
 	key=$$($(BIN) api-key create --merchant dev | tail -n 1); \
-	for i in $$(seq 1 100); do curl -sf http://127.0.0.1:8080/readyz >/dev/null && break; sleep 0.1; done; \
-	if ! curl -sf http://127.0.0.1:8080/readyz >/dev/null; then \
+	for i in $$(seq 1 100); do curl -sf $(RUN_URL)/readyz >/dev/null && break; sleep 0.1; done; \
+	if ! curl -sf $(RUN_URL)/readyz >/dev/null; then \
 	  echo "make run: oncepay did not become ready; the end of $(RUN_DIR)/serve.log:"; \
 	  tail -n 20 $(RUN_DIR)/serve.log; exit 1; \
 	fi; \
-	order=$$(curl -s -X POST http://127.0.0.1:8080/orders -H "Authorization: Bearer $$key" \
+	order=$$(curl -s -X POST $(RUN_URL)/orders -H "Authorization: Bearer $$key" \
 	  -H "Idempotency-Key: run-order-$$(date +%s%N)" -H 'Content-Type: application/json' \
 	  -d '{"customer_id":"cus_1","currency":"EUR","items":[{"sku":"book","quantity":2,"unit_amount":1250}]}' \
 	  | sed -E 's/.*"id":"([^"]+)".*/\1/'); \
-	checkout=$$(curl -s -X POST http://127.0.0.1:8080/orders/$$order/checkout -H "Authorization: Bearer $$key" \
+	checkout=$$(curl -s -X POST $(RUN_URL)/orders/$$order/checkout -H "Authorization: Bearer $$key" \
 	  -H "Idempotency-Key: run-checkout-$$order" | sed -E 's/.*"url":"([^"]+)".*/\1/'); \
 	echo; \
-	echo "oncepay on http://127.0.0.1:8080 (log: $(RUN_DIR)/serve.log), sandbox provider on http://127.0.0.1:8081 (log: $(RUN_DIR)/sandbox.log)"; \
+	echo "oncepay on $(RUN_URL) (log: $(RUN_DIR)/serve.log), sandbox provider on $(RUN_SANDBOX_URL) (log: $(RUN_DIR)/sandbox.log)"; \
 	echo "Development API key: $$key"; \
 	echo; \
 	echo "Pay order $$order in a browser (hosted checkout, valid for an hour):"; \
@@ -79,16 +86,16 @@ run: db build ## start the sandbox and oncepay with a dev API key; print a curl 
 	echo "Or create an order and pay it with curl (in another terminal):"; \
 	echo; \
 	echo "  KEY=$$key"; \
-	echo "  ORDER=\$$(curl -s -X POST http://127.0.0.1:8080/orders -H \"Authorization: Bearer \$$KEY\" \\"; \
+	echo "  ORDER=\$$(curl -s -X POST $(RUN_URL)/orders -H \"Authorization: Bearer \$$KEY\" \\"; \
 	echo "    -H \"Idempotency-Key: order-\$$(date +%s%N)\" -H 'Content-Type: application/json' \\"; \
 	echo "    -d '{\"customer_id\":\"cus_1\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}]}' \\"; \
 	echo "    | sed -E 's/.*\"id\":\"([^\"]+)\".*/\\1/'); echo \"order \$$ORDER\""; \
-	echo "  curl -s -X POST http://127.0.0.1:8080/payments -H \"Authorization: Bearer \$$KEY\" \\"; \
+	echo "  curl -s -X POST $(RUN_URL)/payments -H \"Authorization: Bearer \$$KEY\" \\"; \
 	echo "    -H \"Idempotency-Key: pay-\$$ORDER\" -H 'Content-Type: application/json' \\"; \
 	echo "    -d \"{\\\"order_id\\\":\\\"\$$ORDER\\\",\\\"payment_method\\\":\\\"tok_visa\\\"}\""; \
 	echo; \
 	echo "Send the payment again: the answer is the first one, replayed (Idempotent-Replayed: true),"; \
-	echo "and the card is charged once; check the provider's books at http://127.0.0.1:8081/v1/ledger."; \
+	echo "and the card is charged once; check the provider's books at $(RUN_SANDBOX_URL)/v1/ledger."; \
 	echo "Ctrl-C stops both."; \
 	echo; \
 	wait $$serve

@@ -8,7 +8,10 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::error::{ApiError, Error};
-use crate::model::{NewOrder, Order, Payment, Refund, Status};
+use crate::model::{
+    ApiKeyInfo, CheckoutOptions, CheckoutSession, EventRecord, ListQuery, NewOrder, Order, Page,
+    Payment, Refund, Status, WebhookEndpoint,
+};
 use crate::retry::{decide, retry_after, Decision, RetryPolicy};
 use crate::store::{
     now_unix, Closed, Command, IntentRecord, IntentStore, MemoryStore, StoredRequest,
@@ -254,6 +257,55 @@ impl Client {
         self.read(&format!("/refunds/{id}")).await
     }
 
+    /// `GET /orders`: a page of orders, newest first.
+    pub async fn list_orders(&self, query: &ListQuery) -> Result<Page<Order>, Error> {
+        self.read(&format!("/orders{}", query.to_query())).await
+    }
+
+    /// `GET /payments`: a page of payment attempts, newest first
+    /// ([`ListQuery::order_id`]: one order's, paged).
+    pub async fn list_payments_page(&self, query: &ListQuery) -> Result<Page<Payment>, Error> {
+        self.read(&format!("/payments{}", query.to_query())).await
+    }
+
+    /// `GET /refunds`: a page of refunds, newest first.
+    pub async fn list_refunds(&self, query: &ListQuery) -> Result<Page<Refund>, Error> {
+        self.read(&format!("/refunds{}", query.to_query())).await
+    }
+
+    /// `GET /events`: a page of events, newest first.
+    pub async fn list_events(&self, query: &ListQuery) -> Result<Page<EventRecord>, Error> {
+        self.read(&format!("/events{}", query.to_query())).await
+    }
+
+    /// `GET /events/{id}`: the event with its deliveries and every attempt
+    /// (as JSON: for a person looking into a delivery).
+    pub async fn get_event(&self, id: &str) -> Result<Value, Error> {
+        self.read(&format!("/events/{id}")).await
+    }
+
+    /// `GET /webhook_endpoints` (never their secrets).
+    pub async fn list_webhook_endpoints(&self) -> Result<Page<WebhookEndpoint>, Error> {
+        self.read("/webhook_endpoints").await
+    }
+
+    /// `DELETE /webhook_endpoints/{id}`; its pending deliveries are
+    /// cancelled. Retried (deleting twice is deleting once).
+    pub async fn delete_webhook_endpoint(&self, id: Uuid) -> Result<(), Error> {
+        self.remove(&format!("/webhook_endpoints/{id}")).await
+    }
+
+    /// `GET /api_keys` (never the keys).
+    pub async fn list_api_keys(&self) -> Result<Page<ApiKeyInfo>, Error> {
+        self.read("/api_keys").await
+    }
+
+    /// `DELETE /api_keys/{id}`: revoked in every process at once. Retried
+    /// (revoking twice is revoking once).
+    pub async fn revoke_api_key(&self, id: Uuid) -> Result<(), Error> {
+        self.remove(&format!("/api_keys/{id}")).await
+    }
+
     fn report(&self, intent: &str, key: &str, request: &str, attempt: u32, outcome: String) {
         if let Some(observer) = &self.inner.observer {
             observer(&AttemptReport {
@@ -327,6 +379,28 @@ impl Client {
             tokio::time::sleep(pause).await;
         }
         Err(last)
+    }
+
+    async fn remove(&self, path: &str) -> Result<(), Error> {
+        let deadline = Instant::now() + self.inner.policy.deadline;
+        let url = format!("{}{path}", self.inner.base);
+        let build = || {
+            self.inner
+                .http
+                .delete(&url)
+                .bearer_auth(&self.inner.api_key)
+        };
+        match self
+            .exchange(build, &format!("DELETE {path}"), ("", ""), deadline)
+            .await
+        {
+            Ok((answer, request_id)) if answer.status >= 400 => Err(problem(&answer, request_id)),
+            Ok(_) => Ok(()),
+            Err((last, _)) => Err(Error::Unavailable {
+                path: path.into(),
+                last,
+            }),
+        }
     }
 
     async fn read<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
@@ -479,6 +553,50 @@ impl Intent {
                 command: Command::Cancel,
                 path: format!("/orders/{order_id}/cancel"),
                 body: json!({}),
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// `POST /orders/{id}/checkout`: a hosted checkout page for the order.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// use oncepay_client::CheckoutOptions;
+    /// let options = CheckoutOptions { success_url: Some("https://shop.example/thanks?s={CHECKOUT_SESSION_ID}".into()), ..Default::default() };
+    /// let session = client.intent(&format!("checkout {order_id}")).create_checkout(order_id, &options).await?;
+    /// println!("send the customer to {}", session.url);
+    /// # Ok(()) }
+    /// ```
+    pub async fn create_checkout(
+        &self,
+        order_id: Uuid,
+        options: &CheckoutOptions,
+    ) -> Result<CheckoutSession, Error> {
+        let body = serde_json::to_value(options).map_err(|e| Error::Decode(e.to_string()))?;
+        let answer = self
+            .run(StoredRequest {
+                command: Command::CreateCheckout,
+                path: format!("/orders/{order_id}/checkout"),
+                body,
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// `POST /webhook_endpoints`: your receiver at `url` gets these event
+    /// types; the answer (and only it, and its replays) holds the signing
+    /// secret for [`crate::webhooks::Verifier`].
+    pub async fn create_webhook_endpoint(
+        &self,
+        url: &str,
+        events: &[&str],
+    ) -> Result<WebhookEndpoint, Error> {
+        let answer = self
+            .run(StoredRequest {
+                command: Command::CreateWebhookEndpoint,
+                path: "/webhook_endpoints".into(),
+                body: json!({"url": url, "events": events}),
             })
             .await?;
         serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))

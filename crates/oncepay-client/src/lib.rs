@@ -46,10 +46,14 @@ mod error;
 mod model;
 pub mod retry;
 mod store;
+pub mod webhooks;
 
 pub use client::{AttemptReport, Client, ClientBuilder, Intent};
 pub use error::{ApiError, Error};
-pub use model::{LineItem, NewOrder, NextAction, Order, Payment, Refund, Status};
+pub use model::{
+    ApiKeyInfo, CheckoutOptions, CheckoutSession, EventRecord, LineItem, ListQuery, NewOrder,
+    NextAction, Order, Page, Payment, Refund, Status, WebhookEndpoint,
+};
 pub use retry::RetryPolicy;
 pub use store::{
     Closed, Command, FileStore, IntentRecord, IntentStore, MemoryStore, StoreError, StoredRequest,

@@ -145,6 +145,10 @@ pub struct Refund {
     pub payment_id: Uuid,
     /// Minor units.
     pub amount: i64,
+    /// Its payment's currency (absent from a replay of a refund made
+    /// before oncepay sent it).
+    #[serde(default)]
+    pub currency: Option<String>,
     /// See [`Status`].
     pub status: Status,
     /// Your reason.
@@ -153,4 +157,163 @@ pub struct Refund {
     pub created_at: String,
     /// RFC 3339.
     pub updated_at: String,
+}
+
+/// One page of a list, newest first: pass the last item's id as
+/// [`ListQuery::starting_after`] for the next (older) one while `has_more`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Page<T> {
+    /// The items.
+    pub data: Vec<T>,
+    /// Whether more follow (absent from lists that are never paged).
+    #[serde(default)]
+    pub has_more: bool,
+}
+
+/// A list's filters and cursor; `None` leaves a parameter out. Each list
+/// takes the parameters `openapi.yaml` gives it (another is `400`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListQuery {
+    /// 1 to 100 (default 10).
+    pub limit: Option<u8>,
+    /// The page older than this id.
+    pub starting_after: Option<Uuid>,
+    /// The page newer than this id.
+    pub ending_before: Option<Uuid>,
+    /// `pending`, `succeeded`, … (orders, payments, refunds).
+    pub status: Option<String>,
+    /// The order's customer (orders, payments, refunds).
+    pub customer_id: Option<String>,
+    /// One order's payments (`GET /payments`).
+    pub order_id: Option<Uuid>,
+    /// One payment's refunds (`GET /refunds`).
+    pub payment_id: Option<Uuid>,
+    /// One event type (`GET /events`).
+    pub event_type: Option<String>,
+    /// One object's events (`GET /events`).
+    pub object_id: Option<Uuid>,
+}
+
+impl ListQuery {
+    /// The query string, `?…` or empty.
+    pub fn to_query(&self) -> String {
+        let id = |v: &Option<Uuid>| v.map(|u| u.to_string());
+        let pairs: Vec<(&str, Option<String>)> = vec![
+            ("limit", self.limit.map(|l| l.to_string())),
+            ("starting_after", id(&self.starting_after)),
+            ("ending_before", id(&self.ending_before)),
+            ("status", self.status.clone()),
+            ("customer_id", self.customer_id.clone()),
+            ("order_id", id(&self.order_id)),
+            ("payment_id", id(&self.payment_id)),
+            ("type", self.event_type.clone()),
+            ("object_id", id(&self.object_id)),
+        ];
+        let set: Vec<(&str, String)> = pairs
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect();
+        if set.is_empty() {
+            String::new()
+        } else {
+            format!("?{}", serde_urlencoded::to_string(set).unwrap_or_default())
+        }
+    }
+}
+
+/// What `POST /orders/{id}/checkout` takes (all optional).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CheckoutOptions {
+    /// Where the customer goes after paying; `{CHECKOUT_SESSION_ID}` in it
+    /// becomes the session's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub success_url: Option<String>,
+    /// Where the customer goes on giving up.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cancel_url: Option<String>,
+    /// `en`, `ru` or `zh` (default: the browser's language).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub locale: Option<String>,
+}
+
+/// A hosted checkout page for one order.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CheckoutSession {
+    /// UUID v7.
+    pub id: Uuid,
+    /// The order it pays.
+    pub order_id: Uuid,
+    /// The page to send the customer to.
+    pub url: String,
+    /// RFC 3339; the page stops working then.
+    pub expires_at: String,
+    /// As given.
+    pub success_url: Option<String>,
+    /// As given.
+    pub cancel_url: Option<String>,
+    /// As given.
+    pub locale: Option<String>,
+}
+
+/// Where oncepay sends your backend its events.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct WebhookEndpoint {
+    /// UUID v7.
+    pub id: Uuid,
+    /// Your receiver.
+    pub url: String,
+    /// The event types it gets.
+    pub events: Vec<String>,
+    /// `enabled`, or `disabled` after it answered `410 Gone`.
+    pub status: String,
+    /// Why it was disabled.
+    pub disabled_reason: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// The signing secret (`whsec_…`), in the creating answer only: give
+    /// it to [`crate::webhooks::Verifier`].
+    #[serde(default)]
+    pub secret: Option<String>,
+}
+
+/// An event as `GET /events` lists it: what your endpoint receives, and
+/// what made the change.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct EventRecord {
+    /// Also `webhook-id` on every delivery.
+    pub id: String,
+    /// `payment.succeeded`, `order.paid`, …
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// 1, 2, 3… per object.
+    pub sequence: i64,
+    /// `{"object": …}`.
+    pub data: serde_json::Value,
+    /// `order`, `payment` or `refund`.
+    pub object_type: String,
+    /// `request`, `webhook`, `reconciler` or `incident`.
+    pub cause: String,
+    /// The request that made the change, if one did.
+    pub request_id: Option<String>,
+}
+
+/// An API key as listed (never the key itself).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ApiKeyInfo {
+    /// UUID.
+    pub id: Uuid,
+    /// `opk_` and six more characters.
+    pub prefix: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub last_used_at: Option<String>,
+    /// RFC 3339.
+    pub expires_at: Option<String>,
+    /// RFC 3339.
+    pub revoked_at: Option<String>,
+    /// `read`, `write`, `admin`.
+    pub scopes: Vec<String>,
 }

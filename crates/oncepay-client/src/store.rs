@@ -47,6 +47,10 @@ pub enum Command {
     Refund,
     /// `POST /orders/{id}/cancel`.
     Cancel,
+    /// `POST /orders/{id}/checkout`.
+    CreateCheckout,
+    /// `POST /webhook_endpoints`.
+    CreateWebhookEndpoint,
 }
 
 /// The request an intent sends, every time, with its key.

@@ -36,6 +36,9 @@ async fn stack(sandbox_env: &[(&'static str, &str)]) -> Stack {
         ("ONCEPAY_PROVIDER_URL", sandbox.clone()),
         ("ONCEPAY_HTTP_WORKERS", "2".into()),
         ("ONCEPAY_RECONCILE_INTERVAL", "1h".into()),
+        // The tests' webhook receiver listens on loopback.
+        ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
+        ("ONCEPAY_WEBHOOK_INTERVAL", "50ms".into()),
     ];
     let lookup = move |vars: Vec<(&'static str, String)>| {
         Env::from_fn(move |name| {
@@ -386,4 +389,134 @@ async fn a_payment_waiting_for_its_customer_returns_at_once_with_where_to_send_t
         .await
         .expect("ledger");
     assert_eq!(charges["totals"]["charges"], 1);
+}
+
+/// Every endpoint family through the typed API: lists paged and
+/// filtered, a checkout session, a webhook endpoint whose deliveries the
+/// client's own verifier accepts (and a forged one it refuses), events,
+/// API keys; deleting and revoking are retried safely.
+#[tokio::test]
+async fn every_endpoint_family_is_typed_and_deliveries_verify() {
+    use oncepay_client::webhooks::{Headers, Verifier, VerifyError};
+    use oncepay_client::{CheckoutOptions, ListQuery};
+    let s = stack(&[]).await;
+    let client = s.client(quick());
+    let receiver =
+        oncepay_testkit::receiver::Receiver::start(oncepay_testkit::receiver::Policy::Accept)
+            .expect("receiver");
+    let endpoint = client
+        .intent("hooks")
+        .create_webhook_endpoint(receiver.url(), &["payment.succeeded", "order.paid"])
+        .await
+        .expect("endpoint");
+    let secret = endpoint.secret.clone().expect("the secret, shown once");
+    let listed = client.list_webhook_endpoints().await.expect("endpoints");
+    assert_eq!(listed.data.len(), 1);
+    assert_eq!(listed.data[0].secret, None, "never listed");
+
+    let order = s.order(&client).await;
+    let session = client
+        .intent("checkout")
+        .create_checkout(
+            order,
+            &CheckoutOptions {
+                success_url: Some("https://shop.example/thanks".into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("checkout");
+    assert_eq!(session.order_id, order);
+    assert!(session.url.contains("/checkout/"), "{}", session.url);
+    let paid = client
+        .intent("pay")
+        .pay(order, "tok_visa")
+        .await
+        .expect("pay");
+    assert_eq!(paid.status, Status::Succeeded);
+
+    let by_order = client
+        .list_payments_page(&ListQuery {
+            order_id: Some(order),
+            ..Default::default()
+        })
+        .await
+        .expect("payments");
+    assert_eq!(by_order.data.len(), 1);
+    assert!(!by_order.has_more);
+    let orders = client
+        .list_orders(&ListQuery {
+            status: Some("paid".into()),
+            limit: Some(1),
+            ..Default::default()
+        })
+        .await
+        .expect("orders");
+    assert_eq!(orders.data[0].id, order);
+    let refund = client
+        .intent("refund")
+        .refund(paid.id, Some(500), None)
+        .await
+        .expect("refund");
+    assert_eq!(refund.currency.as_deref(), Some("EUR"));
+    let refunds = client
+        .list_refunds(&ListQuery {
+            payment_id: Some(paid.id),
+            ..Default::default()
+        })
+        .await
+        .expect("refunds");
+    assert_eq!(refunds.data[0].id, refund.id);
+    let events = client
+        .list_events(&ListQuery {
+            object_id: Some(order),
+            ..Default::default()
+        })
+        .await
+        .expect("events");
+    assert!(events.data.iter().any(|e| e.event_type == "order.paid"));
+    let first = &events.data[0];
+    assert_eq!(
+        client.get_event(&first.id).await.expect("event")["id"],
+        first.id
+    );
+
+    // The deliveries: each verifies with the endpoint's secret; altered,
+    // it does not.
+    let delivered = ready::until_some(Duration::from_secs(20), || async {
+        let got = receiver.accepted();
+        (got.len() >= 2).then_some(got)
+    })
+    .await
+    .expect("two deliveries");
+    let verifier = Verifier::new(&secret).expect("verifier");
+    for d in &delivered {
+        let headers = Headers {
+            id: Some(&d.id),
+            timestamp: Some(&d.timestamp),
+            signature: Some(&d.signature),
+        };
+        let event = verifier.verify(&headers, &d.body).expect("verifies");
+        assert!(["payment.succeeded", "order.paid"].contains(&event.event_type.as_str()));
+        let mut forged = d.body.to_vec();
+        forged.extend_from_slice(b" ");
+        assert_eq!(
+            verifier.verify(&headers, &forged),
+            Err(VerifyError::Mismatch)
+        );
+    }
+
+    client
+        .delete_webhook_endpoint(endpoint.id)
+        .await
+        .expect("deleted");
+    assert!(client
+        .list_webhook_endpoints()
+        .await
+        .expect("list")
+        .data
+        .is_empty());
+    let keys = client.list_api_keys().await.expect("keys");
+    assert_eq!(keys.data.len(), 1);
+    assert!(keys.data[0].prefix.starts_with("opk_"));
 }

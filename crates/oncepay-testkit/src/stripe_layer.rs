@@ -22,6 +22,15 @@
 //!   effect, a `500` saved under the key after the effect, and a stall
 //!   that holds a request in flight until released.
 //!
+//! - **3-D Secure by redirect**: localstripe refuses `return_url` at
+//!   confirm and only knows Stripe.js's `use_stripe_sdk` action. The layer
+//!   takes the `return_url` off the confirm (remembering it per
+//!   PaymentIntent) and answers such an intent as Stripe does when a
+//!   `return_url` was given: `next_action.redirect_to_url`, here to a bank
+//!   page the layer serves (`/_bank/{id}`, buttons `approve` and
+//!   `decline`) that calls localstripe's `_authenticate` and sends the
+//!   customer back to the `return_url` with Stripe's query parameters.
+//!
 //! What passes through is counted per kind, so a test can prove how many
 //! calls reached the provider.
 
@@ -112,6 +121,8 @@ struct State {
     faulted: HashMap<Call, u64>,
     replayed: u64,
     stalled: u64,
+    /// The `return_url` given at each PaymentIntent's confirm.
+    return_urls: HashMap<String, String>,
 }
 
 struct Shared {
@@ -119,6 +130,8 @@ struct Shared {
     upstream: String,
     http: reqwest::Client,
     release: tokio::sync::Notify,
+    /// The layer's own base URL (its bank page's origin).
+    url: std::sync::OnceLock<String>,
 }
 
 impl Shared {
@@ -179,7 +192,150 @@ async fn forward(shared: &Shared, req: &HttpRequest, body: Bytes) -> Result<(u16
     Ok((status, stripe_shaped(status, bytes)))
 }
 
+/// The confirm's body without `return_url` (remembered for `intent`).
+fn without_return_url(shared: &Shared, intent: &str, body: &Bytes) -> Bytes {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body).unwrap_or_default();
+    let (returns, rest): (Vec<_>, Vec<_>) = pairs.into_iter().partition(|(k, _)| k == "return_url");
+    let Some((_, url)) = returns.into_iter().next() else {
+        return body.clone();
+    };
+    shared.state().return_urls.insert(intent.to_string(), url);
+    Bytes::from(serde_urlencoded::to_string(rest).unwrap_or_default())
+}
+
+/// Every PaymentIntent in `body` waiting for Stripe.js's action, whose
+/// confirm gave a `return_url`, as Stripe answers it: a redirect.
+fn with_redirects(shared: &Shared, body: Bytes) -> Bytes {
+    /// Walks every value (not stopping at the first change).
+    fn every<'v>(
+        values: impl Iterator<Item = &'v mut Value>,
+        return_urls: &HashMap<String, String>,
+        base: &str,
+    ) -> bool {
+        let mut changed = false;
+        for v in values {
+            changed |= walk(v, return_urls, base);
+        }
+        changed
+    }
+    fn walk(value: &mut Value, return_urls: &HashMap<String, String>, base: &str) -> bool {
+        match value {
+            Value::Array(items) => every(items.iter_mut(), return_urls, base),
+            Value::Object(map) => {
+                let id = map.get("id").and_then(Value::as_str).unwrap_or_default();
+                let sdk = map.get("object").and_then(Value::as_str) == Some("payment_intent")
+                    && map
+                        .get("next_action")
+                        .and_then(|n| n.get("type"))
+                        .and_then(Value::as_str)
+                        == Some("use_stripe_sdk");
+                if let (true, Some(return_url)) = (sdk, return_urls.get(id)) {
+                    let url = format!("{base}/_bank/{id}");
+                    map.insert(
+                        "next_action".into(),
+                        json!({"type": "redirect_to_url",
+                               "redirect_to_url": {"url": url, "return_url": return_url}}),
+                    );
+                    return true;
+                }
+                every(map.values_mut(), return_urls, base)
+            }
+            _ => false,
+        }
+    }
+    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    let return_urls = shared.state().return_urls.clone();
+    let base = shared.url.get().cloned().unwrap_or_default();
+    if walk(&mut value, &return_urls, &base) {
+        Bytes::from(value.to_string())
+    } else {
+        body
+    }
+}
+
+/// The bank's page for a PaymentIntent: `GET /_bank/{id}` shows it,
+/// `POST /_bank/{id}/approve|decline` tells localstripe (`_authenticate`,
+/// with the intent's client secret) and returns the customer.
+async fn bank(shared: &Shared, req: &HttpRequest) -> HttpResponse {
+    let rest = req.path().trim_start_matches("/_bank/");
+    let (intent, button) = rest.split_once('/').unwrap_or((rest, ""));
+    if req.method() == Method::GET {
+        return HttpResponse::Ok()
+            .content_type("text/html; charset=utf-8")
+            .body(format!(
+                "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>Test bank: 3-D Secure</title></head>\
+                 <body><main><h1>Confirm the payment</h1><p>PaymentIntent {intent}</p>\
+                 <form method=\"post\" action=\"/_bank/{intent}/approve\"><button id=\"approve\" type=\"submit\">Approve</button></form>\
+                 <form method=\"post\" action=\"/_bank/{intent}/decline\"><button id=\"decline\" type=\"submit\">Decline</button></form>\
+                 </main></body></html>"
+            ));
+    }
+    let success = match button {
+        "approve" => true,
+        "decline" => false,
+        _ => return HttpResponse::NotFound().finish(),
+    };
+    let upstream = &shared.upstream;
+    let key = "sk_test_bank";
+    let read = async {
+        let intent: Value = shared
+            .http
+            .get(format!("{upstream}/v1/payment_intents/{intent}"))
+            .bearer_auth(key)
+            .send()
+            .await?
+            .json()
+            .await?;
+        let secret = intent["client_secret"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        shared
+            .http
+            .post(format!(
+                "{upstream}/v1/payment_intents/{intent_id}/_authenticate",
+                intent_id = intent["id"].as_str().unwrap_or_default()
+            ))
+            .bearer_auth(key)
+            .form(&[
+                ("client_secret", secret.as_str()),
+                ("success", if success { "true" } else { "false" }),
+            ])
+            .send()
+            .await
+    };
+    let status = match read.await {
+        Ok(answer) => answer.status().as_u16(),
+        Err(e) => return HttpResponse::BadGateway().body(e.to_string()),
+    };
+    if status >= 300 {
+        return HttpResponse::build(
+            StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
+        )
+        .body("localstripe refused the authentication");
+    }
+    let return_url = shared.state().return_urls.get(intent).cloned();
+    match return_url {
+        Some(url) => {
+            let sep = if url.contains('?') { '&' } else { '?' };
+            let outcome = if success { "succeeded" } else { "failed" };
+            HttpResponse::SeeOther()
+                .insert_header((
+                    "Location",
+                    format!("{url}{sep}payment_intent={intent}&redirect_status={outcome}"),
+                ))
+                .finish()
+        }
+        None => HttpResponse::Ok().body("Done: you can close this page."),
+    }
+}
+
 async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> HttpResponse {
+    if req.path().starts_with("/_bank/") {
+        return bank(&shared, &req).await;
+    }
     let call = Call::of(req.method(), req.path());
     let fault = {
         let mut state = shared.state();
@@ -316,7 +472,17 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         shared.state().stalled -= 1;
     }
     *shared.state().forwarded.entry(call).or_insert(0) += 1;
-    let forwarded = forward(&shared, &req, body).await;
+    let body = match call {
+        Call::Confirm => {
+            let intent = req.path().trim_start_matches("/v1/payment_intents/");
+            let intent = intent.trim_end_matches("/confirm");
+            without_return_url(&shared, intent, &body)
+        }
+        _ => body,
+    };
+    let forwarded = forward(&shared, &req, body)
+        .await
+        .map(|(status, bytes)| (status, with_redirects(&shared, bytes)));
     let mut state = shared.state();
     match forwarded {
         Ok((status, bytes)) => {
@@ -367,11 +533,13 @@ impl StripeLayer {
                 .build()
                 .map_err(std::io::Error::other)?,
             release: tokio::sync::Notify::new(),
+            url: std::sync::OnceLock::new(),
         });
         let url = format!(
             "http://{}",
             crate::loopback_http::serve(shared.clone(), handle)?
         );
+        let _ = shared.url.set(url.clone());
         Ok(StripeLayer { shared, url })
     }
 

@@ -1,8 +1,10 @@
 // oncepay hosted checkout: one payment intent per order, one key per intent.
 //
 // The rules (the design notes' UI patterns):
-// - the card goes to the provider's tokenization (data-tokenize), never to
-//   oncepay: oncepay gets the token only;
+// - the card goes to the provider, never to oncepay: posted to its
+//   tokenization (data-card="tokenize"), or typed into Stripe Elements'
+//   frame (data-card="stripe", Stripe.js loaded from Stripe); oncepay gets
+//   the token or PaymentMethod id only;
 // - the key is made at the first click and written to sessionStorage
 //   (per order) BEFORE the payment request leaves;
 // - until a final status, the button stays busy (aria-busy, focusable, its
@@ -42,9 +44,12 @@
   var cardNumber = document.getElementById("card-number");
   var cardExp = document.getElementById("card-exp");
   var cardCvc = document.getElementById("card-cvc");
+  var cardElement = document.getElementById("card-element");
   var tokenInput = document.getElementById("payment_method");
   var testToken = document.getElementById("test-token");
-  var inputs = [cardNumber, cardExp, cardCvc, tokenInput].filter(Boolean);
+  var inputs = [cardNumber, cardExp, cardCvc, cardElement, tokenInput].filter(Boolean);
+  var stripe = null;
+  var stripeCard = null;
   var busy = false;
 
   // Amounts in the customer's language and the order's currency.
@@ -379,8 +384,44 @@
     });
   }
 
+  // ---- Stripe Elements: Stripe.js from Stripe's origin, loaded without
+  // holding up the page (where it cannot load, the page says so and, in
+  // test mode, the test field still pays).
+  function elementsUnavailable() {
+    stripeCard = null;
+    cardElement.dataset.state = "unavailable";
+    fieldError(cardElement, T.err_card_form);
+  }
+  if (cardElement && form.dataset.stripeKey && form.dataset.stripeJs) {
+    var stripeJs = document.createElement("script");
+    stripeJs.src = form.dataset.stripeJs;
+    stripeJs.async = true;
+    stripeJs.onload = function () {
+      try {
+        stripe = window.Stripe(form.dataset.stripeKey, { locale: lang });
+        stripeCard = stripe.elements({ locale: lang }).create("card");
+        stripeCard.mount(cardElement);
+        stripeCard.on("change", function (e) { fieldError(cardElement, e.error ? e.error.message : ""); });
+        cardElement.dataset.state = "ready";
+      } catch (e) { elementsUnavailable(); }
+    };
+    stripeJs.onerror = elementsUnavailable;
+    document.head.appendChild(stripeJs);
+  }
+
+  // The card to Stripe, a PaymentMethod id back.
+  function stripePaymentMethod() {
+    return stripe.createPaymentMethod({ type: "card", card: stripeCard }).then(function (result) {
+      if (result.error) {
+        fieldError(cardElement, result.error.message);
+        throw new Error(result.error.message);
+      }
+      return result.paymentMethod.id;
+    });
+  }
+
   function usesTestToken() {
-    return tokenInput && (!cardNumber || (testToken && testToken.open));
+    return tokenInput && ((!cardNumber && !cardElement) || (testToken && testToken.open));
   }
 
   function pay(method) {
@@ -400,15 +441,24 @@
       if (!method) { fieldError(tokenInput, T.err_token); tokenInput.focus(); return; }
       return pay(method);
     }
-    var card = readCard();
-    if (!card) return;
-    setBusy(T.processing_busy || "Processing payment…");
-    show("processing", T.processing || "Processing the payment…");
-    tokenize(card).then(function (tok) {
-      cardNumber.value = "";       // the number is not kept on the page
-      cardCvc.value = "";
-      pay(tok);
-    }, function (e) {
+    var made;
+    if (cardElement) {
+      if (!stripeCard) { fieldError(cardElement, T.err_card_form); return; }
+      setBusy(T.processing_busy || "Processing payment…");
+      show("processing", T.processing || "Processing the payment…");
+      made = stripePaymentMethod();
+    } else {
+      var card = readCard();
+      if (!card) return;
+      setBusy(T.processing_busy || "Processing payment…");
+      show("processing", T.processing || "Processing the payment…");
+      made = tokenize(card).then(function (tok) {
+        cardNumber.value = "";       // the number is not kept on the page
+        cardCvc.value = "";
+        return tok;
+      });
+    }
+    made.then(pay, function (e) {
       setIdle();
       show("failed", (e && e.message) || T.err_tokenize);
     });

@@ -22,8 +22,6 @@
 //! resumed by the next one, and re-examining an object is harmless.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::commands::Command as _;
@@ -49,25 +47,7 @@ use crate::store::{self, StoreError};
 /// start a row must be): clocks and a provider's list lag a little.
 pub const CONSISTENCY_DELAY: Duration = Duration::from_secs(60);
 
-/// What is done with a charge no order of ours can own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OrphanPolicy {
-    /// Refund it, with a key derived from the charge (`ONCEPAY_ORPHAN_POLICY=refund`).
-    Refund,
-    /// Record it for a person to decide (`hold`).
-    Hold,
-}
-
-impl OrphanPolicy {
-    /// Parses `refund` or `hold`.
-    pub fn parse(text: &str) -> Option<OrphanPolicy> {
-        match text {
-            "refund" => Some(OrphanPolicy::Refund),
-            "hold" => Some(OrphanPolicy::Hold),
-            _ => None,
-        }
-    }
-}
+pub use crate::domain::adoption::OrphanPolicy;
 
 /// What started a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -538,6 +518,7 @@ async fn adopt_charge(
         payment_method: "adopted",
         now: at(entry.created),
         check_after: ctx.reconcile_after,
+        return_url: None,
     };
     let attempt = match store::payments::insert(&mut tx, &new).await {
         Ok(a) => a,
@@ -585,7 +566,8 @@ async fn rebuild_record(
     let response = response.map_err(command_store_error)?;
     let id = RecordId { merchant_id, key };
     let ttl = ctx.engine.config().ttl;
-    store::idempotency::insert_rebuilt(tx, &id, &fingerprint, command, &response, ttl).await?;
+    crate::idempotency::persistence::insert_rebuilt(tx, &id, &fingerprint, command, &response, ttl)
+        .await?;
     Ok(())
 }
 
@@ -920,31 +902,7 @@ async fn missing(
     Ok(counts)
 }
 
-/// Whether money commands may run: closed while a gap in the database's
-/// history is being reconciled (`restore_guard`).
-#[derive(Debug, Clone, Default)]
-pub struct Gate(Arc<AtomicBool>);
-
-impl Gate {
-    /// Whether money commands wait.
-    pub fn is_closed(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-
-    fn set_closed(&self, closed: bool) {
-        self.0.store(closed, Ordering::Release);
-    }
-}
-
-/// `503 restore_reconciliation`: money commands wait while the books
-/// reconcile a gap in the database's history; reads keep working.
-pub fn gate_closed() -> crate::problem::Problem {
-    crate::problem::Problem::new(
-        crate::problem::ProblemCode::RestoreReconciliation,
-        "the database was restored (or failed over) and the provider's books are being reconciled before money moves again; retry shortly",
-    )
-    .retry_after(2)
-}
+pub use crate::commands::gate::{gate_closed, Gate};
 
 /// How the restore guard looks at the database.
 #[derive(Debug, Clone, Copy)]

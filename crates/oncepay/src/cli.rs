@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
     name = "oncepay",
     version,
     about = "oncepay — payments microservice: one intent, one effect",
-    after_help = "Configuration is read from environment variables; see the README."
+    after_help = "Configuration is read from environment variables: `oncepay serve --help` lists them."
 )]
 pub struct Cli {
     /// What to run.
@@ -24,6 +24,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand, PartialEq, Eq)]
 pub enum Command {
     /// Apply pending migrations, serve the API, run the workers.
+    #[command(after_help = crate::config::variables::help())]
     Serve,
     /// Apply pending migrations and exit.
     Migrate,

@@ -4,6 +4,8 @@
 //! PostgreSQL; a bad value stops the process at start with an error naming the
 //! variable, rather than surfacing later as odd behaviour.
 
+pub mod variables;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -150,8 +152,23 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             }
             return Ok(None);
         };
+        let publishable_key = self.get("ONCEPAY_STRIPE_PUBLISHABLE_KEY", None, |v| {
+            crate::provider::stripe::PublishableKey::parse(v, &secret_key)
+                .map(Some)
+                .map_err(str::to_string)
+        })?;
+        // With live keys the checkout page has no test-token field: without
+        // Elements its customers could not pay at all.
+        if publishable_key.is_none() && secret_key.is_live() {
+            return Err(ConfigError {
+                var: "ONCEPAY_STRIPE_PUBLISHABLE_KEY",
+                value: String::new(),
+                reason: "required with a live secret key (the checkout's card form)".into(),
+            });
+        }
         Ok(Some(StripeConfig {
             secret_key,
+            publishable_key,
             api_base: self.url("ONCEPAY_STRIPE_API_BASE", "https://api.stripe.com")?,
             webhook_secrets: self.get("ONCEPAY_STRIPE_WEBHOOK_SECRET", None, |v| {
                 crate::provider::stripe::WebhookSecrets::parse(v)
@@ -285,9 +302,9 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 window: self.duration("ONCEPAY_BOOKS_WINDOW", Duration::from_secs(26 * 3600))?,
                 orphan_policy: self.get(
                     "ONCEPAY_ORPHAN_POLICY",
-                    crate::books::OrphanPolicy::Refund,
+                    crate::domain::adoption::OrphanPolicy::Refund,
                     |v| {
-                        crate::books::OrphanPolicy::parse(v)
+                        crate::domain::adoption::OrphanPolicy::parse(v)
                             .ok_or_else(|| "expected refund or hold".to_string())
                     },
                 )?,
@@ -391,14 +408,7 @@ fn default_workers() -> usize {
         .unwrap_or(2)
 }
 
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable, one line per event.
-    Text,
-    /// One JSON object per line, for log shippers.
-    Json,
-}
+pub use crate::telemetry::LogFormat;
 
 /// Settings of `oncepay serve`.
 #[derive(Debug, Clone)]
@@ -553,7 +563,7 @@ pub struct BooksConfig {
     pub window: Duration,
     /// What is done with a charge no order can own
     /// (`ONCEPAY_ORPHAN_POLICY`: `refund`, the default, or `hold`).
-    pub orphan_policy: crate::books::OrphanPolicy,
+    pub orphan_policy: crate::domain::adoption::OrphanPolicy,
 }
 
 /// Parses `500ms`, `2s`, `5m`, `24h`, `7d` (a bare number means seconds).
@@ -645,6 +655,27 @@ mod tests {
         .expect_err("a publishable key cannot charge");
         assert!(err.to_string().contains("ONCEPAY_STRIPE_SECRET_KEY"));
         assert!(!err.to_string().contains("pk_live_abcdef"), "never echoed");
+        let err = env(&[("ONCEPAY_STRIPE_SECRET_KEY", "sk_live_abc")])
+            .serve_config()
+            .expect_err("live keys need the card form's key");
+        assert!(err.to_string().contains("ONCEPAY_STRIPE_PUBLISHABLE_KEY"));
+        let err = env(&[
+            ("ONCEPAY_STRIPE_SECRET_KEY", "sk_live_abc"),
+            ("ONCEPAY_STRIPE_PUBLISHABLE_KEY", "pk_test_abc"),
+        ])
+        .serve_config()
+        .expect_err("a test page for a live account");
+        assert!(err.to_string().contains("ONCEPAY_STRIPE_PUBLISHABLE_KEY"));
+        let live = env(&[
+            ("ONCEPAY_STRIPE_SECRET_KEY", "sk_live_abc"),
+            ("ONCEPAY_STRIPE_PUBLISHABLE_KEY", "pk_live_abc"),
+        ])
+        .serve_config()
+        .expect("live keys of one mode");
+        assert_eq!(
+            live.stripe.and_then(|s| s.publishable_key).map(|k| k.0),
+            Some("pk_live_abc".to_string())
+        );
         let err = env(&[
             ("ONCEPAY_STRIPE_SECRET_KEY", "sk_test_abc"),
             ("ONCEPAY_STRIPE_API_BASE", "api.stripe.com"),

@@ -1,5 +1,5 @@
 //! oncepay: a payments microservice whose one promise is *one intent, one
-//! effect*. See the README for the map of modules; in short:
+//! effect*. See docs/architecture.md for the map of modules; in short:
 //!
 //! - [`http`] — routes and thin handlers;
 //! - [`commands`] — money commands as recorded steps, run through

@@ -516,3 +516,20 @@ impl Default for Metrics {
         Self::new()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Every outcome a provider event can have is exported from the first
+    /// scrape, so an alert on one never waits for its first occurrence.
+    #[test]
+    fn every_event_outcome_is_exported_at_zero() {
+        let text = super::Metrics::new().render();
+        for outcome in crate::domain::event::EventOutcome::ALL {
+            let line = format!(
+                "oncepay_webhooks_total{{outcome=\"{}\"}} 0",
+                outcome.as_str()
+            );
+            assert!(text.contains(&line), "{line}");
+        }
+    }
+}

@@ -12,8 +12,7 @@ use serde::Serialize;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::commands::settle::Cause;
-use crate::domain::event::{EventCause, EventType};
+use crate::domain::event::{Cause, EventCause, EventType};
 use crate::domain::order::Order;
 use crate::domain::payment::{Payment, Refund};
 use crate::metrics::Metrics;

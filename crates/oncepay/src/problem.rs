@@ -82,12 +82,10 @@ problem_codes! {
     RestoreReconciliation = "restore_reconciliation", 503, "Reconciling with the provider's books after a restore";
 }
 
-/// An error answer, ready to serialise as `application/problem+json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// An error answer, ready to serialise as `application/problem+json`
+/// (its `type` is `/problems/{code}`, see [`Problem::type_uri`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    /// A URI reference naming the problem type (`/problems/{code}`).
-    #[serde(rename = "type")]
-    pub type_uri: String,
     /// A short, human-readable summary of the type.
     pub title: &'static str,
     /// The HTTP status code.
@@ -97,25 +95,61 @@ pub struct Problem {
     /// Stable, machine-readable code.
     pub code: &'static str,
     /// The field at fault, as a JSON path, when there is one.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
     /// Seconds to wait before retrying (also sent as `Retry-After`).
-    #[serde(skip)]
     pub retry_after: Option<u32>,
+    /// What caused it, for the log only: never sent. The request
+    /// middleware logs it once, with the request's id (`http::middleware`).
+    /// (Boxed: a `Problem` travels in every `Result` of the request path.)
+    pub cause: Option<Box<String>>,
+}
+
+impl Serialize for Problem {
+    /// RFC 9457's members and `code`; never `retry_after` (a header) nor
+    /// `cause` (the log's).
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        map.serialize_entry("type", &self.type_uri())?;
+        map.serialize_entry("title", self.title)?;
+        map.serialize_entry("status", &self.status)?;
+        map.serialize_entry("detail", &self.detail)?;
+        map.serialize_entry("code", self.code)?;
+        if let Some(field) = &self.field {
+            map.serialize_entry("field", field)?;
+        }
+        map.end()
+    }
 }
 
 impl Problem {
     /// A problem with the code's status and title, and this detail.
     pub fn new(code: ProblemCode, detail: impl Into<String>) -> Self {
         Problem {
-            type_uri: format!("/problems/{}", code.as_str()),
             title: code.title(),
             status: code.status(),
             detail: detail.into(),
             code: code.as_str(),
             field: None,
             retry_after: None,
+            cause: None,
         }
+    }
+
+    /// Keeps what caused it (logged once, never answered).
+    pub fn caused_by(mut self, cause: impl std::fmt::Display) -> Self {
+        self.cause = Some(Box::new(cause.to_string()));
+        self
+    }
+
+    /// `500`, keeping its cause for the log.
+    pub fn internal_from(cause: impl std::fmt::Display) -> Self {
+        Problem::internal().caused_by(cause)
+    }
+
+    /// A URI reference naming the problem type.
+    pub fn type_uri(&self) -> String {
+        format!("/problems/{}", self.code)
     }
 
     /// Names the field at fault.
@@ -198,7 +232,7 @@ mod tests {
             let p = Problem::new(*code, "x");
             assert!((400..600).contains(&p.status), "{code:?}");
             assert!(!p.title.is_empty());
-            assert_eq!(p.type_uri, format!("/problems/{}", code.as_str()));
+            assert_eq!(p.type_uri(), format!("/problems/{}", code.as_str()));
         }
     }
 

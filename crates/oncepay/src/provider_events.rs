@@ -34,6 +34,7 @@ use tokio::time::Instant;
 use crate::commands::local_runs::Waited;
 use crate::commands::settle::{self, Cause};
 use crate::commands::AppContext;
+use crate::domain::event::EventOutcome;
 use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
 use crate::idempotency::store_problem;
 use crate::problem::{Problem, ProblemCode};
@@ -60,7 +61,8 @@ async fn after_command(
     ctx: &AppContext,
     mut found: store::payments::Found,
     event: &Subject,
-) -> Result<Payment, StoreError> {
+    recorded: &store::payments::ChargeEvent<'_>,
+) -> Result<Option<Payment>, StoreError> {
     let deadline = Instant::now() + ctx.webhook_command_wait;
     let mut pause = Duration::from_millis(2);
     loop {
@@ -70,7 +72,7 @@ async fn after_command(
         );
         let now = Instant::now();
         if !found.command_executing || !would_move || now >= deadline {
-            return Ok(found.attempt);
+            return Ok(Some(found.attempt));
         }
         let attempt_id = found.attempt.id;
         let woken = ctx
@@ -81,10 +83,13 @@ async fn after_command(
             tokio::time::sleep(pause.min(deadline - now)).await;
             pause = (pause * 2).min(Duration::from_millis(25));
         }
+        // Read again, recording the event at once if the command settled
+        // the attempt as the event says (the usual end of the wait).
         let mut conn = ctx.pool.acquire().await?;
-        match store::payments::find_again(&mut conn, attempt_id).await? {
-            Some(again) => found = again,
-            None => return Ok(found.attempt),
+        match store::payments::find_by_charge_or_record_repeat(&mut conn, recorded).await? {
+            Some((_, true)) => return Ok(None),
+            Some((again, false)) => found = again,
+            None => return Ok(Some(found.attempt)),
         }
     }
 }
@@ -138,13 +143,13 @@ impl Target {
 
 /// What the event did, as stored and counted.
 struct Outcome {
-    label: &'static str,
+    label: EventOutcome,
     confirmed: bool,
     detail: Option<String>,
 }
 
 impl Outcome {
-    fn plain(label: &'static str) -> Self {
+    fn plain(label: EventOutcome) -> Self {
         Outcome {
             label,
             confirmed: false,
@@ -161,7 +166,7 @@ pub async fn apply(
     provider: &str,
     header_id: Option<&str>,
     body: &[u8],
-) -> Result<&'static str, Problem> {
+) -> Result<EventOutcome, Problem> {
     let payload: Value = serde_json::from_slice(body)
         .map_err(|_| Problem::new(ProblemCode::MalformedJson, "the event is not JSON"))?;
     if let Some(path) = nul_at(&payload, &mut String::new()) {
@@ -245,7 +250,7 @@ async fn reject_unstorable(
     header_id: Option<&str>,
     payload: &Value,
     path: &str,
-) -> Result<&'static str, Problem> {
+) -> Result<EventOutcome, Problem> {
     let stored = without_nul(payload);
     let event_id = stored
         .get("id")
@@ -266,20 +271,24 @@ async fn reject_unstorable(
         event_id: &event_id,
         event_type,
         payload: &stored,
-        outcome: "rejected",
+        outcome: EventOutcome::Rejected.as_str(),
         confirmed: false,
         detail: Some(&detail),
     };
     let recorded = store::webhooks::record_done(&ctx.pool, &done)
         .await
         .map_err(store_problem)?;
-    Ok(if recorded { "rejected" } else { "duplicate" })
+    Ok(if recorded {
+        EventOutcome::Rejected
+    } else {
+        EventOutcome::Duplicate
+    })
 }
 
 /// What handling an event came to.
 enum Applied {
     /// Recorded, with this outcome.
-    Done(&'static str),
+    Done(EventOutcome),
     /// Not recorded: the provider could not be asked; deliver it again.
     Deferred(String),
 }
@@ -293,25 +302,45 @@ async fn apply_parsed(
 ) -> Result<Applied, StoreError> {
     let mut conn = ctx.pool.acquire().await?;
     let object = envelope.subject.as_ref();
+    let charge_event =
+        object
+            .filter(|o| o.kind == SubjectKind::Charge)
+            .map(|o| store::payments::ChargeEvent {
+                provider,
+                charge_id: &o.state.id,
+                attempt_id: o.our_id,
+                event_id,
+                event_type: &envelope.event_type,
+                payload,
+                status: o.state.status,
+            });
     let (mut charge, mut refund) = (None, None);
-    match object {
-        Some(o) if o.kind == SubjectKind::Charge => {
-            charge =
-                store::payments::find_by_charge(&mut conn, provider, &o.state.id, o.our_id).await?;
+    match (object, &charge_event) {
+        (Some(_), Some(event)) => {
+            match store::payments::find_by_charge_or_record_repeat(&mut conn, event).await? {
+                // It only repeats what we hold: recorded, nothing to do.
+                Some((_, true)) => return Ok(Applied::Done(EventOutcome::Processed)),
+                Some((found, false)) => charge = Some(found),
+                None => {}
+            }
         }
-        Some(o) => {
+        (Some(o), None) => {
             refund = store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.our_id).await?;
         }
-        None => {}
+        (None, _) => {}
     }
     // No connection is held while the provider answers, or while the
     // command settles.
     drop(conn);
-    let target = match (charge, refund, object) {
-        (Some(found), _, Some(event)) => {
-            Some(Target::Charge(after_command(ctx, found, event).await?))
+    let target = match (charge, refund, object, &charge_event) {
+        (Some(found), _, Some(event), Some(recorded)) => {
+            match after_command(ctx, found, event, recorded).await? {
+                Some(attempt) => Some(Target::Charge(attempt)),
+                // Settled by the command as the event says: recorded.
+                None => return Ok(Applied::Done(EventOutcome::Processed)),
+            }
         }
-        (_, Some(refund), _) => Some(Target::Refund(refund)),
+        (_, Some(refund), _, _) => Some(Target::Refund(refund)),
         _ => None,
     };
     // A duplicate is answered before it costs a provider read; one that
@@ -320,17 +349,17 @@ async fn apply_parsed(
         if target.needs_confirmation(event) {
             let mut conn = ctx.pool.acquire().await?;
             if store::webhooks::exists(&mut conn, provider, event_id).await? {
-                return Ok(Applied::Done("duplicate"));
+                return Ok(Applied::Done(EventOutcome::Duplicate));
             }
         }
     }
     let (outcome, truth) = match (&target, object) {
-        (None, Some(_)) => (Outcome::plain("unknown_charge"), None),
+        (None, Some(_)) => (Outcome::plain(EventOutcome::UnknownCharge), None),
         (Some(target), Some(event)) => match judge(ctx, target, event).await {
             Judged::Apply(outcome, truth) => (outcome, truth),
             Judged::Defer(reason) => return Ok(Applied::Deferred(reason)),
         },
-        _ => (Outcome::plain("ignored"), None),
+        _ => (Outcome::plain(EventOutcome::Ignored), None),
     };
     let target_and_truth = match (target, truth) {
         (Some(target), Some(truth)) => (target, truth),
@@ -341,12 +370,12 @@ async fn apply_parsed(
                 event_id,
                 event_type: &envelope.event_type,
                 payload,
-                outcome: outcome.label,
+                outcome: outcome.label.as_str(),
                 confirmed: outcome.confirmed,
                 detail: outcome.detail.as_deref(),
             };
             if !store::webhooks::record_done(&ctx.pool, &done).await? {
-                return Ok(Applied::Done("duplicate"));
+                return Ok(Applied::Done(EventOutcome::Duplicate));
             }
             log_unapplied(envelope, event_id, object, &outcome);
             return Ok(Applied::Done(outcome.label));
@@ -355,7 +384,7 @@ async fn apply_parsed(
     let mut tx = ctx.pool.begin().await?;
     if !store::webhooks::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
         tx.commit().await?;
-        return Ok(Applied::Done("duplicate"));
+        return Ok(Applied::Done(EventOutcome::Duplicate));
     }
     let label = match target_and_truth {
         (Target::Charge(p), truth) => {
@@ -379,7 +408,7 @@ async fn apply_parsed(
         &mut tx,
         provider,
         event_id,
-        label,
+        label.as_str(),
         outcome.confirmed,
         outcome.detail.as_deref(),
     )
@@ -392,14 +421,14 @@ async fn apply_parsed(
 /// person may need to look at it.
 fn log_unapplied(envelope: &Event, event_id: &str, object: Option<&Subject>, outcome: &Outcome) {
     match outcome.label {
-        "unknown_charge" => {
+        EventOutcome::UnknownCharge => {
             tracing::warn!(event_type = %envelope.event_type, event_id, "webhook for an unknown charge stored")
         }
-        "unconfirmed" | "mismatch" => tracing::warn!(
+        EventOutcome::Unconfirmed | EventOutcome::Mismatch => tracing::warn!(
             event_type = %envelope.event_type,
             event_id,
             object_id = object.map(|o| o.state.id.as_str()).unwrap_or_default(),
-            outcome = outcome.label,
+            outcome = outcome.label.as_str(),
             detail = outcome.detail.as_deref().unwrap_or_default(),
             "webhook not confirmed by the provider; it changed nothing"
         ),
@@ -422,13 +451,13 @@ async fn judge(ctx: &AppContext, target: &Target, event: &Subject) -> Judged {
     if !target.needs_confirmation(event) {
         // Nothing would move: no read needed, nothing applied.
         let label = match target.status().transition(event.state.status) {
-            Transition::Ignored => "ignored",
-            _ => "processed",
+            Transition::Ignored => EventOutcome::Ignored,
+            _ => EventOutcome::Processed,
         };
         return Judged::Apply(Outcome::plain(label), None);
     }
     if let Some(detail) = target.mismatch(event) {
-        return confirmation(ctx, "mismatch", detail);
+        return confirmation(ctx, EventOutcome::Mismatch, detail);
     }
     let read = match target {
         Target::Charge(p) => {
@@ -457,7 +486,7 @@ async fn judge(ctx: &AppContext, target: &Target, event: &Subject) -> Judged {
                 .with_label_values(&["confirmed"])
                 .inc();
             let outcome = Outcome {
-                label: "processed",
+                label: EventOutcome::Processed,
                 confirmed: true,
                 detail: None,
             };
@@ -468,7 +497,7 @@ async fn judge(ctx: &AppContext, target: &Target, event: &Subject) -> Judged {
                 "the event names {}, the provider's object is {}",
                 event.state.id, truth.id
             );
-            confirmation(ctx, "mismatch", detail)
+            confirmation(ctx, EventOutcome::Mismatch, detail)
         }
         CallOutcome::Known(truth) => {
             let detail = format!(
@@ -476,11 +505,13 @@ async fn judge(ctx: &AppContext, target: &Target, event: &Subject) -> Judged {
                 event.state.status.as_str(),
                 truth.status.as_str()
             );
-            confirmation(ctx, "unconfirmed", detail)
+            confirmation(ctx, EventOutcome::Unconfirmed, detail)
         }
-        CallOutcome::NotFound => {
-            confirmation(ctx, "unconfirmed", "the provider has no such object".into())
-        }
+        CallOutcome::NotFound => confirmation(
+            ctx,
+            EventOutcome::Unconfirmed,
+            "the provider has no such object".into(),
+        ),
         CallOutcome::Unknown(reason) => {
             ctx.metrics
                 .webhook_confirmations
@@ -492,10 +523,10 @@ async fn judge(ctx: &AppContext, target: &Target, event: &Subject) -> Judged {
 }
 
 /// An event the provider did not confirm: counted, and nothing to apply.
-fn confirmation(ctx: &AppContext, label: &'static str, detail: String) -> Judged {
+fn confirmation(ctx: &AppContext, label: EventOutcome, detail: String) -> Judged {
     ctx.metrics
         .webhook_confirmations
-        .with_label_values(&[label])
+        .with_label_values(&[label.as_str()])
         .inc();
     let outcome = Outcome {
         label,
@@ -505,9 +536,11 @@ fn confirmation(ctx: &AppContext, label: &'static str, detail: String) -> Judged
     Judged::Apply(outcome, None)
 }
 
-fn label(t: Transition) -> &'static str {
+fn label(t: Transition) -> EventOutcome {
     match t {
-        Transition::Advance(_) | Transition::Unchanged | Transition::Contradicted => "processed",
-        Transition::Ignored => "ignored",
+        Transition::Advance(_) | Transition::Unchanged | Transition::Contradicted => {
+            EventOutcome::Processed
+        }
+        Transition::Ignored => EventOutcome::Ignored,
     }
 }

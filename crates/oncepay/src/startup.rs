@@ -141,6 +141,128 @@ fn guard_settings(config: &ServeConfig) -> crate::books::GuardSettings {
     }
 }
 
+/// Spawns `pass` with its own clone of the context every `interval` until
+/// `stopped` (`workers::every`).
+fn spawn_every<F, Fut>(
+    name: &'static str,
+    interval: std::time::Duration,
+    stopped: watch::Receiver<bool>,
+    ctx: &Arc<AppContext>,
+    pass: F,
+) -> JoinHandle<()>
+where
+    F: Fn(Arc<AppContext>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let ctx = ctx.clone();
+    tokio::spawn(workers::every(name, interval, stopped, move || {
+        pass(ctx.clone())
+    }))
+}
+
+/// The background workers of `serve`, each a pass repeated on its
+/// interval; a failed pass is logged and the next one tries again.
+fn spawn_workers(
+    config: &ServeConfig,
+    ctx: &Arc<AppContext>,
+    stopped: watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>, StartError> {
+    let (guard, books) = (guard_settings(config), config.books);
+    let webhooks = &config.merchant_webhooks;
+    let deliverer = Arc::new(workers::deliveries::Deliverer::new(
+        webhooks.schedule.clone(),
+        webhooks.timeout,
+        webhooks.allow_private,
+    )?);
+    let five_seconds = std::time::Duration::from_secs(5);
+    Ok(vec![
+        spawn_every(
+            "deliveries",
+            webhooks.interval,
+            stopped.clone(),
+            ctx,
+            move |ctx| {
+                let deliverer = deliverer.clone();
+                async move {
+                    if let Err(e) = workers::deliveries::pass(&ctx, &deliverer).await {
+                        tracing::warn!(error = %e, "delivery pass failed; retrying next interval");
+                    }
+                }
+            },
+        ),
+        spawn_every(
+            "delivery-gauge",
+            five_seconds,
+            stopped.clone(),
+            ctx,
+            |ctx| async move {
+                if let Err(e) = workers::deliveries::measure(&ctx).await {
+                    tracing::debug!(error = %e, "could not measure undelivered events");
+                }
+            },
+        ),
+        spawn_every(
+            "reconciler",
+            config.reconcile_interval,
+            stopped.clone(),
+            ctx,
+            |ctx| async move {
+                if let Err(e) = workers::reconciler::pass(&ctx).await {
+                    tracing::warn!(error = %e, "reconciler pass failed; retrying next interval");
+                }
+            },
+        ),
+        spawn_every(
+            "restore-guard",
+            std::time::Duration::from_secs(2),
+            stopped.clone(),
+            ctx,
+            move |ctx| async move {
+                if let Err(e) = crate::books::restore_guard(&ctx, guard).await {
+                    tracing::warn!(error = %e, "restore guard failed; retrying");
+                }
+            },
+        ),
+        spawn_every(
+            "books",
+            books.interval,
+            stopped.clone(),
+            ctx,
+            move |ctx| async move {
+                let pass = crate::books::scheduled_pass(&ctx, books.window, books.orphan_policy);
+                if let Err(e) = pass.await {
+                    tracing::warn!(error = %e, "books reconciliation failed; the next pass resumes it");
+                }
+            },
+        ),
+        spawn_every(
+            "sweeper",
+            config.sweep_interval,
+            stopped,
+            ctx,
+            |ctx| async move {
+                match workers::sweeper::sweep(&ctx).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(deleted = n, "swept expired idempotency records"),
+                    Err(e) => tracing::warn!(error = %e, "sweep failed; retrying next interval"),
+                }
+                match workers::sweeper::retention(&ctx).await {
+                    Ok(d) if d.events == 0 => {}
+                    Ok(d) => tracing::info!(
+                        events = d.events,
+                        deliveries = d.deliveries,
+                        attempts = d.attempts,
+                        "deleted events past ONCEPAY_EVENT_RETENTION"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "retention sweep failed; retrying next interval")
+                    }
+                }
+            },
+        ),
+    ])
+}
+
 impl Application {
     /// Migrates, binds `config.bind` (port 0 picks a free port) and starts
     /// the background workers.
@@ -231,118 +353,8 @@ impl Application {
             keys,
             stopped.clone(),
         ));
-        let reconciler_ctx = ctx.clone();
-        let sweeper_ctx = ctx.clone();
-        let (guard_ctx, books_ctx) = (ctx.clone(), ctx.clone());
-        let (guard, books) = (guard_settings(&config), config.books);
-        let (delivery_ctx, gauge_ctx) = (ctx.clone(), ctx.clone());
-        let webhooks = &config.merchant_webhooks;
-        let deliverer = Arc::new(workers::deliveries::Deliverer::new(
-            webhooks.schedule.clone(),
-            webhooks.timeout,
-            webhooks.allow_private,
-        )?);
-        let workers = vec![
-            revocations,
-            tokio::spawn(workers::every(
-                "deliveries",
-                webhooks.interval,
-                stopped.clone(),
-                move || {
-                    let (ctx, deliverer) = (delivery_ctx.clone(), deliverer.clone());
-                    async move {
-                        if let Err(e) = workers::deliveries::pass(&ctx, &deliverer).await {
-                            tracing::warn!(error = %e, "delivery pass failed; retrying next interval");
-                        }
-                    }
-                },
-            )),
-            tokio::spawn(workers::every(
-                "delivery-gauge",
-                std::time::Duration::from_secs(5),
-                stopped.clone(),
-                move || {
-                    let ctx = gauge_ctx.clone();
-                    async move {
-                        if let Err(e) = workers::deliveries::measure(&ctx).await {
-                            tracing::debug!(error = %e, "could not measure undelivered events");
-                        }
-                    }
-                },
-            )),
-            tokio::spawn(workers::every(
-                "reconciler",
-                config.reconcile_interval,
-                stopped.clone(),
-                move || {
-                    let ctx = reconciler_ctx.clone();
-                    async move {
-                        if let Err(e) = workers::reconciler::pass(&ctx).await {
-                            tracing::warn!(error = %e, "reconciler pass failed; retrying next interval");
-                        }
-                    }
-                },
-            )),
-            tokio::spawn(workers::every(
-                "restore-guard",
-                std::time::Duration::from_secs(2),
-                stopped.clone(),
-                move || {
-                    let ctx = guard_ctx.clone();
-                    async move {
-                        if let Err(e) = crate::books::restore_guard(&ctx, guard).await {
-                            tracing::warn!(error = %e, "restore guard failed; retrying");
-                        }
-                    }
-                },
-            )),
-            tokio::spawn(workers::every(
-                "books",
-                books.interval,
-                stopped.clone(),
-                move || {
-                    let ctx = books_ctx.clone();
-                    async move {
-                        let pass =
-                            crate::books::scheduled_pass(&ctx, books.window, books.orphan_policy);
-                        if let Err(e) = pass.await {
-                            tracing::warn!(error = %e, "books reconciliation failed; the next pass resumes it");
-                        }
-                    }
-                },
-            )),
-            tokio::spawn(workers::every(
-                "sweeper",
-                config.sweep_interval,
-                stopped,
-                move || {
-                    let ctx = sweeper_ctx.clone();
-                    async move {
-                        match workers::sweeper::sweep(&ctx).await {
-                            Ok(0) => {}
-                            Ok(n) => {
-                                tracing::info!(deleted = n, "swept expired idempotency records")
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "sweep failed; retrying next interval")
-                            }
-                        }
-                        match workers::sweeper::retention(&ctx).await {
-                            Ok(d) if d.events == 0 => {}
-                            Ok(d) => tracing::info!(
-                                events = d.events,
-                                deliveries = d.deliveries,
-                                attempts = d.attempts,
-                                "deleted events past ONCEPAY_EVENT_RETENTION"
-                            ),
-                            Err(e) => {
-                                tracing::warn!(error = %e, "retention sweep failed; retrying next interval")
-                            }
-                        }
-                    }
-                },
-            )),
-        ];
+        let mut workers = spawn_workers(&config, &ctx, stopped)?;
+        workers.push(revocations);
         Ok(Application {
             addr,
             server,

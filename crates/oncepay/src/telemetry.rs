@@ -3,7 +3,14 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable, one line per event.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
 
 /// Installs the global subscriber (once; later calls do nothing).
 pub fn init(filter: &str, format: LogFormat) {

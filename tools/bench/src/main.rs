@@ -10,6 +10,7 @@
 mod floor;
 mod load;
 mod stack;
+mod statements;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +70,17 @@ struct Args {
     /// with `ONCEPAY_SWEEP_INTERVAL=1s`), and the table says how fast.
     #[arg(long, default_value_t = 0)]
     old_events: u64,
+    /// pay's capacity: how long each constant-rate probe must hold p99
+    /// under 25 ms.
+    #[arg(long, default_value = "30s", value_parser = positive_duration)]
+    sustain: Duration,
+    /// pay's capacity: how many probes the bisection makes (0: none).
+    #[arg(long, default_value_t = 5)]
+    probes: u32,
+    /// Payments counted on the wire for statements and round trips per
+    /// payment (0: not counted).
+    #[arg(long, default_value_t = 300)]
+    statements: usize,
 }
 
 impl Args {
@@ -101,8 +113,23 @@ struct Row {
     /// went on arriving. Their work belongs to the loop's payments, so the
     /// rate the service sustains counts this time too.
     drained: Option<Duration>,
+    /// pay only: the highest rate it holds (see [`capacity`]).
+    capacity: Option<Capacity>,
+    /// Highest resident memory of `oncepay serve` seen during it, KiB.
+    rss_kib: u64,
     check: String,
 }
+
+/// A scenario's capacity: the highest constant rate it holds for
+/// `--sustain` with p99 under [`CAPACITY_P99_MS`], every request answered
+/// 2xx and its deferred work keeping up; and every probe made.
+struct Capacity {
+    held: Option<(f64, Outcome)>,
+    probes: Vec<(f64, f64, f64, bool)>,
+}
+
+/// The latency a rate must hold to count as sustained.
+const CAPACITY_P99_MS: f64 = 25.0;
 
 impl Row {
     /// A scenario's closed loop and its check; the references and open
@@ -122,6 +149,8 @@ impl Row {
             open: Vec::new(),
             with_outbox: None,
             drained: None,
+            capacity: None,
+            rss_kib: 0,
             check,
         }
     }
@@ -221,6 +250,7 @@ async fn run(args: Args) -> Result<(), String> {
         fixture,
         merchant,
         peak_rss: std::cell::Cell::new(0),
+        scenario_rss: std::cell::Cell::new(0),
     };
     let mut grown = String::new();
     if args.records > 0 {
@@ -244,13 +274,20 @@ async fn run(args: Args) -> Result<(), String> {
     let scenarios_started = std::time::Instant::now();
     let mut rows = Vec::new();
     for scenario in SCENARIOS.iter().filter(|s| args.wants(s)) {
-        let row = match *scenario {
+        bench.scenario_rss.set(0);
+        let mut row = match *scenario {
             "create-order" => create_order(&bench).await?,
             "pay" => pay(&bench).await?,
             "replay" => replay(&bench).await?,
             _ => mixed(&bench).await?,
         };
+        bench.sample_rss();
+        row.rss_kib = bench.scenario_rss.get();
         rows.push(row);
+    }
+    if args.wants("pay") && args.statements > 0 {
+        eprintln!("statements per payment, counted on the wire ...");
+        grown += &statements::per_payment(&pg_server, &serve_env, args.statements).await?;
     }
     if args.records > 0 {
         let swept = sweeper_deleted(&bench).await.saturating_sub(swept_before);
@@ -291,12 +328,7 @@ async fn run(args: Args) -> Result<(), String> {
     eprintln!("written to {}", args.out.display());
     drop(stack);
     db.close().await;
-    // The bench database is disposable; drop it so runs do not pile up.
-    if let Ok(admin) = PgPool::connect(&format!("{pg_server}/postgres")).await {
-        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-            .execute(&admin)
-            .await;
-    }
+    drop_database(&pg_server, &database).await;
     if rows.iter().any(|r| r.check.starts_with("BREACH")) {
         return Err("an effect check failed: see the table".into());
     }
@@ -610,8 +642,8 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
         humanize(args.duration)
     );
     out += "The load driver, the sandbox, oncepay and PostgreSQL share the same cores.\n\n";
-    out += "| scenario | conns | req/s | p50 ms | p99 ms | p99.9 ms | errors | ceiling tx/s (best conns) | of ceiling | same-SQL floor tx/s (conns) | of same-SQL | effects |\n";
-    out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+    out += "| scenario | conns | req/s | p50 ms | p99 ms | p99.9 ms | errors | ceiling tx/s (best conns) | of ceiling | same-SQL floor tx/s (conns) | of same-SQL | RSS MiB | effects |\n";
+    out += "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
     // A database measurement as "tx/s (conns)" and the service's rate over it.
     let against = |point: Option<(usize, floor::Floor)>, rate: f64| match point {
         Some((clients, f)) => (
@@ -625,7 +657,7 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
         let (ceiling, of_ceiling) = against(floor::best(&r.ceiling), o.rate());
         let (floor, of_floor) = against(r.floor, o.rate());
         out += &format!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {:.1} | {} |\n",
             r.scenario,
             r.connections,
             o.rate(),
@@ -637,6 +669,7 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
             of_ceiling,
             floor,
             of_floor,
+            r.rss_kib as f64 / 1024.0,
             r.check
         );
     }
@@ -692,6 +725,43 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
                 ))
             );
         }
+        if let Some(cap) = &r.capacity {
+            let ceiling = floor::best(&r.ceiling).map(|(_, f)| f.tps);
+            match &cap.held {
+                Some((rate, o)) => {
+                    let ratio = ceiling.map_or(String::new(), |tps| {
+                        let ratio = rate / tps;
+                        format!(
+                            ", {ratio:.2}× its minimal ceiling ({tps:.0} tx/s; target ≥ 0.75×: {})",
+                            if ratio >= 0.75 { "met" } else { "not met" }
+                        )
+                    });
+                    out += &format!(
+                        "\n{}'s capacity: {rate:.0} req/s held for {} with p99 {:.2} ms (p50 {:.2} ms, 0 errors, its webhooks keeping up){ratio}.",
+                        r.scenario,
+                        humanize(args.sustain),
+                        o.ms(0.99),
+                        o.ms(0.5),
+                    );
+                }
+                None => {
+                    out += &format!(
+                        "\n{}'s capacity: no probed rate held p99 under {CAPACITY_P99_MS} ms for {}.",
+                        r.scenario,
+                        humanize(args.sustain)
+                    );
+                }
+            }
+            out += " Probes (asked → achieved req/s, p99 ms):";
+            for (asked, achieved, p99, held) in &cap.probes {
+                out += &format!(
+                    " {asked:.0} → {achieved:.0}, {p99:.1} ({});",
+                    if *held { "held" } else { "not held" }
+                );
+            }
+            out.pop();
+            out += ".\n";
+        }
         if let Some((clients, f)) = r.with_outbox {
             out += &format!(
                 "\n{}'s ceiling with the outbox's event rows added (three per payment, as the service writes them; {clients} connections): {:.0} tx/s, the service {:.2}× of it.\n",
@@ -739,12 +809,15 @@ struct Bench<'a> {
     merchant: Uuid,
     /// Highest resident memory of `oncepay serve` seen right after a load.
     peak_rss: std::cell::Cell<u64>,
+    /// The same, in the current scenario.
+    scenario_rss: std::cell::Cell<u64>,
 }
 
 impl Bench<'_> {
     fn sample_rss(&self) {
         let now = self.stack.memory_kib().map(|m| m.0).unwrap_or(0);
         self.peak_rss.set(self.peak_rss.get().max(now));
+        self.scenario_rss.set(self.scenario_rss.get().max(now));
     }
 }
 
@@ -799,19 +872,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     let (c, d) = (usize::from(b.args.connections), b.args.duration);
     // 2. pay: orders made beforehand; every request a new key, tok_visa.
     eprintln!("pay: preparing orders ...");
-    let prepared: Vec<Uuid> = sqlx::query_scalar(
-        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
-         SELECT gen_random_uuid(), $1, 'cus_bench', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1400}]', 2800, 'EUR',
-                'awaiting_payment', '{}', now(), now()
-           FROM generate_series(1, $2) RETURNING id",
-    )
-    .bind(b.merchant)
-    .bind(40_000i32)
-    .fetch_all(b.db)
-    .await
-    .map_err(|e| e.to_string())?;
-    let prepared = Arc::new(prepared);
-    let next = Arc::new(AtomicUsize::new(0));
+    let prepared = prepare_orders(b.db, b.merchant, 40_000).await?;
     let charges_before = ledger_charges(b.stack).await?;
     let attempts_before = count(
         b.db,
@@ -819,22 +880,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     )
     .await?;
     eprintln!("pay: {c} connections, {d:?} ...");
-    let make: MakeRequest = {
-        let (base, key, prepared, next) = (
-            b.stack.base.clone(),
-            b.stack.api_key.clone(),
-            prepared.clone(),
-            next.clone(),
-        );
-        Arc::new(move |client, conn, n| {
-            let i = next.fetch_add(1, Ordering::Relaxed) % prepared.len();
-            client
-                .post(format!("{base}/payments"))
-                .bearer_auth(&key)
-                .header("Idempotency-Key", format!("pay-{conn}-{n}"))
-                .json(&json!({"order_id": prepared[i], "payment_method": "tok_visa"}))
-        })
-    };
+    let make = pay_requests(b, prepared, "pay".into());
     quiesce(b).await;
     let outcome = load::run(c, d, make.clone()).await;
     let drained = sandbox_drained(b, Duration::from_secs(30)).await;
@@ -856,6 +902,13 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         ..Row::closed_loop("pay", c, outcome, check)
     };
     row.open = open_loop(b, row.sustained_rate(), &make).await;
+    if b.args.probes > 0 {
+        eprintln!(
+            "  capacity (the highest rate held for {:?}) ...",
+            b.args.sustain
+        );
+        row.capacity = Some(capacity(b, row.outcome.rate()).await?);
+    }
     row.floor = if !b.args.no_floor {
         eprintln!("  floor (pgbench) ...");
         floor::prepare_pay_orders(b.db, b.merchant, 60_000).await?;
@@ -877,6 +930,102 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         None => None,
     };
     Ok(row)
+}
+
+/// `n` orders awaiting payment, made in one statement.
+pub(crate) async fn prepare_orders(
+    db: &PgPool,
+    merchant: Uuid,
+    n: usize,
+) -> Result<Vec<Uuid>, String> {
+    sqlx::query_scalar(
+        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at, updated_at)
+         SELECT gen_random_uuid(), $1, 'cus_bench', '[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1400}]', 2800, 'EUR',
+                'awaiting_payment', '{}', now(), now()
+           FROM generate_series(1, $2) RETURNING id",
+    )
+    .bind(merchant)
+    .bind(i32::try_from(n).unwrap_or(i32::MAX))
+    .fetch_all(db)
+    .await
+    .map_err(|e| e.to_string())
+}
+
+/// Paying `orders` in turn, every request a new key, `tok_visa`.
+fn pay_requests(b: &Bench<'_>, orders: Vec<Uuid>, keys: String) -> MakeRequest {
+    let (base, key) = (b.stack.base.clone(), b.stack.api_key.clone());
+    let next = AtomicUsize::new(0);
+    Arc::new(move |client, conn, n| {
+        let i = next.fetch_add(1, Ordering::Relaxed) % orders.len();
+        client
+            .post(format!("{base}/payments"))
+            .bearer_auth(&key)
+            .header("Idempotency-Key", format!("{keys}-{conn}-{n}"))
+            .json(&json!({"order_id": orders[i], "payment_method": "tok_visa"}))
+    })
+}
+
+/// pay's capacity: the highest constant rate it holds for `--sustain`
+/// with p99 under 25 ms, every request answered 2xx, and its provider
+/// webhooks keeping up (none left to deliver 2 s after the probe), by
+/// bisection between 0 and the closed loop's rate (`--probes` probes). A
+/// probe pays orders of its own, so no payment meets a paid order. The
+/// closed loop's maximum is not such a rate: each payment's webhook and its
+/// confirmation arrive after the answer and keep costing database time.
+async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
+    let (mut low, mut high) = (0.0, max_rate);
+    let mut found = Capacity {
+        held: None,
+        probes: Vec::new(),
+    };
+    for probe in 0..b.args.probes {
+        let rate = (low + high) / 2.0;
+        let n = (rate * b.args.sustain.as_secs_f64() * 1.05) as usize + 1;
+        let orders = prepare_orders(b.db, b.merchant, n).await?;
+        let make = pay_requests(b, orders, format!("capacity{probe}"));
+        quiesce(b).await;
+        eprintln!(
+            "  capacity probe {} at {rate:.0} req/s for {:?} ...",
+            probe + 1,
+            b.args.sustain
+        );
+        let connections = usize::from(b.args.connections);
+        let outcome = load::run_open(rate, b.args.sustain, connections, make).await;
+        let tail = sandbox_drained(b, Duration::from_secs(30)).await;
+        b.sample_rss();
+        let held = outcome.ms(0.99) < CAPACITY_P99_MS
+            && outcome.failures() == 0
+            && outcome.rate() >= rate * 0.97
+            && tail <= Duration::from_secs(2);
+        eprintln!(
+            "    achieved {:.0} req/s, p99 {:.2} ms, {} failures, webhooks drained {:.1} s after: {}",
+            outcome.rate(),
+            outcome.ms(0.99),
+            outcome.failures(),
+            tail.as_secs_f64(),
+            if held { "held" } else { "not held" }
+        );
+        found
+            .probes
+            .push((rate, outcome.rate(), outcome.ms(0.99), held));
+        if held {
+            low = rate;
+            found.held = Some((rate, outcome));
+        } else {
+            high = rate;
+        }
+    }
+    Ok(found)
+}
+
+/// Drops a bench database (they are disposable; runs must not pile up).
+pub(crate) async fn drop_database(pg_server: &str, database: &str) {
+    if let Ok(admin) = PgPool::connect(&format!("{pg_server}/postgres")).await {
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+            .execute(&admin)
+            .await;
+        admin.close().await;
+    }
 }
 
 /// replay: one key, many connections.

@@ -24,12 +24,32 @@ pub struct Stack {
     _sandbox: Child,
 }
 
+/// How a stack differs from the default one.
+#[derive(Debug, Default)]
+pub struct Variant {
+    /// The URL `oncepay serve` reaches the database by (through a proxy,
+    /// say); `None`: the same as everyone.
+    pub serve_db_url: Option<String>,
+    /// More variables for the sandbox.
+    pub sandbox_env: Vec<(String, String)>,
+}
+
 impl Stack {
     /// Creates `database` on `pg_server`, a merchant and key, and starts both servers.
     pub async fn start(
         pg_server: &str,
         database: &str,
         serve_env: &[(String, String)],
+    ) -> Result<Stack, String> {
+        Stack::start_as(pg_server, database, serve_env, Variant::default()).await
+    }
+
+    /// [`Stack::start`], with the differences `variant` names.
+    pub async fn start_as(
+        pg_server: &str,
+        database: &str,
+        serve_env: &[(String, String)],
+        variant: Variant,
     ) -> Result<Stack, String> {
         let bin = sibling_binary("oncepay")?;
         let db_url = format!("{pg_server}/{database}");
@@ -52,6 +72,7 @@ impl Stack {
                 format!("{base}/webhooks/sandbox"),
             )
             .env("ONCEPAY_LOG", "warn")
+            .envs(variant.sandbox_env)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .kill_on_drop(true)
@@ -60,7 +81,10 @@ impl Stack {
         let mut serve = Command::new(&bin);
         serve
             .arg("serve")
-            .env("DATABASE_URL", &db_url)
+            .env(
+                "DATABASE_URL",
+                variant.serve_db_url.as_deref().unwrap_or(&db_url),
+            )
             .env("ONCEPAY_BIND", format!("127.0.0.1:{serve_port}"))
             .env("ONCEPAY_PROVIDER_URL", &sandbox)
             // The bench measures the service's capacity, not the limiter.

@@ -36,7 +36,18 @@ pub struct Intent {
     pub sent: Vec<(String, String, Value)>,
     /// A request that never got a final answer, and why.
     pub gave_up: Option<String>,
+    /// What its customer did at the bank (3-D Secure), if it went there.
+    pub bank: Option<&'static str>,
 }
+
+/// What a customer does at the bank (3-D Secure), as the fault table
+/// counts it.
+pub const BANK: [&str; 4] = [
+    "approved at once",
+    "declined",
+    "abandoned (expires, ONCEPAY_ACTION_TIMEOUT)",
+    "approved after it expired (refunded as an incident)",
+];
 
 /// What the clients share.
 pub struct Clients {
@@ -250,7 +261,7 @@ impl Clients {
             return intent;
         };
         if let Some(url) = intent.payment_answers[0]["next_action"]["url"].as_str() {
-            self.at_the_bank(url, i).await;
+            intent.bank = Some(self.at_the_bank(url, i).await);
         }
         // Poll a pending payment for a while, as a checkout page would.
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -292,15 +303,15 @@ impl Clients {
     /// declines, never comes (the payment expires, ONCEPAY_ACTION_TIMEOUT),
     /// or approves after it expired (the charge is then refunded as an
     /// incident).
-    async fn at_the_bank(&self, url: &str, i: usize) {
-        let choice = match (i / 10) % 4 {
-            0 => Some(("approve", Duration::ZERO)),
-            1 => Some(("decline", Duration::ZERO)),
-            2 => None,
-            _ => Some(("approve", Duration::from_secs(6))),
+    async fn at_the_bank(&self, url: &str, i: usize) -> &'static str {
+        let (done, choice) = match (i / 10) % 4 {
+            0 => (BANK[0], Some(("approve", Duration::ZERO))),
+            1 => (BANK[1], Some(("decline", Duration::ZERO))),
+            2 => (BANK[2], None),
+            _ => (BANK[3], Some(("approve", Duration::from_secs(6)))),
         };
         let Some((button, after)) = choice else {
-            return;
+            return done;
         };
         tokio::time::sleep(after).await;
         for _ in 0..5 {
@@ -311,10 +322,11 @@ impl Clients {
                 .await
                 .is_ok_and(|r| r.status().is_success() || r.status().is_redirection());
             if pressed {
-                return;
+                return done;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        done
     }
 
     /// A partial refund and a cancel of the same paid order sent at once.

@@ -5,7 +5,7 @@
 //! probe writes through the service all along, so each failover's window
 //! without a successful write can be measured.
 //!
-//! With `--async-replication` (the misconfiguration the README warns
+//! With `--async-replication` (the misconfiguration docs/operations.md warns
 //! about) every failover first lets the standbys fall behind (their WAL
 //! receivers stopped, their startup processes frozen) while the primary
 //! keeps acknowledging commits, then

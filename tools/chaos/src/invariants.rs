@@ -600,7 +600,7 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     for r in &rows {
         out += &format!("| {} | {} | {} |\n", r.name, r.checked, r.breaches);
     }
-    out += &fault_table(db, &f, faults).await;
+    out += &fault_table(db, &f, faults, intents).await;
     out += "\n| client retry (same key) | count |\n|---|---:|\n";
     for (reason, n) in &clients.retries.lock().await.by_reason {
         out += &format!("| {reason} | {n} |\n");
@@ -613,7 +613,7 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     Ok(Report { text: out, ok })
 }
 
-async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults) -> String {
+async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults, intents: &[Intent]) -> String {
     let scalar = |sql: &'static str| async move {
         sqlx::query_scalar::<_, i64>(sql)
             .fetch_one(db)
@@ -736,6 +736,12 @@ async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults) -> String {
             f.incidents.len() as i64,
         ),
     ]);
+    for done in crate::clients::BANK {
+        rows.push((
+            format!("3-D Secure customer at the bank: {done}"),
+            intents.iter().filter(|i| i.bank == Some(done)).count() as i64,
+        ));
+    }
     let mut out = "\n| fault injected or observed | count |\n|---|---:|\n".to_string();
     for (name, n) in rows {
         out += &format!("| {name} | {n} |\n");

@@ -37,17 +37,7 @@ pub struct CreateCheckout {
     way_back: WayBack,
 }
 
-/// Where the page sends the customer back, and in which language it
-/// speaks (`POST /orders/{id}/checkout`'s optional body).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct WayBack {
-    /// After paying; `{CHECKOUT_SESSION_ID}` in it becomes the session's id.
-    pub success_url: Option<String>,
-    /// When the customer gives up.
-    pub cancel_url: Option<String>,
-    /// `en`, `ru` or `zh`; `None`: the browser's `Accept-Language`.
-    pub locale: Option<&'static str>,
-}
+pub use crate::domain::checkout::WayBack;
 
 /// The placeholder a `success_url` may hold, replaced by the session's id
 /// (as Stripe Checkout does).
@@ -100,7 +90,7 @@ fn locale(text: &str) -> Result<Option<&'static str>, Problem> {
 }
 
 impl Command for CreateCheckout {
-    const NAME: &'static str = "create_checkout";
+    const KIND: super::CommandKind = super::CommandKind::CreateCheckout;
     type Point = NoRecoveryPoint;
     type Memo = ();
 

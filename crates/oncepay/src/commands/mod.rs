@@ -13,6 +13,7 @@
 //! the key and what waits.
 
 pub mod checkout;
+pub mod gate;
 pub mod local_runs;
 pub mod orders;
 pub mod payments;
@@ -29,13 +30,13 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::idempotency::persistence::{Lease, RecordId, StoredResponse};
 use crate::idempotency::{
     store_problem, Claim, Completed, Engine, FencedWrite, IdempotentRequest, NextAction, STARTED,
 };
 use crate::metrics::Metrics;
 use crate::problem::Problem;
 use crate::provider::Providers;
-use crate::store::idempotency::{Lease, RecordId, StoredResponse};
 use crate::store::StoreError;
 
 /// What commands, handlers and workers share.
@@ -66,7 +67,7 @@ pub struct AppContext {
     pub event_retention: Duration,
     /// Closed while a gap in the database's history is reconciled with
     /// the providers' books (`books::restore_guard`).
-    pub books_gate: crate::books::Gate,
+    pub books_gate: gate::Gate,
 }
 
 /// Settings of hosted checkout pages.
@@ -247,10 +248,61 @@ pub struct Run<'a> {
     pub fingerprint: &'a [u8],
 }
 
+/// Every command the engine runs, by the name stored in its idempotency
+/// record. [`resume`] matches on it exhaustively (tokio's mini-redis
+/// `enum Command`), and every [`Command`] names its kind: a new command
+/// cannot compile without a way to be resumed after a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandKind {
+    /// `POST /orders`.
+    CreateOrder,
+    /// `POST /orders/{id}/cancel`.
+    CancelOrder,
+    /// `POST /payments` (and the checkout page's payments).
+    CreatePayment,
+    /// `POST /payments/{id}/refunds`.
+    CreateRefund,
+    /// `POST /orders/{id}/checkout`.
+    CreateCheckout,
+    /// `POST /webhook_endpoints`.
+    CreateWebhookEndpoint,
+}
+
+impl CommandKind {
+    /// Every kind.
+    pub const ALL: [CommandKind; 6] = [
+        CommandKind::CreateOrder,
+        CommandKind::CancelOrder,
+        CommandKind::CreatePayment,
+        CommandKind::CreateRefund,
+        CommandKind::CreateCheckout,
+        CommandKind::CreateWebhookEndpoint,
+    ];
+
+    /// The name stored in the record (never changed: stored records hold it).
+    pub const fn name(self) -> &'static str {
+        match self {
+            CommandKind::CreateOrder => "create_order",
+            CommandKind::CancelOrder => "cancel_order",
+            CommandKind::CreatePayment => "create_payment",
+            CommandKind::CreateRefund => "create_refund",
+            CommandKind::CreateCheckout => "create_checkout",
+            CommandKind::CreateWebhookEndpoint => "create_webhook_endpoint",
+        }
+    }
+
+    /// The kind a stored name names, if any.
+    pub fn parse(name: &str) -> Option<CommandKind> {
+        CommandKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
 /// One money command.
 pub trait Command: Sized + Send + Sync {
+    /// Which command this is (see [`CommandKind`]).
+    const KIND: CommandKind;
     /// Stored in the record so any process can resume it.
-    const NAME: &'static str;
+    const NAME: &'static str = Self::KIND.name();
 
     /// The command's recovery points, in the order its steps reach them.
     type Point: RecoveryPoint;
@@ -324,19 +376,13 @@ pub async fn run<C: Command>(
         id,
         fingerprint,
         command: C::NAME,
-        input: serde_json::to_value(input).map_err(|_| Problem::internal())?,
+        input: serde_json::to_value(input).map_err(Problem::internal_from)?,
     };
-    if let Some(response) = ctx
-        .engine
-        .replay_from_memory(&request.id, &request.fingerprint)?
-    {
-        return Ok(Answer {
-            response,
-            replayed: true,
-        });
-    }
+    // A repeat answerable from memory was answered by the caller before
+    // it came here (`http::resources::run_command`, on the HTTP runtime):
+    // the replay cache is asked once per request.
     if ctx.books_gate.is_closed() {
-        return Err(crate::books::gate_closed());
+        return Err(gate::gate_closed());
     }
     if let Some((response, write)) = command.in_one() {
         if let Some(response) = ctx.engine.execute_in_one(&request, response, write).await? {
@@ -517,30 +563,32 @@ async fn steps<C: Command>(
 /// reconciler finishes a command whose process died.
 pub async fn resume(ctx: &AppContext, id: RecordId, lease: Lease) -> Result<(), Problem> {
     let mut claim = Claim::resumed(id, lease);
-    let input: CommandInput =
-        serde_json::from_value(claim.input().clone()).map_err(|_| Problem::internal())?;
-    let outcome = match claim.command() {
-        orders::CreateOrder::NAME => {
-            resume_as::<orders::CreateOrder>(ctx, &mut claim, &input).await
-        }
-        orders::CancelOrder::NAME => {
-            resume_as::<orders::CancelOrder>(ctx, &mut claim, &input).await
-        }
-        payments::CreatePayment::NAME => {
+    let input: CommandInput = serde_json::from_value(claim.input().clone()).map_err(|e| {
+        Problem::internal_from(format_args!(
+            "the stored input of {} no longer parses: {e}",
+            claim.command()
+        ))
+    })?;
+    let Some(kind) = CommandKind::parse(claim.command()) else {
+        return Err(Problem::internal_from(format_args!(
+            "cannot resume an unknown command {:?}",
+            claim.command()
+        )));
+    };
+    let outcome = match kind {
+        CommandKind::CreateOrder => resume_as::<orders::CreateOrder>(ctx, &mut claim, &input).await,
+        CommandKind::CancelOrder => resume_as::<orders::CancelOrder>(ctx, &mut claim, &input).await,
+        CommandKind::CreatePayment => {
             resume_as::<payments::CreatePayment>(ctx, &mut claim, &input).await
         }
-        refunds::CreateRefund::NAME => {
+        CommandKind::CreateRefund => {
             resume_as::<refunds::CreateRefund>(ctx, &mut claim, &input).await
         }
-        checkout::CreateCheckout::NAME => {
+        CommandKind::CreateCheckout => {
             resume_as::<checkout::CreateCheckout>(ctx, &mut claim, &input).await
         }
-        webhook_endpoints::CreateWebhookEndpoint::NAME => {
+        CommandKind::CreateWebhookEndpoint => {
             resume_as::<webhook_endpoints::CreateWebhookEndpoint>(ctx, &mut claim, &input).await
-        }
-        other => {
-            tracing::error!(command = other, "cannot resume an unknown command");
-            return Err(Problem::internal());
         }
     };
     match outcome {
@@ -612,6 +660,25 @@ pub fn json_response<T: Serialize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_command_kind_is_found_by_its_stored_name() {
+        for kind in CommandKind::ALL {
+            assert_eq!(CommandKind::parse(kind.name()), Some(kind));
+        }
+        // The names stored by every version so far: records in flight
+        // across a deploy must still resume.
+        assert_eq!(orders::CreateOrder::NAME, "create_order");
+        assert_eq!(orders::CancelOrder::NAME, "cancel_order");
+        assert_eq!(payments::CreatePayment::NAME, "create_payment");
+        assert_eq!(refunds::CreateRefund::NAME, "create_refund");
+        assert_eq!(checkout::CreateCheckout::NAME, "create_checkout");
+        assert_eq!(
+            webhook_endpoints::CreateWebhookEndpoint::NAME,
+            "create_webhook_endpoint"
+        );
+        assert_eq!(CommandKind::parse("refund_everything"), None);
+    }
 
     fn round_trip<P: RecoveryPoint + PartialEq>() {
         assert!(!P::ALL.is_empty());

@@ -22,7 +22,7 @@ use crate::store::{self, StoreError};
 pub struct CreateOrder(NewOrder);
 
 impl Command for CreateOrder {
-    const NAME: &'static str = "create_order";
+    const KIND: super::CommandKind = super::CommandKind::CreateOrder;
     type Point = NoRecoveryPoint;
     type Memo = ();
 
@@ -98,7 +98,7 @@ pub struct CancelOrder {
 fn order_response(
     status: u16,
     order: &Order,
-) -> Result<crate::store::idempotency::StoredResponse, CommandError> {
+) -> Result<crate::idempotency::persistence::StoredResponse, CommandError> {
     json_response(status, order, None)
 }
 
@@ -111,7 +111,7 @@ recovery_points! {
 }
 
 impl Command for CancelOrder {
-    const NAME: &'static str = "cancel_order";
+    const KIND: super::CommandKind = super::CommandKind::CancelOrder;
     type Point = CancelPoint;
     /// What step 2 must send (`None`: the refund is already final).
     type Memo = Option<refunds::Outstanding>;

@@ -95,7 +95,7 @@ pub fn uuid_field(obj: &Obj<'_>, name: &str) -> Result<Uuid, Problem> {
 }
 
 impl Command for CreatePayment {
-    const NAME: &'static str = "create_payment";
+    const KIND: super::CommandKind = super::CommandKind::CreatePayment;
     type Point = PaymentPoint;
     type Memo = PaymentMemo;
 
@@ -160,6 +160,7 @@ impl Command for CreatePayment {
         let (pool, metrics) = (ctx.pool.clone(), ctx.metrics.clone());
         let (order_id, check_after) = (self.order_id, ctx.reconcile_after);
         let payment_method = self.payment_method.clone();
+        let return_url = self.return_url.clone();
         let write: ClaimingWrite<PaymentMemo> =
             Box::new(move |record, lease_token, recovery_point| {
                 Box::pin(async move {
@@ -175,6 +176,7 @@ impl Command for CreatePayment {
                         now,
                         check_after,
                         events: &events,
+                        return_url: return_url.as_deref(),
                     };
                     let Some(order) = store::payments::insert_claiming(&pool, &claiming).await?
                     else {
@@ -191,6 +193,7 @@ impl Command for CreatePayment {
                     );
                     attempt.merchant_id = record.id.merchant_id;
                     attempt.origin = Origin::of(Some(&record.id.key), Some(record.fingerprint));
+                    attempt.return_url = return_url;
                     Ok(Some(PaymentMemo::Created { attempt, order }))
                 })
             });
@@ -216,9 +219,9 @@ impl Command for CreatePayment {
                 point: PaymentPoint::AttemptCreated,
                 memo: Some(PaymentMemo::Created { attempt, order }),
                 ..
-            } => match open(ctx, &attempt, self.return_url.as_deref()).await {
+            } => match open(ctx, &attempt).await {
                 Opening::Charge => {
-                    let observed = charge(ctx, &attempt, self.return_url.as_deref()).await;
+                    let observed = charge(ctx, &attempt).await;
                     (attempt, Some(order), observed)
                 }
                 Opening::Record(reference) => {
@@ -249,7 +252,7 @@ impl Command for CreatePayment {
                 memo: Some(PaymentMemo::Opened { attempt, order }),
                 ..
             } => {
-                let observed = charge(ctx, &attempt, self.return_url.as_deref()).await;
+                let observed = charge(ctx, &attempt).await;
                 (attempt, Some(order), observed)
             }
             At::After {
@@ -372,6 +375,7 @@ impl CreatePayment {
             payment_method: &self.payment_method,
             now: Utc::now(),
             check_after: ctx.reconcile_after,
+            return_url: self.return_url.as_deref(),
         };
         let attempt = match store::payments::insert(&mut tx, &new).await {
             Ok(a) => a,
@@ -416,29 +420,28 @@ enum Opening {
     Settled(Option<ProviderObject>),
 }
 
-fn charge_request(attempt: &Payment, return_url: Option<&str>) -> ChargeRequest {
+fn charge_request(attempt: &Payment) -> ChargeRequest {
     ChargeRequest {
         idempotency_key: attempt.id,
         amount: attempt.amount,
         currency: attempt.currency.clone(),
         payment_method: attempt.payment_method.clone(),
         trace: Trace::of_payment(attempt),
-        return_url: return_url.map(str::to_string),
+        // Stored with the attempt: a charge sent again after a crash (by
+        // the reconciler) sends the customer back to the same place.
+        return_url: attempt.return_url.clone(),
     }
 }
 
 /// The first phase of a charge, with the attempt's provider: nothing for
 /// a provider that charges in one call, or for an attempt whose object is
 /// recorded already.
-async fn open(ctx: &AppContext, attempt: &Payment, return_url: Option<&str>) -> Opening {
+async fn open(ctx: &AppContext, attempt: &Payment) -> Opening {
     if attempt.provider_charge_id.is_some() {
         return Opening::Charge;
     }
     let provider = ctx.providers.named(&attempt.provider);
-    match provider
-        .open_charge(&charge_request(attempt, return_url))
-        .await
-    {
+    match provider.open_charge(&charge_request(attempt)).await {
         Opened::NotNeeded => Opening::Charge,
         Opened::Created(reference) => Opening::Record(reference),
         Opened::Settled(outcome) => Opening::Settled(known(outcome, attempt.id, "charge")),
@@ -460,13 +463,9 @@ fn known(outcome: CallOutcome, id: Uuid, what: &str) -> Option<ProviderObject> {
 /// Charges (or re-charges with the same key; confirms the recorded object)
 /// with the attempt's provider and returns what it said, or `None` when
 /// the outcome is unknown.
-pub async fn charge(
-    ctx: &AppContext,
-    attempt: &Payment,
-    return_url: Option<&str>,
-) -> Option<ProviderObject> {
+pub async fn charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
     let provider = ctx.providers.named(&attempt.provider);
-    let request = charge_request(attempt, return_url);
+    let request = charge_request(attempt);
     let outcome = provider
         .charge(&request, attempt.provider_charge_id.as_deref())
         .await;
@@ -485,13 +484,13 @@ pub async fn look_up_or_charge(ctx: &AppContext, attempt: &Payment) -> Option<Pr
         .await;
     match found {
         CallOutcome::Known(object) => Some(object),
-        CallOutcome::NotFound => match open(ctx, attempt, None).await {
-            Opening::Charge => charge(ctx, attempt, None).await,
+        CallOutcome::NotFound => match open(ctx, attempt).await {
+            Opening::Charge => charge(ctx, attempt).await,
             Opening::Settled(observed) => observed,
             Opening::Record(reference) => {
                 let recorded = record_reference(ctx, attempt.id, &reference).await;
                 match recorded {
-                    Ok(Some(attempt)) => charge(ctx, &attempt, None).await,
+                    Ok(Some(attempt)) => charge(ctx, &attempt).await,
                     Ok(None) => None,
                     Err(e) => {
                         tracing::warn!(payment_id = %attempt.id, error = %e, "recording the provider's object failed; it is retried");

@@ -41,7 +41,7 @@ pub struct CreateRefund {
 }
 
 impl Command for CreateRefund {
-    const NAME: &'static str = "create_refund";
+    const KIND: super::CommandKind = super::CommandKind::CreateRefund;
     type Point = RefundPoint;
     /// What step 2 must send (`None`: the refund is already final).
     type Memo = Option<Outstanding>;

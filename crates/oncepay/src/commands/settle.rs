@@ -11,32 +11,13 @@ use uuid::Uuid;
 
 use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
+use crate::domain::settlement::{self, Report, Settlement};
 use crate::idempotency::FencedWrite;
 use crate::metrics::Metrics;
 use crate::provider::ProviderObject;
 use crate::store::{self, StoreError};
 
-/// Who observed the provider's state (a metrics label).
-#[derive(Debug, Clone, Copy)]
-pub enum Cause {
-    /// The command's own provider call.
-    Command,
-    /// A webhook.
-    Webhook,
-    /// The reconciler's look.
-    Reconciler,
-}
-
-impl Cause {
-    /// The metrics label and the stored `detected_by`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Cause::Command => "command",
-            Cause::Webhook => "webhook",
-            Cause::Reconciler => "reconciler",
-        }
-    }
-}
+pub use crate::domain::event::Cause;
 
 /// Whether a payment or refund that moves to `status` on what `cause`
 /// observed must be confirmed later by one status read (the reconciler's).
@@ -80,19 +61,24 @@ pub async fn payment(
         failure_code: observed.failure_code.as_deref(),
         failure_message: observed.failure_message.as_deref(),
     };
-    let updated = match transition {
-        Transition::Advance(status) => {
+    let report = Report {
+        status: observed.status,
+        charge_id: facts.charge_id,
+        requires_action: observed.next_action.is_some(),
+    };
+    let updated = match settlement::decide(&current, order.status, &report) {
+        Settlement::Advance {
+            status,
+            order: next,
+        } => {
             let p = store::payments::set_status(tx, attempt_id, status, &facts).await?;
             if decline_to_confirm(status, cause) {
-                store::payments::confirm_decline_later(tx, attempt_id).await?;
+                store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
             }
             crate::outbox::payment_changed(tx, metrics, &p, cause).await?;
-            if status == PaymentStatus::Succeeded {
-                let next = order.status.after_payment_succeeded();
-                if next != order.status {
-                    let order = store::orders::set_status(tx, order_id, next).await?;
-                    crate::outbox::order_changed(tx, metrics, &order, cause).await?;
-                }
+            if let Some(next) = next {
+                let order = store::orders::set_status(tx, order_id, next).await?;
+                crate::outbox::order_changed(tx, metrics, &order, cause).await?;
             }
             metrics
                 .payment_transitions
@@ -100,13 +86,8 @@ pub async fn payment(
                 .inc();
             p
         }
-        // Still pending, and now waiting for the customer (3-D Secure):
-        // where to send them, once, with its event.
-        Transition::Unchanged
-            if current.status == PaymentStatus::Pending
-                && current.next_action.is_none()
-                && observed.next_action.is_some() =>
-        {
+        // Where to send the customer, once, with its event.
+        Settlement::RequireAction => {
             let url = observed.next_action.as_deref().unwrap_or_default();
             let no_failure = store::payments::ChargeFacts {
                 charge_id: facts.charge_id,
@@ -122,10 +103,7 @@ pub async fn payment(
                 None => current,
             }
         }
-        // Same state: keep the charge id if we learn it now.
-        Transition::Unchanged
-            if current.provider_charge_id.is_none() && facts.charge_id.is_some() =>
-        {
+        Settlement::LearnChargeId => {
             let no_failure = store::payments::ChargeFacts {
                 charge_id: facts.charge_id,
                 failure_code: None,
@@ -133,7 +111,7 @@ pub async fn payment(
             };
             store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?
         }
-        Transition::Contradicted => {
+        Settlement::Contradicted => {
             let charge_id = facts.charge_id.or(current.provider_charge_id.as_deref());
             let updated = match (&current.provider_charge_id, facts.charge_id) {
                 (None, Some(_)) => {
@@ -171,7 +149,7 @@ pub async fn payment(
             }
             updated
         }
-        Transition::Unchanged | Transition::Ignored => current,
+        Settlement::Nothing => current,
     };
     Ok((updated, transition))
 }
@@ -199,7 +177,16 @@ impl Known {
         order: &Order,
         observed: &ProviderObject,
     ) -> Result<Option<Known>, StoreError> {
-        let Transition::Advance(status) = attempt.status.transition(observed.status) else {
+        let report = Report {
+            status: observed.status,
+            charge_id: non_empty(&observed.id),
+            requires_action: observed.next_action.is_some(),
+        };
+        let Settlement::Advance {
+            status,
+            order: next,
+        } = settlement::decide(attempt, order.status, &report)
+        else {
             return Ok(None);
         };
         // The provider's object recorded before the charge (Stripe's
@@ -226,20 +213,17 @@ impl Known {
             now,
         );
         let mut events = vec![crate::outbox::of_payment(&after, Cause::Command)?];
-        let next = match status {
-            PaymentStatus::Succeeded => order.status.after_payment_succeeded(),
-            _ => order.status,
-        };
-        let order_after = if next == order.status {
-            order.clone()
-        } else {
-            let moved = Order {
-                status: next,
-                updated_at: now,
-                ..order.clone()
-            };
-            events.extend(crate::outbox::of_order(&moved, Cause::Command)?);
-            moved
+        let order_after = match next {
+            None => order.clone(),
+            Some(next) => {
+                let moved = Order {
+                    status: next,
+                    updated_at: now,
+                    ..order.clone()
+                };
+                events.extend(crate::outbox::of_order(&moved, Cause::Command)?);
+                moved
+            }
         };
         Ok(Some(Known {
             order: (order.clone(), order_after),
@@ -316,7 +300,10 @@ pub async fn refund(
             .await?;
             crate::outbox::refund_changed(tx, metrics, &r, order_id, cause).await?;
             if decline_to_confirm(status, cause) {
-                store::refunds::confirm_decline_later(tx, refund_id).await?;
+                store::queue::confirm_decline_later::<crate::domain::payment::Refund>(
+                    tx, refund_id,
+                )
+                .await?;
             }
             if status == PaymentStatus::Succeeded {
                 let payment = store::payments::add_refunded(tx, payment_id, r.amount).await?;

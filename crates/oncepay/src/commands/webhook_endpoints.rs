@@ -30,7 +30,7 @@ pub struct CreateWebhookEndpoint {
 }
 
 impl Command for CreateWebhookEndpoint {
-    const NAME: &'static str = "create_webhook_endpoint";
+    const KIND: super::CommandKind = super::CommandKind::CreateWebhookEndpoint;
     type Point = NoRecoveryPoint;
     type Memo = ();
 

@@ -73,6 +73,26 @@ pub fn agreement(ours: PaymentStatus, theirs: PaymentStatus) -> Agreement {
     }
 }
 
+/// What is done with a charge no order of ours can own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrphanPolicy {
+    /// Refund it, with a key derived from the charge (`ONCEPAY_ORPHAN_POLICY=refund`).
+    Refund,
+    /// Record it for a person to decide (`hold`).
+    Hold,
+}
+
+impl OrphanPolicy {
+    /// Parses `refund` or `hold`.
+    pub fn parse(text: &str) -> Option<OrphanPolicy> {
+        match text {
+            "refund" => Some(OrphanPolicy::Refund),
+            "hold" => Some(OrphanPolicy::Hold),
+            _ => None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -237,6 +237,74 @@ impl Verdict {
     }
 }
 
+/// Who observed the provider's state (a metrics label).
+#[derive(Debug, Clone, Copy)]
+pub enum Cause {
+    /// The command's own provider call.
+    Command,
+    /// A webhook.
+    Webhook,
+    /// The reconciler's look.
+    Reconciler,
+}
+
+impl Cause {
+    /// The metrics label and the stored `detected_by`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Cause::Command => "command",
+            Cause::Webhook => "webhook",
+            Cause::Reconciler => "reconciler",
+        }
+    }
+}
+
+/// What a provider's event did, as stored on its `webhook_event` row,
+/// answered to the provider and counted (`oncepay_webhooks_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventOutcome {
+    /// Applied, or it repeated what we hold.
+    Processed,
+    /// The same event again: answered, nothing done.
+    Duplicate,
+    /// Stale or backward for what we hold: recorded, nothing done.
+    Ignored,
+    /// About a charge we have no row for: recorded for a person.
+    UnknownCharge,
+    /// The provider did not confirm it: recorded, nothing done.
+    Unconfirmed,
+    /// Its facts contradict our books: recorded, nothing done.
+    Mismatch,
+    /// It cannot be stored as sent (U+0000): recorded written out.
+    Rejected,
+}
+
+impl EventOutcome {
+    /// Every outcome.
+    pub const ALL: [EventOutcome; 7] = [
+        EventOutcome::Processed,
+        EventOutcome::Duplicate,
+        EventOutcome::Ignored,
+        EventOutcome::UnknownCharge,
+        EventOutcome::Unconfirmed,
+        EventOutcome::Mismatch,
+        EventOutcome::Rejected,
+    ];
+
+    /// Its name, as stored, answered and counted.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventOutcome::Processed => "processed",
+            EventOutcome::Duplicate => "duplicate",
+            EventOutcome::Ignored => "ignored",
+            EventOutcome::UnknownCharge => "unknown_charge",
+            EventOutcome::Unconfirmed => "unconfirmed",
+            EventOutcome::Mismatch => "mismatch",
+            EventOutcome::Rejected => "rejected",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

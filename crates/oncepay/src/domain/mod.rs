@@ -4,11 +4,15 @@
 
 pub mod adoption;
 pub mod card;
+pub mod checkout;
 pub mod event;
 pub mod money;
 pub mod order;
+pub mod origin;
 pub mod payment;
 pub mod refund;
+pub mod scopes;
+pub mod settlement;
 
 /// A request that is well formed but breaks a business rule (answered `422`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

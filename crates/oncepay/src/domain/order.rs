@@ -247,6 +247,14 @@ impl OrderStatus {
         }
     }
 
+    /// Every status.
+    pub const ALL: [OrderStatus; 4] = [
+        OrderStatus::AwaitingPayment,
+        OrderStatus::Paid,
+        OrderStatus::Refunded,
+        OrderStatus::Cancelled,
+    ];
+
     /// Parses a stored status.
     pub fn parse(text: &str) -> Option<Self> {
         Some(match text {

@@ -104,13 +104,17 @@ pub struct Payment {
     /// Since when it waits for the customer (`next_action`).
     #[serde(skip)]
     pub action_required_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Where the customer's bank sends them back, as the request gave it
+    /// (every charge of the attempt carries it, however late).
+    #[serde(skip)]
+    pub return_url: Option<String>,
     /// The merchant: not in the payment's JSON (the caller is the merchant).
     #[serde(skip)]
     pub merchant_id: uuid::Uuid,
     /// The key's hash and request's fingerprint, sent in the provider's
     /// metadata.
     #[serde(skip)]
-    pub origin: crate::provider::trace::Origin,
+    pub origin: crate::domain::origin::Origin,
 }
 
 impl Payment {
@@ -140,8 +144,9 @@ impl Payment {
             updated_at: now,
             payment_method: payment_method.to_string(),
             action_required_at: None,
+            return_url: None,
             merchant_id: uuid::Uuid::nil(),
-            origin: crate::provider::trace::Origin::default(),
+            origin: crate::domain::origin::Origin::default(),
         }
     }
 
@@ -204,6 +209,8 @@ pub struct Refund {
     pub payment_id: uuid::Uuid,
     /// How much, in minor units.
     pub amount: i64,
+    /// Its payment's currency (ISO 4217).
+    pub currency: String,
     /// Same one-way state machine as payments.
     pub status: PaymentStatus,
     /// The merchant's reason, if given.
@@ -225,7 +232,7 @@ pub struct Refund {
     /// The key's hash and request's fingerprint, sent in the provider's
     /// metadata.
     #[serde(skip)]
-    pub origin: crate::provider::trace::Origin,
+    pub origin: crate::domain::origin::Origin,
 }
 
 #[cfg(test)]

@@ -110,9 +110,9 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
     if let Some(old) = calling.filter(|_| overlap_ms.is_some()) {
         state.keys.forget(&old);
     }
-    let mut body = serde_json::to_value(&info).map_err(|_| Problem::internal())?;
+    let mut body = serde_json::to_value(&info).map_err(Problem::internal_from)?;
     body["key"] = json!(key);
-    let bytes = serde_json::to_vec(&body).map_err(|_| Problem::internal())?;
+    let bytes = serde_json::to_vec(&body).map_err(Problem::internal_from)?;
     Ok(HttpResponse::Created()
         .content_type("application/json")
         .body(bytes))

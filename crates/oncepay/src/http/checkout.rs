@@ -31,22 +31,48 @@ use crate::domain::payment::Payment;
 use crate::idempotency::{store_problem, Fingerprint, IdempotencyKey, RecordId};
 use crate::input::{parse_body, Obj};
 use crate::problem::{Problem, ProblemCode};
+use crate::provider::CardForm;
 use crate::rate_limit::{Limit, RateLimits};
 use crate::store::{self, checkout::Session};
 
 type Reply = Result<HttpResponse, Problem>;
 
-/// Only the page's own origin, for everything but the provider's
-/// tokenization (`connect`), where the card goes; no framing, no plugins.
-fn csp(tokenization: Option<&str>) -> String {
-    let origin = tokenization
-        .and_then(|u| reqwest::Url::parse(u).ok())
-        .map(|u| u.origin().ascii_serialization())
-        .filter(|o| o != "null");
+/// Only the page's own origin, but for what the card form needs: the
+/// provider's tokenization (`connect`), where the card goes, or Stripe
+/// Elements' script, frames and API. No plugins, no framing of the page.
+fn csp(card: CardForm<'_>) -> String {
+    let (script, frame, connect) = match card {
+        CardForm::Tokenize { url } => {
+            let origin = reqwest::Url::parse(url)
+                .ok()
+                .map(|u| u.origin().ascii_serialization())
+                .filter(|o| o != "null")
+                .unwrap_or_default();
+            (String::new(), String::new(), origin)
+        }
+        CardForm::StripeElements { .. } => {
+            let e = crate::provider::stripe::ELEMENTS_CSP;
+            (e.script.into(), e.frame.into(), e.connect.into())
+        }
+        CardForm::None => Default::default(),
+    };
+    let more = |sources: &str| {
+        if sources.is_empty() {
+            String::new()
+        } else {
+            format!(" {sources}")
+        }
+    };
+    let frame = if frame.is_empty() {
+        String::new()
+    } else {
+        format!("frame-src {frame}; ")
+    };
     format!(
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+        "default-src 'none'; script-src 'self'{}; style-src 'self'; img-src 'self'; {frame}\
          connect-src 'self'{}; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-        origin.map(|o| format!(" {o}")).unwrap_or_default()
+        more(&script),
+        more(&connect),
     )
 }
 
@@ -254,13 +280,13 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
             let main = format!(
                 "<h1>{title}</h1>\n<p class=\"notice\" id=\"closed\" data-status=\"closed\">{text}</p>"
             );
-            return Ok(html(status, page(lang, title, &main), &csp(None)));
+            return Ok(html(status, page(lang, title, &main), &csp(CardForm::None)));
         }
     };
     let lang = Lang::choose(session.locale.as_deref(), accept);
     let t = lang.text();
     let (order, attempts) = order_and_attempts(&state, &session, true).await?;
-    let currency = Currency::try_from(order.currency.as_str()).map_err(|_| Problem::internal())?;
+    let currency = Currency::try_from(order.currency.as_str()).map_err(Problem::internal_from)?;
     let money = |minor: i64| {
         format!(
             "<span class=\"money\" data-minor=\"{minor}\" data-exponent=\"{}\" data-currency=\"{}\">{}</span>",
@@ -297,7 +323,7 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         .map(|p| p.id.to_string())
         .unwrap_or_default();
     let provider = state.ctx.providers.current();
-    let tokenization = provider.tokenization_url();
+    let card_form = provider.card_form();
     let test_mode = provider.test_mode();
     let banner = if test_mode {
         format!(
@@ -314,29 +340,50 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
             escape(label)
         )
     };
-    // A card form where the provider tokenizes from the browser (the
-    // sandbox); the raw token field (in test mode, behind a disclosure, or
-    // alone where the provider's own script would take the card).
-    let card = match tokenization {
-        Some(_) => format!(
-            "{}<div class=\"row\">{}{}</div>\n",
-            field(
-                "card-number",
-                t.card_number,
-                "name=\"cardnumber\" inputmode=\"numeric\" autocomplete=\"cc-number\" placeholder=\"1234 1234 1234 1234\" maxlength=\"23\""
+    // The card form: the page's own fields posted to the provider's
+    // tokenization (the sandbox), or Stripe Elements' field in Stripe's
+    // frame. The raw payment-method field only in test mode, behind a
+    // disclosure (alone where there is no card form); with live keys it
+    // does not exist.
+    let (card, card_kind, tokenize, stripe_key) = match card_form {
+        CardForm::Tokenize { url } => (
+            format!(
+                "{}<div class=\"row\">{}{}</div>\n",
+                field(
+                    "card-number",
+                    t.card_number,
+                    "name=\"cardnumber\" inputmode=\"numeric\" autocomplete=\"cc-number\" placeholder=\"1234 1234 1234 1234\" maxlength=\"23\""
+                ),
+                field(
+                    "card-exp",
+                    &format!("{} ({})", t.expiry, t.expiry_hint),
+                    "name=\"exp-date\" inputmode=\"numeric\" autocomplete=\"cc-exp\" placeholder=\"MM/YY\" maxlength=\"7\""
+                ),
+                field(
+                    "card-cvc",
+                    t.cvc,
+                    "name=\"cvc\" inputmode=\"numeric\" autocomplete=\"cc-csc\" maxlength=\"4\""
+                ),
             ),
-            field(
-                "card-exp",
-                &format!("{} ({})", t.expiry, t.expiry_hint),
-                "name=\"exp-date\" inputmode=\"numeric\" autocomplete=\"cc-exp\" placeholder=\"MM/YY\" maxlength=\"7\""
-            ),
-            field(
-                "card-cvc",
-                t.cvc,
-                "name=\"cvc\" inputmode=\"numeric\" autocomplete=\"cc-csc\" maxlength=\"4\""
-            ),
+            "tokenize",
+            url,
+            "",
         ),
-        None => String::new(),
+        // Stripe's frame carries the autocomplete attributes of its own
+        // inputs; the page holds only the place it mounts in.
+        CardForm::StripeElements { publishable_key } => (
+            format!(
+                "<div class=\"field\"><p class=\"label\" id=\"card-element-label\">{}</p>\n\
+                 <div id=\"card-element\" class=\"card-element\" role=\"group\" aria-labelledby=\"card-element-label\" \
+                 aria-describedby=\"card-element-error\"></div>\n\
+                 <p class=\"field-error\" id=\"card-element-error\" hidden></p></div>\n",
+                escape(t.card)
+            ),
+            "stripe",
+            "",
+            publishable_key,
+        ),
+        CardForm::None => (String::new(), "none", "", ""),
     };
     let example = escape(provider.example_payment_method());
     let token_input = format!(
@@ -345,13 +392,13 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
          <p class=\"field-error\" id=\"payment_method-error\" hidden></p>\n",
         escape(t.test_token)
     );
-    let token = match (tokenization, test_mode) {
-        (Some(_), true) => format!(
+    let token = match (card_form, test_mode) {
+        (CardForm::None, true) => token_input,
+        (_, true) => format!(
             "<details id=\"test-token\"><summary>{}</summary>\n{token_input}</details>\n",
             escape(t.use_test_token)
         ),
-        (Some(_), false) => String::new(),
-        (None, _) => token_input,
+        (_, false) => String::new(),
     };
     let success_url = session
         .success_url
@@ -371,14 +418,15 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         ),
         None => String::new(),
     };
-    let text = serde_json::to_string(t).map_err(|_| Problem::internal())?;
+    let text = serde_json::to_string(t).map_err(Problem::internal_from)?;
     let main = format!(
         "<header>\n<p class=\"merchant\" id=\"merchant\">{merchant}</p>\n{banner}<h1><span class=\"verb\">{pay}</span> {total}</h1>\n\
          <p class=\"order\">{order_word} <span class=\"ref\">{order_id}</span></p>\n</header>\n\
          <table class=\"items\">\n<thead><tr><th scope=\"col\">{item}</th><th scope=\"col\" class=\"qty\">{qty}</th><th scope=\"col\" class=\"money\">{amount}</th></tr></thead>\n\
          <tbody>\n{rows}</tbody>\n<tfoot><tr><th scope=\"row\" colspan=\"2\">{total_word}</th><td class=\"money\">{total}</td></tr></tfoot>\n</table>\n\
          <form id=\"checkout\" data-token=\"{token_path}\" data-order=\"{order_id}\" data-initial=\"{initial}\" data-paid-by=\"{paid_by}\" \
-         data-lang=\"{lang}\" data-tokenize=\"{tokenize}\" data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
+         data-lang=\"{lang}\" data-card=\"{card_kind}\" data-tokenize=\"{tokenize}\" \
+         data-stripe-key=\"{stripe_key}\" data-stripe-js=\"{stripe_js}\" data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
          {card}{token}<button id=\"pay\" type=\"submit\">{pay} {total}</button>\n{cancel}</form>\n\
          <div id=\"status\" role=\"status\" aria-live=\"polite\" data-status=\"idle\">{ready}</div>\n\
          <p id=\"bank\" hidden><a id=\"continue\" href=\"#\">{continue_at_bank}</a></p>\n\
@@ -395,7 +443,13 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         total_word = escape(t.total),
         token_path = escape(&path),
         lang = lang.tag(),
-        tokenize = escape(tokenization.unwrap_or_default()),
+        tokenize = escape(tokenize),
+        stripe_key = escape(stripe_key),
+        stripe_js = if stripe_key.is_empty() {
+            ""
+        } else {
+            crate::provider::stripe::STRIPE_JS
+        },
         success = escape(&success_url),
         text = escape(&text),
         ready = escape(t.ready),
@@ -411,7 +465,7 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
             &format!("{} — {}", t.title, currency.format(order.amount)),
             &main,
         ),
-        &csp(tokenization),
+        &csp(card_form),
     ))
 }
 

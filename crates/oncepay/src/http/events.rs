@@ -114,7 +114,7 @@ pub async fn redeliver(
     .await?
     .ok_or_else(event_not_found)?;
     let body = serde_json::to_vec(&json!({"id": id, "deliveries": queued}))
-        .map_err(|_| Problem::internal())?;
+        .map_err(Problem::internal_from)?;
     Ok(HttpResponse::Accepted()
         .content_type("application/json")
         .body(body))

@@ -200,9 +200,19 @@ pub async fn orders(
 }
 
 /// Payments and refunds share their statuses.
-const ATTEMPT_SPEC: ListSpec = ListSpec {
-    statuses: &["pending", "succeeded", "failed"],
-    filters: &[],
+const ATTEMPT_STATUSES: &[&str] = &["pending", "succeeded", "failed"];
+
+/// `GET /payments` also filters by order: the paged form of
+/// `GET /orders/{id}/payments`.
+const PAYMENT_SPEC: ListSpec = ListSpec {
+    statuses: ATTEMPT_STATUSES,
+    filters: &[("order_id", FilterKind::Id)],
+};
+
+/// `GET /refunds` also filters by the payment refunded.
+const REFUND_SPEC: ListSpec = ListSpec {
+    statuses: ATTEMPT_STATUSES,
+    filters: &[("payment_id", FilterKind::Id)],
 };
 
 /// `GET /payments`.
@@ -215,7 +225,7 @@ pub async fn payments(
         state,
         req,
         query,
-        &ATTEMPT_SPEC,
+        &PAYMENT_SPEC,
         |pool, merchant, page| async move { store::payments::list(&pool, merchant, &page).await },
     )
     .await
@@ -231,7 +241,7 @@ pub async fn refunds(
         state,
         req,
         query,
-        &ATTEMPT_SPEC,
+        &REFUND_SPEC,
         |pool, merchant, page| async move { store::refunds::list(&pool, merchant, &page).await },
     )
     .await

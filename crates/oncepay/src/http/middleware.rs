@@ -119,11 +119,27 @@ pub async fn observe(
             .with_label_values(&[&route, method])
             .observe(elapsed.as_secs_f64());
     }
+    let cause = response
+        .response()
+        .extensions()
+        .get::<ProblemCause>()
+        .map(|c| c.0.clone());
     span.in_scope(|| {
+        // The one place a failed request's cause is logged, with its id.
+        match cause {
+            Some(cause) if status == 500 => tracing::error!(status, route = %route, %cause, "request failed"),
+            Some(cause) => tracing::warn!(status, route = %route, %cause, "request refused"),
+            None => {}
+        }
         tracing::info!(status, route = %route, latency_ms = elapsed.as_secs_f64() * 1e3, "request finished");
     });
     Ok(response)
 }
+
+/// What caused a problem answer ([`Problem::cause`](crate::problem::Problem)),
+/// carried on the response for [`observe`] to log once.
+#[derive(Debug, Clone)]
+pub struct ProblemCause(pub String);
 
 /// One request counted in `oncepay_http_requests_in_flight` while it lives.
 struct InFlight(std::sync::Arc<crate::metrics::Metrics>);

@@ -241,7 +241,13 @@ impl ResponseError for Problem {
         if let Some(seconds) = self.retry_after {
             response.insert_header((header::RETRY_AFTER, seconds.to_string()));
         }
-        response.body(self.body())
+        let mut response = response.body(self.body());
+        if let Some(cause) = &self.cause {
+            response
+                .extensions_mut()
+                .insert(middleware::ProblemCause(cause.to_string()));
+        }
+        response
     }
 }
 
@@ -277,7 +283,7 @@ fn answer(answer: Answer) -> HttpResponse {
 
 /// A JSON `200` for reads.
 fn ok_json<T: serde::Serialize>(value: &T) -> Result<HttpResponse, Problem> {
-    let body = serde_json::to_vec(value).map_err(|_| Problem::internal())?;
+    let body = serde_json::to_vec(value).map_err(Problem::internal_from)?;
     Ok(HttpResponse::Ok()
         .content_type("application/json")
         .body(body))
@@ -323,7 +329,7 @@ async fn authenticate_caller(
                     .map_err(crate::idempotency::store_problem)
             })
             .await?;
-            let caller = found.ok_or_else(unauthorized)?;
+            let caller = crate::api_keys::Caller::from(found.ok_or_else(unauthorized)?);
             state.keys.put(hash, caller);
             caller
         }

@@ -18,8 +18,7 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, Problem>
     // Ready means writable: behind a failover manager the address may
     // briefly lead to a node that is (still, or newly) a standby.
     let writable = super::on_service_runtime(&state, async move {
-        sqlx::query_scalar::<_, bool>("SELECT NOT pg_is_in_recovery()")
-            .fetch_one(&pool)
+        crate::store::is_writable(&pool)
             .await
             .map_err(|_| Problem::unavailable("the database"))
     })

@@ -49,7 +49,7 @@ pub async fn receive(
         .ctx
         .metrics
         .webhooks
-        .with_label_values(&[outcome])
+        .with_label_values(&[outcome.as_str()])
         .inc();
-    Ok(HttpResponse::Ok().json(serde_json::json!({"received": true, "outcome": outcome})))
+    Ok(HttpResponse::Ok().json(serde_json::json!({"received": true, "outcome": outcome.as_str()})))
 }

@@ -22,6 +22,7 @@
 
 pub mod fingerprint;
 pub mod key;
+pub mod persistence;
 pub mod replay_cache;
 
 use std::sync::Arc;
@@ -35,10 +36,10 @@ use uuid::Uuid;
 pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
 
+use crate::idempotency::persistence::{self as records, ClaimOutcome, Lease, NewRecord};
+pub use crate::idempotency::persistence::{RecordId, StoredResponse, STARTED};
 use crate::metrics::Metrics;
 use crate::problem::{Problem, ProblemCode};
-use crate::store::idempotency::{self as records, ClaimOutcome, Lease, NewRecord};
-pub use crate::store::idempotency::{RecordId, StoredResponse, STARTED};
 use crate::store::StoreError;
 use replay_cache::{Cached, ReplayCache};
 
@@ -382,10 +383,10 @@ impl Engine {
     }
 
     /// Claims the request's key and says what to do; see the module docs.
+    /// The replay cache was asked already ([`Engine::replay_from_memory`],
+    /// by the HTTP layer before the request left its runtime): here the
+    /// database decides.
     pub async fn begin(&self, request: &IdempotentRequest) -> Result<NextAction, Problem> {
-        if let Some(response) = self.replay_from_memory(&request.id, &request.fingerprint)? {
-            return Ok(NextAction::Replay(response));
-        }
         let deadline = Instant::now() + self.config.wait;
         let mut pause = Duration::from_millis(5);
         let new = self.new_record(request);
@@ -521,14 +522,18 @@ pub fn in_flight() -> Problem {
     .retry_after(1)
 }
 
-/// Maps a storage failure to the client's answer.
+/// Maps a storage failure to the client's answer, keeping its cause: the
+/// request middleware logs it once, with the request's id.
 pub fn store_problem(e: StoreError) -> Problem {
     match e {
-        StoreError::Unavailable(_) => Problem::unavailable("the database"),
+        StoreError::Unavailable(ref cause) => Problem::unavailable("the database").caused_by(cause),
         StoreError::LeaseLost => in_flight(),
-        other => {
-            tracing::error!(error = %other, "storage failure");
-            Problem::internal()
-        }
+        other => Problem::internal_from(format_args!("storage failure: {other}")),
+    }
+}
+
+impl From<StoreError> for Problem {
+    fn from(e: StoreError) -> Problem {
+        store_problem(e)
     }
 }

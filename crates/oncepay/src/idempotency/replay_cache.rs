@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::Fingerprint;
-use crate::store::idempotency::{RecordId, StoredResponse};
+use crate::idempotency::persistence::{RecordId, StoredResponse};
 
 struct Entry {
     fingerprint: Fingerprint,

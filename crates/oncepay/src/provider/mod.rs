@@ -229,6 +229,37 @@ pub struct BooksPage {
 /// A webhook's headers, by lower-case name.
 pub type Headers<'a> = &'a dyn Fn(&str) -> Option<String>;
 
+/// How the checkout page takes a card (see [`PaymentProvider::card_form`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CardForm<'a> {
+    /// The page's own card fields, posted by the browser to this
+    /// tokenization URL (the sandbox's `POST /v1/tokens`).
+    Tokenize {
+        /// Where the card goes.
+        url: &'a str,
+    },
+    /// Stripe Elements: Stripe.js mounts the card field in Stripe's frame
+    /// and makes the PaymentMethod.
+    StripeElements {
+        /// The account's publishable key.
+        publishable_key: &'a str,
+    },
+    /// No card form: the page takes a payment-method id (test mode only).
+    None,
+}
+
+/// Origins a card form needs in the checkout page's Content-Security-Policy,
+/// beyond the page's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CspSources {
+    /// `script-src`.
+    pub script: &'static str,
+    /// `frame-src`.
+    pub frame: &'static str,
+    /// `connect-src`.
+    pub connect: &'static str,
+}
+
 /// A payment provider's adapter.
 pub trait PaymentProvider: Send + Sync {
     /// The provider's name, stored on attempts and used in webhook paths.
@@ -244,10 +275,9 @@ pub trait PaymentProvider: Send + Sync {
     /// Whether no real money moves (the sandbox; a Stripe test key): the
     /// checkout page says so.
     fn test_mode(&self) -> bool;
-    /// Where a checkout page posts a card to get a token (the browser
-    /// calls it, so the number never reaches oncepay); `None` where the
-    /// provider's own script does it (Stripe Elements).
-    fn tokenization_url(&self) -> Option<&str>;
+    /// How a checkout page takes a card so that its number goes to the
+    /// provider from the customer's browser, never to oncepay.
+    fn card_form(&self) -> CardForm<'_>;
     /// The first phase of a charge, for providers that create before they
     /// charge; [`Opened::NotNeeded`] (without a call) for the others.
     fn open_charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, Opened>;
@@ -410,8 +440,8 @@ impl PaymentProvider for Unconfigured {
     fn test_mode(&self) -> bool {
         false
     }
-    fn tokenization_url(&self) -> Option<&str> {
-        None
+    fn card_form(&self) -> CardForm<'_> {
+        CardForm::None
     }
     fn list_books<'a>(
         &'a self,

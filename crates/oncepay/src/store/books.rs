@@ -422,7 +422,7 @@ pub async fn observe_lineage(
          RETURNING timeline, seen_at, gap_from",
     )
     .bind(timeline)
-    .bind(super::idempotency::millis(margin))
+    .bind(crate::idempotency::persistence::millis(margin))
     .bind(system)
     .fetch_one(pool)
     .await?;

@@ -35,7 +35,7 @@ pub async fn insert(
     (id, merchant_id, order_id): (Uuid, Uuid, Uuid),
     token_hash: &[u8; 32],
     ttl_ms: i64,
-    way_back: &crate::commands::checkout::WayBack,
+    way_back: &crate::domain::checkout::WayBack,
 ) -> Result<DateTime<Utc>, StoreError> {
     let row = sqlx::query(
         "INSERT INTO checkout_session (id, merchant_id, order_id, token_hash, expires_at,

@@ -17,7 +17,7 @@ pub struct NewKey<'a> {
     /// `opk_` and six more characters, to recognise it.
     pub prefix: &'a str,
     /// What it may do.
-    pub scopes: crate::api_keys::Scopes,
+    pub scopes: crate::domain::scopes::Scopes,
 }
 
 /// Stores a key of `merchant_id` and its audit row, in `tx`.
@@ -84,12 +84,27 @@ pub const MERCHANT_FOR_KEY: &str = "UPDATE api_key k SET last_used_at = now()
       RETURNING k.merchant_id, k.id AS key_id, k.scopes, m.rate_limit_per_second,
                 m.rate_limit_burst, EXTRACT(EPOCH FROM k.expires_at - now())::float8 AS expires_in";
 
-/// The caller a key hash speaks for, if the key exists, is not revoked and
-/// has not expired.
+/// Whom a key speaks for, as stored (`api_keys::Caller` is made of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyOwner {
+    /// The merchant.
+    pub merchant_id: Uuid,
+    /// The key's id.
+    pub key_id: Uuid,
+    /// What the key may do.
+    pub scopes: crate::domain::scopes::Scopes,
+    /// When the key stops working, on this process's monotonic clock.
+    pub expires_at: Option<std::time::Instant>,
+    /// The merchant's own rate limit (per second, burst), if it has one.
+    pub rate_limit: Option<(i32, i32)>,
+}
+
+/// Whom a key hash speaks for, if the key exists, is not revoked and has
+/// not expired.
 pub async fn merchant_for_key(
     pool: &PgPool,
     key_hash: &[u8; 32],
-) -> Result<Option<crate::api_keys::Caller>, StoreError> {
+) -> Result<Option<KeyOwner>, StoreError> {
     // Taken before the database measures the key's remaining life, so
     // that the expiry counted down here is never later than the real one
     // (by the round trip, on a busy machine several milliseconds).
@@ -105,17 +120,15 @@ pub async fn merchant_for_key(
     // only counts that span down on its own monotonic clock.
     let expires_in: Option<f64> = row.try_get("expires_in")?;
     let scopes: Vec<String> = row.try_get("scopes")?;
-    Ok(Some(crate::api_keys::Caller {
+    Ok(Some(KeyOwner {
         merchant_id: row.try_get("merchant_id")?,
         key_id: row.try_get("key_id")?,
         // The column's check admits only known names and at least one.
-        scopes: crate::api_keys::Scopes::parse(scopes.iter().map(String::as_str))
+        scopes: crate::domain::scopes::Scopes::parse(scopes.iter().map(String::as_str))
             .map_err(StoreError::Corrupt)?,
         expires_at: expires_in
             .map(|secs| asked_at + std::time::Duration::from_secs_f64(secs.max(0.0))),
-        limit: rate
-            .zip(burst)
-            .and_then(|(r, b)| crate::rate_limit::Limit::new(r.into(), b.into())),
+        rate_limit: rate.zip(burst),
     }))
 }
 

@@ -63,6 +63,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V12__customer_action",
         include_str!("../../migrations/V12__customer_action.sql"),
     ),
+    (
+        "V13__return_url",
+        include_str!("../../migrations/V13__return_url.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

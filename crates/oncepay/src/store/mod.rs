@@ -21,13 +21,13 @@ pub mod books;
 pub mod checkout;
 pub mod deliveries;
 pub mod events;
-pub mod idempotency;
 pub mod incidents;
 pub mod merchants;
 pub mod migrate;
 pub mod orders;
 pub mod pages;
 pub mod payments;
+pub mod queue;
 pub mod refunds;
 pub mod webhook_endpoints;
 pub mod webhooks;
@@ -159,6 +159,29 @@ fn pool_with(options: PgConnectOptions, max_connections: u32) -> PgPool {
             })
         })
         .connect_lazy_with(options)
+}
+
+/// Whether the database behind the pool takes writes, as `/readyz` tells.
+///
+/// Asked on up to three pooled connections: one cut by a failover, or one
+/// that reached the old primary just as it became a standby (HAProxy sends
+/// new connections there until its checks mark the node down), answers for
+/// that connection, not for the database. Such a connection is closed
+/// instead of going back to the pool, so the next question meets another.
+pub async fn is_writable(pool: &PgPool) -> Result<bool, StoreError> {
+    let mut answer = Ok(false);
+    for _ in 0..3 {
+        let mut conn = pool.acquire().await?;
+        answer = sqlx::query_scalar::<_, bool>("SELECT NOT pg_is_in_recovery()")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(StoreError::from);
+        if matches!(answer, Ok(true)) {
+            return answer;
+        }
+        conn.close_on_drop();
+    }
+    answer
 }
 
 /// Connects one connection, creating the database first if it does not exist

@@ -5,9 +5,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::idempotency::{RecordId, StoredResponse};
 use super::StoreError;
 use crate::domain::order::{Order, OrderStatus};
+use crate::idempotency::persistence::{RecordId, StoredResponse};
 
 /// The columns every read of a order returns, in `from_row`'s order.
 macro_rules! order_columns {
@@ -40,17 +40,17 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
 /// which PostgreSQL runs atomically: the order exists exactly when the record
 /// holds its response, and only if the lease was still ours. One round trip
 /// where a transaction would take four (BEGIN, INSERT, UPDATE, COMMIT).
-pub const INSERT_COMPLETING: &str = "WITH done AS (
-        UPDATE idempotency_record
-           SET state = 'completed', recovery_point = 'finished', lease_token = NULL,
-               lease_expires_at = NULL, response_status = $9, response_body = $10,
-               response_location = $11, updated_at = now()
-         WHERE merchant_id = $2 AND idempotency_key = $12 AND lease_token = $13
+pub const INSERT_COMPLETING: &str = concat!(
+    "WITH done AS (
+        UPDATE idempotency_record SET ",
+    crate::idempotency::persistence::completed!("$9", "$10", "$11"),
+    " WHERE merchant_id = $2 AND idempotency_key = $12 AND lease_token = $13
            AND state = 'executing'
         RETURNING 1)
      INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
                          metadata, created_at, updated_at)
-     SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM done)";
+     SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM done)"
+);
 
 /// Binds `$1`..`$11` of the two order inserts: the order's columns, then
 /// the stored response's status, body and location.
@@ -125,7 +125,7 @@ pub const INSERT_CLAIMING: &str = "WITH claim AS (
 /// goes through the engine's full protocol.
 pub async fn insert_claiming(
     pool: &PgPool,
-    record: &super::idempotency::NewRecord<'_>,
+    record: &crate::idempotency::persistence::NewRecord<'_>,
     order: &Order,
     response: &StoredResponse,
 ) -> Result<bool, StoreError> {
@@ -139,7 +139,7 @@ pub async fn insert_claiming(
     .bind(record.fingerprint)
     .bind(record.command)
     .bind(record.request)
-    .bind(super::idempotency::millis(record.ttl))
+    .bind(crate::idempotency::persistence::millis(record.ttl))
     .execute(pool)
     .await?;
     Ok(done.rows_affected() == 1)

@@ -10,20 +10,20 @@ use uuid::Uuid;
 
 use super::StoreError;
 use crate::domain::order::Order;
+use crate::domain::origin::Origin;
 use crate::domain::payment::{NextAction, Payment, PaymentStatus};
-use crate::provider::trace::Origin;
 
 /// The columns every read of a payment attempt returns, in `from_row`'s order.
 macro_rules! payment_columns {
     () => {
-        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint, next_action_url, action_required_at"
+        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint, next_action_url, action_required_at, return_url"
     };
 }
 
 /// The same columns qualified with the alias `p`, for joins and updates.
 macro_rules! payment_columns_p {
     () => {
-        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint, p.next_action_url, p.action_required_at"
+        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint, p.next_action_url, p.action_required_at, p.return_url"
     };
 }
 
@@ -45,6 +45,7 @@ fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
             .try_get::<Option<&str>, _>("next_action_url")?
             .map(NextAction::redirect),
         action_required_at: row.try_get("action_required_at")?,
+        return_url: row.try_get("return_url")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         payment_method: row.try_get("payment_method")?,
@@ -80,6 +81,8 @@ pub struct NewAttempt<'a> {
     pub now: DateTime<Utc>,
     /// When the reconciler should first look at it if it stays pending.
     pub check_after: Duration,
+    /// Where the customer's bank sends them back (3-D Secure).
+    pub return_url: Option<&'a str>,
 }
 
 /// Why an attempt could not be inserted.
@@ -100,9 +103,10 @@ pub enum InsertAttemptError {
 pub const INSERT: &str = concat!(
     "INSERT INTO payment_attempt
             (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-             payment_method, next_check_at, created_at, updated_at, request_fingerprint)
+             payment_method, next_check_at, created_at, updated_at, request_fingerprint,
+             return_url)
          VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
-                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11)
+                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11, $12)
          RETURNING ",
     payment_columns!()
 );
@@ -124,6 +128,7 @@ pub async fn insert(
         .bind(new.now)
         .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
         .bind(new.fingerprint)
+        .bind(new.return_url)
         .fetch_one(tx)
         .await;
     match result {
@@ -166,16 +171,17 @@ pub const INSERT_CLAIMING: &str = concat!(
           FROM o
          WHERE NOT EXISTS (SELECT 1 FROM idempotency_record
                             WHERE merchant_id = $10 AND idempotency_key = ",
-    super::idempotency::adopted_key!("$11"),
+    crate::idempotency::persistence::adopted_key!("$11"),
     ")
         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
         RETURNING 1),
      att AS (
         INSERT INTO payment_attempt
                (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-                payment_method, next_check_at, created_at, updated_at, request_fingerprint)
+                payment_method, next_check_at, created_at, updated_at, request_fingerprint,
+                return_url)
         SELECT $16, $10, o.id, $11, o.amount, o.currency, 'pending', $20, $21,
-               now() + $23::bigint * interval '1 millisecond', $22, $22, $12
+               now() + $23::bigint * interval '1 millisecond', $22, $22, $12, $24
           FROM o WHERE EXISTS (SELECT 1 FROM claim)
         RETURNING id),
      new_events AS (
@@ -194,7 +200,7 @@ pub const INSERT_CLAIMING: &str = concat!(
 /// What [`insert_claiming`] writes.
 pub struct ClaimingAttempt<'a> {
     /// The idempotency record to claim.
-    pub record: &'a super::idempotency::NewRecord<'a>,
+    pub record: &'a crate::idempotency::persistence::NewRecord<'a>,
     /// Our lease's fencing token.
     pub lease_token: Uuid,
     /// The recovery point the record starts at: the step is done.
@@ -214,6 +220,8 @@ pub struct ClaimingAttempt<'a> {
     /// The attempt's events, their objects without the order's amount and
     /// currency (the statement adds them).
     pub events: &'a [super::events::NewEvent<'a>],
+    /// Where the customer's bank sends them back (3-D Secure).
+    pub return_url: Option<&'a str>,
 }
 
 /// See [`INSERT_CLAIMING`]. `None`: nothing was written, and the caller
@@ -232,12 +240,13 @@ pub async fn insert_claiming(
         .bind(w.recovery_point)
         .bind(w.attempt_id)
         .bind(w.lease_token)
-        .bind(super::idempotency::millis(w.record.lease))
-        .bind(super::idempotency::millis(w.record.ttl))
+        .bind(crate::idempotency::persistence::millis(w.record.lease))
+        .bind(crate::idempotency::persistence::millis(w.record.ttl))
         .bind(w.provider)
         .bind(w.payment_method)
         .bind(w.now)
-        .bind(super::idempotency::millis(w.check_after));
+        .bind(crate::idempotency::persistence::millis(w.check_after))
+        .bind(w.return_url);
     match query.fetch_optional(pool).await {
         Ok(row) => row.as_ref().map(super::orders::from_row).transpose(),
         Err(e) => match super::violated_constraint(&e) {
@@ -290,11 +299,9 @@ pub const SETTLE_COMPLETING: &str = concat!(
          WHERE id = $9 AND $12 <> $10 AND (SELECT ok FROM go)
         RETURNING 1),
      rec AS (
-        UPDATE idempotency_record
-           SET state = 'completed', recovery_point = 'finished', lease_token = NULL,
-               lease_expires_at = NULL, response_status = $22, response_body = $23,
-               response_location = $24, updated_at = now()
-         WHERE merchant_id = $19 AND idempotency_key = $20 AND (SELECT ok FROM go)
+        UPDATE idempotency_record SET ",
+    crate::idempotency::persistence::completed!("$22", "$23", "$24"),
+    " WHERE merchant_id = $19 AND idempotency_key = $20 AND (SELECT ok FROM go)
         RETURNING 1),
      new_events AS (
         SELECT n.* FROM ",
@@ -324,9 +331,9 @@ pub struct KnownSettlement<'a> {
 pub async fn settle_completing(
     pool: &PgPool,
     s: &KnownSettlement<'_>,
-    record: &super::idempotency::RecordId,
+    record: &crate::idempotency::persistence::RecordId,
     lease_token: Uuid,
-    response: &super::idempotency::StoredResponse,
+    response: &crate::idempotency::persistence::StoredResponse,
 ) -> Result<bool, StoreError> {
     let (order, order_after) = s.order;
     let after = s.attempt;
@@ -418,16 +425,67 @@ macro_rules! command_executing {
     };
 }
 
-/// Finds an attempt by charge id or key.
-pub const FIND_BY_CHARGE: &str = concat!(
-    "SELECT ",
+/// Finds the attempt a provider event is about (by the provider's charge
+/// id, or our attempt id where the event carries it), and in the same
+/// statement records the event as
+/// `processed` when it only repeats what we hold (its status is the
+/// attempt's: the command, or an earlier delivery, already settled it).
+/// Such an event, the common case (a provider's webhook for a charge its
+/// own answer settled), then costs one round trip and no provider read.
+pub const FIND_BY_CHARGE_OR_RECORD_REPEAT: &str = concat!(
+    "WITH p AS (SELECT ",
     payment_columns_p!(),
     ", ",
     command_executing!(),
     " FROM payment_attempt p
           WHERE p.provider = $1 AND (p.provider_charge_id = $2 OR p.id = $3)
-          ORDER BY p.id = $3 DESC LIMIT 1"
+          ORDER BY p.id = $3 DESC LIMIT 1),
+     repeat AS (INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
+                SELECT $1, $4, $5, $6, 'processed' FROM p WHERE p.status = $7
+                ON CONFLICT DO NOTHING RETURNING 1)
+     SELECT p.*, EXISTS (SELECT 1 FROM repeat) AS repeat_recorded FROM p"
 );
+
+/// A provider event about a charge, as [`find_by_charge_or_record_repeat`]
+/// records it when it repeats what we hold.
+pub struct ChargeEvent<'a> {
+    /// The provider's name.
+    pub provider: &'a str,
+    /// The provider's charge id.
+    pub charge_id: &'a str,
+    /// Our attempt id, where the event carries it.
+    pub attempt_id: Option<Uuid>,
+    /// The provider's event id.
+    pub event_id: &'a str,
+    /// Its type.
+    pub event_type: &'a str,
+    /// The event as received.
+    pub payload: &'a serde_json::Value,
+    /// The status it reports.
+    pub status: crate::domain::payment::PaymentStatus,
+}
+
+/// The attempt a charge event is about, and whether the event was recorded
+/// already as a repeat of what the attempt holds (then nothing is left to
+/// do); see [`FIND_BY_CHARGE_OR_RECORD_REPEAT`].
+pub async fn find_by_charge_or_record_repeat(
+    conn: &mut PgConnection,
+    event: &ChargeEvent<'_>,
+) -> Result<Option<(Found, bool)>, StoreError> {
+    let row = sqlx::query(FIND_BY_CHARGE_OR_RECORD_REPEAT)
+        .bind(event.provider)
+        .bind(event.charge_id)
+        .bind(event.attempt_id)
+        .bind(event.event_id)
+        .bind(event.event_type)
+        .bind(event.payload)
+        .bind(event.status.as_str())
+        .fetch_optional(conn)
+        .await?;
+    row.as_ref()
+        .map(|row| Ok((found_from_row(row)?, row.try_get("repeat_recorded")?)))
+        .transpose()
+}
 
 /// An attempt as a provider event finds it.
 #[derive(Debug)]
@@ -444,41 +502,6 @@ fn found_from_row(row: &PgRow) -> Result<Found, StoreError> {
         attempt: from_row(row)?,
         command_executing: row.try_get("command_executing")?,
     })
-}
-
-/// Finds the attempt a provider charge belongs to, by the charge id or by
-/// the provider idempotency key (our attempt id), whichever is known; the
-/// key wins when they name different attempts, so that the event's charge
-/// id is then checked against the attempt's own. No lock: settlement locks
-/// the order first, then the attempt.
-pub async fn find_by_charge(
-    tx: &mut PgConnection,
-    provider: &str,
-    charge_id: &str,
-    attempt_id: Option<Uuid>,
-) -> Result<Option<Found>, StoreError> {
-    let row = sqlx::query(FIND_BY_CHARGE)
-        .bind(provider)
-        .bind(charge_id)
-        .bind(attempt_id)
-        .fetch_optional(tx)
-        .await?;
-    row.as_ref().map(found_from_row).transpose()
-}
-
-/// Reads an attempt again, as [`find_by_charge`] found it.
-pub async fn find_again(conn: &mut PgConnection, id: Uuid) -> Result<Option<Found>, StoreError> {
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        payment_columns_p!(),
-        ", ",
-        command_executing!(),
-        " FROM payment_attempt p WHERE p.id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    row.as_ref().map(found_from_row).transpose()
 }
 
 /// The order's attempt made with idempotency key `key`, if any.
@@ -620,71 +643,18 @@ pub async fn add_refunded(
     from_row(&row)
 }
 
-/// Claims up to `limit` pending attempts due for a check, pushing their next
-/// check back (`next_check_after_claim`).
-pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Payment, Uuid)>, StoreError> {
-    let rows = sqlx::query(concat!(
-        "UPDATE payment_attempt p
-            SET next_check_at = ",
-        next_check_after_claim!("p"),
-        ", check_count = p.check_count + 1
-           FROM (SELECT id FROM payment_attempt
-                  WHERE status = 'pending' AND next_check_at <= now()
-                  ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
-          WHERE p.id = due.id
-         RETURNING ",
-        payment_columns_p!(),
-        ", p.merchant_id"
-    ))
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| Ok((from_row(row)?, row.try_get("merchant_id")?)))
-        .collect()
-}
+/// The reconciler's queues run over this table (`store::queue`).
+impl super::queue::Queued for Payment {
+    const TABLE: super::queue::Table = super::queue::Table {
+        name: "payment_attempt",
+        alias: "p",
+        returning: concat!(payment_columns_p!(), ", p.merchant_id"),
+        next_look: next_check_after_claim!("p"),
+    };
 
-/// Queues a failed attempt for one confirming status read, due when the
-/// reconciler would have checked it had it stayed pending (see
-/// `commands::settle::decline_to_confirm`).
-pub async fn confirm_decline_later(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query("UPDATE payment_attempt SET decline_check_at = next_check_at WHERE id = $1")
-        .bind(id)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
-/// Claims up to `limit` failed attempts whose decline is due for its
-/// confirming read, pushing the next try back as [`claim_due`] does: a read
-/// that proves nothing is tried again later.
-pub async fn claim_declines_due(pool: &PgPool, limit: i64) -> Result<Vec<Payment>, StoreError> {
-    let rows = sqlx::query(concat!(
-        "UPDATE payment_attempt p
-            SET decline_check_at = ",
-        next_check_after_claim!("p"),
-        ", check_count = p.check_count + 1
-           FROM (SELECT id FROM payment_attempt
-                  WHERE decline_check_at <= now() AND status = 'failed'
-                  ORDER BY decline_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
-          WHERE p.id = due.id
-         RETURNING ",
-        payment_columns_p!()
-    ))
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    rows.iter().map(from_row).collect()
-}
-
-/// Takes a failed attempt off the queue of declines to confirm: the
-/// provider's record was read.
-pub async fn decline_confirmed(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query("UPDATE payment_attempt SET decline_check_at = NULL WHERE id = $1")
-        .bind(id)
-        .execute(tx)
-        .await?;
-    Ok(())
+    fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
+        from_row(row)
+    }
 }
 
 /// The order's succeeded attempt, row-locked.
@@ -739,23 +709,17 @@ pub async fn list(
     Ok(super::pages::page_of(items, page))
 }
 
-/// Makes every pending attempts that has backed off (and every decline
-/// awaiting its confirming read) due now, with its back-off started over:
-/// the provider answers again (`workers::reconciler`). Returns how many.
-pub async fn reset_backoff(pool: &PgPool) -> Result<u64, StoreError> {
-    let pending = sqlx::query(
-        "UPDATE payment_attempt SET next_check_at = now(), check_count = 0
-          WHERE status = 'pending' AND check_count > 0 AND next_check_at > now()",
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    let declines = sqlx::query(
-        "UPDATE payment_attempt SET decline_check_at = now()
-          WHERE decline_check_at > now() AND check_count > 0",
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(pending + declines)
+#[cfg(test)]
+mod tests {
+    use crate::domain::order::OrderStatus;
+
+    /// The one-statement payment writes "the order is payable" in SQL; it
+    /// must say what `OrderStatus::is_payable` says, for every status.
+    #[test]
+    fn the_claiming_statement_pays_exactly_the_payable_orders() {
+        for status in OrderStatus::ALL {
+            let named = super::INSERT_CLAIMING.contains(&format!("status = '{}'", status.as_str()));
+            assert_eq!(named, status.is_payable(), "{status:?}");
+        }
+    }
 }

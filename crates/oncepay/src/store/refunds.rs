@@ -4,24 +4,24 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use super::StoreError;
+use crate::domain::origin::Origin;
 use crate::domain::payment::{PaymentStatus, Refund};
-use crate::provider::trace::Origin;
 
 /// The columns every read of a refund returns, in `from_row`'s order.
 macro_rules! refund_columns {
     () => {
-        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order, incident, idempotency_key, request_fingerprint"
+        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order, incident, idempotency_key, request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = refund.payment_id) AS currency"
     };
 }
 
 /// The same columns qualified with the alias `r`, for joins and updates.
 macro_rules! refund_columns_r {
     () => {
-        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident, r.idempotency_key, r.request_fingerprint"
+        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident, r.idempotency_key, r.request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = r.payment_id) AS currency"
     };
 }
 
@@ -31,6 +31,7 @@ fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
         id: row.try_get("id")?,
         payment_id: row.try_get("payment_id")?,
         amount: row.try_get("amount")?,
+        currency: row.try_get("currency")?,
         status: PaymentStatus::parse(&status)
             .ok_or_else(|| StoreError::Corrupt(format!("refund status {status}")))?,
         reason: row.try_get("reason")?,
@@ -238,68 +239,18 @@ pub async fn set_status(
     from_row(&row)
 }
 
-/// Claims up to `limit` pending refunds due for a check (see
-/// `payments::claim_due`). Returns each with its merchant.
-pub async fn claim_due(pool: &PgPool, limit: i64) -> Result<Vec<(Refund, Uuid)>, StoreError> {
-    let rows = sqlx::query(concat!(
-        "UPDATE refund r
-            SET next_check_at = ",
-        next_check_after_claim!("r"),
-        ", check_count = r.check_count + 1
-           FROM (SELECT id FROM refund
-                  WHERE status = 'pending' AND next_check_at <= now()
-                  ORDER BY next_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
-          WHERE r.id = due.id
-         RETURNING ",
-        refund_columns_r!(),
-        ", r.merchant_id"
-    ))
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    rows.iter()
-        .map(|row| Ok((from_row(row)?, row.try_get("merchant_id")?)))
-        .collect()
-}
+/// The reconciler's queues run over this table (`store::queue`).
+impl super::queue::Queued for Refund {
+    const TABLE: super::queue::Table = super::queue::Table {
+        name: "refund",
+        alias: "r",
+        returning: concat!(refund_columns_r!(), ", r.merchant_id"),
+        next_look: next_check_after_claim!("r"),
+    };
 
-/// Queues a failed refund for one confirming status read (see
-/// `payments::confirm_decline_later`).
-pub async fn confirm_decline_later(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query("UPDATE refund SET decline_check_at = next_check_at WHERE id = $1")
-        .bind(id)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
-/// Claims up to `limit` failed refunds whose decline is due for its
-/// confirming read (see `payments::claim_declines_due`).
-pub async fn claim_declines_due(pool: &PgPool, limit: i64) -> Result<Vec<Refund>, StoreError> {
-    let rows = sqlx::query(concat!(
-        "UPDATE refund r
-            SET decline_check_at = ",
-        next_check_after_claim!("r"),
-        ", check_count = r.check_count + 1
-           FROM (SELECT id FROM refund
-                  WHERE decline_check_at <= now() AND status = 'failed'
-                  ORDER BY decline_check_at LIMIT $1 FOR UPDATE SKIP LOCKED) due
-          WHERE r.id = due.id
-         RETURNING ",
-        refund_columns_r!()
-    ))
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    rows.iter().map(from_row).collect()
-}
-
-/// Takes a failed refund off the queue of declines to confirm.
-pub async fn decline_confirmed(tx: &mut PgConnection, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query("UPDATE refund SET decline_check_at = NULL WHERE id = $1")
-        .bind(id)
-        .execute(tx)
-        .await?;
-    Ok(())
+    fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
+        from_row(row)
+    }
 }
 
 /// The payment and order a refund belongs to (no lock: used to lock those first).
@@ -350,25 +301,4 @@ pub async fn list(
     let rows = qb.build().fetch_all(pool).await?;
     let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
     Ok(super::pages::page_of(items, page))
-}
-
-/// Makes every pending refunds that has backed off (and every decline
-/// awaiting its confirming read) due now, with its back-off started over:
-/// the provider answers again (`workers::reconciler`). Returns how many.
-pub async fn reset_backoff(pool: &PgPool) -> Result<u64, StoreError> {
-    let pending = sqlx::query(
-        "UPDATE refund SET next_check_at = now(), check_count = 0
-          WHERE status = 'pending' AND check_count > 0 AND next_check_at > now()",
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    let declines = sqlx::query(
-        "UPDATE refund SET decline_check_at = now()
-          WHERE decline_check_at > now() AND check_count > 0",
-    )
-    .execute(pool)
-    .await?
-    .rows_affected();
-    Ok(pending + declines)
 }

@@ -76,8 +76,8 @@ async fn recheck_after_recovery(ctx: &AppContext) -> Result<u64, StoreError> {
     if !recovered {
         return Ok(0);
     }
-    let rows = store::payments::reset_backoff(&ctx.pool).await?
-        + store::refunds::reset_backoff(&ctx.pool).await?;
+    let rows = store::queue::reset_backoff::<Payment>(&ctx.pool).await?
+        + store::queue::reset_backoff::<Refund>(&ctx.pool).await?;
     tracing::info!(
         rows,
         "the provider answers again; backed-off pending rows are checked now"
@@ -97,7 +97,9 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
     };
     let lease = ctx.engine.config().lease;
     let ttl = ctx.engine.config().ttl;
-    for (id, record) in store::idempotency::take_over_expired(&ctx.pool, BATCH, lease, ttl).await? {
+    for (id, record) in
+        crate::idempotency::persistence::take_over_expired(&ctx.pool, BATCH, lease, ttl).await?
+    {
         let claim = Claim::resumed(id.clone(), record.clone());
         if claim.is_effect_free() {
             ctx.engine.release(&claim).await;
@@ -114,6 +116,7 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
             Err(problem) => {
                 tracing::warn!(
                     code = problem.code,
+                    cause = problem.cause.as_deref().map_or("", |c| c.as_str()),
                     "resuming a command failed; it will be retried"
                 );
                 done.errors += 1;
@@ -121,7 +124,7 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
             }
         }
     }
-    for (payment, _merchant) in store::payments::claim_due(&ctx.pool, BATCH).await? {
+    for (payment, _merchant) in store::queue::claim_due::<Payment>(&ctx.pool, BATCH).await? {
         match settle_payment(ctx, &payment).await {
             Ok(settled) => {
                 done.payments_settled += u32::from(settled);
@@ -138,15 +141,15 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
             }
         }
     }
-    for payment in store::payments::claim_declines_due(&ctx.pool, BATCH).await? {
+    for payment in store::queue::claim_declines_due::<Payment>(&ctx.pool, BATCH).await? {
         let confirmed = confirm_payment_decline(ctx, &payment).await;
         declines(ctx, &mut done, payment.id, confirmed);
     }
-    for refund in store::refunds::claim_declines_due(&ctx.pool, BATCH).await? {
+    for refund in store::queue::claim_declines_due::<Refund>(&ctx.pool, BATCH).await? {
         let confirmed = confirm_refund_decline(ctx, &refund).await;
         declines(ctx, &mut done, refund.id, confirmed);
     }
-    for (refund, _merchant) in store::refunds::claim_due(&ctx.pool, BATCH).await? {
+    for (refund, _merchant) in store::queue::claim_due::<Refund>(&ctx.pool, BATCH).await? {
         match settle_refund(ctx, &refund).await {
             Ok(settled) => {
                 done.refunds_settled += u32::from(settled);
@@ -264,7 +267,7 @@ async fn confirm_payment_decline(ctx: &AppContext, payment: &Payment) -> Result<
         let owners = (payment.id, payment.order_id);
         settle::payment(&mut tx, &ctx.metrics, owners, object, Cause::Reconciler).await?;
     }
-    store::payments::decline_confirmed(&mut tx, payment.id).await?;
+    store::queue::decline_confirmed::<Payment>(&mut tx, payment.id).await?;
     tx.commit().await?;
     Ok(true)
 }
@@ -285,7 +288,7 @@ async fn confirm_refund_decline(ctx: &AppContext, refund: &Refund) -> Result<boo
     if let Some(object) = &observed {
         settle::refund(&mut tx, &ctx.metrics, refund.id, object, Cause::Reconciler).await?;
     }
-    store::refunds::decline_confirmed(&mut tx, refund.id).await?;
+    store::queue::decline_confirmed::<Refund>(&mut tx, refund.id).await?;
     tx.commit().await?;
     Ok(true)
 }

@@ -13,7 +13,7 @@ pub const BATCH: i64 = 500;
 pub async fn sweep(ctx: &AppContext) -> Result<u64, StoreError> {
     let mut total = 0;
     loop {
-        let deleted = store::idempotency::sweep_expired(&ctx.pool, BATCH).await?;
+        let deleted = crate::idempotency::persistence::sweep_expired(&ctx.pool, BATCH).await?;
         total += deleted;
         ctx.metrics.swept.inc_by(deleted);
         if deleted < BATCH as u64 {

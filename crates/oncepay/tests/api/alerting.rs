@@ -204,15 +204,5 @@ missing = sorted((alerts - fires) | (alerts - silent))
 print(len(alerts), 'alerts')
 sys.exit('untested both ways: %s' % missing if missing else 0)
 "#;
-    let out = std::process::Command::new("python3")
-        .args(["-c", check])
-        .current_dir(&dir)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    python_passes(&dir, &["-c", check]);
 }

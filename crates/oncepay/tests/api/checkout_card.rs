@@ -206,16 +206,7 @@ async fn a_card_pays_through_the_form_and_axe_finds_nothing_at_either_width() {
             .expect("attempt");
         assert!(method.starts_with("tok_"), "oncepay got a token: {method}");
         // Nowhere in oncepay's database, nor in the provider's books.
-        let stored: String = sqlx::query_scalar(
-            "SELECT concat_ws(' ',
-                (SELECT string_agg(request::text || coalesce(convert_from(response_body, 'UTF8'), ''), ' ') FROM idempotency_record),
-                (SELECT string_agg(payment_method, ' ') FROM payment_attempt),
-                (SELECT string_agg(data::text, ' ') FROM event),
-                (SELECT string_agg(payload::text, ' ') FROM webhook_event))",
-        )
-        .fetch_one(&app.db)
-        .await
-        .expect("dump");
+        let stored = stored_text(&app.db).await;
         let ledger = app.ledger().await.to_string();
         for place in [&stored, &ledger] {
             assert!(
@@ -291,6 +282,8 @@ async fn three_d_secure_goes_to_the_bank_and_back_to_the_shop_charging_once() {
     )
     .await;
     browser.goto(&url).await.expect("open");
+    type_card(&browser, "4000 0027 6000 3184", "1240", "123").await;
+    accessible(&browser, "a 3-D Secure card typed, at 1280").await;
     assert_eq!(
         browser
             .attribute("#cancel", "href")
@@ -332,14 +325,35 @@ async fn three_d_secure_goes_to_the_bank_and_back_to_the_shop_charging_once() {
         .wait_attribute(STATUS, "data-status", "failed", PATIENCE)
         .await
         .expect("failed");
-    accessible(&browser, "declined at the bank").await;
+    accessible(&browser, "declined at the bank, at 1280").await;
+    // A reload at that moment: the declined intent is over (its key was
+    // forgotten), so the page offers a new payment and sends nothing.
+    browser.reload().await.expect("reload");
+    browser
+        .wait_attribute(STATUS, "data-status", "idle", PATIENCE)
+        .await
+        .expect("ready for another card after a reload");
+    assert_eq!(
+        app.charges_for(&order).await.len(),
+        1,
+        "a reload sends nothing"
+    );
+    // Then another card, Pay pressed twice: one more charge, succeeded.
     type_card(&browser, "4242 4242 4242 4242", "1240", "123").await;
-    click(&browser, "#pay").await;
+    browser
+        .eval(
+            "const pay = document.getElementById('pay'); pay.click(); pay.click(); return true;",
+            json!([]),
+        )
+        .await
+        .expect("a double click");
     browser
         .wait_attribute(STATUS, "data-status", "succeeded", PATIENCE)
         .await
         .expect("succeeded");
-    assert_eq!(succeeded_charges(&app.charges_for(&order).await), 1);
+    accessible(&browser, "paid after a decline, at 1280").await;
+    let charges = app.charges_for(&order).await;
+    assert_eq!((charges.len(), succeeded_charges(&charges)), (2, 1));
     browser.quit().await;
 }
 
@@ -534,4 +548,94 @@ async fn a_keyboard_alone_pays_and_mashing_pay_on_the_way_to_the_bank_charges_on
     wait_location(&browser, &format!("{shop}/cart")).await;
     assert_eq!(app.charges_for(&order).await.len(), 0);
     browser.quit().await;
+}
+
+/// With Stripe the card form is Stripe Elements: Stripe.js from Stripe's
+/// origin, allowed by the page's policy and nothing else. It cannot load
+/// on these machines (no internet), so the page must say so and still pay
+/// in test mode with a PaymentMethod id, through 3-D Secure at the bank
+/// (localstripe's `_authenticate`, behind the test layer's bank page) and
+/// back to the shop. With live keys the raw field does not exist.
+#[tokio::test]
+async fn with_stripe_the_page_is_elements_and_three_d_secure_returns_to_the_shop() {
+    if !localstripe_or_skip() {
+        return;
+    }
+    let app = spawn_app_with(
+        Options::default()
+            .provider(Provider::Stripe)
+            .serve("ONCEPAY_STRIPE_PUBLISHABLE_KEY", "pk_test_oncepay"),
+    )
+    .await;
+    let shop = shop().await;
+    let order = app.create_order().await;
+    let (session_id, url) = session(
+        &app,
+        &order,
+        json!({"success_url": format!("{shop}/done?session={{CHECKOUT_SESSION_ID}}")}),
+    )
+    .await;
+    let page = reqwest::get(&url).await.expect("page");
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        policy.contains("script-src 'self' https://js.stripe.com;")
+            && policy.contains("frame-src https://js.stripe.com https://hooks.stripe.com;")
+            && policy.contains("connect-src 'self' https://api.stripe.com;"),
+        "{policy}"
+    );
+    let html = page.text().await.unwrap();
+    for part in [
+        "id=\"card-element\"",
+        "data-stripe-key=\"pk_test_oncepay\"",
+        "data-stripe-js=\"https://js.stripe.com/v3/\"",
+        "id=\"test-token\"",
+        "id=\"test-mode\"",
+    ] {
+        assert!(html.contains(part), "{part} in {html}");
+    }
+    assert!(
+        !html.contains("card-number"),
+        "no card field of oncepay's own"
+    );
+
+    if let Some(browser) = browser_of(1280, 900).await {
+        browser.goto(&url).await.expect("open");
+        browser
+            .wait_attribute("#card-element", "data-state", "unavailable", PATIENCE)
+            .await
+            .expect("Stripe.js cannot load here, and the page says so");
+        accessible(&browser, "Stripe Elements unavailable, at 1280").await;
+        let card = crate::stripe::stripe_card(&app, "4000002760003184").await;
+        enter_token(&browser, &card).await;
+        click(&browser, "#pay").await;
+        wait_location(&browser, "/_bank/pi_").await;
+        click(&browser, "#approve").await;
+        let back = wait_location(&browser, "/done?session=").await;
+        assert!(back.ends_with(&format!("session={session_id}")), "{back}");
+        assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+        assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+        browser.quit().await;
+    }
+
+    // Live keys: Elements only, no test banner, no raw field.
+    let live = spawn_app_with(
+        Options::default()
+            .provider(Provider::Stripe)
+            .serve("ONCEPAY_STRIPE_SECRET_KEY", "sk_live_oncepay")
+            .serve("ONCEPAY_STRIPE_PUBLISHABLE_KEY", "pk_live_oncepay"),
+    )
+    .await;
+    let order = live.create_order().await;
+    let (_, url) = session(&live, &order, json!({})).await;
+    let html = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    assert!(
+        html.contains("data-stripe-key=\"pk_live_oncepay\""),
+        "{html}"
+    );
+    for absent in ["payment_method", "test-token", "test-mode"] {
+        assert!(!html.contains(absent), "no {absent} with live keys: {html}");
+    }
 }

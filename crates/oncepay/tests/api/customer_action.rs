@@ -3,8 +3,6 @@
 //! ends like any other — approved, declined, or abandoned and expired.
 //! The sandbox's bank page is driven over HTTP as a browser's form would.
 
-use std::time::Duration;
-
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -130,14 +128,7 @@ async fn an_abandoned_authentication_expires_and_a_late_approval_is_refunded() {
     let order = app.create_order().await;
     let (_, waiting) = pay(&app, &order, "tok_3ds").await;
     let url = bank_url(&waiting);
-    let id = waiting["id"].as_str().unwrap().to_string();
-    let expired = oncepay_testkit::ready::until_some(Duration::from_secs(30), || async {
-        oncepay::workers::reconciler::pass(&app.ctx).await.ok();
-        let p = json_of(app.get(&format!("/payments/{id}")).await).await;
-        (p["status"] == "failed").then_some(p)
-    })
-    .await
-    .expect("the payment expired");
+    let expired = app.reconciled_to(&waiting["id"], "failed").await;
     assert_eq!(expired["failure_code"], "authentication_expired");
     assert_eq!(
         app.status_of(&format!("/orders/{order}")).await,
@@ -146,16 +137,69 @@ async fn an_abandoned_authentication_expires_and_a_late_approval_is_refunded() {
 
     // The customer approves after all: the money comes back, as an incident.
     press(&url, "approve").await;
-    let refunded = oncepay_testkit::ready::until(Duration::from_secs(30), || async {
-        oncepay::workers::reconciler::pass(&app.ctx).await.ok();
-        app.count(&format!(
-            "SELECT count(*) FROM refund WHERE payment_id = '{id}' AND incident AND status = 'succeeded'"
-        ))
-        .await
-            == 1
-    })
-    .await;
-    assert!(refunded.is_ok(), "the late approval was refunded");
+    assert!(
+        app.incident_refunded(&waiting["id"]).await,
+        "the late approval was refunded"
+    );
     let charge = &app.charges_for(&order).await[0];
     assert_eq!(charge["amount_refunded"], charge["amount"]);
+}
+
+/// A charge the provider never received (down at the time) is sent again
+/// by the reconciler, with the same `return_url` the request gave: after
+/// 3-D Secure the bank still sends the customer back to the shop.
+#[tokio::test]
+async fn a_charge_sent_again_later_still_returns_the_customer_to_the_shop() {
+    use oncepay_testkit::fault_proxy::{Fault, Route};
+    let app = spawn_app_with(
+        Options::default()
+            .with_fault_proxy()
+            .serve("ONCEPAY_RECONCILE_AFTER", "0s"),
+    )
+    .await;
+    let order = app.create_order().await;
+    let back = "http://127.0.0.1:9/shop/back";
+    app.proxy
+        .as_ref()
+        .expect("proxy")
+        .set(Route::Charge, Fault::Down);
+    let r = app
+        .post(
+            "/payments",
+            "pay-down-then-3ds",
+            &serde_json::json!({"order_id": order, "payment_method": "tok_3ds", "return_url": back}),
+        )
+        .await;
+    let first = json_of(r).await;
+    assert_eq!(first["status"], "pending", "{first}");
+    assert_eq!(
+        first["next_action"],
+        Value::Null,
+        "the provider was never reached"
+    );
+    app.proxy().heal();
+    let waiting =
+        oncepay_testkit::ready::until_some(std::time::Duration::from_secs(20), || async {
+            oncepay::workers::reconciler::pass(&app.ctx).await.ok();
+            let p = json_of(
+                app.get(&format!("/payments/{}", first["id"].as_str().unwrap()))
+                    .await,
+            )
+            .await;
+            p["next_action"]["url"].is_string().then_some(p)
+        })
+        .await
+        .expect("the reconciler charged it, and it waits for its customer");
+    let url = bank_url(&waiting);
+    let answer = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{url}/approve"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+    assert_eq!(answer.headers()["location"], back);
+    assert_eq!(app.charges_for(&order).await.len(), 1);
 }

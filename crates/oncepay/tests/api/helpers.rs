@@ -214,7 +214,13 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
             let layer = oncepay_testkit::stripe_layer::StripeLayer::start(localstripe.url())
                 .expect("the Stripe layer starts");
             serve_env.push(("ONCEPAY_PROVIDER", "stripe".into()));
-            serve_env.push(("ONCEPAY_STRIPE_SECRET_KEY", STRIPE_KEY.into()));
+            // A test's own key (a live one, say) stands.
+            if !serve_env
+                .iter()
+                .any(|(n, _)| *n == "ONCEPAY_STRIPE_SECRET_KEY")
+            {
+                serve_env.push(("ONCEPAY_STRIPE_SECRET_KEY", STRIPE_KEY.into()));
+            }
             serve_env.push(("ONCEPAY_STRIPE_API_BASE", layer.url().to_string()));
             serve_env.push((
                 "ONCEPAY_STRIPE_WEBHOOK_SECRET",
@@ -392,6 +398,35 @@ impl TestApp {
             .await;
         let status = r.status();
         (status, json_of(r).await)
+    }
+
+    /// Runs reconciler passes until payment `id` is `status` (at most
+    /// 30 s), as a process's reconciler would; returns the payment.
+    pub async fn reconciled_to(&self, id: &Value, status: &str) -> Value {
+        let id = id.as_str().expect("a payment id").to_string();
+        ready::until_some(Duration::from_secs(30), || async {
+            oncepay::workers::reconciler::pass(&self.ctx).await.ok();
+            let p = json_of(self.get(&format!("/payments/{id}")).await).await;
+            (p["status"] == status).then_some(p)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("payment {id} never became {status}"))
+    }
+
+    /// Runs reconciler passes until payment `id`'s charge was returned as
+    /// an incident (a refund oncepay made on its own), at most 30 s.
+    pub async fn incident_refunded(&self, id: &Value) -> bool {
+        let id = id.as_str().expect("a payment id").to_string();
+        ready::until(Duration::from_secs(30), || async {
+            oncepay::workers::reconciler::pass(&self.ctx).await.ok();
+            self.count(&format!(
+                "SELECT count(*) FROM refund WHERE payment_id = '{id}' AND incident AND status = 'succeeded'"
+            ))
+            .await
+                == 1
+        })
+        .await
+        .is_ok()
     }
 
     /// Waits (up to 10 s) until merchant A's idempotency record for `key`
@@ -636,4 +671,37 @@ pub async fn wait_for_charge_status(app: &TestApp, payment_id: &str, status: &st
     })
     .await;
     found.unwrap_or_else(|_| panic!("the sandbox never held charge {payment_id} as {status}"))
+}
+
+/// Runs `python3 args…` in `dir` (a checker the tests share with people:
+/// it prints what is wrong and exits non-zero) and fails with its output
+/// if it does.
+pub fn python_passes(dir: impl AsRef<std::path::Path>, args: &[&str]) {
+    let out = std::process::Command::new("python3")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("python3 runs (make test installs PyYAML with schemathesis)");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Everything oncepay stored that a client or provider sent it, as one
+/// text to search (a card number must be in none of it): idempotency
+/// requests and responses, payment methods, events, provider events.
+pub async fn stored_text(db: &sqlx::PgPool) -> String {
+    sqlx::query_scalar(
+        "SELECT concat_ws(' ',
+            (SELECT string_agg(request::text || coalesce(convert_from(response_body, 'UTF8'), ''), ' ') FROM idempotency_record),
+            (SELECT string_agg(payment_method, ' ') FROM payment_attempt),
+            (SELECT string_agg(data::text, ' ') FROM event),
+            (SELECT string_agg(payload::text, ' ') FROM webhook_event))",
+    )
+    .fetch_one(db)
+    .await
+    .expect("dump")
 }

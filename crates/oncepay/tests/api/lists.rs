@@ -150,3 +150,63 @@ async fn filters_and_bad_parameters() {
         assert_eq!(body["field"], field, "{query}: {body}");
     }
 }
+
+/// `GET /payments?order_id=` is the paged form of `GET /orders/{id}/payments`
+/// (which keeps its bare array); `GET /refunds?payment_id=` the same for
+/// refunds; a refund carries its payment's currency.
+#[tokio::test]
+async fn payments_by_order_and_refunds_by_payment_and_a_refunds_currency() {
+    let app = spawn_app().await;
+    let order = app.create_order().await;
+    let (_, declined) = app.pay(&order, "tok_declined").await;
+    let (_, paid) = app.pay(&order, "tok_visa").await;
+    let other = app.create_order().await;
+    let (_, elsewhere) = app.pay(&other, "tok_visa").await;
+    let p = page(&app, &format!("/payments?order_id={order}")).await;
+    assert_eq!(
+        ids(&p),
+        [
+            paid["id"].as_str().unwrap(),
+            declined["id"].as_str().unwrap()
+        ],
+        "newest first, this order's only"
+    );
+    let bare = json_of(app.get(&format!("/orders/{order}/payments")).await).await;
+    assert_eq!(bare.as_array().map(Vec::len), Some(2), "still a bare array");
+    let p = page(
+        &app,
+        &format!("/payments?order_id={order}&status=failed&limit=1"),
+    )
+    .await;
+    assert_eq!(ids(&p), [declined["id"].as_str().unwrap()]);
+
+    let refund_of = |payment: &Value, key: &'static str| {
+        let path = format!("/payments/{}/refunds", payment["id"].as_str().unwrap());
+        let app = &app;
+        async move { json_of(app.post(&path, key, &json!({"amount": 100})).await).await }
+    };
+    let refund = refund_of(&paid, "r-paid").await;
+    refund_of(&elsewhere, "r-elsewhere").await;
+    assert_eq!(refund["currency"], paid["currency"], "{refund}");
+    let p = page(
+        &app,
+        &format!("/refunds?payment_id={}", paid["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(ids(&p), [refund["id"].as_str().unwrap()]);
+    assert_eq!(p["data"][0]["currency"], "EUR");
+    let fetched = json_of(
+        app.get(&format!("/refunds/{}", refund["id"].as_str().unwrap()))
+            .await,
+    )
+    .await;
+    assert_eq!(fetched["currency"], "EUR");
+    for query in [
+        "/payments?order_id=nope",
+        "/refunds?payment_id=nope",
+        "/orders?order_id=x",
+    ] {
+        let r = app.get(query).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{query}");
+    }
+}

@@ -17,6 +17,10 @@ async fn the_served_document_holds_under_schemathesis() {
         // in two threads at once, which CPython 3.11 answers with a spurious
         // "AST constructor recursion depth mismatch" now and then.
         .args(["--checks", "all", "--max-examples", "40", "--workers", "1"])
+        // `--checks all` outranks the config file's switch: ST302's false
+        // positive on a replayed, deleted webhook endpoint (see the config)
+        // is excluded here, where it holds.
+        .args(["--exclude-checks", "ensure_resource_availability"])
         // Minting keys (and expiring the calling one) or revoking one (the
         // stateful phase finds the calling key's id in GET /api_keys) would
         // change the identity the rest of the run authenticates with, and

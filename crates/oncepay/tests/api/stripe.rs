@@ -455,3 +455,158 @@ async fn a_stripe_charge_and_refund_whose_rows_were_lost_are_adopted_from_stripe
         .count();
     assert_eq!(ours, 1, "one PaymentIntent for the order");
 }
+
+/// A PaymentMethod for `number` made at localstripe directly, as Stripe.js
+/// (Elements) makes it from the customer's browser: oncepay only ever
+/// sees its `pm_` id.
+pub(crate) async fn stripe_card(app: &TestApp, number: &str) -> String {
+    let stack = app.stripe.as_ref().expect("a Stripe app");
+    let pm: Value = reqwest::Client::new()
+        .post(format!("{}/v1/payment_methods", stack.localstripe.url()))
+        .bearer_auth(STRIPE_KEY)
+        .form(&[
+            ("type", "card"),
+            ("card[number]", number),
+            ("card[exp_month]", "12"),
+            ("card[exp_year]", "2034"),
+            ("card[cvc]", "123"),
+        ])
+        .send()
+        .await
+        .expect("localstripe answers")
+        .json()
+        .await
+        .expect("a PaymentMethod");
+    pm["id"].as_str().expect("its id").to_string()
+}
+
+/// Pays `order` with `pm`, asking to come back to `return_url`.
+async fn pay_returning(app: &TestApp, order: &str, pm: &str, back: &str) -> (StatusCode, Value) {
+    let r = app
+        .post(
+            "/payments",
+            &Uuid::new_v4().to_string(),
+            &json!({"order_id": order, "payment_method": pm, "return_url": back}),
+        )
+        .await;
+    (r.status(), json_of(r).await)
+}
+
+/// Presses `button` on the bank page at `url`; where the bank sends the
+/// customer.
+async fn at_the_bank(url: &str, button: &str) -> String {
+    let page = reqwest::get(url).await.unwrap().text().await.unwrap();
+    assert!(page.contains(&format!("id=\"{button}\"")), "{page}");
+    let answer = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{url}/{button}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::SEE_OTHER);
+    answer.headers()["location"].to_str().unwrap().to_string()
+}
+
+fn redirect_of(payment: &Value) -> String {
+    assert_eq!(payment["status"], "pending", "{payment}");
+    assert_eq!(payment["next_action"]["type"], "redirect", "{payment}");
+    payment["next_action"]["url"].as_str().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn three_d_secure_at_stripe_redirects_to_the_bank_and_back_and_charges_once() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let back = "http://127.0.0.1:9/shop/checkout?step=return";
+    let order = app.create_order().await;
+    let card = stripe_card(&app, "4000002760003184").await;
+    let (status, waiting) = pay_returning(&app, &order, &card, back).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{waiting}");
+    let bank = redirect_of(&waiting);
+    let intent = app.layer().url().to_string() + "/_bank/pi_";
+    assert!(
+        bank.starts_with(&intent),
+        "Stripe's redirect_to_url: {bank}"
+    );
+    assert_eq!(
+        app.layer().forwarded(Call::Confirm),
+        1,
+        "confirmed once, with return_url"
+    );
+
+    // A double click, a reload, a second tab while the bank waits: the
+    // same payment, one PaymentIntent.
+    let (a, b) = tokio::join!(
+        pay_returning(&app, &order, &card, back),
+        app.pay(&order, "pm_card_visa")
+    );
+    for (_, again) in [a, b] {
+        assert_eq!(again["id"], waiting["id"], "{again}");
+    }
+    assert_eq!(app.charges_at_provider(&order).await, (0, 1));
+
+    // Approved: back to the shop with Stripe's parameters, and settled
+    // (by localstripe's event or a read).
+    let location = at_the_bank(&bank, "approve").await;
+    assert!(
+        location.starts_with(&format!("{back}&payment_intent=pi_"))
+            && location.ends_with("redirect_status=succeeded"),
+        "{location}"
+    );
+    let paid = app.reconciled_to(&waiting["id"], "succeeded").await;
+    assert_eq!(paid["next_action"], Value::Null);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+
+    // Declined at the bank: failed with Stripe's code, and the order is
+    // paid by a new attempt, once.
+    let order = app.create_order().await;
+    let (_, waiting) = pay_returning(&app, &order, &card, back).await;
+    let location = at_the_bank(&redirect_of(&waiting), "decline").await;
+    assert!(location.ends_with("redirect_status=failed"), "{location}");
+    let failed = app.reconciled_to(&waiting["id"], "failed").await;
+    assert_eq!(
+        failed["failure_code"], "payment_intent_authentication_failure",
+        "{failed}"
+    );
+    assert_eq!(failed["next_action"], Value::Null);
+    let (status, paid) = app.pay(&order, "pm_card_visa").await;
+    assert_eq!(
+        (status, &paid["status"]),
+        (StatusCode::CREATED, &json!("succeeded"))
+    );
+    assert_eq!(app.charges_at_provider(&order).await, (1, 2));
+}
+
+#[tokio::test]
+async fn an_abandoned_stripe_authentication_expires_and_a_late_approval_is_refunded() {
+    if !localstripe_or_skip() {
+        return;
+    }
+    let app = spawn_app_with(
+        Options::default()
+            .provider(Provider::Stripe)
+            .serve("ONCEPAY_ACTION_TIMEOUT", "1s")
+            .serve("ONCEPAY_RECONCILE_AFTER", "200ms"),
+    )
+    .await;
+    let order = app.create_order().await;
+    let card = stripe_card(&app, "4000002760003184").await;
+    let (_, waiting) = pay_returning(&app, &order, &card, "http://127.0.0.1:9/back").await;
+    let bank = redirect_of(&waiting);
+    let expired = app.reconciled_to(&waiting["id"], "failed").await;
+    assert_eq!(expired["failure_code"], "authentication_expired");
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    // The customer approves after all: the money goes back.
+    at_the_bank(&bank, "approve").await;
+    assert!(
+        app.incident_refunded(&waiting["id"]).await,
+        "the late approval was refunded"
+    );
+}

@@ -18,8 +18,8 @@ use super::call::{BuildError, Caller};
 use super::classify::CallKind;
 use super::trace::Trace;
 use super::{
-    BookEntry, BooksPage, BoxFuture, CallOutcome, ChargeRequest, Envelope, Event, Headers, Health,
-    Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
+    BookEntry, BooksPage, BoxFuture, CallOutcome, CardForm, ChargeRequest, Envelope, Event,
+    Headers, Health, Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::webhooks::WebhookSecret;
@@ -140,8 +140,10 @@ impl PaymentProvider for Sandbox {
         true
     }
 
-    fn tokenization_url(&self) -> Option<&str> {
-        Some(&self.tokens_url)
+    fn card_form(&self) -> CardForm<'_> {
+        CardForm::Tokenize {
+            url: &self.tokens_url,
+        }
     }
 
     fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {

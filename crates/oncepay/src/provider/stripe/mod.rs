@@ -38,7 +38,7 @@ use self::classify::{CallKind, ListPage, Verdict};
 use super::call::{BuildError, Caller};
 use super::trace::Trace;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened,
+    BooksPage, BoxFuture, CallOutcome, CardForm, ChargeRequest, Event, Headers, Health, Opened,
     PaymentProvider, RefundRequest, SubjectKind,
 };
 use crate::metrics::Metrics;
@@ -61,6 +61,11 @@ impl std::fmt::Debug for SecretKey {
 }
 
 impl SecretKey {
+    /// Whether it moves real money (`sk_live_…`, `rk_live_…`).
+    pub fn is_live(&self) -> bool {
+        self.0.contains("_live_")
+    }
+
     /// Checks the form of a key; the error never repeats it.
     pub fn parse(text: &str) -> Result<SecretKey, &'static str> {
         let prefixed = ["sk_test_", "sk_live_", "rk_test_", "rk_live_"]
@@ -110,7 +115,46 @@ pub struct StripeConfig {
     pub api_base: String,
     /// `ONCEPAY_STRIPE_WEBHOOK_SECRET`; none: Stripe webhooks are refused.
     pub webhook_secrets: Option<WebhookSecrets>,
+    /// `ONCEPAY_STRIPE_PUBLISHABLE_KEY`: the checkout page's Stripe
+    /// Elements; none (test keys only): the page takes a `pm_` id.
+    pub publishable_key: Option<PublishableKey>,
 }
+
+/// A publishable key (`pk_test_…`, `pk_live_…`): public by design, it is
+/// what the customer's browser gives Stripe.js.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishableKey(pub String);
+
+impl PublishableKey {
+    /// Checks its form, and that it is of the secret key's mode (a test
+    /// page must never tokenize for a live account, nor the reverse).
+    pub fn parse(text: &str, secret: &SecretKey) -> Result<PublishableKey, &'static str> {
+        let live = secret.is_live();
+        let prefix = if live { "pk_live_" } else { "pk_test_" };
+        let valid = text.starts_with(prefix)
+            && text.len() > prefix.len()
+            && text.len() <= 255
+            && text.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        match (valid, live) {
+            (true, _) => Ok(PublishableKey(text.to_string())),
+            (false, true) => Err("expected pk_live_…, as the secret key is live"),
+            (false, false) => Err("expected pk_test_…, as the secret key is a test key"),
+        }
+    }
+}
+
+/// Stripe.js, from Stripe's own origin (never bundled: Stripe requires it
+/// be loaded from there, which keeps the card fields in Stripe's frames).
+pub const STRIPE_JS: &str = "https://js.stripe.com/v3/";
+
+/// What the checkout page's Content-Security-Policy allows for Stripe
+/// Elements, per Stripe's CSP guide: its script, its frames (the card
+/// fields, 3-D Secure), and its API (where the card goes).
+pub const ELEMENTS_CSP: crate::provider::CspSources = crate::provider::CspSources {
+    script: "https://js.stripe.com",
+    frame: "https://js.stripe.com https://hooks.stripe.com",
+    connect: "https://api.stripe.com",
+};
 
 /// The Stripe adapter.
 pub struct Stripe {
@@ -281,8 +325,13 @@ impl PaymentProvider for Stripe {
         key.starts_with("sk_test_") || key.starts_with("rk_test_")
     }
 
-    fn tokenization_url(&self) -> Option<&str> {
-        None
+    fn card_form(&self) -> CardForm<'_> {
+        match &self.config.publishable_key {
+            Some(key) => CardForm::StripeElements {
+                publishable_key: &key.0,
+            },
+            None => CardForm::None,
+        }
     }
 
     fn open_charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
@@ -328,11 +377,19 @@ impl PaymentProvider for Stripe {
             let Some(intent) = reference else {
                 return CallOutcome::Unknown("no PaymentIntent recorded to confirm".into());
             };
+            // Where the bank sends the customer back after 3-D Secure:
+            // given here, Stripe answers `next_action.redirect_to_url`
+            // (without it, only Stripe.js could follow the action).
+            let form = r
+                .return_url
+                .iter()
+                .map(|u| ("return_url".to_string(), u.clone()))
+                .collect();
             self.post(
                 "charge",
                 format!("/v1/payment_intents/{intent}/confirm"),
                 key(r.idempotency_key, "confirm"),
-                Vec::new(),
+                form,
                 |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
             )
             .await

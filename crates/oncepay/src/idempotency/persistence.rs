@@ -1,6 +1,9 @@
-//! SQL of the `idempotency_record` table. The protocol built on it lives in
-//! `crate::idempotency`; here are only the statements, each one atomic on its
-//! own so that the database, not process memory, decides who executes.
+//! The idempotency engine's persistence: the SQL of the `idempotency_record`
+//! table, owned by the engine (as zero2prod's `idempotency/persistence.rs`).
+//! The protocol built on it is the parent module; here are only the
+//! statements, each one atomic on its own so that the database, not process
+//! memory, decides who executes. The commands' one-statement fast paths
+//! (`store::orders`, `store::payments`) build on its fragments.
 
 use std::time::Duration;
 
@@ -9,7 +12,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// The stored key of a record rebuilt from the provider's books for the
 /// key in the SQL expression `$key` (`provider::trace::adopted_key`).
@@ -23,6 +26,26 @@ macro_rules! adopted_key {
     };
 }
 pub(crate) use adopted_key;
+
+/// What completing a record writes, with the response's status, body and
+/// location in the SQL expressions given: the one definition of a
+/// completed record, used by [`COMPLETE`] and by the commands'
+/// one-statement paths (`store::orders`, `store::payments`).
+macro_rules! completed {
+    ($status:literal, $body:literal, $location:literal) => {
+        concat!(
+            "state = 'completed', recovery_point = 'finished', lease_token = NULL, ",
+            "lease_expires_at = NULL, response_status = ",
+            $status,
+            ", response_body = ",
+            $body,
+            ", response_location = ",
+            $location,
+            ", updated_at = now()"
+        )
+    };
+}
+pub(crate) use completed;
 
 /// The recovery point of a record that has not recorded any effect: such a
 /// record can be deleted (freeing its key) without losing anything.
@@ -374,12 +397,12 @@ pub async fn record_step(
 }
 
 /// Completes a record with its response under the lease.
-pub const COMPLETE: &str = "UPDATE idempotency_record
-            SET state = 'completed', recovery_point = 'finished', lease_token = NULL,
-                lease_expires_at = NULL, response_status = $4, response_body = $5,
-                response_location = $6, updated_at = now()
-          WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
-            AND state = 'executing'";
+pub const COMPLETE: &str = concat!(
+    "UPDATE idempotency_record SET ",
+    completed!("$4", "$5", "$6"),
+    " WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
+            AND state = 'executing'"
+);
 
 /// Stores the response and completes the record, in the same transaction as
 /// the command's last writes.

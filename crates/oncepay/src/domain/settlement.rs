@@ -1,0 +1,152 @@
+//! The settlement rule, once: what a provider's report of a charge does to
+//! our attempt and its order. Every path applies this one decision — the
+//! command's one-statement fast path (`commands::settle::Known`), its
+//! locking path, provider webhooks and the reconciler
+//! (`commands::settle::payment`) — and writes only what it says.
+
+use super::order::OrderStatus;
+use super::payment::{Payment, PaymentStatus, Transition};
+
+/// What a provider says of a charge, as far as the rule needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report<'a> {
+    /// The charge's status.
+    pub status: PaymentStatus,
+    /// The provider's id of it, if the report names one.
+    pub charge_id: Option<&'a str>,
+    /// Whether the customer must act (3-D Secure) for it to go on.
+    pub requires_action: bool,
+}
+
+/// What to write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settlement {
+    /// The attempt moves forward to `status`; the order moves to `order`
+    /// when that changes it (a succeeded payment pays an order awaiting it).
+    Advance {
+        /// The attempt's new status.
+        status: PaymentStatus,
+        /// The order's new status, if it changes.
+        order: Option<OrderStatus>,
+    },
+    /// Still pending, and now waiting for its customer: where to send
+    /// them is recorded once, with its event.
+    RequireAction,
+    /// Same state; the provider's id of the charge is learnt now.
+    LearnChargeId,
+    /// The provider charged an attempt we hold as failed: an incident, and
+    /// the money goes back.
+    Contradicted,
+    /// Nothing to write: a repeat, or a stale or backward report.
+    Nothing,
+}
+
+/// The one settlement rule.
+pub fn decide(attempt: &Payment, order: OrderStatus, report: &Report<'_>) -> Settlement {
+    match attempt.status.transition(report.status) {
+        Transition::Advance(status) => Settlement::Advance {
+            status,
+            order: match status {
+                PaymentStatus::Succeeded => Some(order.after_payment_succeeded()),
+                _ => None,
+            }
+            .filter(|next| *next != order),
+        },
+        Transition::Unchanged
+            if attempt.status == PaymentStatus::Pending
+                && attempt.next_action.is_none()
+                && report.requires_action =>
+        {
+            Settlement::RequireAction
+        }
+        Transition::Unchanged
+            if attempt.provider_charge_id.is_none() && report.charge_id.is_some() =>
+        {
+            Settlement::LearnChargeId
+        }
+        Transition::Contradicted => Settlement::Contradicted,
+        Transition::Unchanged | Transition::Ignored => Settlement::Nothing,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use PaymentStatus::*;
+
+    fn attempt(status: PaymentStatus) -> Payment {
+        Payment::pending(
+            uuid::Uuid::nil(),
+            (uuid::Uuid::nil(), 100, "EUR"),
+            "sandbox",
+            "tok_visa",
+            chrono::Utc::now(),
+        )
+        .with_facts(status, None, None, None, chrono::Utc::now())
+    }
+
+    fn report(status: PaymentStatus) -> Report<'static> {
+        Report {
+            status,
+            charge_id: Some("ch_1"),
+            requires_action: false,
+        }
+    }
+
+    #[test]
+    fn the_rule_for_each_case() {
+        let waiting = OrderStatus::AwaitingPayment;
+        assert_eq!(
+            decide(&attempt(Pending), waiting, &report(Succeeded)),
+            Settlement::Advance {
+                status: Succeeded,
+                order: Some(OrderStatus::Paid)
+            }
+        );
+        assert_eq!(
+            decide(
+                &attempt(Pending),
+                OrderStatus::Cancelled,
+                &report(Succeeded)
+            ),
+            Settlement::Advance {
+                status: Succeeded,
+                order: None
+            },
+            "an order no longer awaiting payment stays as it is"
+        );
+        assert_eq!(
+            decide(&attempt(Pending), waiting, &report(Failed)),
+            Settlement::Advance {
+                status: Failed,
+                order: None
+            }
+        );
+        let action = Report {
+            requires_action: true,
+            ..report(Pending)
+        };
+        assert_eq!(
+            decide(&attempt(Pending), waiting, &action),
+            Settlement::RequireAction
+        );
+        assert_eq!(
+            decide(&attempt(Pending), waiting, &report(Pending)),
+            Settlement::LearnChargeId
+        );
+        assert_eq!(
+            decide(&attempt(Failed), waiting, &report(Succeeded)),
+            Settlement::Contradicted
+        );
+        assert_eq!(
+            decide(&attempt(Succeeded), OrderStatus::Paid, &report(Failed)),
+            Settlement::Nothing
+        );
+        let known =
+            attempt(Succeeded).with_facts(Succeeded, Some("ch_1"), None, None, chrono::Utc::now());
+        assert_eq!(
+            decide(&known, OrderStatus::Paid, &report(Succeeded)),
+            Settlement::Nothing
+        );
+    }
+}

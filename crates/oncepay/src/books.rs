@@ -574,7 +574,7 @@ async fn rebuild_record(
 fn command_store_error(e: crate::commands::CommandError) -> StoreError {
     match e {
         crate::commands::CommandError::Store(e) => e,
-        crate::commands::CommandError::Reject(p) => StoreError::Corrupt(p.detail),
+        crate::commands::CommandError::Reject(p) => store::Corrupt::Broken(p.detail).into(),
     }
 }
 
@@ -755,7 +755,7 @@ async fn adopt_refund(
     store::orders::lock_by_id(&mut tx, payment.order_id).await?;
     let payment = store::payments::lock(&mut tx, payment.id)
         .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("payment {} vanished", payment.id)))?;
+        .ok_or_else(|| store::Corrupt::vanished("payment", payment.id))?;
     let committed = store::refunds::committed_sum(&mut tx, payment.id).await?;
     let moves_money = entry.state.status != PaymentStatus::Failed;
     if payment.status != PaymentStatus::Succeeded

@@ -6,8 +6,11 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use oncepay::cli::{ApiKeyCommand, Cli, Command, MerchantCommand};
+use oncepay::cli::{ApiKeyCommand, Cli, Command, MerchantCommand, PointInTime};
 use oncepay::config::Env;
+
+/// The process environment, as every subcommand reads it.
+type ProcessEnv = Env<fn(&str) -> Option<String>>;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -34,7 +37,34 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .context("migrating the database")?;
             println!("applied {} migration(s)", applied.len());
         }
-        Command::ApiKey(ApiKeyCommand::Create { merchant, scope }) => {
+        Command::ApiKey(command) => api_key(&env, command).await?,
+        Command::Merchant(command) => merchant(&env, command).await?,
+        Command::Reconcile {
+            since,
+            until,
+            dry_run,
+        } => reconcile(&env, since, until, dry_run).await?,
+        Command::Serve => {
+            let config = env.serve_config()?;
+            let app = oncepay::startup::Application::build(config)
+                .await
+                .context("starting oncepay serve")?;
+            app.run_until_stopped().await?;
+        }
+        Command::Sandbox => {
+            let config = env.sandbox_config()?;
+            oncepay::sandbox::run(config)
+                .await
+                .context("running the sandbox")?;
+        }
+    }
+    Ok(())
+}
+
+/// `oncepay api-key create|list|revoke`.
+async fn api_key(env: &ProcessEnv, command: ApiKeyCommand) -> anyhow::Result<()> {
+    match command {
+        ApiKeyCommand::Create { merchant, scope } => {
             let url = env.database_url()?;
             oncepay::store::prepare_database(&url)
                 .await
@@ -45,12 +75,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 .await
                 .context("creating the API key")?;
             println!(
-                "API key for merchant {merchant:?} with scopes {} (shown once; only its hash is stored):",
-                scope.names().join(",")
-            );
+            "API key for merchant {merchant:?} with scopes {} (shown once; only its hash is stored):",
+            scope.names().join(",")
+        );
             println!("{key}");
         }
-        Command::ApiKey(ApiKeyCommand::List { merchant }) => {
+        ApiKeyCommand::List { merchant } => {
             let url = env.database_url()?;
             oncepay::store::prepare_database(&url)
                 .await
@@ -76,7 +106,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 );
             }
         }
-        Command::ApiKey(ApiKeyCommand::Revoke { id }) => {
+        ApiKeyCommand::Revoke { id } => {
             let url = env.database_url()?;
             let pool = oncepay::store::pool(&url, 1)?;
             let actor = oncepay::audit::Actor::cli();
@@ -88,10 +118,17 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 None => anyhow::bail!("no live API key with id {id}"),
             }
         }
-        Command::Merchant(MerchantCommand::Set {
+    }
+    Ok(())
+}
+
+/// `oncepay merchant set|rate-limit`.
+async fn merchant(env: &ProcessEnv, command: MerchantCommand) -> anyhow::Result<()> {
+    match command {
+        MerchantCommand::Set {
             merchant,
             display_name,
-        }) => {
+        } => {
             let url = env.database_url()?;
             let pool = oncepay::store::pool(&url, 1)?;
             let actor = oncepay::audit::Actor::cli();
@@ -104,12 +141,12 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             println!("{merchant}: customers see {:?}", shown.unwrap_or(&merchant));
         }
-        Command::Merchant(MerchantCommand::RateLimit {
+        MerchantCommand::RateLimit {
             merchant,
             per_second,
             burst,
             default: _,
-        }) => {
+        } => {
             let url = env.database_url()?;
             let pool = oncepay::store::pool(&url, 1)?;
             let limit = per_second
@@ -127,78 +164,61 @@ async fn run(command: Command) -> anyhow::Result<()> {
                 None => println!("{merchant}: the process default rate limit"),
             }
         }
-        Command::Reconcile {
-            since,
-            until,
-            dry_run,
-        } => {
-            let now = chrono::Utc::now();
-            let window = (since.resolve(now), until.map_or(now, |u| u.resolve(now)));
-            anyhow::ensure!(
-                window.0 < window.1,
-                "--since must be before --until ({} is not before {})",
-                window.0.to_rfc3339(),
-                window.1.to_rfc3339()
-            );
-            let config = env.serve_config()?;
-            oncepay::store::prepare_database(&config.database_url)
-                .await
-                .context("migrating the database")?;
-            let ctx = oncepay::startup::context(&config, String::new())?;
-            let options = oncepay::books::Options {
-                dry_run,
-                policy: config.books.orphan_policy,
-                trigger: oncepay::books::Trigger::Cli,
-            };
-            let Some(runs) = oncepay::books::reconcile(&ctx, window, options).await? else {
-                anyhow::bail!(
-                    "another process is reconciling the books now; try again when it finishes"
-                );
-            };
-            println!(
-                "books {} {} .. {}{}",
-                if dry_run {
-                    "to reconcile"
-                } else {
-                    "reconciled"
-                },
-                window.0.to_rfc3339(),
-                window.1.to_rfc3339(),
-                if dry_run {
-                    " (dry run: nothing changed)"
-                } else {
-                    ""
-                }
-            );
-            println!("provider\tmatched\tadopted\trefunded\theld\tmismatched\tmissing\trun");
-            for run in runs {
-                let c = run.counts;
-                println!(
-                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-                    run.provider,
-                    c.matched,
-                    c.adopted,
-                    c.refunded,
-                    c.held,
-                    c.mismatched,
-                    c.missing,
-                    run.id
-                );
-            }
+    }
+    Ok(())
+}
+
+/// `oncepay reconcile`: the books of every configured provider over a
+/// window, printed as a table.
+async fn reconcile(
+    env: &ProcessEnv,
+    since: PointInTime,
+    until: Option<PointInTime>,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let now = chrono::Utc::now();
+    let window = (since.resolve(now), until.map_or(now, |u| u.resolve(now)));
+    anyhow::ensure!(
+        window.0 < window.1,
+        "--since must be before --until ({} is not before {})",
+        window.0.to_rfc3339(),
+        window.1.to_rfc3339()
+    );
+    let config = env.serve_config()?;
+    oncepay::store::prepare_database(&config.database_url)
+        .await
+        .context("migrating the database")?;
+    let ctx = oncepay::startup::context(&config, String::new())?;
+    let options = oncepay::books::Options {
+        dry_run,
+        policy: config.books.orphan_policy,
+        trigger: oncepay::books::Trigger::Cli,
+    };
+    let Some(runs) = oncepay::books::reconcile(&ctx, window, options).await? else {
+        anyhow::bail!("another process is reconciling the books now; try again when it finishes");
+    };
+    println!(
+        "books {} {} .. {}{}",
+        if dry_run {
+            "to reconcile"
+        } else {
+            "reconciled"
+        },
+        window.0.to_rfc3339(),
+        window.1.to_rfc3339(),
+        if dry_run {
+            " (dry run: nothing changed)"
+        } else {
+            ""
         }
-        Command::Serve => {
-            let config = env.serve_config()?;
-            let app = oncepay::startup::Application::build(config)
-                .await
-                .context("starting oncepay serve")?;
-            app.run_until_stopped().await?;
-        }
-        Command::Sandbox => {
-            let config = env.sandbox_config()?;
-            oncepay::sandbox::run(config)
-                .await
-                .context("running the sandbox")?;
-        }
+    );
+    println!("provider\tmatched\tadopted\trefunded\theld\tmismatched\tmissing\trun");
+    for run in runs {
+        let c = run.counts;
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            run.provider, c.matched, c.adopted, c.refunded, c.held, c.mismatched, c.missing, run.id
+        );
     }
     Ok(())
 }

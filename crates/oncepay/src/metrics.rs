@@ -71,6 +71,11 @@ pub struct Metrics {
     pub books_objects: IntCounterVec,
     /// When this process last finished a books run (Unix seconds; 0: never).
     pub books_last_run: prometheus::Gauge,
+    /// New orders per statement (`store::order_batch`): how much natural
+    /// batching shares a commit.
+    pub order_batch_rows: prometheus::Histogram,
+    /// New orders waiting for a batch writer now.
+    pub orders_queued: prometheus::IntGauge,
 }
 
 /// The label values each labelled counter is known to take, exported at 0
@@ -303,7 +308,26 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(oldest_undelivered.clone()));
+        let order_batch_rows = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "oncepay_order_batch_rows",
+                "New orders inserted per statement (natural batching)",
+            )
+            .buckets(vec![
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1000.0,
+            ]),
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(order_batch_rows.clone()));
+        let orders_queued = prometheus::IntGauge::new(
+            "oncepay_order_batch_queued",
+            "New orders waiting for a batch writer",
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(orders_queued.clone()));
         let metrics = Metrics {
+            order_batch_rows,
+            orders_queued,
             provider_auth_refused: counter(
                 "oncepay_provider_auth_refused_total",
                 "Provider answers refusing oncepay's credentials (401, 403), by provider and operation",

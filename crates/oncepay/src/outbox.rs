@@ -89,8 +89,8 @@ fn build<T: Serialize>(
     object: &T,
     cause: impl FnOnce(Option<&str>) -> EventCause,
 ) -> Result<Pending, StoreError> {
-    let data = serde_json::to_value(object)
-        .map_err(|e| StoreError::Corrupt(format!("serialising an event's object: {e}")))?;
+    let data =
+        serde_json::to_value(object).map_err(crate::store::Corrupt::json("an event's object"))?;
     let request_id = crate::telemetry::request_id();
     Ok(Pending {
         id: Uuid::now_v7(),

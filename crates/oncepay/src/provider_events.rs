@@ -293,6 +293,14 @@ enum Applied {
     Deferred(String),
 }
 
+/// The event being handled, as received.
+struct Received<'a> {
+    provider: &'a str,
+    event_id: &'a str,
+    envelope: &'a Event,
+    payload: &'a Value,
+}
+
 async fn apply_parsed(
     ctx: &AppContext,
     provider: &str,
@@ -300,48 +308,16 @@ async fn apply_parsed(
     envelope: &Event,
     payload: &Value,
 ) -> Result<Applied, StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
+    let received = Received {
+        provider,
+        event_id,
+        envelope,
+        payload,
+    };
     let object = envelope.subject.as_ref();
-    let charge_event =
-        object
-            .filter(|o| o.kind == SubjectKind::Charge)
-            .map(|o| store::payments::ChargeEvent {
-                provider,
-                charge_id: &o.state.id,
-                attempt_id: o.our_id,
-                event_id,
-                event_type: &envelope.event_type,
-                payload,
-                status: o.state.status,
-            });
-    let (mut charge, mut refund) = (None, None);
-    match (object, &charge_event) {
-        (Some(_), Some(event)) => {
-            match store::payments::find_by_charge_or_record_repeat(&mut conn, event).await? {
-                // It only repeats what we hold: recorded, nothing to do.
-                Some((_, true)) => return Ok(Applied::Done(EventOutcome::Processed)),
-                Some((found, false)) => charge = Some(found),
-                None => {}
-            }
-        }
-        (Some(o), None) => {
-            refund = store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.our_id).await?;
-        }
-        (None, _) => {}
-    }
-    // No connection is held while the provider answers, or while the
-    // command settles.
-    drop(conn);
-    let target = match (charge, refund, object, &charge_event) {
-        (Some(found), _, Some(event), Some(recorded)) => {
-            match after_command(ctx, found, event, recorded).await? {
-                Some(attempt) => Some(Target::Charge(attempt)),
-                // Settled by the command as the event says: recorded.
-                None => return Ok(Applied::Done(EventOutcome::Processed)),
-            }
-        }
-        (_, Some(refund), _, _) => Some(Target::Refund(refund)),
-        _ => None,
+    let target = match target_of(ctx, &received).await? {
+        Found::Settled => return Ok(Applied::Done(EventOutcome::Processed)),
+        Found::Target(target) => target,
     };
     // A duplicate is answered before it costs a provider read; one that
     // needs no read is found by its recording (`ON CONFLICT DO NOTHING`).
@@ -361,8 +337,10 @@ async fn apply_parsed(
         },
         _ => (Outcome::plain(EventOutcome::Ignored), None),
     };
-    let target_and_truth = match (target, truth) {
-        (Some(target), Some(truth)) => (target, truth),
+    match (target, truth) {
+        (Some(target), Some(truth)) => settle_by_event(ctx, &received, target, &truth, &outcome)
+            .await
+            .map(Applied::Done),
         // Nothing to apply: the event and its outcome in one statement.
         _ => {
             let done = store::webhooks::Done {
@@ -378,29 +356,107 @@ async fn apply_parsed(
                 return Ok(Applied::Done(EventOutcome::Duplicate));
             }
             log_unapplied(envelope, event_id, object, &outcome);
-            return Ok(Applied::Done(outcome.label));
+            Ok(Applied::Done(outcome.label))
         }
-    };
+    }
+}
+
+/// What our rows say the event is about. Returned once per event and
+/// matched at once: its size costs nothing worth a box.
+#[allow(clippy::large_enum_variant)]
+enum Found {
+    /// A charge event that only repeats what the command already settled:
+    /// recorded, nothing more to do.
+    Settled,
+    /// The attempt or refund it is about, if ours.
+    Target(Option<Target>),
+}
+
+/// Finds the attempt or refund an event is about. A charge event that
+/// repeats what we hold is recorded by the same statement that finds it
+/// (one round trip, no provider read).
+async fn target_of(ctx: &AppContext, received: &Received<'_>) -> Result<Found, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let object = received.envelope.subject.as_ref();
+    let charge_event =
+        object
+            .filter(|o| o.kind == SubjectKind::Charge)
+            .map(|o| store::payments::ChargeEvent {
+                provider: received.provider,
+                charge_id: &o.state.id,
+                attempt_id: o.our_id,
+                event_id: received.event_id,
+                event_type: &received.envelope.event_type,
+                payload: received.payload,
+                status: o.state.status,
+            });
+    let (mut charge, mut refund) = (None, None);
+    match (object, &charge_event) {
+        (Some(_), Some(event)) => {
+            match store::payments::find_by_charge_or_record_repeat(&mut conn, event).await? {
+                Some((_, true)) => return Ok(Found::Settled),
+                Some((found, false)) => charge = Some(found),
+                None => {}
+            }
+        }
+        (Some(o), None) => {
+            refund = store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.our_id).await?;
+        }
+        (None, _) => {}
+    }
+    // No connection is held while the provider answers, or while the
+    // command settles.
+    drop(conn);
+    Ok(Found::Target(
+        match (charge, refund, object, &charge_event) {
+            (Some(found), _, Some(event), Some(recorded)) => {
+                match after_command(ctx, found, event, recorded).await? {
+                    Some(attempt) => Some(Target::Charge(attempt)),
+                    // Settled by the command as the event says: recorded.
+                    None => return Ok(Found::Settled),
+                }
+            }
+            (_, Some(refund), _, _) => Some(Target::Refund(refund)),
+            _ => None,
+        },
+    ))
+}
+
+/// Records the event and settles its attempt or refund as the provider's
+/// truth says, in one transaction: a duplicate that raced this one finds
+/// the recording and changes nothing.
+async fn settle_by_event(
+    ctx: &AppContext,
+    received: &Received<'_>,
+    target: Target,
+    truth: &ProviderObject,
+    outcome: &Outcome,
+) -> Result<EventOutcome, StoreError> {
+    let Received {
+        provider,
+        event_id,
+        envelope,
+        payload,
+    } = received;
     let mut tx = ctx.pool.begin().await?;
     if !store::webhooks::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
         tx.commit().await?;
-        return Ok(Applied::Done(EventOutcome::Duplicate));
+        return Ok(EventOutcome::Duplicate);
     }
-    let label = match target_and_truth {
-        (Target::Charge(p), truth) => {
+    let label = match target {
+        Target::Charge(p) => {
             let (_, t) = settle::payment(
                 &mut tx,
                 &ctx.metrics,
                 (p.id, p.order_id),
-                &truth,
+                truth,
                 Cause::Webhook,
             )
             .await?;
             label(t)
         }
-        (Target::Refund(r), truth) => {
-            let (_, t) =
-                settle::refund(&mut tx, &ctx.metrics, r.id, &truth, Cause::Webhook).await?;
+        Target::Refund(r) => {
+            let (_, t) = settle::refund(&mut tx, &ctx.metrics, r.id, truth, Cause::Webhook).await?;
             label(t)
         }
     };
@@ -414,7 +470,7 @@ async fn apply_parsed(
     )
     .await?;
     tx.commit().await?;
-    Ok(Applied::Done(label))
+    Ok(label)
 }
 
 /// Logs an event that was recorded without changing anything, when a

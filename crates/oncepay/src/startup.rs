@@ -112,11 +112,19 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         },
         metrics.clone(),
     );
+    let order_batcher = Arc::new(store::order_batch::OrderBatcher::new(
+        pool.clone(),
+        store::order_batch::BatchConfig {
+            max: config.order_batch_max,
+        },
+        metrics.clone(),
+    ));
     Ok(Arc::new(AppContext {
         pool,
         engine,
         providers,
         metrics,
+        order_batcher,
         reconcile_after: config.reconcile_after,
         pending_alarm: config.pending_alarm,
         action_timeout: config.action_timeout,

@@ -841,14 +841,24 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
         })
     };
     quiesce(b).await;
+    let rows_before = metric(b, "oncepay_order_batch_rows_sum ").await;
+    let statements_before = metric(b, "oncepay_order_batch_rows_count ").await;
     let outcome = load::run(c, d, make.clone()).await;
     let created = count(b.db, "SELECT count(*) FROM orders").await? - before;
+    let statements = metric(b, "oncepay_order_batch_rows_count ")
+        .await
+        .saturating_sub(statements_before);
+    let batched = metric(b, "oncepay_order_batch_rows_sum ")
+        .await
+        .saturating_sub(rows_before);
     b.sample_rss();
     let check = verdict(
         created as u64 == outcome.count(201),
         format!(
-            "{created} order rows for {} answers 201",
-            outcome.count(201)
+            "{created} order rows for {} answers 201; {:.1} orders per statement (ONCEPAY_ORDER_BATCH_MAX={})",
+            outcome.count(201),
+            batched as f64 / statements.max(1) as f64,
+            std::env::var("ONCEPAY_ORDER_BATCH_MAX").unwrap_or_else(|_| "64".into())
         ),
     );
     let open = open_loop(b, outcome.rate(), &make).await;

@@ -21,6 +21,7 @@ pub mod refunds;
 pub mod settle;
 pub mod webhook_endpoints;
 
+use crate::store::Corrupt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,8 +48,10 @@ pub struct AppContext {
     pub engine: Engine,
     /// The payment providers, by name; new payments go to the current one.
     pub providers: Providers,
-    /// Metrics.
+    /// Counters and histograms every path reports to (`/metrics`).
     pub metrics: Arc<Metrics>,
+    /// New orders that arrive together, written in one statement.
+    pub order_batcher: Arc<crate::store::order_batch::OrderBatcher>,
     /// How long a payment or refund stays pending before the reconciler asks.
     pub reconcile_after: Duration,
     /// How long a payment or refund may stay pending before it raises an alarm.
@@ -328,7 +331,7 @@ pub trait Command: Sized + Send + Sync {
     /// command that makes one write and calls nobody (see
     /// [`Engine::execute_in_one`](crate::idempotency::Engine::execute_in_one)):
     /// the response and the statement. `None` (the default): steps only.
-    fn in_one(&self) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
+    fn in_one(&self, _ctx: &AppContext) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
         None
     }
 
@@ -384,7 +387,7 @@ pub async fn run<C: Command>(
     if ctx.books_gate.is_closed() {
         return Err(gate::gate_closed());
     }
-    if let Some((response, write)) = command.in_one() {
+    if let Some((response, write)) = command.in_one(ctx) {
         if let Some(response) = ctx.engine.execute_in_one(&request, response, write).await? {
             return Ok(Answer {
                 response,
@@ -501,16 +504,19 @@ async fn steps<C: Command>(
             (STARTED, _) => At::Start,
             (name, Some(resource)) => At::After {
                 point: C::Point::parse(name).ok_or_else(|| {
-                    StoreError::Corrupt(format!("{} cannot resume at {name}", C::NAME))
+                    StoreError::from(Corrupt::Broken(format!(
+                        "{} cannot resume at {name}",
+                        C::NAME
+                    )))
                 })?,
                 resource,
                 memo: memo.take(),
             },
             (name, None) => {
-                return Err(StoreError::Corrupt(format!(
+                return Err(StoreError::from(Corrupt::Broken(format!(
                     "{} recorded {name} without a resource",
                     C::NAME
-                ))
+                )))
                 .into())
             }
         };
@@ -648,7 +654,13 @@ pub fn json_response<T: Serialize>(
     location: Option<String>,
 ) -> Result<StoredResponse, CommandError> {
     let body = serde_json::to_vec(value).map_err(|e| {
-        CommandError::Store(StoreError::Corrupt(format!("serialising a response: {e}")))
+        CommandError::Store(
+            Corrupt::Json {
+                what: "a response",
+                source: e,
+            }
+            .into(),
+        )
     })?;
     Ok(StoredResponse {
         status,

@@ -1,5 +1,6 @@
 //! `POST /orders` and `POST /orders/{id}/cancel`.
 
+use crate::store::Corrupt;
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
@@ -45,12 +46,22 @@ impl Command for CreateOrder {
             .map_err(Problem::rule)
     }
 
-    fn in_one(&self) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
+    fn in_one(&self, ctx: &AppContext) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
         let (order, response) = self.prepare().ok()?;
-        let write: crate::idempotency::OneShot = Box::new(move |pool, record, response| {
-            Box::pin(
-                async move { store::orders::insert_claiming(pool, record, &order, response).await },
-            )
+        let batcher = ctx.order_batcher.clone();
+        let write: crate::idempotency::OneShot = Box::new(move |_pool, record, response| {
+            Box::pin(async move {
+                let row = store::orders::ClaimingOrder {
+                    id: record.id.clone(),
+                    fingerprint: record.fingerprint.to_vec(),
+                    command: record.command.to_string(),
+                    request: record.request.clone(),
+                    ttl: record.ttl,
+                    order,
+                    response: response.clone(),
+                };
+                batcher.insert_claiming(row).await
+            })
         });
         Some((response, write))
     }
@@ -146,11 +157,11 @@ impl Command for CancelOrder {
         // Locks in the one order used everywhere: order, payment, refund.
         store::orders::lock(&mut tx, run.merchant_id, self.order_id)
             .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", self.order_id)))?;
+            .ok_or_else(|| Corrupt::vanished("order", self.order_id))?;
         let refund = refunds::finish(&mut tx, ctx, refund_id, observed).await?;
         let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
             .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("order {} vanished", self.order_id)))?;
+            .ok_or_else(|| Corrupt::vanished("order", self.order_id))?;
         let response = match refund.status {
             PaymentStatus::Succeeded => order_response(200, &order)?,
             // The provider has not answered yet: accepted, the order turns
@@ -212,10 +223,10 @@ impl CancelOrder {
                 let payment = store::payments::lock_succeeded_for_order(&mut tx, order.id)
                     .await?
                     .ok_or_else(|| {
-                        StoreError::Corrupt(format!(
+                        StoreError::from(Corrupt::Broken(format!(
                             "paid order {} has no succeeded payment",
                             order.id
-                        ))
+                        )))
                     })?;
                 let plan = refunds::Plan {
                     amount: None,

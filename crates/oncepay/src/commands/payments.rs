@@ -21,6 +21,7 @@
 //! computed from has not moved, and writes nothing if it has; the command
 //! then takes the locking path, which decides every other case.
 
+use crate::store::Corrupt;
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
@@ -296,7 +297,7 @@ impl Command for CreatePayment {
             }
             None => store::payments::lock(&mut tx, attempt_id)
                 .await?
-                .ok_or_else(|| StoreError::Corrupt(format!("attempt {attempt_id} vanished")))?,
+                .ok_or_else(|| Corrupt::vanished("attempt", attempt_id))?,
         };
         let response = payment_response(&payment)?;
         Ok(Step::Complete { tx, response })
@@ -315,7 +316,7 @@ async fn as_it_is(
     let mut conn = ctx.pool.acquire().await?;
     let attempt = store::payments::get(&mut conn, run.merchant_id, id)
         .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("attempt {id} vanished")))?;
+        .ok_or_else(|| Corrupt::vanished("attempt", id))?;
     drop(conn);
     let observed = if attempt.status.is_final() {
         None

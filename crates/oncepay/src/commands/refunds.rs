@@ -2,6 +2,7 @@
 //! payment. Refunds of one payment are serialised by locking its order and
 //! payment rows in step 1, so their sum can never exceed the amount.
 
+use crate::store::Corrupt;
 use chrono::Utc;
 use uuid::Uuid;
 
@@ -256,10 +257,10 @@ fn key_made_another_refund() -> Problem {
 /// provider key, against the payment's charge.
 pub fn refund_request(refund: &Refund, payment: &Payment) -> Result<RefundRequest, StoreError> {
     let charge_id = payment.provider_charge_id.clone().ok_or_else(|| {
-        StoreError::Corrupt(format!(
+        StoreError::from(Corrupt::Broken(format!(
             "payment {} succeeded without a charge id",
             refund.payment_id
-        ))
+        )))
     })?;
     Ok(RefundRequest {
         idempotency_key: refund.id,
@@ -278,7 +279,7 @@ pub async fn pending_request(
     let mut conn = ctx.pool.acquire().await?;
     let refund = store::refunds::by_id(&mut conn, refund_id)
         .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("refund {refund_id} vanished")))?;
+        .ok_or_else(|| Corrupt::vanished("refund", refund_id))?;
     drop(conn);
     if refund.status.is_final() {
         return Ok(None);
@@ -293,7 +294,7 @@ pub async fn sent(ctx: &AppContext, refund: &Refund) -> Result<Outstanding, Stor
     let mut conn = ctx.pool.acquire().await?;
     let payment = store::payments::by_id(&mut conn, refund.payment_id)
         .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("payment {} vanished", refund.payment_id)))?;
+        .ok_or_else(|| Corrupt::vanished("payment", refund.payment_id))?;
     Ok(Outstanding {
         provider: payment.provider.clone(),
         request: refund_request(refund, &payment)?,
@@ -369,6 +370,6 @@ pub async fn finish(
         ),
         None => store::refunds::lock(tx, refund_id)
             .await?
-            .ok_or_else(|| StoreError::Corrupt(format!("refund {refund_id} vanished"))),
+            .ok_or_else(|| Corrupt::vanished("refund", refund_id)),
     }
 }

@@ -31,8 +31,8 @@ pub fn decline_to_confirm(status: PaymentStatus, cause: Cause) -> bool {
     status == PaymentStatus::Failed && matches!(cause, Cause::Command)
 }
 
-fn missing(what: &str, id: Uuid) -> StoreError {
-    StoreError::Corrupt(format!("{what} {id} vanished during settlement"))
+fn missing(what: &'static str, id: Uuid) -> StoreError {
+    crate::store::Corrupt::vanished(what, id)
 }
 
 fn non_empty(s: &str) -> Option<&str> {
@@ -112,46 +112,57 @@ pub async fn payment(
             store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?
         }
         Settlement::Contradicted => {
-            let charge_id = facts.charge_id.or(current.provider_charge_id.as_deref());
-            let updated = match (&current.provider_charge_id, facts.charge_id) {
-                (None, Some(_)) => {
-                    let keep_failure = store::payments::ChargeFacts {
-                        charge_id: facts.charge_id,
-                        failure_code: None,
-                        failure_message: None,
-                    };
-                    store::payments::set_status(tx, attempt_id, current.status, &keep_failure)
-                        .await?
-                }
-                _ => current.clone(),
-            };
-            let recorded = store::incidents::charge_on_failed_attempt(
-                tx,
-                attempt_id,
-                charge_id,
-                cause.label(),
-            )
-            .await?;
-            if let Some(incident) = recorded {
-                metrics
-                    .incidents
-                    .with_label_values(&["charge_on_failed_attempt"])
-                    .inc();
-                tracing::error!(
-                    incident_id = %incident.id,
-                    payment_id = %attempt_id,
-                    %order_id,
-                    charge_id = charge_id.unwrap_or_default(),
-                    refund_id = %incident.refund_id,
-                    cause = cause.label(),
-                    "INCIDENT: the provider charged a payment held as failed; refunding the charge"
-                );
-            }
-            updated
+            contradicted(tx, metrics, current, &facts, order_id, cause).await?
         }
         Settlement::Nothing => current,
     };
     Ok((updated, transition))
+}
+
+/// The provider charged an attempt we hold as failed: the attempt stays
+/// failed (the order may have been paid by another since), learns the
+/// charge id if it had none, and the charge is recorded once as an
+/// incident, which refunds it.
+async fn contradicted(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    current: Payment,
+    facts: &store::payments::ChargeFacts<'_>,
+    order_id: Uuid,
+    cause: Cause,
+) -> Result<Payment, StoreError> {
+    let attempt_id = current.id;
+    let charge_id = facts.charge_id.or(current.provider_charge_id.as_deref());
+    let updated = match (&current.provider_charge_id, facts.charge_id) {
+        (None, Some(_)) => {
+            let keep_failure = store::payments::ChargeFacts {
+                charge_id: facts.charge_id,
+                failure_code: None,
+                failure_message: None,
+            };
+            store::payments::set_status(tx, attempt_id, current.status, &keep_failure).await?
+        }
+        _ => current.clone(),
+    };
+    let recorded =
+        store::incidents::charge_on_failed_attempt(tx, attempt_id, charge_id, cause.label())
+            .await?;
+    if let Some(incident) = recorded {
+        metrics
+            .incidents
+            .with_label_values(&["charge_on_failed_attempt"])
+            .inc();
+        tracing::error!(
+            incident_id = %incident.id,
+            payment_id = %attempt_id,
+            %order_id,
+            charge_id = charge_id.unwrap_or_default(),
+            refund_id = %incident.refund_id,
+            cause = cause.label(),
+            "INCIDENT: the provider charged a payment held as failed; refunding the charge"
+        );
+    }
+    Ok(updated)
 }
 
 /// A command's own charge, settled from what the command knows: the

@@ -75,6 +75,7 @@ pub const VARIABLES: &[Variable] = &[
     v("ONCEPAY_DB_POOL_SIZE", "serve", "8"),
     v("ONCEPAY_AUTH_CACHE_TTL", "serve", "30s"),
     v("ONCEPAY_REPLAY_CACHE_ENTRIES", "serve", "10000"),
+    v("ONCEPAY_ORDER_BATCH_MAX", "serve", "64"),
     v("ONCEPAY_HTTP_WORKERS", "serve", "number of CPUs"),
     v("ONCEPAY_MAX_BODY_BYTES", "serve", "65536"),
     v("ONCEPAY_HEADER_TIMEOUT", "serve", "5s"),

@@ -19,7 +19,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::checkout_text::Lang;
+use super::checkout_text::{Lang, Text};
 use super::resources::{money_command, run_command};
 use super::{idempotency_key, ok_json, on_service_runtime, path_uuid, read_body, AppState};
 use crate::commands::checkout::{token_hash, CreateCheckout, TOKEN_PREFIX};
@@ -270,44 +270,14 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         .and_then(|v| v.to_str().ok());
     let session = match session_of(&state, &token).await? {
         Ok(session) => session,
-        Err(closed) => {
-            let lang = Lang::choose(None, accept);
-            let t = lang.text();
-            let (status, title, text) = match closed {
-                Closed::Unknown => (StatusCode::NOT_FOUND, t.not_found_title, t.not_found),
-                Closed::Expired => (StatusCode::GONE, t.expired_title, t.expired_page),
-            };
-            let main = format!(
-                "<h1>{title}</h1>\n<p class=\"notice\" id=\"closed\" data-status=\"closed\">{text}</p>"
-            );
-            return Ok(html(status, page(lang, title, &main), &csp(CardForm::None)));
-        }
+        Err(closed) => return Ok(closed_page(closed, accept)),
     };
     let lang = Lang::choose(session.locale.as_deref(), accept);
     let t = lang.text();
     let (order, attempts) = order_and_attempts(&state, &session, true).await?;
     let currency = Currency::try_from(order.currency.as_str()).map_err(Problem::internal_from)?;
-    let money = |minor: i64| {
-        format!(
-            "<span class=\"money\" data-minor=\"{minor}\" data-exponent=\"{}\" data-currency=\"{}\">{}</span>",
-            currency.exponent(),
-            escape(currency.as_str()),
-            escape(&currency.format(minor))
-        )
-    };
-    let total = money(order.amount);
-    let rows: String = order
-        .items
-        .iter()
-        .map(|item| {
-            format!(
-                "<tr><td>{}</td><td class=\"qty\">{}</td><td class=\"money\">{}</td></tr>\n",
-                escape(&item.sku),
-                item.quantity,
-                money(item.unit_amount.saturating_mul(item.quantity))
-            )
-        })
-        .collect();
+    let total = money_html(currency, order.amount);
+    let rows = item_rows(&order, currency);
     // The page starts where the order is: paid shows the receipt (with its
     // payment), an order that can no longer be paid says so, and neither
     // offers a Pay button.
@@ -333,73 +303,8 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
     } else {
         String::new()
     };
-    let field = |id: &str, label: &str, attrs: &str| {
-        format!(
-            "<div class=\"field\"><label for=\"{id}\">{}</label>\n<input id=\"{id}\" {attrs} aria-describedby=\"{id}-error\">\n\
-             <p class=\"field-error\" id=\"{id}-error\" hidden></p></div>\n",
-            escape(label)
-        )
-    };
-    // The card form: the page's own fields posted to the provider's
-    // tokenization (the sandbox), or Stripe Elements' field in Stripe's
-    // frame. The raw payment-method field only in test mode, behind a
-    // disclosure (alone where there is no card form); with live keys it
-    // does not exist.
-    let (card, card_kind, tokenize, stripe_key) = match card_form {
-        CardForm::Tokenize { url } => (
-            format!(
-                "{}<div class=\"row\">{}{}</div>\n",
-                field(
-                    "card-number",
-                    t.card_number,
-                    "name=\"cardnumber\" inputmode=\"numeric\" autocomplete=\"cc-number\" placeholder=\"1234 1234 1234 1234\" maxlength=\"23\""
-                ),
-                field(
-                    "card-exp",
-                    &format!("{} ({})", t.expiry, t.expiry_hint),
-                    "name=\"exp-date\" inputmode=\"numeric\" autocomplete=\"cc-exp\" placeholder=\"MM/YY\" maxlength=\"7\""
-                ),
-                field(
-                    "card-cvc",
-                    t.cvc,
-                    "name=\"cvc\" inputmode=\"numeric\" autocomplete=\"cc-csc\" maxlength=\"4\""
-                ),
-            ),
-            "tokenize",
-            url,
-            "",
-        ),
-        // Stripe's frame carries the autocomplete attributes of its own
-        // inputs; the page holds only the place it mounts in.
-        CardForm::StripeElements { publishable_key } => (
-            format!(
-                "<div class=\"field\"><p class=\"label\" id=\"card-element-label\">{}</p>\n\
-                 <div id=\"card-element\" class=\"card-element\" role=\"group\" aria-labelledby=\"card-element-label\" \
-                 aria-describedby=\"card-element-error\"></div>\n\
-                 <p class=\"field-error\" id=\"card-element-error\" hidden></p></div>\n",
-                escape(t.card)
-            ),
-            "stripe",
-            "",
-            publishable_key,
-        ),
-        CardForm::None => (String::new(), "none", "", ""),
-    };
-    let example = escape(provider.example_payment_method());
-    let token_input = format!(
-        "<label for=\"payment_method\">{}</label>\n<input id=\"payment_method\" name=\"payment_method\" value=\"{example}\" \
-         autocomplete=\"off\" autocapitalize=\"off\" spellcheck=\"false\" aria-describedby=\"payment_method-error\">\n\
-         <p class=\"field-error\" id=\"payment_method-error\" hidden></p>\n",
-        escape(t.test_token)
-    );
-    let token = match (card_form, test_mode) {
-        (CardForm::None, true) => token_input,
-        (_, true) => format!(
-            "<details id=\"test-token\"><summary>{}</summary>\n{token_input}</details>\n",
-            escape(t.use_test_token)
-        ),
-        (_, false) => String::new(),
-    };
+    let card = card_fields(card_form, t);
+    let token = test_token_field(card_form, test_mode, provider.example_payment_method(), t);
     let success_url = session
         .success_url
         .as_deref()
@@ -410,14 +315,7 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
             )
         })
         .unwrap_or_default();
-    let cancel = match &session.cancel_url {
-        Some(url) => format!(
-            "<p class=\"cancel\"><a id=\"cancel\" href=\"{}\">{}</a></p>\n",
-            escape(url),
-            escape(t.cancel)
-        ),
-        None => String::new(),
-    };
+    let cancel = cancel_link(session.cancel_url.as_deref(), t);
     let text = serde_json::to_string(t).map_err(Problem::internal_from)?;
     let main = format!(
         "<header>\n<p class=\"merchant\" id=\"merchant\">{merchant}</p>\n{banner}<h1><span class=\"verb\">{pay}</span> {total}</h1>\n\
@@ -427,7 +325,7 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
          <form id=\"checkout\" data-token=\"{token_path}\" data-order=\"{order_id}\" data-initial=\"{initial}\" data-paid-by=\"{paid_by}\" \
          data-lang=\"{lang}\" data-card=\"{card_kind}\" data-tokenize=\"{tokenize}\" \
          data-stripe-key=\"{stripe_key}\" data-stripe-js=\"{stripe_js}\" data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
-         {card}{token}<button id=\"pay\" type=\"submit\">{pay} {total}</button>\n{cancel}</form>\n\
+         {fields}{token}<button id=\"pay\" type=\"submit\">{pay} {total}</button>\n{cancel}</form>\n\
          <div id=\"status\" role=\"status\" aria-live=\"polite\" data-status=\"idle\">{ready}</div>\n\
          <p id=\"bank\" hidden><a id=\"continue\" href=\"#\">{continue_at_bank}</a></p>\n\
          <section id=\"receipt\" hidden>\n<h2>{received}</h2>\n<p>{thank_you} <span id=\"receipt-amount\">{total}</span></p>\n\
@@ -443,13 +341,15 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         total_word = escape(t.total),
         token_path = escape(&path),
         lang = lang.tag(),
-        tokenize = escape(tokenize),
-        stripe_key = escape(stripe_key),
-        stripe_js = if stripe_key.is_empty() {
+        card_kind = card.kind,
+        tokenize = escape(card.tokenize),
+        stripe_key = escape(card.stripe_key),
+        stripe_js = if card.stripe_key.is_empty() {
             ""
         } else {
             crate::provider::stripe::STRIPE_JS
         },
+        fields = card.html,
         success = escape(&success_url),
         text = escape(&text),
         ready = escape(t.ready),
@@ -467,6 +367,153 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         ),
         &csp(card_form),
     ))
+}
+
+/// The page of a token that opens no session (404) or an expired one (410),
+/// in the browser's language: the session's own is not known.
+fn closed_page(closed: Closed, accept: Option<&str>) -> HttpResponse {
+    use actix_web::http::StatusCode;
+    let lang = Lang::choose(None, accept);
+    let t = lang.text();
+    let (status, title, text) = match closed {
+        Closed::Unknown => (StatusCode::NOT_FOUND, t.not_found_title, t.not_found),
+        Closed::Expired => (StatusCode::GONE, t.expired_title, t.expired_page),
+    };
+    let main = format!(
+        "<h1>{title}</h1>\n<p class=\"notice\" id=\"closed\" data-status=\"closed\">{text}</p>"
+    );
+    html(status, page(lang, title, &main), &csp(CardForm::None))
+}
+
+/// An amount as the server formats it, with what the script needs to
+/// format it again in the customer's locale.
+fn money_html(currency: Currency, minor: i64) -> String {
+    format!(
+        "<span class=\"money\" data-minor=\"{minor}\" data-exponent=\"{}\" data-currency=\"{}\">{}</span>",
+        currency.exponent(),
+        escape(currency.as_str()),
+        escape(&currency.format(minor))
+    )
+}
+
+/// One table row per line item: SKU, quantity, line total.
+fn item_rows(order: &Order, currency: Currency) -> String {
+    order
+        .items
+        .iter()
+        .map(|item| {
+            format!(
+                "<tr><td>{}</td><td class=\"qty\">{}</td><td class=\"money\">{}</td></tr>\n",
+                escape(&item.sku),
+                item.quantity,
+                money_html(currency, item.unit_amount.saturating_mul(item.quantity))
+            )
+        })
+        .collect()
+}
+
+/// The card form as the page renders it, and what its script is told.
+struct CardFields<'a> {
+    html: String,
+    /// `tokenize`, `stripe` or `none`: which way the script sends the card.
+    kind: &'static str,
+    /// The provider's tokenization URL (the sandbox's), where the card goes.
+    tokenize: &'a str,
+    /// Stripe's publishable key, for Elements.
+    stripe_key: &'a str,
+}
+
+/// The page's own card fields, posted to the provider's tokenization (the
+/// sandbox), or the place Stripe Elements mounts its frame in; no fields
+/// where the provider has no card form.
+fn card_fields<'a>(card_form: CardForm<'a>, t: &Text) -> CardFields<'a> {
+    let field = |id: &str, label: &str, attrs: &str| {
+        format!(
+            "<div class=\"field\"><label for=\"{id}\">{}</label>\n<input id=\"{id}\" {attrs} aria-describedby=\"{id}-error\">\n\
+             <p class=\"field-error\" id=\"{id}-error\" hidden></p></div>\n",
+            escape(label)
+        )
+    };
+    match card_form {
+        CardForm::Tokenize { url } => CardFields {
+            html: format!(
+                "{}<div class=\"row\">{}{}</div>\n",
+                field(
+                    "card-number",
+                    t.card_number,
+                    "name=\"cardnumber\" inputmode=\"numeric\" autocomplete=\"cc-number\" placeholder=\"1234 1234 1234 1234\" maxlength=\"23\""
+                ),
+                field(
+                    "card-exp",
+                    &format!("{} ({})", t.expiry, t.expiry_hint),
+                    "name=\"exp-date\" inputmode=\"numeric\" autocomplete=\"cc-exp\" placeholder=\"MM/YY\" maxlength=\"7\""
+                ),
+                field(
+                    "card-cvc",
+                    t.cvc,
+                    "name=\"cvc\" inputmode=\"numeric\" autocomplete=\"cc-csc\" maxlength=\"4\""
+                ),
+            ),
+            kind: "tokenize",
+            tokenize: url,
+            stripe_key: "",
+        },
+        // Stripe's frame carries the autocomplete attributes of its own
+        // inputs; the page holds only the place it mounts in.
+        CardForm::StripeElements { publishable_key } => CardFields {
+            html: format!(
+                "<div class=\"field\"><p class=\"label\" id=\"card-element-label\">{}</p>\n\
+                 <div id=\"card-element\" class=\"card-element\" role=\"group\" aria-labelledby=\"card-element-label\" \
+                 aria-describedby=\"card-element-error\"></div>\n\
+                 <p class=\"field-error\" id=\"card-element-error\" hidden></p></div>\n",
+                escape(t.card)
+            ),
+            kind: "stripe",
+            tokenize: "",
+            stripe_key: publishable_key,
+        },
+        CardForm::None => CardFields {
+            html: String::new(),
+            kind: "none",
+            tokenize: "",
+            stripe_key: "",
+        },
+    }
+}
+
+/// The raw payment-method field, only in test mode: behind a disclosure
+/// beside a card form, alone where there is none. With live keys it does
+/// not exist.
+fn test_token_field(card_form: CardForm<'_>, test_mode: bool, example: &str, t: &Text) -> String {
+    if !test_mode {
+        return String::new();
+    }
+    let input = format!(
+        "<label for=\"payment_method\">{}</label>\n<input id=\"payment_method\" name=\"payment_method\" value=\"{}\" \
+         autocomplete=\"off\" autocapitalize=\"off\" spellcheck=\"false\" aria-describedby=\"payment_method-error\">\n\
+         <p class=\"field-error\" id=\"payment_method-error\" hidden></p>\n",
+        escape(t.test_token),
+        escape(example)
+    );
+    match card_form {
+        CardForm::None => input,
+        _ => format!(
+            "<details id=\"test-token\"><summary>{}</summary>\n{input}</details>\n",
+            escape(t.use_test_token)
+        ),
+    }
+}
+
+/// The way back to the shop without paying, where the merchant gave one.
+fn cancel_link(url: Option<&str>, t: &Text) -> String {
+    match url {
+        Some(url) => format!(
+            "<p class=\"cancel\"><a id=\"cancel\" href=\"{}\">{}</a></p>\n",
+            escape(url),
+            escape(t.cancel)
+        ),
+        None => String::new(),
+    }
 }
 
 #[derive(Deserialize)]

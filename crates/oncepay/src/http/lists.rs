@@ -65,29 +65,7 @@ pub(super) fn page_request(
         ));
     }
     let statuses = spec.statuses;
-    let mut equals = Vec::new();
-    for (name, kind) in spec.filters {
-        let Some(value) = query.get(*name) else {
-            continue;
-        };
-        let filter = match kind {
-            FilterKind::Id => Filter::Id(
-                Uuid::parse_str(value)
-                    .map_err(|_| Problem::invalid_field(*name, "must be an object id (UUID)"))?,
-            ),
-            FilterKind::OneOf(values) => {
-                let values = values();
-                if !values.contains(&value.as_str()) {
-                    return Err(Problem::invalid_field(
-                        *name,
-                        &format!("must be one of {}", values.join(", ")),
-                    ));
-                }
-                Filter::Text(value.clone())
-            }
-        };
-        equals.push((*name, filter));
-    }
+    let equals = filters(query, spec)?;
     let limit = match query.get("limit") {
         None => 10,
         Some(v) => match v.parse::<i64>() {
@@ -134,18 +112,7 @@ pub(super) fn page_request(
             })
             .transpose()
     };
-    let customer_id = query.get("customer_id").cloned();
-    // Characters, not bytes, as customer ids are counted when orders are
-    // made; U+0000 cannot be stored, so no customer id holds one.
-    if customer_id
-        .as_ref()
-        .is_some_and(|c| c.is_empty() || c.chars().count() > 64 || c.contains('\0'))
-    {
-        return Err(Problem::invalid_field(
-            "customer_id",
-            "must be 1 to 64 characters, none of them U+0000",
-        ));
-    }
+    let customer_id = customer_id(query)?;
     Ok(PageRequest {
         limit,
         cursor,
@@ -155,6 +122,55 @@ pub(super) fn page_request(
         created_lte: time("created_lte")?,
         equals,
     })
+}
+
+/// The list's exact-match parameters present in the query, each checked
+/// against its kind.
+fn filters(
+    query: &HashMap<String, String>,
+    spec: &ListSpec,
+) -> Result<Vec<(&'static str, Filter)>, Problem> {
+    let mut equals = Vec::new();
+    for (name, kind) in spec.filters {
+        let Some(value) = query.get(*name) else {
+            continue;
+        };
+        let filter = match kind {
+            FilterKind::Id => Filter::Id(
+                Uuid::parse_str(value)
+                    .map_err(|_| Problem::invalid_field(*name, "must be an object id (UUID)"))?,
+            ),
+            FilterKind::OneOf(values) => {
+                let values = values();
+                if !values.contains(&value.as_str()) {
+                    return Err(Problem::invalid_field(
+                        *name,
+                        &format!("must be one of {}", values.join(", ")),
+                    ));
+                }
+                Filter::Text(value.clone())
+            }
+        };
+        equals.push((*name, filter));
+    }
+    Ok(equals)
+}
+
+/// `customer_id`, counted in characters, not bytes, as customer ids are
+/// when orders are made; U+0000 cannot be stored, so no customer id holds
+/// one.
+fn customer_id(query: &HashMap<String, String>) -> Result<Option<String>, Problem> {
+    let customer_id = query.get("customer_id").cloned();
+    if customer_id
+        .as_ref()
+        .is_some_and(|c| c.is_empty() || c.chars().count() > 64 || c.contains('\0'))
+    {
+        return Err(Problem::invalid_field(
+            "customer_id",
+            "must be 1 to 64 characters, none of them U+0000",
+        ));
+    }
+    Ok(customer_id)
 }
 
 pub(super) async fn list<T, F, Fut>(

@@ -274,9 +274,9 @@ pub async fn load_live(
 
 fn response_from_row(row: &PgRow) -> Result<StoredResponse, StoreError> {
     let status: Option<i16> = row.try_get("response_status")?;
-    let status = status
-        .and_then(|s| u16::try_from(s).ok())
-        .ok_or_else(|| StoreError::Corrupt("completed record without a status".into()))?;
+    let status = status.and_then(|s| u16::try_from(s).ok()).ok_or_else(|| {
+        crate::store::Corrupt::Broken("a completed record without a status".into())
+    })?;
     Ok(StoredResponse {
         status,
         body: row
@@ -412,8 +412,7 @@ pub async fn complete(
     token: Uuid,
     response: &StoredResponse,
 ) -> Result<(), StoreError> {
-    let status =
-        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
+    let status = crate::store::Corrupt::status_column(response.status)?;
     let done = sqlx::query(COMPLETE)
         .bind(id.merchant_id)
         .bind(&id.key)

@@ -30,7 +30,7 @@ pub struct AuditEvent {
     pub request_id: Option<String>,
     /// What changed (never a secret).
     pub change: Value,
-    /// When.
+    /// When it changed, by the database's clock.
     pub created_at: DateTime<Utc>,
 }
 

@@ -51,7 +51,7 @@ pub enum Phase {
     Refunds,
     /// Looking for our rows it does not have.
     Missing,
-    /// Finished.
+    /// Finished: its counts are final.
     Done,
 }
 
@@ -388,7 +388,7 @@ pub async fn current_lineage(pool: &PgPool) -> Result<(i64, Option<i64>), StoreE
     let timeline = name
         .get(..8)
         .and_then(|t| i64::from_str_radix(t, 16).ok())
-        .ok_or_else(|| StoreError::Corrupt(format!("WAL file name {name}")))?;
+        .ok_or_else(|| super::Corrupt::unknown("WAL file name", &name))?;
     let system: Option<i64> =
         sqlx::query_scalar("SELECT system_identifier::bigint FROM pg_control_system()")
             .fetch_one(pool)

@@ -93,7 +93,7 @@ pub struct AttemptResult<'a> {
 /// What becomes of the delivery after an attempt.
 #[derive(Debug, Clone, Copy)]
 pub enum Next {
-    /// Received.
+    /// The receiver answered 2xx: no more attempts.
     Delivered,
     /// Try again after this long.
     RetryAfter(Duration),
@@ -198,7 +198,7 @@ pub async fn redeliver(
 pub struct Attempt {
     /// The endpoint it went to.
     pub endpoint_id: Uuid,
-    /// When.
+    /// When it was sent, by the database's clock.
     pub attempted_at: DateTime<Utc>,
     /// The receiver's HTTP status, if it answered.
     pub response_status: Option<i32>,

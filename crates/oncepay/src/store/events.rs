@@ -38,7 +38,7 @@ pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, 
         .fetch_optional(tx)
         .await?
         .ok_or_else(|| {
-            StoreError::Corrupt(format!(
+            super::Corrupt::Broken(format!(
                 "event for {} {}: order {} not found",
                 event.object_type, event.object_id, event.order_id
             ))

@@ -125,7 +125,7 @@ pub async fn merchant_for_key(
         key_id: row.try_get("key_id")?,
         // The column's check admits only known names and at least one.
         scopes: crate::domain::scopes::Scopes::parse(scopes.iter().map(String::as_str))
-            .map_err(StoreError::Corrupt)?,
+            .map_err(|_| super::Corrupt::unknown("scopes", &scopes.join(",")))?,
         expires_at: expires_in
             .map(|secs| asked_at + std::time::Duration::from_secs_f64(secs.max(0.0))),
         rate_limit: rate.zip(burst),
@@ -369,8 +369,8 @@ pub async fn revoke(
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    let hash: [u8; 32] = hash
-        .try_into()
-        .map_err(|_| StoreError::Corrupt("api key hash".into()))?;
+    let hash: [u8; 32] = hash.try_into().map_err(|_| super::Corrupt::OutOfRange {
+        what: "api key hash",
+    })?;
     Ok(Some((info, hash)))
 }

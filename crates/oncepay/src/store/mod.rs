@@ -24,6 +24,7 @@ pub mod events;
 pub mod incidents;
 pub mod merchants;
 pub mod migrate;
+pub mod order_batch;
 pub mod orders;
 pub mod pages;
 pub mod payments;
@@ -51,9 +52,77 @@ pub enum StoreError {
     /// result will come from there, and nothing here may be committed.
     #[error("the idempotency lease was taken over by another process")]
     LeaseLost,
-    /// A stored value did not decode into its domain type.
-    #[error("corrupt stored value: {0}")]
-    Corrupt(String),
+    /// A stored value did not decode into its domain type, or a row that
+    /// must exist did not.
+    #[error("corrupt stored data: {0}")]
+    Corrupt(#[from] Corrupt),
+}
+
+/// What was found broken in stored data: a bug or a hand-edited row, never
+/// the client's fault (a 500 whose cause the log keeps).
+#[derive(Debug, thiserror::Error)]
+pub enum Corrupt {
+    /// A column holds a value its domain type does not know.
+    #[error("unknown {what} {value:?}")]
+    Unknown {
+        /// The column, as a log reader would name it.
+        what: &'static str,
+        /// What the column held.
+        value: String,
+    },
+    /// A JSON value does not decode into, or encode from, its type.
+    #[error("{what}: {source}")]
+    Json {
+        /// The value, as a log reader would name it.
+        what: &'static str,
+        /// serde's reason, with its line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A value does not fit its column (an HTTP status in a `smallint`).
+    #[error("{what} out of range")]
+    OutOfRange {
+        /// The value, as a log reader would name it.
+        what: &'static str,
+    },
+    /// A row this transaction found or locked a moment ago is gone.
+    #[error("{what} {id} vanished")]
+    Vanished {
+        /// The kind of row: order, payment, attempt, refund.
+        what: &'static str,
+        /// Its id.
+        id: uuid::Uuid,
+    },
+    /// Rows that contradict a rule the service keeps (a paid order without
+    /// a succeeded payment): the rule, with the row it failed on.
+    #[error("{0}")]
+    Broken(String),
+}
+
+impl Corrupt {
+    /// [`Corrupt::Unknown`], as the store's error.
+    pub fn unknown(what: &'static str, value: &str) -> StoreError {
+        Corrupt::Unknown {
+            what,
+            value: value.into(),
+        }
+        .into()
+    }
+
+    /// [`Corrupt::Json`] for `map_err`, as the store's error.
+    pub fn json(what: &'static str) -> impl FnOnce(serde_json::Error) -> StoreError {
+        move |source| Corrupt::Json { what, source }.into()
+    }
+
+    /// [`Corrupt::Vanished`], as the store's error.
+    pub fn vanished(what: &'static str, id: uuid::Uuid) -> StoreError {
+        Corrupt::Vanished { what, id }.into()
+    }
+
+    /// An HTTP status as its `smallint` column holds it.
+    pub fn status_column(status: u16) -> Result<i16, StoreError> {
+        i16::try_from(status).map_err(|_| Corrupt::OutOfRange { what: "status" }.into())
+    }
 }
 
 /// Whether a database error means "unavailable for now; the same work may

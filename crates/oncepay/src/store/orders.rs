@@ -1,6 +1,7 @@
 //! SQL of orders. Every read is scoped by merchant: another merchant's order
 //! is indistinguishable from one that does not exist.
 
+use super::Corrupt;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
@@ -24,13 +25,13 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
         id: row.try_get("id")?,
         customer_id: row.try_get("customer_id")?,
         items: serde_json::from_value(row.try_get("items")?)
-            .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?,
+            .map_err(Corrupt::json("order items"))?,
         amount: row.try_get("amount")?,
         currency: row.try_get("currency")?,
         status: OrderStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("order status {status}")))?,
+            .ok_or_else(|| Corrupt::unknown("order status", &status))?,
         metadata: serde_json::from_value(row.try_get("metadata")?)
-            .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?,
+            .map_err(Corrupt::json("order metadata"))?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
@@ -60,12 +61,10 @@ fn bind_order<'q>(
     order: &'q Order,
     response: &'q StoredResponse,
 ) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError> {
-    let items = serde_json::to_value(&order.items)
-        .map_err(|e| StoreError::Corrupt(format!("order items: {e}")))?;
-    let metadata = serde_json::to_value(&order.metadata)
-        .map_err(|e| StoreError::Corrupt(format!("order metadata: {e}")))?;
-    let status =
-        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
+    let items = serde_json::to_value(&order.items).map_err(Corrupt::json("order items"))?;
+    let metadata =
+        serde_json::to_value(&order.metadata).map_err(Corrupt::json("order metadata"))?;
+    let status = crate::store::Corrupt::status_column(response.status)?;
     Ok(query
         .bind(order.id)
         .bind(merchant_id)
@@ -120,6 +119,20 @@ pub const INSERT_CLAIMING: &str = "WITH claim AS (
                          metadata, created_at, updated_at)
      SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM claim)";
 
+/// [`insert_claiming`] of one request of a batch (see [`ClaimingOrder`]).
+pub async fn insert_claiming_one(pool: &PgPool, row: &ClaimingOrder) -> Result<bool, StoreError> {
+    let record = crate::idempotency::persistence::NewRecord {
+        id: &row.id,
+        fingerprint: &row.fingerprint,
+        command: &row.command,
+        request: &row.request,
+        // Completed at once: no lease.
+        lease: std::time::Duration::ZERO,
+        ttl: row.ttl,
+    };
+    insert_claiming(pool, &record, &row.order, &row.response).await
+}
+
 /// See [`INSERT_CLAIMING`]. `false`: the key already has a record (live,
 /// expired, or another request's), nothing was written, and the caller
 /// goes through the engine's full protocol.
@@ -143,6 +156,130 @@ pub async fn insert_claiming(
     .execute(pool)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// [`INSERT_CLAIMING`] for many requests at once (natural batching, see
+/// `store::order_batch`): each row claims its key and, where the claim
+/// took, inserts its order; all of it one statement and one commit. Rows
+/// come sorted by key, so two batches lock keys in the same order and
+/// cannot deadlock; keys are unique within a batch. Returns the ids of the
+/// orders inserted: a request whose order is missing found its key taken.
+pub const INSERT_CLAIMING_MANY: &str = "WITH input AS (
+        SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::bigint[],
+                             $6::text[], $7::jsonb[], $8::timestamptz[], $9::smallint[],
+                             $10::bytea[], $11::text[], $12::text[], $13::bytea[], $14::text[],
+                             $15::jsonb[], $16::bigint[])
+               WITH ORDINALITY AS i (id, merchant_id, customer_id, items, amount, currency,
+                                     metadata, created_at, response_status, response_body,
+                                     response_location, idempotency_key, fingerprint, command,
+                                     request, ttl_ms, n)),
+     claim AS (
+        INSERT INTO idempotency_record
+               (merchant_id, idempotency_key, fingerprint, command, request, state,
+                recovery_point, resource_id, response_status, response_body, response_location,
+                expires_at)
+        SELECT merchant_id, idempotency_key, fingerprint, command, request, 'completed',
+               'finished', id, response_status, response_body, response_location,
+               now() + ttl_ms * interval '1 millisecond'
+          FROM input ORDER BY n
+        ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+        RETURNING merchant_id, idempotency_key),
+     created AS (
+        INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
+                            metadata, created_at, updated_at)
+        SELECT i.id, i.merchant_id, i.customer_id, i.items, i.amount, i.currency,
+               'awaiting_payment', i.metadata, i.created_at, i.created_at
+          FROM input i JOIN claim c USING (merchant_id, idempotency_key)
+        RETURNING id)
+     SELECT id FROM created";
+
+/// One request of a batch: what [`insert_claiming`] takes, owned.
+pub struct ClaimingOrder {
+    /// The key and its scope.
+    pub id: RecordId,
+    /// SHA-256 of the request.
+    pub fingerprint: Vec<u8>,
+    /// Command name, for resumption.
+    pub command: String,
+    /// Command input, for resumption.
+    pub request: serde_json::Value,
+    /// The record's lifetime.
+    pub ttl: std::time::Duration,
+    /// The order to insert.
+    pub order: Order,
+    /// Its answer, stored with the record.
+    pub response: StoredResponse,
+}
+
+/// See [`INSERT_CLAIMING_MANY`]. For each row, in order: whether its order
+/// was inserted (`false`: its key was taken, nothing of it was written).
+pub async fn insert_claiming_many(
+    pool: &PgPool,
+    rows: &[ClaimingOrder],
+) -> Result<Vec<bool>, StoreError> {
+    let n = rows.len();
+    let (mut ids, mut merchants, mut customers, mut items, mut amounts, mut currencies) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut metadata, mut created, mut statuses, mut bodies, mut locations) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut keys, mut fingerprints, mut commands, mut requests, mut ttls) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for row in rows {
+        let order = &row.order;
+        ids.push(order.id);
+        merchants.push(row.id.merchant_id);
+        customers.push(order.customer_id.as_str());
+        items.push(serde_json::to_value(&order.items).map_err(Corrupt::json("order items"))?);
+        amounts.push(order.amount);
+        currencies.push(order.currency.as_str());
+        metadata
+            .push(serde_json::to_value(&order.metadata).map_err(Corrupt::json("order metadata"))?);
+        created.push(order.created_at);
+        statuses.push(Corrupt::status_column(row.response.status)?);
+        bodies.push(row.response.body.as_slice());
+        locations.push(row.response.location.as_deref());
+        keys.push(row.id.key.as_str());
+        fingerprints.push(row.fingerprint.as_slice());
+        commands.push(row.command.as_str());
+        requests.push(&row.request);
+        ttls.push(crate::idempotency::persistence::millis(row.ttl));
+    }
+    let inserted: Vec<Uuid> = sqlx::query_scalar(INSERT_CLAIMING_MANY)
+        .bind(&ids)
+        .bind(&merchants)
+        .bind(&customers)
+        .bind(&items)
+        .bind(&amounts)
+        .bind(&currencies)
+        .bind(&metadata)
+        .bind(&created)
+        .bind(&statuses)
+        .bind(&bodies)
+        .bind(&locations)
+        .bind(&keys)
+        .bind(&fingerprints)
+        .bind(&commands)
+        .bind(&requests)
+        .bind(&ttls)
+        .fetch_all(pool)
+        .await?;
+    Ok(ids.iter().map(|id| inserted.contains(id)).collect())
 }
 
 /// Reads one of the merchant's orders.

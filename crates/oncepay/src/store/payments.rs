@@ -1,6 +1,7 @@
 //! SQL of payment attempts. The table's constraints are the second and third
 //! lines of defence against a double charge (see the migration).
 
+use super::Corrupt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -35,7 +36,7 @@ fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
         amount: row.try_get("amount")?,
         currency: row.try_get("currency")?,
         status: PaymentStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("payment status {status}")))?,
+            .ok_or_else(|| Corrupt::unknown("payment status", &status))?,
         provider: row.try_get("provider")?,
         provider_charge_id: row.try_get("provider_charge_id")?,
         failure_code: row.try_get("failure_code")?,
@@ -61,7 +62,7 @@ fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
 pub struct NewAttempt<'a> {
     /// UUID v7, also the provider idempotency key.
     pub id: Uuid,
-    /// Owner.
+    /// The merchant whose order it pays; every lookup is scoped by it.
     pub merchant_id: Uuid,
     /// The order paid.
     pub order_id: Uuid,
@@ -337,8 +338,7 @@ pub async fn settle_completing(
 ) -> Result<bool, StoreError> {
     let (order, order_after) = s.order;
     let after = s.attempt;
-    let status =
-        i16::try_from(response.status).map_err(|_| StoreError::Corrupt("status".into()))?;
+    let status = crate::store::Corrupt::status_column(response.status)?;
     let ok: Option<bool> = super::events::bind_events(sqlx::query(SETTLE_COMPLETING), s.events)
         .bind(order.id)
         .bind(order.status.as_str())

@@ -1,5 +1,6 @@
 //! SQL of refunds.
 
+use super::Corrupt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -33,7 +34,7 @@ fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
         amount: row.try_get("amount")?,
         currency: row.try_get("currency")?,
         status: PaymentStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("refund status {status}")))?,
+            .ok_or_else(|| Corrupt::unknown("refund status", &status))?,
         reason: row.try_get("reason")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
@@ -51,7 +52,7 @@ fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
 pub struct NewRefund<'a> {
     /// UUID v7, also the provider idempotency key.
     pub id: Uuid,
-    /// Owner.
+    /// The merchant whose payment it refunds; every lookup is scoped by it.
     pub merchant_id: Uuid,
     /// The payment refunded.
     pub payment_id: Uuid,

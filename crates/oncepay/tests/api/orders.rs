@@ -375,3 +375,141 @@ async fn unknown_routes_and_methods_are_problems() {
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert_eq!(json_of(r).await["code"], "order_not_found");
 }
+
+/// Holds every insert into `orders` until the transaction ends, so the
+/// orders sent meanwhile queue up for the batch writers.
+async fn hold_order_inserts(app: &TestApp) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut held = app.db.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE orders IN SHARE MODE")
+        .execute(&mut *held)
+        .await
+        .expect("lock");
+    held
+}
+
+/// Waits until all `n` orders sent reached the batcher: queued, or taken
+/// by a writer (and counted in the batch-size histogram).
+async fn until_batched(app: &TestApp, n: f64) {
+    let metrics = &app.ctx.metrics;
+    oncepay_testkit::ready::until(std::time::Duration::from_secs(30), || async {
+        metrics.order_batch_rows.get_sample_sum() + metrics.orders_queued.get() as f64 >= n
+    })
+    .await
+    .expect("every order reached the batcher");
+}
+
+#[tokio::test]
+async fn orders_that_arrive_together_share_a_statement_and_each_gets_its_own_answer() {
+    let app = std::sync::Arc::new(spawn_app().await);
+    let held = hold_order_inserts(&app).await;
+    // 48 keys, the first four sent five times each: 64 requests at once.
+    let keys: Vec<String> = (0..48).map(|i| format!("together-{i}")).collect();
+    let sent: Vec<String> = keys
+        .iter()
+        .cloned()
+        .chain((0..4).flat_map(|i| std::iter::repeat_n(keys[i].clone(), 4)))
+        .collect();
+    let mut requests = tokio::task::JoinSet::new();
+    for key in sent.clone() {
+        let app = app.clone();
+        requests.spawn(async move {
+            let r = app.post("/orders", &key, &order_body()).await;
+            (key, r.status(), json_of(r).await)
+        });
+    }
+    until_batched(&app, sent.len() as f64).await;
+    held.rollback().await.expect("release");
+    let mut answers: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+    while let Some(done) = requests.join_next().await {
+        let (key, status, body) = done.expect("request");
+        assert_eq!(status, StatusCode::CREATED, "{key}: {body}");
+        answers.entry(key).or_default().push(body);
+    }
+    for (key, bodies) in &answers {
+        assert!(
+            bodies.iter().all(|b| b == &bodies[0]),
+            "{key}: every repeat got the first answer: {bodies:?}"
+        );
+        let stored: uuid::Uuid = sqlx::query_scalar(
+            "SELECT resource_id FROM idempotency_record WHERE idempotency_key = $1",
+        )
+        .bind(key)
+        .fetch_one(&app.db)
+        .await
+        .expect("record");
+        assert_eq!(bodies[0]["id"], stored.to_string(), "{key}: its own order");
+    }
+    assert_eq!(answers.len(), 48);
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 48);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_record").await,
+        48
+    );
+    // Each of the 64 requests went through the batcher once, and the 64
+    // took at most five statements: one per writer while the inserts were
+    // held, and one for all that queued meanwhile.
+    let batches = &app.ctx.metrics.order_batch_rows;
+    assert_eq!(batches.get_sample_sum(), 64.0);
+    assert!(
+        batches.get_sample_count() <= 5,
+        "{} statements for 64 orders",
+        batches.get_sample_count()
+    );
+}
+
+#[tokio::test]
+async fn a_row_the_database_refuses_fails_only_its_own_request_of_a_batch() {
+    let app = std::sync::Arc::new(spawn_app().await);
+    // A fault no input can cause: the database refuses one customer.
+    sqlx::query("ALTER TABLE orders ADD CONSTRAINT no_poison CHECK (customer_id <> 'poison')")
+        .execute(&app.db)
+        .await
+        .expect("constraint");
+    let body = |customer: &str| {
+        let mut body = order_body();
+        body["customer_id"] = json!(customer);
+        body
+    };
+    let held = hold_order_inserts(&app).await;
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let app = app.clone();
+        let customer = if i % 6 == 0 { "poison" } else { "cus_fine" };
+        let body = body(customer);
+        requests.spawn(async move {
+            let key = format!("mixed-{i}");
+            let r = app.post("/orders", &key, &body).await;
+            (key, customer, r.status())
+        });
+    }
+    until_batched(&app, 24.0).await;
+    held.rollback().await.expect("release");
+    let mut refused = Vec::new();
+    while let Some(done) = requests.join_next().await {
+        let (key, customer, status) = done.expect("request");
+        if customer == "poison" {
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{key}");
+            refused.push(key);
+        } else {
+            assert_eq!(status, StatusCode::CREATED, "{key}");
+        }
+    }
+    assert_eq!(refused.len(), 4);
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 20);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_record WHERE idempotency_key LIKE 'mixed-%'")
+            .await,
+        20,
+        "a refused row left its key free"
+    );
+    // Its key was free: once the database takes it, the retry creates it.
+    sqlx::query("ALTER TABLE orders DROP CONSTRAINT no_poison")
+        .execute(&app.db)
+        .await
+        .expect("drop");
+    for key in refused {
+        let r = app.post("/orders", &key, &body("poison")).await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{key} retried");
+    }
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 24);
+}

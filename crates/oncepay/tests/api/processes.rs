@@ -1,7 +1,8 @@
 //! Several real `oncepay serve` processes on one database: storms spread over
 //! two processes, a SIGKILL between the charge and its commit, a SIGKILL
 //! mid-delivery of a merchant webhook, three
-//! processes migrating a fresh database at once, and SIGTERM draining.
+//! processes migrating a fresh database at once, SIGTERM draining, and a
+//! SIGKILL while a batch of new orders is being written.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -386,4 +387,89 @@ async fn a_delivery_cut_off_by_sigkill_is_made_by_another_process() {
         let first = bodies.entry(r.id.clone()).or_insert_with(|| r.body.clone());
         assert_eq!(*first, r.body, "a retry repeats the event exactly");
     }
+}
+
+/// One sample of the process's `/metrics`, 0 if absent.
+async fn metric(http: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let Ok(r) = http.get(format!("{base}/metrics")).send().await else {
+        return 0.0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_sigkill_mid_batch_leaves_each_order_done_or_free_to_retry() {
+    let cluster = Cluster::new().await;
+    let mut a = cluster.serve(&[]).await;
+    // Every insert into orders waits while this transaction holds the
+    // table: the batch writers' statements are in flight when A dies.
+    let mut held = cluster.db.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE orders IN SHARE MODE")
+        .execute(&mut *held)
+        .await
+        .expect("lock");
+    let keys: Vec<String> = (0..40).map(|i| format!("mid-batch-{i}")).collect();
+    let mut sent = tokio::task::JoinSet::new();
+    for key in keys.clone() {
+        let request = cluster
+            .http
+            .post(format!("{}/orders", a.base))
+            .bearer_auth(&cluster.key)
+            .header("Idempotency-Key", key)
+            .json(&order_body());
+        sent.spawn(request.send());
+    }
+    oncepay_testkit::ready::until(Duration::from_secs(30), || async {
+        metric(&cluster.http, &a.base, "oncepay_order_batch_rows_sum").await
+            + metric(&cluster.http, &a.base, "oncepay_order_batch_queued").await
+            >= keys.len() as f64
+    })
+    .await
+    .expect("every order reached A's batcher");
+    a.process.start_kill().expect("SIGKILL");
+    a.process.wait().await.expect("reaped");
+    // The statements A left behind may still commit once the table is
+    // free (PostgreSQL finds its client gone only when it answers).
+    held.rollback().await.expect("release");
+    while let Some(done) = sent.join_next().await {
+        assert!(done.expect("task").is_err(), "A died before it answered");
+    }
+    oncepay_testkit::ready::until(Duration::from_secs(30), || async {
+        cluster
+            .count("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'oncepay' AND state = 'active' AND query LIKE 'WITH %'")
+            .await
+            == 0
+    })
+    .await
+    .expect("A's statements ended");
+    // Done means both the order and its record; free means neither.
+    assert_eq!(
+        cluster
+            .count(
+                "SELECT count(*) FROM orders o FULL JOIN idempotency_record r ON r.resource_id = o.id
+                  WHERE o.id IS NULL OR r.resource_id IS NULL"
+            )
+            .await,
+        0,
+        "an order without its record, or a record without its order"
+    );
+    // Every client retries through another process: one order per key.
+    let b = cluster.serve(&[]).await;
+    for key in &keys {
+        let order = cluster.create_order(&b.base, key).await;
+        assert!(order["id"].is_string(), "{key}: {order}");
+    }
+    assert_eq!(
+        cluster.count("SELECT count(*) FROM orders").await,
+        keys.len() as i64
+    );
+    assert_eq!(
+        cluster
+            .count("SELECT count(DISTINCT resource_id) FROM idempotency_record")
+            .await,
+        keys.len() as i64
+    );
 }

@@ -1,0 +1,175 @@
+//! Natural batching of create-order: new orders that arrive together share
+//! one statement and one commit (PostgreSQL's group commit, done by the
+//! caller so the statement, the transaction and the WAL flush are paid once
+//! per batch instead of once per order).
+//!
+//! A writer takes whatever is queued when it becomes free, up to
+//! [`BatchConfig::max`]: a lone request goes at once, never waiting for a
+//! timer, and under load a batch grows to what arrived while the previous
+//! one was committing. [`WRITERS`] writers run at once, so one slow commit
+//! does not stall the queue. The guarantees stay the database's:
+//!
+//! - each request is answered only after the statement that holds its row
+//!   committed (an autocommit statement returns after its commit);
+//! - a row that fails (a constraint the domain missed) fails only its own
+//!   request: on any error the batch is written again row by row, each row
+//!   alone getting its own answer;
+//! - a crash mid-batch commits the whole statement or none of it: every
+//!   request of the batch is done, or its key is still free to retry;
+//! - two requests with one key in one batch: the first goes in it, the
+//!   others are told the key is taken and go through the engine's full
+//!   protocol, which waits for the first and replays it;
+//! - rows are sorted by key, so two batches claim keys in one order and
+//!   cannot deadlock.
+
+use std::sync::{Arc, OnceLock};
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use super::orders::{self, ClaimingOrder};
+use super::StoreError;
+use crate::metrics::Metrics;
+
+/// How many batches may be in flight at once.
+pub const WRITERS: usize = 4;
+
+/// How create-order batches.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchConfig {
+    /// The most orders one statement inserts (`ONCEPAY_ORDER_BATCH_MAX`);
+    /// 1 writes each order by itself, as without batching.
+    pub max: usize,
+}
+
+struct Job {
+    row: ClaimingOrder,
+    answer: oneshot::Sender<Result<bool, StoreError>>,
+}
+
+/// The queue of orders waiting for a writer. Its writers start with the
+/// first order, on the runtime that runs commands.
+pub struct OrderBatcher {
+    pool: PgPool,
+    metrics: Arc<Metrics>,
+    config: BatchConfig,
+    queue: OnceLock<mpsc::Sender<Job>>,
+}
+
+impl OrderBatcher {
+    /// A batcher writing through `pool`.
+    pub fn new(pool: PgPool, config: BatchConfig, metrics: Arc<Metrics>) -> Self {
+        OrderBatcher {
+            pool,
+            metrics,
+            config,
+            queue: OnceLock::new(),
+        }
+    }
+
+    /// Claims the row's key and inserts its order, in a batch with whatever
+    /// else is waiting: `Ok(false)` if the key was taken (nothing of this
+    /// row was written), as [`orders::insert_claiming`].
+    pub async fn insert_claiming(&self, row: ClaimingOrder) -> Result<bool, StoreError> {
+        if self.config.max <= 1 {
+            self.metrics.order_batch_rows.observe(1.0);
+            return orders::insert_claiming_one(&self.pool, &row).await;
+        }
+        let (answer, answered) = oneshot::channel();
+        let queue = self.queue.get_or_init(|| self.start());
+        self.metrics.orders_queued.inc();
+        if queue.send(Job { row, answer }).await.is_err() {
+            self.metrics.orders_queued.dec();
+            return Err(StoreError::Unavailable(sqlx::Error::PoolClosed));
+        }
+        answered
+            .await
+            .unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
+    }
+
+    fn start(&self) -> mpsc::Sender<Job> {
+        let (queue, jobs) = mpsc::channel(self.config.max * WRITERS * 4);
+        let jobs = Arc::new(Mutex::new(jobs));
+        for _ in 0..WRITERS {
+            tokio::spawn(writer(
+                self.pool.clone(),
+                self.metrics.clone(),
+                jobs.clone(),
+                self.config.max,
+            ));
+        }
+        queue
+    }
+}
+
+/// Takes what is queued, writes it, answers; until the queue closes.
+async fn writer(
+    pool: PgPool,
+    metrics: Arc<Metrics>,
+    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+    max: usize,
+) {
+    loop {
+        let batch = {
+            let mut jobs = jobs.lock().await;
+            let Some(first) = jobs.recv().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            while batch.len() < max {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            batch
+        };
+        metrics.orders_queued.sub(batch.len() as i64);
+        metrics.order_batch_rows.observe(batch.len() as f64);
+        write(&pool, batch).await;
+    }
+}
+
+/// Writes one batch and answers each of its requests.
+async fn write(pool: &PgPool, mut batch: Vec<Job>) {
+    if batch.len() == 1 {
+        let job = batch.remove(0);
+        let done = orders::insert_claiming_one(pool, &job.row).await;
+        let _ = job.answer.send(done);
+        return;
+    }
+    batch.sort_by(|a, b| {
+        a.row
+            .id
+            .merchant_id
+            .cmp(&b.row.id.merchant_id)
+            .then_with(|| a.row.id.key.cmp(&b.row.id.key))
+    });
+    let mut unique: Vec<Job> = Vec::with_capacity(batch.len());
+    for job in batch {
+        match unique.last() {
+            // Its key is in this batch already: taken, as the engine will
+            // find once the batch commits.
+            Some(last) if last.row.id == job.row.id => {
+                let _ = job.answer.send(Ok(false));
+            }
+            _ => unique.push(job),
+        }
+    }
+    let (rows, answers): (Vec<ClaimingOrder>, Vec<_>) =
+        unique.into_iter().map(|job| (job.row, job.answer)).unzip();
+    match orders::insert_claiming_many(pool, &rows).await {
+        Ok(inserted) => {
+            for (answer, inserted) in answers.into_iter().zip(inserted) {
+                let _ = answer.send(Ok(inserted));
+            }
+        }
+        // Which row failed is not known: each alone, for its own answer.
+        Err(e) => {
+            tracing::debug!(error = %e, rows = rows.len(), "a batch of orders failed; writing its rows one by one");
+            for (row, answer) in rows.iter().zip(answers) {
+                let _ = answer.send(orders::insert_claiming_one(pool, row).await);
+            }
+        }
+    }
+}

@@ -116,6 +116,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         pool.clone(),
         store::order_batch::BatchConfig {
             max: config.order_batch_max,
+            writers: config.db_pool_size as usize,
         },
         metrics.clone(),
     ));

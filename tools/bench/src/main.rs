@@ -77,6 +77,11 @@ struct Args {
     /// pay's capacity: how many probes the bisection makes (0: none).
     #[arg(long, default_value_t = 5)]
     probes: u32,
+    /// Extra open-loop rates for create-order, in req/s besides 50 % and
+    /// 80 % of its maximum (`--open-at 1149,1839`): latency at the same
+    /// load as another run, e.g. one with `ONCEPAY_ORDER_BATCH_MAX=1`.
+    #[arg(long, value_delimiter = ',')]
+    open_at: Vec<f64>,
     /// Payments counted on the wire for statements and round trips per
     /// payment (0: not counted).
     #[arg(long, default_value_t = 300)]
@@ -529,9 +534,17 @@ async fn sandbox_drained(b: &Bench<'_>, patience: Duration) -> Duration {
 /// The scenario again at a constant 50 % and 80 % of the rate the closed
 /// loop reached, half the duration each: latencies at a load the service
 /// carries, not queueing at saturation.
-async fn open_loop(b: &Bench<'_>, max_rate: f64, make: &MakeRequest) -> Vec<(f64, load::Outcome)> {
+async fn open_loop(
+    b: &Bench<'_>,
+    max_rate: f64,
+    make: &MakeRequest,
+    extra_rates: &[f64],
+) -> Vec<(f64, load::Outcome)> {
     let mut runs = Vec::new();
-    for share in [0.5, 0.8] {
+    let shares = [0.5, 0.8]
+        .into_iter()
+        .chain(extra_rates.iter().map(|rate| rate / max_rate));
+    for share in shares {
         let rate = max_rate * share;
         eprintln!(
             "  open loop at {rate:.0} req/s ({:.0} % of the maximum) ...",
@@ -861,7 +874,7 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
             std::env::var("ONCEPAY_ORDER_BATCH_MAX").unwrap_or_else(|_| "64".into())
         ),
     );
-    let open = open_loop(b, outcome.rate(), &make).await;
+    let open = open_loop(b, outcome.rate(), &make, &b.args.open_at).await;
     let floor = if !b.args.no_floor {
         eprintln!("  floor (pgbench) ...");
         Some(measure_floor(b.stack, &floor::create_order_script(&b.fixture), c, d).await?)
@@ -911,7 +924,7 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
         drained: Some(drained),
         ..Row::closed_loop("pay", c, outcome, check)
     };
-    row.open = open_loop(b, row.sustained_rate(), &make).await;
+    row.open = open_loop(b, row.sustained_rate(), &make, &[]).await;
     if b.args.probes > 0 {
         eprintln!(
             "  capacity (the highest rate held for {:?}) ...",

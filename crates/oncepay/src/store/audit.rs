@@ -84,13 +84,16 @@ pub async fn list(
     merchant_id: Uuid,
     page: &PageRequest,
 ) -> Result<(Vec<AuditEvent>, bool), StoreError> {
-    let mut qb = sqlx::QueryBuilder::new(
+    super::pages::fetch(
+        pool,
         "SELECT a.id, a.actor_type, a.actor, a.action, a.target_type, a.target_id, a.request_id,
                 a.change, a.created_at FROM audit_event a",
-    );
-    // No customer owns an audit event: a customer filter matches none.
-    super::pages::finish(&mut qb, "a", merchant_id, "NULL::text", page);
-    let rows = qb.build().fetch_all(pool).await?;
-    let events = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
-    Ok(super::pages::page_of(events, page))
+        "a",
+        // No customer owns an audit event: a customer filter matches none.
+        "NULL::text",
+        merchant_id,
+        page,
+        from_row,
+    )
+    .await
 }

@@ -238,17 +238,16 @@ pub async fn list(
     merchant_id: Uuid,
     page: &super::pages::PageRequest,
 ) -> Result<(Vec<Event>, bool), StoreError> {
-    let mut qb = sqlx::QueryBuilder::new(format!("SELECT {EVENT_COLUMNS} FROM event e"));
-    super::pages::finish(
-        &mut qb,
+    super::pages::fetch(
+        pool,
+        &format!("SELECT {EVENT_COLUMNS} FROM event e"),
         "e",
-        merchant_id,
         "(SELECT o.customer_id FROM orders o WHERE o.id = e.order_id)",
+        merchant_id,
         page,
-    );
-    let rows = qb.build().fetch_all(pool).await?;
-    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
-    Ok(super::pages::page_of(items, page))
+        from_row,
+    )
+    .await
 }
 
 /// Whose events a trail gathers.

@@ -6,8 +6,10 @@
 //! A writer takes whatever is queued when it becomes free, up to
 //! [`BatchConfig::max`]: a lone request goes at once, never waiting for a
 //! timer, and under load a batch grows to what arrived while the previous
-//! one was committing. [`WRITERS`] writers run at once, so one slow commit
-//! does not stall the queue. The guarantees stay the database's:
+//! one was committing. As many writers run at once as the pool has
+//! connections ([`BatchConfig::writers`]): at a light load each order finds
+//! a free writer and goes alone, as it would without batching, and one slow
+//! commit does not stall the queue. The guarantees stay the database's:
 //!
 //! - each request is answered only after the statement that holds its row
 //!   committed (an autocommit statement returns after its commit);
@@ -31,15 +33,14 @@ use super::orders::{self, ClaimingOrder};
 use super::StoreError;
 use crate::metrics::Metrics;
 
-/// How many batches may be in flight at once.
-pub const WRITERS: usize = 4;
-
 /// How create-order batches.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchConfig {
     /// The most orders one statement inserts (`ONCEPAY_ORDER_BATCH_MAX`);
     /// 1 writes each order by itself, as without batching.
     pub max: usize,
+    /// How many batches may be in flight at once (the pool's size).
+    pub writers: usize,
 }
 
 struct Job {
@@ -87,10 +88,16 @@ impl OrderBatcher {
             .unwrap_or(Err(StoreError::Unavailable(sqlx::Error::WorkerCrashed)))
     }
 
+    /// How many batches may be in flight at once.
+    pub fn writers(&self) -> usize {
+        self.config.writers.max(1)
+    }
+
     fn start(&self) -> mpsc::Sender<Job> {
-        let (queue, jobs) = mpsc::channel(self.config.max * WRITERS * 4);
+        let writers = self.writers();
+        let (queue, jobs) = mpsc::channel(self.config.max * writers * 4);
         let jobs = Arc::new(Mutex::new(jobs));
-        for _ in 0..WRITERS {
+        for _ in 0..writers {
             tokio::spawn(writer(
                 self.pool.clone(),
                 self.metrics.clone(),

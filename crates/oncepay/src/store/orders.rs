@@ -364,10 +364,15 @@ pub async fn list(
     merchant_id: Uuid,
     page: &super::pages::PageRequest,
 ) -> Result<(Vec<Order>, bool), StoreError> {
-    let mut qb = sqlx::QueryBuilder::new("SELECT o.id, o.customer_id, o.items, o.amount, o.currency, o.status, o.metadata, o.created_at, o.updated_at");
-    qb.push(" FROM orders o");
-    super::pages::finish(&mut qb, "o", merchant_id, "o.customer_id", page);
-    let rows = qb.build().fetch_all(pool).await?;
-    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
-    Ok(super::pages::page_of(items, page))
+    super::pages::fetch(
+        pool,
+        "SELECT o.id, o.customer_id, o.items, o.amount, o.currency, o.status, o.metadata,
+                o.created_at, o.updated_at FROM orders o",
+        "o",
+        "o.customer_id",
+        merchant_id,
+        page,
+        from_row,
+    )
+    .await
 }

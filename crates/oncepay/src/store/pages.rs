@@ -109,6 +109,25 @@ pub fn finish(
     qb.push(" LIMIT ").push_bind(page.limit + 1);
 }
 
+/// One page of a merchant's rows: `select` (`SELECT … FROM table alias`)
+/// finished by [`finish`], fetched, read by `from_row` and cut by
+/// [`page_of`]. Every list endpoint is this, over its own table.
+pub async fn fetch<T>(
+    pool: &sqlx::PgPool,
+    select: &str,
+    alias: &str,
+    customer: &str,
+    merchant_id: Uuid,
+    page: &PageRequest,
+    from_row: fn(&sqlx::postgres::PgRow) -> Result<T, super::StoreError>,
+) -> Result<(Vec<T>, bool), super::StoreError> {
+    let mut qb = QueryBuilder::new(select);
+    finish(&mut qb, alias, merchant_id, customer, page);
+    let rows = qb.build().fetch_all(pool).await?;
+    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
+    Ok(page_of(items, page))
+}
+
 /// Turns the rows fetched (one more than the limit, in cursor order) into
 /// the page, newest first, and whether more rows lie beyond it.
 pub fn page_of<T>(mut rows: Vec<T>, page: &PageRequest) -> (Vec<T>, bool) {

@@ -695,18 +695,16 @@ pub async fn list(
     merchant_id: Uuid,
     page: &super::pages::PageRequest,
 ) -> Result<(Vec<Payment>, bool), StoreError> {
-    let mut qb = sqlx::QueryBuilder::new(concat!("SELECT ", payment_columns_p!()));
-    qb.push(" FROM payment_attempt p");
-    super::pages::finish(
-        &mut qb,
+    super::pages::fetch(
+        pool,
+        concat!("SELECT ", payment_columns_p!(), " FROM payment_attempt p"),
         "p",
-        merchant_id,
         "(SELECT customer_id FROM orders WHERE orders.id = p.order_id)",
+        merchant_id,
         page,
-    );
-    let rows = qb.build().fetch_all(pool).await?;
-    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
-    Ok(super::pages::page_of(items, page))
+        from_row,
+    )
+    .await
 }
 
 #[cfg(test)]

@@ -290,16 +290,14 @@ pub async fn list(
     merchant_id: Uuid,
     page: &super::pages::PageRequest,
 ) -> Result<(Vec<Refund>, bool), StoreError> {
-    let mut qb = sqlx::QueryBuilder::new(concat!("SELECT ", refund_columns_r!()));
-    qb.push(" FROM refund r");
-    super::pages::finish(
-        &mut qb,
+    super::pages::fetch(
+        pool,
+        concat!("SELECT ", refund_columns_r!(), " FROM refund r"),
         "r",
-        merchant_id,
         "(SELECT o.customer_id FROM payment_attempt pa JOIN orders o ON o.id = pa.order_id WHERE pa.id = r.payment_id)",
+        merchant_id,
         page,
-    );
-    let rows = qb.build().fetch_all(pool).await?;
-    let items = rows.iter().map(from_row).collect::<Result<Vec<_>, _>>()?;
-    Ok(super::pages::page_of(items, page))
+        from_row,
+    )
+    .await
 }

@@ -7,7 +7,7 @@ use sqlx::PgPool;
 use crate::store::{self, StoreError};
 
 /// Every key starts with this, so a leaked key is easy to recognise and scan for.
-pub const PREFIX: &str = "opk_";
+pub(crate) const PREFIX: &str = "opk_";
 
 /// A new random key: `opk_` + 64 hex digits (244 random bits from two v4
 /// UUIDs, which draw on the operating system's secure random source).
@@ -146,7 +146,7 @@ impl KeyCache {
 /// Listens for revocations (`LISTEN oncepay_api_keys`) and forgets each
 /// revoked key, until `stop`. If the listening connection breaks, the cache
 /// is cleared (a notification may have been missed) and it listens again.
-pub async fn listen_for_revocations(
+pub(crate) async fn listen_for_revocations(
     pool: PgPool,
     cache: std::sync::Arc<KeyCache>,
     mut stop: tokio::sync::watch::Receiver<bool>,

@@ -45,7 +45,7 @@ use crate::store::{self, StoreError};
 /// How long after its creation an object must be listed by the provider
 /// before its absence is an incident (and how far inside the window's
 /// start a row must be): clocks and a provider's list lag a little.
-pub const CONSISTENCY_DELAY: Duration = Duration::from_secs(60);
+pub(crate) const CONSISTENCY_DELAY: Duration = Duration::from_secs(60);
 
 pub use crate::domain::adoption::OrphanPolicy;
 
@@ -94,7 +94,7 @@ impl From<sqlx::Error> for BooksError {
 
 /// The key of the refund of an orphan charge: derived from the charge, so
 /// every pass (and every process) asks for the same refund.
-pub fn orphan_refund_id(provider: &str, charge_id: &str) -> Uuid {
+pub(crate) fn orphan_refund_id(provider: &str, charge_id: &str) -> Uuid {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(format!("oncepay orphan {provider} {charge_id}"));
     let mut bytes = [0u8; 16];
@@ -902,7 +902,7 @@ async fn missing(
     Ok(counts)
 }
 
-pub use crate::commands::gate::{gate_closed, Gate};
+pub use crate::commands::gate::Gate;
 
 /// How the restore guard looks at the database.
 #[derive(Debug, Clone, Copy)]
@@ -916,7 +916,7 @@ pub struct GuardSettings {
 
 /// Stores that this process saw the database on its current timeline and
 /// sets the gate: closed (returning the gap's start) while a gap is open.
-pub async fn observe(
+pub(crate) async fn observe(
     ctx: &AppContext,
     settings: GuardSettings,
 ) -> Result<Option<DateTime<Utc>>, BooksError> {
@@ -940,7 +940,7 @@ pub async fn observe(
 /// from that sight is reconciled with the providers' books before the gate
 /// opens. Every process closes its gate while a gap is open; the one that
 /// holds the books lock reconciles it.
-pub async fn restore_guard(ctx: &AppContext, settings: GuardSettings) -> Result<(), BooksError> {
+pub(crate) async fn restore_guard(ctx: &AppContext, settings: GuardSettings) -> Result<(), BooksError> {
     let Some(gap_from) = observe(ctx, settings).await? else {
         return Ok(());
     };
@@ -964,7 +964,7 @@ pub async fn restore_guard(ctx: &AppContext, settings: GuardSettings) -> Result<
 /// The background pass in `serve` (`ONCEPAY_BOOKS_INTERVAL`): the last
 /// `window` of every provider's books; does nothing while another process
 /// reconciles.
-pub async fn scheduled_pass(
+pub(crate) async fn scheduled_pass(
     ctx: &AppContext,
     window: Duration,
     policy: OrphanPolicy,

@@ -18,12 +18,12 @@ use std::time::Duration;
 use reqwest::Url;
 
 /// The longest endpoint URL accepted.
-pub const MAX_URL_LEN: usize = 2048;
+pub(crate) const MAX_URL_LEN: usize = 2048;
 
 /// True for an address a merchant's public endpoint may have: not
 /// loopback, private, link-local, shared (CGNAT), documentation,
 /// benchmarking, reserved, broadcast, multicast or unspecified.
-pub fn is_public(ip: IpAddr) -> bool {
+pub(crate) fn is_public(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_public_v4(v4),
         IpAddr::V6(v6) => {
@@ -94,7 +94,7 @@ pub enum UrlRefused {
 }
 
 /// Parses an endpoint URL.
-pub fn parse_url(raw: &str) -> Result<Url, UrlRefused> {
+pub(crate) fn parse_url(raw: &str) -> Result<Url, UrlRefused> {
     if raw.len() > MAX_URL_LEN {
         return Err(UrlRefused::Malformed);
     }
@@ -132,7 +132,7 @@ fn refuse_private(host: &str, ips: impl IntoIterator<Item = IpAddr>) -> Result<(
 /// Checks an endpoint URL at registration: its shape, and (unless private
 /// addresses are allowed) every address it names or resolves to. A name
 /// that does not resolve now is accepted: every delivery checks again.
-pub async fn check_url(raw: &str, allow_private: bool) -> Result<Url, UrlRefused> {
+pub(crate) async fn check_url(raw: &str, allow_private: bool) -> Result<Url, UrlRefused> {
     let url = parse_url(raw)?;
     if allow_private {
         return Ok(url);

@@ -118,7 +118,7 @@ async fn write(
 
 /// The event of an order that reached its status (`order.paid`,
 /// `.cancelled`, `.refunded`); `None` for a status no event reports.
-pub fn of_order(order: &Order, cause: Cause) -> Result<Option<Pending>, StoreError> {
+pub(crate) fn of_order(order: &Order, cause: Cause) -> Result<Option<Pending>, StoreError> {
     EventType::of_order(order.status)
         .map(|event_type| {
             build(event_type, (order.id, order.id), order, |r| {
@@ -129,7 +129,7 @@ pub fn of_order(order: &Order, cause: Cause) -> Result<Option<Pending>, StoreErr
 }
 
 /// The event of a payment attempt created pending or reaching a final status.
-pub fn of_payment(payment: &Payment, cause: Cause) -> Result<Pending, StoreError> {
+pub(crate) fn of_payment(payment: &Payment, cause: Cause) -> Result<Pending, StoreError> {
     build(
         EventType::of_payment(payment.status),
         (payment.id, payment.order_id),
@@ -139,7 +139,7 @@ pub fn of_payment(payment: &Payment, cause: Cause) -> Result<Pending, StoreError
 }
 
 /// An order reached its status (`order.paid`, `.cancelled`, `.refunded`).
-pub async fn order_changed(
+pub(crate) async fn order_changed(
     tx: &mut PgConnection,
     metrics: &Metrics,
     order: &Order,
@@ -149,7 +149,7 @@ pub async fn order_changed(
 }
 
 /// A payment attempt was created pending or reached a final status.
-pub async fn payment_changed(
+pub(crate) async fn payment_changed(
     tx: &mut PgConnection,
     metrics: &Metrics,
     payment: &Payment,
@@ -159,7 +159,7 @@ pub async fn payment_changed(
 }
 
 /// A pending payment attempt now waits for its customer (`next_action`).
-pub async fn payment_requires_action(
+pub(crate) async fn payment_requires_action(
     tx: &mut PgConnection,
     metrics: &Metrics,
     payment: &Payment,
@@ -176,7 +176,7 @@ pub async fn payment_requires_action(
 
 /// A refund reached a final status. A refund oncepay made itself, to
 /// return a charge it did not expect, is caused by that incident.
-pub async fn refund_changed(
+pub(crate) async fn refund_changed(
     tx: &mut PgConnection,
     metrics: &Metrics,
     refund: &Refund,

@@ -161,7 +161,7 @@ impl Outcome {
 /// Applies one verified event; returns its outcome label (`processed`,
 /// `duplicate`, `ignored`, `unknown_charge`, `unconfirmed`, `mismatch`,
 /// `rejected`).
-pub async fn apply(
+pub(crate) async fn apply(
     ctx: &AppContext,
     provider: &str,
     header_id: Option<&str>,

@@ -93,7 +93,7 @@ fn fresh(limit: Limit) -> (Limit, Arc<DefaultDirectRateLimiter>) {
 
 /// Whole seconds for `Retry-After`, rounded up and at least 1, so a client
 /// that waits as told is admitted.
-pub fn retry_after_secs(wait: Duration) -> u32 {
+pub(crate) fn retry_after_secs(wait: Duration) -> u32 {
     let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
     u32::try_from(secs.max(1)).unwrap_or(u32::MAX)
 }

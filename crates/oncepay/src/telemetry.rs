@@ -37,7 +37,7 @@ tokio::task_local! {
 }
 
 /// Runs `work` as part of the request `request_id`.
-pub async fn with_request_id<F: std::future::Future>(
+pub(crate) async fn with_request_id<F: std::future::Future>(
     request_id: std::sync::Arc<str>,
     work: F,
 ) -> F::Output {

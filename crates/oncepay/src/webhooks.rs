@@ -18,7 +18,7 @@ type HmacSha256 = Hmac<Sha256>;
 pub const DEV_WEBHOOK_SECRET: &str = "whsec_b25jZXBheS1kZXZlbG9wbWVudC13ZWJob29rLXNlY3JldA==";
 
 /// How far a webhook's timestamp may be from our clock.
-pub const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
+pub(crate) const TIMESTAMP_TOLERANCE_SECS: i64 = 300;
 
 /// The HMAC key of a `whsec_…` secret. Its `Debug` never shows the key.
 #[derive(Clone)]

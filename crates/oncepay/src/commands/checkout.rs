@@ -14,11 +14,11 @@ use crate::problem::{Problem, ProblemCode};
 use crate::store;
 
 /// Every checkout token starts with this.
-pub const TOKEN_PREFIX: &str = "cs_";
+pub(crate) const TOKEN_PREFIX: &str = "cs_";
 
 /// A new checkout token: `cs_` + 64 hex digits (244 random bits from the
 /// operating system's secure source). Only its hash is stored.
-pub fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let mut token = String::from(TOKEN_PREFIX);
     for _ in 0..2 {
         token.push_str(&Uuid::new_v4().simple().to_string());
@@ -41,13 +41,13 @@ pub use crate::domain::checkout::WayBack;
 
 /// The placeholder a `success_url` may hold, replaced by the session's id
 /// (as Stripe Checkout does).
-pub const SESSION_ID_PLACEHOLDER: &str = "{CHECKOUT_SESSION_ID}";
+pub(crate) const SESSION_ID_PLACEHOLDER: &str = "{CHECKOUT_SESSION_ID}";
 
 /// A URL the customer's browser is sent to: absolute `https://`, or
 /// `http://` on a loopback host (development); never `javascript:`,
 /// `data:` or any other scheme. oncepay never fetches it, so the rules on
 /// addresses of outbound webhooks do not apply.
-pub fn way_back_url(field: &str, text: &str) -> Result<String, Problem> {
+pub(crate) fn way_back_url(field: &str, text: &str) -> Result<String, Problem> {
     use crate::domain::RuleViolation;
     let refuse = |why: &str| Problem::rule(RuleViolation::new(field, why));
     if text.len() > 2048 || text.chars().any(|c| c.is_control() || c.is_whitespace()) {

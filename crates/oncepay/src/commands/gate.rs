@@ -24,7 +24,7 @@ impl Gate {
 
 /// `503 restore_reconciliation`: money commands wait while the books
 /// reconcile a gap in the database's history; reads keep working.
-pub fn gate_closed() -> crate::problem::Problem {
+pub(crate) fn gate_closed() -> crate::problem::Problem {
     crate::problem::Problem::new(
         crate::problem::ProblemCode::RestoreReconciliation,
         "the database was restored (or failed over) and the provider's books are being reconciled before money moves again; retry shortly",

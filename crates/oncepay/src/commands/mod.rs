@@ -648,7 +648,7 @@ pub(crate) fn ensure_payable(
 }
 
 /// Serialises a resource as a stored response.
-pub fn json_response<T: Serialize>(
+pub(crate) fn json_response<T: Serialize>(
     status: u16,
     value: &T,
     location: Option<String>,

@@ -90,7 +90,7 @@ pub struct CreatePayment {
 }
 
 /// Reads a UUID field: a string that is not a UUID is a shape error.
-pub fn uuid_field(obj: &Obj<'_>, name: &str) -> Result<Uuid, Problem> {
+pub(crate) fn uuid_field(obj: &Obj<'_>, name: &str) -> Result<Uuid, Problem> {
     let text = obj.string(name)?;
     Uuid::parse_str(&text).map_err(|_| Problem::invalid_field(name, "must be a UUID"))
 }
@@ -327,7 +327,7 @@ async fn as_it_is(
 }
 
 /// The answer: `201` once the payment is final, `202` while pending.
-pub fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
+pub(crate) fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
     let status = if payment.status.is_final() { 201 } else { 202 };
     json_response(status, payment, Some(format!("/payments/{}", payment.id)))
 }
@@ -478,7 +478,7 @@ pub async fn charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObjec
 /// recording the provider's object first where it has one) only if the
 /// provider holds nothing that can have moved money. `None`: nothing new
 /// was learned.
-pub async fn look_up_or_charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
+pub(crate) async fn look_up_or_charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
     let provider = ctx.providers.named(&attempt.provider);
     let found = provider
         .find_charge(attempt.id, attempt.provider_charge_id.as_deref())

@@ -32,7 +32,7 @@ recovery_points! {
 }
 
 /// Longest refund reason, in characters.
-pub const REASON_MAX: usize = 500;
+pub(crate) const REASON_MAX: usize = 500;
 
 /// Refund all or part of a succeeded payment.
 pub struct CreateRefund {
@@ -106,7 +106,7 @@ impl Command for CreateRefund {
 }
 
 /// The answer: `201` once the refund is final, `202` while pending.
-pub fn refund_response(refund: &Refund) -> Result<StoredResponse, CommandError> {
+pub(crate) fn refund_response(refund: &Refund) -> Result<StoredResponse, CommandError> {
     let status = if refund.status.is_final() { 201 } else { 202 };
     json_response(status, refund, Some(format!("/refunds/{}", refund.id)))
 }
@@ -255,7 +255,7 @@ fn key_made_another_refund() -> Problem {
 
 /// What step 2 sends for a refund step 1 created: the refund id as the
 /// provider key, against the payment's charge.
-pub fn refund_request(refund: &Refund, payment: &Payment) -> Result<RefundRequest, StoreError> {
+pub(crate) fn refund_request(refund: &Refund, payment: &Payment) -> Result<RefundRequest, StoreError> {
     let charge_id = payment.provider_charge_id.clone().ok_or_else(|| {
         StoreError::from(Corrupt::Broken(format!(
             "payment {} succeeded without a charge id",
@@ -272,7 +272,7 @@ pub fn refund_request(refund: &Refund, payment: &Payment) -> Result<RefundReques
 
 /// The request of a refund created earlier (a resumed command), or `None`
 /// if it is already settled.
-pub async fn pending_request(
+pub(crate) async fn pending_request(
     ctx: &AppContext,
     refund_id: Uuid,
 ) -> Result<Option<Outstanding>, StoreError> {
@@ -307,7 +307,7 @@ pub async fn sent(ctx: &AppContext, refund: &Refund) -> Result<Outstanding, Stor
 /// looks up one that may have been sent before and sends it again (same
 /// key) only if the provider has no record of it. `None`: nothing new was
 /// learned (already final, or the outcome is unknown).
-pub async fn step_2(ctx: &AppContext, outstanding: Option<&Outstanding>) -> Option<ProviderObject> {
+pub(crate) async fn step_2(ctx: &AppContext, outstanding: Option<&Outstanding>) -> Option<ProviderObject> {
     let outstanding = outstanding?;
     if outstanding.maybe_sent {
         look_up_or_send(ctx, outstanding).await
@@ -336,7 +336,7 @@ pub async fn send(ctx: &AppContext, outstanding: &Outstanding) -> Option<Provide
 /// asks the payment's provider first and sends the refund again (same
 /// key) only if the provider has no record of it. `None`: nothing new was
 /// learned.
-pub async fn look_up_or_send(
+pub(crate) async fn look_up_or_send(
     ctx: &AppContext,
     outstanding: &Outstanding,
 ) -> Option<ProviderObject> {

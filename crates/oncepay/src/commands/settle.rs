@@ -27,7 +27,7 @@ pub use crate::domain::event::Cause;
 /// order is payable (or the amount refundable) again at once. What a
 /// webhook or the reconciler observed was read from the provider's record
 /// already.
-pub fn decline_to_confirm(status: PaymentStatus, cause: Cause) -> bool {
+pub(crate) fn decline_to_confirm(status: PaymentStatus, cause: Cause) -> bool {
     status == PaymentStatus::Failed && matches!(cause, Cause::Command)
 }
 

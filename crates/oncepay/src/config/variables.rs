@@ -24,7 +24,7 @@ const fn v(name: &'static str, used_by: &'static str, default: &'static str) -> 
 
 /// The variables, in the README's order (its configuration table says
 /// what each means).
-pub const VARIABLES: &[Variable] = &[
+pub(crate) const VARIABLES: &[Variable] = &[
     v(
         "DATABASE_URL",
         "serve, migrate, api-key",

@@ -61,7 +61,7 @@ pub enum Agreement {
 }
 
 /// [`Agreement`] of our status with the provider's.
-pub fn agreement(ours: PaymentStatus, theirs: PaymentStatus) -> Agreement {
+pub(crate) fn agreement(ours: PaymentStatus, theirs: PaymentStatus) -> Agreement {
     use PaymentStatus::*;
     match (ours, theirs) {
         (a, b) if a == b => Agreement::Agree,

@@ -42,13 +42,13 @@ fn luhn(digits: &[u8]) -> bool {
 
 /// Whether `text` is (very likely) a card number: 12–19 digits, grouped or
 /// not, passing the Luhn check.
-pub fn looks_like_card_number(text: &str) -> bool {
+pub(crate) fn looks_like_card_number(text: &str) -> bool {
     digits(text).is_some_and(|d| luhn(&d))
 }
 
 /// A valid card number's digits as a string, and its brand; `None` if it
 /// is not one.
-pub fn read_number(text: &str) -> Option<(String, &'static str)> {
+pub(crate) fn read_number(text: &str) -> Option<(String, &'static str)> {
     let d = digits(text).filter(|d| luhn(d))?;
     let number: String = d.iter().map(|d| char::from(b'0' + d)).collect();
     Some((number.clone(), brand(&number)))

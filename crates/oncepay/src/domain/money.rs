@@ -4,7 +4,7 @@
 use std::fmt;
 
 /// The largest amount accepted anywhere, in minor units (contract section 2).
-pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
+pub(crate) const MAX_AMOUNT: i64 = 1_000_000_000_000;
 
 /// A positive amount in minor units, `1 ..= 10^12`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -74,7 +74,7 @@ fn chars_between(field: &str, value: &str, min: usize, max: usize) -> Result<(),
 
 /// PostgreSQL cannot store U+0000 in text or JSON, so no stored string may
 /// hold it: refused here as a rule, never discovered as a database error.
-pub fn no_nul(field: &str, value: &str) -> Result<(), RuleViolation> {
+pub(crate) fn no_nul(field: &str, value: &str) -> Result<(), RuleViolation> {
     if value.contains('\0') {
         return Err(RuleViolation::new(
             field,

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 /// The prefix of a stored key rebuilt from a hash. A client's key is
 /// visible ASCII only, so it can never hold the space.
-pub const ADOPTED_PREFIX: &str = "adopted ";
+pub(crate) const ADOPTED_PREFIX: &str = "adopted ";
 
 /// Where a command's row came from: the hash of its key and its request's
 /// fingerprint (absent for rows no client key made, and for rows older
@@ -37,7 +37,7 @@ impl Origin {
 }
 
 /// The stored key of an idempotency record rebuilt from a key's hash.
-pub fn adopted_key(key_sha256: &str) -> String {
+pub(crate) fn adopted_key(key_sha256: &str) -> String {
     format!("{ADOPTED_PREFIX}{key_sha256}")
 }
 
@@ -47,7 +47,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Bytes from lower-case hex; `None` if it is not hex.
-pub fn unhex(text: &str) -> Option<Vec<u8>> {
+pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
     if !text.len().is_multiple_of(2) {
         return None;
     }

@@ -25,7 +25,7 @@ use crate::store;
 type Reply = Result<HttpResponse, Problem>;
 
 /// The longest overlap a rotation may give the old key: a week.
-pub const MAX_OVERLAP_SECONDS: i64 = 7 * 86_400;
+pub(crate) const MAX_OVERLAP_SECONDS: i64 = 7 * 86_400;
 
 /// `GET /api_keys`: the merchant's keys, newest first (never the keys themselves).
 pub async fn list(state: web::Data<AppState>, req: HttpRequest) -> Reply {

@@ -610,6 +610,6 @@ pub async fn script() -> HttpResponse {
 }
 
 /// `GET /checkout/assets/checkout.css`.
-pub async fn stylesheet() -> HttpResponse {
+pub(crate) async fn stylesheet() -> HttpResponse {
     asset("text/css; charset=utf-8", STYLESHEET)
 }

@@ -22,7 +22,7 @@ use crate::store::{self, StoreError};
 type Reply = Result<HttpResponse, Problem>;
 
 /// The most rows a page holds.
-pub const MAX_LIMIT: i64 = 100;
+pub(crate) const MAX_LIMIT: i64 = 100;
 
 /// What one list accepts beyond the common parameters.
 pub(super) struct ListSpec {

@@ -61,7 +61,7 @@ fn nul_in_query(query: &str) -> Option<crate::problem::Problem> {
 }
 
 /// The middleware function; see the module docs.
-pub async fn observe(
+pub(crate) async fn observe(
     req: ServiceRequest,
     next: Next<impl MessageBody + 'static>,
 ) -> Result<ServiceResponse<actix_web::body::BoxBody>, actix_web::Error> {

@@ -24,8 +24,9 @@ use uuid::Uuid;
 
 pub use body::BodyLimits;
 pub use checkout::CheckoutLimits;
-pub use middleware::observe;
-pub use ops::OPENAPI;
+pub(crate) use middleware::observe;
+#[cfg(test)]
+pub(crate) use ops::OPENAPI;
 
 use crate::commands::{Answer, AppContext};
 use crate::idempotency::IdempotencyKey;

@@ -7,7 +7,7 @@ use crate::problem::Problem;
 
 /// The repository's `openapi.yaml`, compiled in so the served document is
 /// always the one this binary implements.
-pub const OPENAPI: &str = include_str!("../../../../openapi.yaml");
+pub(crate) const OPENAPI: &str = include_str!("../../../../openapi.yaml");
 
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))

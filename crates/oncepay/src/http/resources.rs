@@ -73,7 +73,7 @@ pub async fn create_order(
     money_command::<CreateOrder>(&state, &req, payload, Ok(None), false).await
 }
 
-pub async fn cancel_order(
+pub(crate) async fn cancel_order(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,
@@ -91,7 +91,7 @@ pub async fn create_payment(
     money_command::<CreatePayment>(&state, &req, payload, Ok(None), false).await
 }
 
-pub async fn create_refund(
+pub(crate) async fn create_refund(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,

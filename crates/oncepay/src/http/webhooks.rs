@@ -6,7 +6,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use super::{read_body, AppState};
 use crate::problem::{Problem, ProblemCode};
 
-pub async fn receive(
+pub(crate) async fn receive(
     state: web::Data<AppState>,
     req: HttpRequest,
     path: web::Path<String>,

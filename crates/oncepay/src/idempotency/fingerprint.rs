@@ -34,7 +34,7 @@ impl Fingerprint {
 /// them. Sorting here (rather than relying on `serde_json::Map` being a
 /// `BTreeMap`) keeps the fingerprint stable even if some dependency turns on
 /// serde_json's `preserve_order` feature.
-pub fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+pub(crate) fn write_canonical(value: &Value, out: &mut Vec<u8>) {
     match value {
         Value::Object(map) => {
             let mut entries: Vec<(&String, &Value)> = map.iter().collect();

@@ -11,7 +11,7 @@ pub struct IdempotencyKey(String);
 pub struct InvalidKey;
 
 /// Longest key accepted, in characters.
-pub const MAX_KEY_LEN: usize = 255;
+pub(crate) const MAX_KEY_LEN: usize = 255;
 
 impl IdempotencyKey {
     /// The key as stored (without quotes).

@@ -37,7 +37,8 @@ pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
 
 use crate::idempotency::persistence::{self as records, ClaimOutcome, Lease, NewRecord};
-pub use crate::idempotency::persistence::{RecordId, StoredResponse, STARTED};
+pub(crate) use crate::idempotency::persistence::STARTED;
+pub use crate::idempotency::persistence::{RecordId, StoredResponse};
 use crate::metrics::Metrics;
 use crate::problem::{Problem, ProblemCode};
 use crate::store::StoreError;
@@ -524,7 +525,7 @@ pub fn in_flight() -> Problem {
 
 /// Maps a storage failure to the client's answer, keeping its cause: the
 /// request middleware logs it once, with the request's id.
-pub fn store_problem(e: StoreError) -> Problem {
+pub(crate) fn store_problem(e: StoreError) -> Problem {
     match e {
         StoreError::Unavailable(ref cause) => Problem::unavailable("the database").caused_by(cause),
         StoreError::LeaseLost => in_flight(),

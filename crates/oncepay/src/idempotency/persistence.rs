@@ -49,7 +49,7 @@ pub(crate) use completed;
 
 /// The recovery point of a record that has not recorded any effect: such a
 /// record can be deleted (freeing its key) without losing anything.
-pub const STARTED: &str = "started";
+pub(crate) const STARTED: &str = "started";
 
 /// A stored HTTP response, replayed byte for byte.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -179,7 +179,7 @@ pub const INSERT_OR_RECLAIM: &str = concat!(
 /// that is completed or never recorded an effect, and returns our lease.
 /// Returns `None` when a live record exists; the caller then reads it with
 /// [`load_live`].
-pub async fn insert_or_reclaim(
+pub(crate) async fn insert_or_reclaim(
     pool: &PgPool,
     new: &NewRecord<'_>,
 ) -> Result<Option<Lease>, StoreError> {
@@ -234,7 +234,7 @@ pub const LOAD_LIVE: &str = concat!(
 /// Reads a live record and, if its lease has expired and the fingerprint
 /// matches, takes the lease over. Returns `None` if the record vanished
 /// meanwhile (the caller claims again).
-pub async fn load_live(
+pub(crate) async fn load_live(
     pool: &PgPool,
     id: &RecordId,
     fingerprint: &[u8],
@@ -329,7 +329,7 @@ async fn take_over(
 /// Takes over up to `limit` records whose lease expired, for the reconciler
 /// (extending their life as [`take_over`] does). `SKIP LOCKED` lets several
 /// processes do this at once without overlap.
-pub async fn take_over_expired(
+pub(crate) async fn take_over_expired(
     pool: &PgPool,
     limit: i64,
     lease: Duration,
@@ -367,14 +367,14 @@ pub async fn take_over_expired(
 }
 
 /// Records a finished step under the lease.
-pub const RECORD_STEP: &str = "UPDATE idempotency_record
+pub(crate) const RECORD_STEP: &str = "UPDATE idempotency_record
             SET recovery_point = $4, resource_id = COALESCE($5, resource_id), updated_at = now()
           WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
             AND state = 'executing'";
 
 /// Records that a step finished, in the same transaction as the step's own
 /// writes. Fails with `LeaseLost` if another process holds the lease now.
-pub async fn record_step(
+pub(crate) async fn record_step(
     tx: &mut PgConnection,
     id: &RecordId,
     token: Uuid,
@@ -397,7 +397,7 @@ pub async fn record_step(
 }
 
 /// Completes a record with its response under the lease.
-pub const COMPLETE: &str = concat!(
+pub(crate) const COMPLETE: &str = concat!(
     "UPDATE idempotency_record SET ",
     completed!("$4", "$5", "$6"),
     " WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
@@ -449,7 +449,7 @@ pub async fn release(pool: &PgPool, id: &RecordId, token: Uuid) -> Result<bool, 
 /// statement, and `SKIP LOCKED` keeps it from waiting on rows in use.
 /// A record that recorded an effect but never completed is kept: the
 /// reconciler must finish it first.
-pub async fn sweep_expired(pool: &PgPool, batch: i64) -> Result<u64, StoreError> {
+pub(crate) async fn sweep_expired(pool: &PgPool, batch: i64) -> Result<u64, StoreError> {
     let done = sqlx::query(
         "DELETE FROM idempotency_record
           WHERE (merchant_id, idempotency_key) IN (
@@ -468,7 +468,7 @@ pub async fn sweep_expired(pool: &PgPool, batch: i64) -> Result<u64, StoreError>
 /// A completed record rebuilt from the provider's books (`crate::books`),
 /// stored under the hash of its key until the client presents the key
 /// ([`LOAD_LIVE`]). Nothing is written if one is stored already.
-pub async fn insert_rebuilt(
+pub(crate) async fn insert_rebuilt(
     tx: &mut PgConnection,
     id: &RecordId,
     fingerprint: &[u8],

@@ -25,7 +25,7 @@ use serde_json::{Map, Number, Value};
 use crate::problem::{Problem, ProblemCode};
 
 /// Nesting deeper than this is refused (`400 malformed_json`).
-pub const MAX_DEPTH: usize = 128;
+pub(crate) const MAX_DEPTH: usize = 128;
 
 /// Parses a request body; see the module docs.
 pub fn parse(bytes: &[u8]) -> Result<Value, Problem> {
@@ -240,7 +240,7 @@ impl Reader<'_> {
 /// not a number literal. Integers beyond `u64` are kept as `f64` (they are
 /// far past every limit oncepay accepts, so rounding them changes no
 /// answer).
-pub fn exact_integer(literal: &str) -> Option<Option<Number>> {
+pub(crate) fn exact_integer(literal: &str) -> Option<Option<Number>> {
     let (negative, rest) = match literal.strip_prefix('-') {
         Some(rest) => (true, rest),
         None => (false, literal),

@@ -16,7 +16,7 @@ use crate::problem::Problem;
 /// Parses a body into JSON: `400 malformed_json` for anything that is not
 /// UTF-8 JSON, numbers read exactly and U+0000 refused (see [`json`]). An
 /// empty body reads as `{}` for commands whose body is optional.
-pub fn parse_body(bytes: &[u8], empty_is_object: bool) -> Result<Value, Problem> {
+pub(crate) fn parse_body(bytes: &[u8], empty_is_object: bool) -> Result<Value, Problem> {
     if empty_is_object && bytes.iter().all(|b| b.is_ascii_whitespace()) {
         return Ok(Value::Object(Map::new()));
     }

@@ -23,7 +23,8 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-pub use crate::domain::origin::{adopted_key, hex, unhex, Origin, ADOPTED_PREFIX};
+pub(crate) use crate::domain::origin::{adopted_key, unhex};
+pub use crate::domain::origin::{hex, Origin};
 
 /// What a provider object says about where it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,21 +46,21 @@ pub struct Trace {
 }
 
 /// A metadata key (see the module's table).
-pub const MERCHANT: &str = "oncepay_merchant_id";
+pub(crate) const MERCHANT: &str = "oncepay_merchant_id";
 /// A metadata key (see the module's table).
 pub const ORDER: &str = "oncepay_order_id";
 /// A metadata key (see the module's table).
-pub const ATTEMPT: &str = "oncepay_attempt_id";
+pub(crate) const ATTEMPT: &str = "oncepay_attempt_id";
 /// A metadata key (see the module's table).
-pub const REFUND: &str = "oncepay_refund_id";
+pub(crate) const REFUND: &str = "oncepay_refund_id";
 /// A metadata key (see the module's table).
 pub const KEY: &str = "oncepay_key_sha256";
 /// A metadata key (see the module's table).
-pub const FINGERPRINT: &str = "oncepay_fingerprint";
+pub(crate) const FINGERPRINT: &str = "oncepay_fingerprint";
 /// A metadata key (see the module's table).
-pub const REASON: &str = "oncepay_reason";
+pub(crate) const REASON: &str = "oncepay_reason";
 /// A metadata key (see the module's table).
-pub const CANCELS: &str = "oncepay_cancels_order";
+pub(crate) const CANCELS: &str = "oncepay_cancels_order";
 
 impl Trace {
     /// The metadata pairs, in a fixed order.

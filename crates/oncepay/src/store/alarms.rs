@@ -23,7 +23,7 @@ pub struct Alarm {
 /// Marks (once) and returns the payments and refunds created longer than
 /// `after` ago whose outcome is still unknown. The mark makes each alarm fire once, in whichever process
 /// gets there first.
-pub async fn raise(pool: &PgPool, after: Duration) -> Result<Vec<Alarm>, StoreError> {
+pub(crate) async fn raise(pool: &PgPool, after: Duration) -> Result<Vec<Alarm>, StoreError> {
     let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX);
     let rows = sqlx::query(
         "WITH p AS (
@@ -58,7 +58,7 @@ pub async fn raise(pool: &PgPool, after: Duration) -> Result<Vec<Alarm>, StoreEr
 }
 
 /// The age in seconds of the oldest pending payment and refund (0 if none).
-pub async fn oldest_pending(pool: &PgPool) -> Result<[(&'static str, f64); 2], StoreError> {
+pub(crate) async fn oldest_pending(pool: &PgPool) -> Result<[(&'static str, f64); 2], StoreError> {
     let row = sqlx::query(
         "SELECT COALESCE((SELECT extract(epoch FROM now() - min(created_at))::float8
                             FROM payment_attempt WHERE status = 'pending'), 0) AS payment,

@@ -131,7 +131,7 @@ fn run_from_row(row: &PgRow) -> Result<Run, StoreError> {
 }
 
 /// The unfinished run of `provider` (cut off by a crash), to resume.
-pub async fn open_run(conn: &mut PgConnection, provider: &str) -> Result<Option<Run>, StoreError> {
+pub(crate) async fn open_run(conn: &mut PgConnection, provider: &str) -> Result<Option<Run>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {RUN_COLUMNS} FROM books_run
           WHERE provider = $1 AND finished_at IS NULL AND NOT dry_run"
@@ -143,7 +143,7 @@ pub async fn open_run(conn: &mut PgConnection, provider: &str) -> Result<Option<
 }
 
 /// Starts a run over `[from, until)`.
-pub async fn start_run(
+pub(crate) async fn start_run(
     conn: &mut PgConnection,
     provider: &str,
     trigger: &str,
@@ -168,7 +168,7 @@ pub async fn start_run(
 
 /// Stores a run's progress: the phase and high-water mark reached, and the
 /// counts so far (added to what is stored).
-pub async fn advance(
+pub(crate) async fn advance(
     conn: &mut PgConnection,
     run: Uuid,
     phase: Phase,
@@ -198,7 +198,7 @@ pub async fn advance(
 }
 
 /// A run by id.
-pub async fn run_by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Run>, StoreError> {
+pub(crate) async fn run_by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Run>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {RUN_COLUMNS} FROM books_run WHERE id = $1"
     ))
@@ -206,17 +206,6 @@ pub async fn run_by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Run>,
     .fetch_optional(conn)
     .await?;
     row.as_ref().map(run_from_row).transpose()
-}
-
-/// The latest runs, newest first.
-pub async fn recent_runs(pool: &PgPool, limit: i64) -> Result<Vec<Run>, StoreError> {
-    let rows = sqlx::query(&format!(
-        "SELECT {RUN_COLUMNS} FROM books_run ORDER BY started_at DESC, id DESC LIMIT $1"
-    ))
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
-    rows.iter().map(run_from_row).collect()
 }
 
 /// An incident the books reconciliation found.
@@ -244,7 +233,7 @@ pub struct BooksIncident<'a> {
 /// Records an incident once per (kind, provider object); returns whether
 /// it is new. A merchant that no longer exists cannot own an incident row:
 /// nothing is written (the caller logs it).
-pub async fn record_incident(
+pub(crate) async fn record_incident(
     conn: &mut PgConnection,
     i: &BooksIncident<'_>,
 ) -> Result<bool, StoreError> {
@@ -273,7 +262,7 @@ pub async fn record_incident(
 }
 
 /// The resolution recorded for an orphan charge, if it was seen before.
-pub async fn orphan_resolution(
+pub(crate) async fn orphan_resolution(
     conn: &mut PgConnection,
     provider: &str,
     object_id: &str,
@@ -292,7 +281,7 @@ pub async fn orphan_resolution(
 }
 
 /// Sets an orphan charge's resolution.
-pub async fn resolve_orphan(
+pub(crate) async fn resolve_orphan(
     conn: &mut PgConnection,
     provider: &str,
     object_id: &str,
@@ -327,7 +316,7 @@ pub struct Held {
 
 /// Our succeeded charges (`refunds`: refunds) with `provider`, created in
 /// `[from, until)`, that carry a provider id.
-pub async fn succeeded_in(
+pub(crate) async fn succeeded_in(
     pool: &PgPool,
     provider: &str,
     refunds: bool,
@@ -381,7 +370,7 @@ pub struct Lineage {
 /// one) and the cluster's system identifier (another cluster, e.g. a
 /// logical dump restored elsewhere); `None` where PostgreSQL does not let
 /// this role read it.
-pub async fn current_lineage(pool: &PgPool) -> Result<(i64, Option<i64>), StoreError> {
+pub(crate) async fn current_lineage(pool: &PgPool) -> Result<(i64, Option<i64>), StoreError> {
     let name: String = sqlx::query_scalar("SELECT pg_walfile_name(pg_current_wal_lsn())")
         .fetch_one(pool)
         .await?;
@@ -402,7 +391,7 @@ pub async fn current_lineage(pool: &PgPool) -> Result<(i64, Option<i64>), StoreE
 /// stores it; a moved timeline or another system opens a gap from the last
 /// sight minus `margin` (or keeps the gap already open); otherwise the
 /// sight is refreshed. Returns the lineage as it now stands.
-pub async fn observe_lineage(
+pub(crate) async fn observe_lineage(
     pool: &PgPool,
     (timeline, system): (i64, Option<i64>),
     margin: std::time::Duration,
@@ -435,7 +424,7 @@ pub async fn observe_lineage(
 
 /// Closes the gap that started at `from`, once it was reconciled (a gap
 /// opened again meanwhile, further back, stays open).
-pub async fn close_gap(pool: &PgPool, from: DateTime<Utc>) -> Result<(), StoreError> {
+pub(crate) async fn close_gap(pool: &PgPool, from: DateTime<Utc>) -> Result<(), StoreError> {
     sqlx::query("UPDATE database_lineage SET gap_from = NULL WHERE gap_from >= $1")
         .bind(from)
         .execute(pool)

@@ -58,7 +58,7 @@ pub async fn insert(
 }
 
 /// The session a token's hash belongs to, if any.
-pub async fn by_token_hash(
+pub(crate) async fn by_token_hash(
     pool: &PgPool,
     token_hash: &[u8; 32],
 ) -> Result<Option<Session>, StoreError> {

@@ -39,7 +39,7 @@ pub struct Claimed {
 /// past the lease, so a delivery whose process died is due again when the
 /// lease ends. Deliveries of one object to one endpoint go in sequence
 /// order: one waits while an earlier one of its object is still pending.
-pub const CLAIM: &str = "WITH due AS (
+pub(crate) const CLAIM: &str = "WITH due AS (
         SELECT d.id FROM webhook_delivery d
          WHERE d.state = 'pending' AND d.next_attempt_at <= now()
            AND NOT EXISTS (
@@ -224,7 +224,7 @@ pub struct Delivery {
 }
 
 /// An event's deliveries and every attempt, oldest first.
-pub async fn of_event(
+pub(crate) async fn of_event(
     pool: &PgPool,
     event_id: Uuid,
 ) -> Result<(Vec<Delivery>, Vec<Attempt>), StoreError> {
@@ -272,7 +272,7 @@ pub async fn of_event(
 }
 
 /// Seconds since the oldest pending delivery's event was written (0 if none).
-pub async fn oldest_pending_age(pool: &PgPool) -> Result<f64, StoreError> {
+pub(crate) async fn oldest_pending_age(pool: &PgPool) -> Result<f64, StoreError> {
     let row = sqlx::query(
         "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(e.created_at))::float8, 0) AS age
            FROM webhook_delivery d JOIN event e ON e.id = d.event_id

@@ -102,7 +102,7 @@ macro_rules! new_events_from_params {
 pub(crate) use new_events_from_params;
 
 /// Binds a batch of events as `$1`..`$8` (see [`new_events_from_params`]).
-pub fn bind_events<'q>(
+pub(crate) fn bind_events<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     events: &[NewEvent<'_>],
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
@@ -129,7 +129,7 @@ pub fn bind_events<'q>(
 
 /// Writes one event and its deliveries in one statement: a batch of one
 /// (see [`append_new_events`]).
-pub const APPEND: &str = concat!(
+pub(crate) const APPEND: &str = concat!(
     "WITH new_events AS (SELECT * FROM ",
     new_events_from_params!(),
     "),
@@ -204,7 +204,7 @@ const EVENT_COLUMNS: &str =
     "e.id, e.type, e.created_at, e.sequence, e.data, e.object_type, e.cause, e.request_id";
 
 /// Reads an event row selected with [`EVENT_COLUMNS`].
-pub fn from_row(row: &PgRow) -> Result<Event, StoreError> {
+pub(crate) fn from_row(row: &PgRow) -> Result<Event, StoreError> {
     Ok(Event {
         id: row.try_get("id")?,
         event_type: row.try_get("type")?,
@@ -310,7 +310,7 @@ pub struct Deleted {
 /// deleted and the last id it looked at (`None`: nothing left to look at),
 /// so that the next batch goes on from there instead of walking the kept
 /// events again.
-pub async fn delete_old(
+pub(crate) async fn delete_old(
     pool: &PgPool,
     after: Uuid,
     before: Uuid,

@@ -53,7 +53,7 @@ async fn insert_key(
 
 /// Creates the merchant if it does not exist and stores a new key's hash.
 /// Returns the merchant's id.
-pub async fn add_api_key(
+pub(crate) async fn add_api_key(
     pool: &PgPool,
     merchant_name: &str,
     key: &NewKey<'_>,
@@ -77,7 +77,7 @@ pub async fn add_api_key(
 
 /// Finds the merchant of a live key hash (with its own rate limit),
 /// noting when the key was used.
-pub const MERCHANT_FOR_KEY: &str = "UPDATE api_key k SET last_used_at = now()
+pub(crate) const MERCHANT_FOR_KEY: &str = "UPDATE api_key k SET last_used_at = now()
       FROM merchant m
       WHERE k.key_hash = $1 AND k.revoked_at IS NULL
         AND (k.expires_at IS NULL OR k.expires_at > now()) AND m.id = k.merchant_id
@@ -101,7 +101,7 @@ pub struct KeyOwner {
 
 /// Whom a key hash speaks for, if the key exists, is not revoked and has
 /// not expired.
-pub async fn merchant_for_key(
+pub(crate) async fn merchant_for_key(
     pool: &PgPool,
     key_hash: &[u8; 32],
 ) -> Result<Option<KeyOwner>, StoreError> {
@@ -220,7 +220,7 @@ pub async fn set_display_name(
 }
 
 /// The channel on which revocations are announced to every process.
-pub const REVOCATIONS: &str = "oncepay_api_keys";
+pub(crate) const REVOCATIONS: &str = "oncepay_api_keys";
 
 /// An API key as its merchant sees it (never the key itself).
 #[derive(Debug, Clone, Serialize)]
@@ -257,7 +257,7 @@ fn key_from_row(row: &PgRow) -> Result<ApiKeyInfo, StoreError> {
 }
 
 /// A merchant's keys, newest first.
-pub async fn list_keys(pool: &PgPool, merchant_id: Uuid) -> Result<Vec<ApiKeyInfo>, StoreError> {
+pub(crate) async fn list_keys(pool: &PgPool, merchant_id: Uuid) -> Result<Vec<ApiKeyInfo>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT {KEY_COLUMNS} FROM api_key WHERE merchant_id = $1 ORDER BY created_at DESC, id"
     ))
@@ -283,7 +283,7 @@ pub async fn list_keys_by_name(pool: &PgPool, name: &str) -> Result<Vec<ApiKeyIn
 /// Stores a new key for a merchant; with `expire`, the key `(hash, ms)`
 /// stops working that many milliseconds from now (rotation without
 /// downtime). One transaction, with the audit rows.
-pub async fn add_key_for(
+pub(crate) async fn add_key_for(
     pool: &PgPool,
     merchant_id: Uuid,
     key: &NewKey<'_>,

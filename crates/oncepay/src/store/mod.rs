@@ -127,7 +127,7 @@ impl Corrupt {
 
 /// Whether a database error means "unavailable for now; the same work may
 /// succeed later" rather than a fault of the request or the code.
-pub fn is_unavailable(e: &sqlx::Error) -> bool {
+pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
@@ -156,7 +156,7 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// The name of the constraint a database error violated, if any.
-pub fn violated_constraint(e: &sqlx::Error) -> Option<&str> {
+pub(crate) fn violated_constraint(e: &sqlx::Error) -> Option<&str> {
     match e {
         sqlx::Error::Database(db) => db.constraint(),
         _ => None,
@@ -189,7 +189,7 @@ pub const GENERIC_PLANS: (&str, &str) = ("plan_cache_mode", "force_generic_plan"
 /// the WAL past the claim too; and if the database crashes before that, the
 /// lost claim stands for a command that did nothing, so a retry executes it.
 /// It saves one WAL flush per money command.
-pub fn claims_pool(database_url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
+pub(crate) fn claims_pool(database_url: &str, max_connections: u32) -> Result<PgPool, StoreError> {
     let options = PgConnectOptions::from_str(database_url)
         .map_err(StoreError::Other)?
         .application_name("oncepay-claims")
@@ -205,7 +205,7 @@ pub fn claims_pool(database_url: &str, max_connections: u32) -> Result<PgPool, S
 /// 5 acquisitions per payment that was ~10 % of the pay path's round trips.
 /// If it broke in that second, the statement fails as unavailable (503,
 /// retried by the client) and the broken connection is dropped.
-pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// Idle connections are pinged before they are handed out (see
 /// [`PING_IF_IDLE_FOR`]), so one broken by a failover or a restart is
@@ -237,7 +237,7 @@ fn pool_with(options: PgConnectOptions, max_connections: u32) -> PgPool {
 /// new connections there until its checks mark the node down), answers for
 /// that connection, not for the database. Such a connection is closed
 /// instead of going back to the pool, so the next question meets another.
-pub async fn is_writable(pool: &PgPool) -> Result<bool, StoreError> {
+pub(crate) async fn is_writable(pool: &PgPool) -> Result<bool, StoreError> {
     let mut answer = Ok(false);
     for _ in 0..3 {
         let mut conn = pool.acquire().await?;
@@ -274,7 +274,7 @@ pub async fn prepare_database(database_url: &str) -> Result<Vec<String>, migrate
 /// primary yet, a failover under way, a node still read-only) for up to
 /// `patience`: a process started during a failover waits for the new
 /// primary instead of exiting. Any other error is returned at once.
-pub async fn prepare_database_patiently(
+pub(crate) async fn prepare_database_patiently(
     database_url: &str,
     patience: Duration,
 ) -> Result<Vec<String>, migrate::MigrateError> {

@@ -41,7 +41,7 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
 /// which PostgreSQL runs atomically: the order exists exactly when the record
 /// holds its response, and only if the lease was still ours. One round trip
 /// where a transaction would take four (BEGIN, INSERT, UPDATE, COMMIT).
-pub const INSERT_COMPLETING: &str = concat!(
+pub(crate) const INSERT_COMPLETING: &str = concat!(
     "WITH done AS (
         UPDATE idempotency_record SET ",
     crate::idempotency::persistence::completed!("$9", "$10", "$11"),
@@ -81,7 +81,7 @@ fn bind_order<'q>(
 
 /// See [`INSERT_COMPLETING`]. `false` (and nothing written) if another
 /// process took the command over.
-pub async fn insert_completing(
+pub(crate) async fn insert_completing(
     pool: &PgPool,
     record: &RecordId,
     lease_token: Uuid,
@@ -120,7 +120,7 @@ pub const INSERT_CLAIMING: &str = "WITH claim AS (
      SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM claim)";
 
 /// [`insert_claiming`] of one request of a batch (see [`ClaimingOrder`]).
-pub async fn insert_claiming_one(pool: &PgPool, row: &ClaimingOrder) -> Result<bool, StoreError> {
+pub(crate) async fn insert_claiming_one(pool: &PgPool, row: &ClaimingOrder) -> Result<bool, StoreError> {
     let record = crate::idempotency::persistence::NewRecord {
         id: &row.id,
         fingerprint: &row.fingerprint,
@@ -136,7 +136,7 @@ pub async fn insert_claiming_one(pool: &PgPool, row: &ClaimingOrder) -> Result<b
 /// See [`INSERT_CLAIMING`]. `false`: the key already has a record (live,
 /// expired, or another request's), nothing was written, and the caller
 /// goes through the engine's full protocol.
-pub async fn insert_claiming(
+pub(crate) async fn insert_claiming(
     pool: &PgPool,
     record: &crate::idempotency::persistence::NewRecord<'_>,
     order: &Order,
@@ -164,7 +164,7 @@ pub async fn insert_claiming(
 /// come sorted by key, so two batches lock keys in the same order and
 /// cannot deadlock; keys are unique within a batch. Returns the ids of the
 /// orders inserted: a request whose order is missing found its key taken.
-pub const INSERT_CLAIMING_MANY: &str = "WITH input AS (
+pub(crate) const INSERT_CLAIMING_MANY: &str = "WITH input AS (
         SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::bigint[],
                              $6::text[], $7::jsonb[], $8::timestamptz[], $9::smallint[],
                              $10::bytea[], $11::text[], $12::text[], $13::bytea[], $14::text[],
@@ -213,7 +213,7 @@ pub struct ClaimingOrder {
 
 /// See [`INSERT_CLAIMING_MANY`]. For each row, in order: whether its order
 /// was inserted (`false`: its key was taken, nothing of it was written).
-pub async fn insert_claiming_many(
+pub(crate) async fn insert_claiming_many(
     pool: &PgPool,
     rows: &[ClaimingOrder],
 ) -> Result<Vec<bool>, StoreError> {
@@ -323,13 +323,13 @@ pub async fn lock(
 }
 
 /// Sets an order's status.
-pub const SET_STATUS: &str = concat!(
+pub(crate) const SET_STATUS: &str = concat!(
     "UPDATE orders SET status = $2, updated_at = now() WHERE id = $1 RETURNING ",
     order_columns!()
 );
 
 /// Sets an order's status and returns it as it now is.
-pub async fn set_status(
+pub(crate) async fn set_status(
     tx: &mut PgConnection,
     id: Uuid,
     status: OrderStatus,
@@ -343,7 +343,7 @@ pub async fn set_status(
 }
 
 /// Locks an order by id.
-pub const LOCK_BY_ID: &str = concat!(
+pub(crate) const LOCK_BY_ID: &str = concat!(
     "SELECT ",
     order_columns!(),
     " FROM orders WHERE id = $1 FOR UPDATE"
@@ -352,7 +352,7 @@ pub const LOCK_BY_ID: &str = concat!(
 /// Row-locks an order by id alone, for internal settlement (the caller
 /// reached it through a payment it already scoped). Locks are always taken
 /// order first, then payment, then refund, so settlements never deadlock.
-pub async fn lock_by_id(tx: &mut PgConnection, id: Uuid) -> Result<Option<Order>, StoreError> {
+pub(crate) async fn lock_by_id(tx: &mut PgConnection, id: Uuid) -> Result<Option<Order>, StoreError> {
     let row = sqlx::query(LOCK_BY_ID).bind(id).fetch_optional(tx).await?;
     row.as_ref().map(from_row).transpose()
 }

@@ -112,7 +112,7 @@ pub fn finish(
 /// One page of a merchant's rows: `select` (`SELECT … FROM table alias`)
 /// finished by [`finish`], fetched, read by `from_row` and cut by
 /// [`page_of`]. Every list endpoint is this, over its own table.
-pub async fn fetch<T>(
+pub(crate) async fn fetch<T>(
     pool: &sqlx::PgPool,
     select: &str,
     alias: &str,
@@ -130,7 +130,7 @@ pub async fn fetch<T>(
 
 /// Turns the rows fetched (one more than the limit, in cursor order) into
 /// the page, newest first, and whether more rows lie beyond it.
-pub fn page_of<T>(mut rows: Vec<T>, page: &PageRequest) -> (Vec<T>, bool) {
+pub(crate) fn page_of<T>(mut rows: Vec<T>, page: &PageRequest) -> (Vec<T>, bool) {
     let limit = usize::try_from(page.limit).unwrap_or(0);
     let has_more = rows.len() > limit;
     rows.truncate(limit);

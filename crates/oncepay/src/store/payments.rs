@@ -227,7 +227,7 @@ pub struct ClaimingAttempt<'a> {
 
 /// See [`INSERT_CLAIMING`]. `None`: nothing was written, and the caller
 /// goes through the engine's full protocol, which decides.
-pub async fn insert_claiming(
+pub(crate) async fn insert_claiming(
     pool: &PgPool,
     w: &ClaimingAttempt<'_>,
 ) -> Result<Option<Order>, StoreError> {
@@ -329,7 +329,7 @@ pub struct KnownSettlement<'a> {
 }
 
 /// See [`SETTLE_COMPLETING`]. `false`: nothing was written.
-pub async fn settle_completing(
+pub(crate) async fn settle_completing(
     pool: &PgPool,
     s: &KnownSettlement<'_>,
     record: &crate::idempotency::persistence::RecordId,
@@ -468,7 +468,7 @@ pub struct ChargeEvent<'a> {
 /// The attempt a charge event is about, and whether the event was recorded
 /// already as a repeat of what the attempt holds (then nothing is left to
 /// do); see [`FIND_BY_CHARGE_OR_RECORD_REPEAT`].
-pub async fn find_by_charge_or_record_repeat(
+pub(crate) async fn find_by_charge_or_record_repeat(
     conn: &mut PgConnection,
     event: &ChargeEvent<'_>,
 ) -> Result<Option<(Found, bool)>, StoreError> {
@@ -505,7 +505,7 @@ fn found_from_row(row: &PgRow) -> Result<Found, StoreError> {
 }
 
 /// The order's attempt made with idempotency key `key`, if any.
-pub async fn by_key(
+pub(crate) async fn by_key(
     conn: &mut PgConnection,
     order_id: Uuid,
     key: &str,
@@ -523,7 +523,7 @@ pub async fn by_key(
 }
 
 /// All attempts of one of the merchant's orders, oldest first.
-pub async fn list_for_order(
+pub(crate) async fn list_for_order(
     conn: &mut PgConnection,
     merchant_id: Uuid,
     order_id: Uuid,
@@ -552,7 +552,7 @@ pub struct ChargeFacts<'a> {
 }
 
 /// Writes an attempt's status and provider facts.
-pub const SET_STATUS: &str = concat!(
+pub(crate) const SET_STATUS: &str = concat!(
     "UPDATE payment_attempt
             SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
                 failure_code = COALESCE($4, failure_code),
@@ -564,7 +564,7 @@ pub const SET_STATUS: &str = concat!(
 
 /// Writes a status the domain decided, with the provider's facts. The
 /// charge id is kept once known.
-pub async fn set_status(
+pub(crate) async fn set_status(
     tx: &mut PgConnection,
     id: Uuid,
     status: PaymentStatus,
@@ -583,7 +583,7 @@ pub async fn set_status(
 
 /// A pending attempt now waits for its customer at `url` (from now on,
 /// for the reconciler's timeout). `None` if it is no longer pending.
-pub async fn require_action(
+pub(crate) async fn require_action(
     tx: &mut PgConnection,
     id: Uuid,
     url: &str,
@@ -606,7 +606,7 @@ pub async fn require_action(
 /// Records the provider's object opened for a pending attempt (Stripe's
 /// PaymentIntent), before it is confirmed. `None` if the attempt is no
 /// longer pending or holds another object: the caller reads it again.
-pub async fn set_reference(
+pub(crate) async fn set_reference(
     tx: &mut PgConnection,
     id: Uuid,
     reference: &str,
@@ -626,7 +626,7 @@ pub async fn set_reference(
 }
 
 /// Adds a succeeded refund's amount to the attempt.
-pub async fn add_refunded(
+pub(crate) async fn add_refunded(
     tx: &mut PgConnection,
     id: Uuid,
     amount: i64,
@@ -658,7 +658,7 @@ impl super::queue::Queued for Payment {
 }
 
 /// The order's succeeded attempt, row-locked.
-pub async fn lock_succeeded_for_order(
+pub(crate) async fn lock_succeeded_for_order(
     tx: &mut PgConnection,
     order_id: Uuid,
 ) -> Result<Option<Payment>, StoreError> {

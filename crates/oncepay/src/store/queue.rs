@@ -60,7 +60,7 @@ pub trait Queued: Sized {
 
 /// Claims up to `limit` pending rows due for a check, pushing their next
 /// check back; each with its merchant.
-pub async fn claim_due<T: Queued>(pool: &PgPool, limit: i64) -> Result<Vec<(T, Uuid)>, StoreError> {
+pub(crate) async fn claim_due<T: Queued>(pool: &PgPool, limit: i64) -> Result<Vec<(T, Uuid)>, StoreError> {
     let rows = claim(pool, &T::TABLE, Queue::Due, limit).await?;
     rows.iter()
         .map(|row| Ok((T::from_row(row)?, row.try_get("merchant_id")?)))
@@ -70,7 +70,7 @@ pub async fn claim_due<T: Queued>(pool: &PgPool, limit: i64) -> Result<Vec<(T, U
 /// Claims up to `limit` failed rows whose decline is due for its
 /// confirming read, pushing the next try back as [`claim_due`] does: a
 /// read that proves nothing is tried again later.
-pub async fn claim_declines_due<T: Queued>(
+pub(crate) async fn claim_declines_due<T: Queued>(
     pool: &PgPool,
     limit: i64,
 ) -> Result<Vec<T>, StoreError> {
@@ -103,7 +103,7 @@ async fn claim(
 
 /// Queues a row that just failed for one confirming status read, due when
 /// the reconciler would have checked it had it stayed pending.
-pub async fn confirm_decline_later<T: Queued>(
+pub(crate) async fn confirm_decline_later<T: Queued>(
     tx: &mut PgConnection,
     id: Uuid,
 ) -> Result<(), StoreError> {
@@ -117,7 +117,7 @@ pub async fn confirm_decline_later<T: Queued>(
 
 /// Takes a row off the queue of declines to confirm: the provider's record
 /// was read.
-pub async fn decline_confirmed<T: Queued>(
+pub(crate) async fn decline_confirmed<T: Queued>(
     tx: &mut PgConnection,
     id: Uuid,
 ) -> Result<(), StoreError> {
@@ -131,7 +131,7 @@ pub async fn decline_confirmed<T: Queued>(
 
 /// Makes every row that has backed off in either queue due now, its
 /// back-off started over: the provider answers again. Returns how many.
-pub async fn reset_backoff<T: Queued>(pool: &PgPool) -> Result<u64, StoreError> {
+pub(crate) async fn reset_backoff<T: Queued>(pool: &PgPool) -> Result<u64, StoreError> {
     let name = T::TABLE.name;
     let pending = sqlx::query(&format!(
         "UPDATE {name} SET next_check_at = now(), check_count = 0

@@ -126,7 +126,7 @@ pub async fn insert(
 
 /// The refund a key made of a payment, if any: how a retry after the
 /// idempotency record expired finds it instead of refunding again.
-pub async fn by_key(
+pub(crate) async fn by_key(
     tx: &mut PgConnection,
     payment_id: Uuid,
     key: &str,
@@ -144,7 +144,7 @@ pub async fn by_key(
 }
 
 /// Whether any refund of the payment is still pending.
-pub async fn any_pending(tx: &mut PgConnection, payment_id: Uuid) -> Result<bool, StoreError> {
+pub(crate) async fn any_pending(tx: &mut PgConnection, payment_id: Uuid) -> Result<bool, StoreError> {
     let row = sqlx::query(
         "SELECT EXISTS (SELECT 1 FROM refund WHERE payment_id = $1 AND status = 'pending')",
     )
@@ -156,7 +156,7 @@ pub async fn any_pending(tx: &mut PgConnection, payment_id: Uuid) -> Result<bool
 
 /// Sum of the payment's refunds that are not failed. Called with the payment
 /// row locked, so concurrent refunds of one payment are serialised.
-pub async fn committed_sum(tx: &mut PgConnection, payment_id: Uuid) -> Result<i64, StoreError> {
+pub(crate) async fn committed_sum(tx: &mut PgConnection, payment_id: Uuid) -> Result<i64, StoreError> {
     let row = sqlx::query(
         "SELECT COALESCE(sum(amount), 0)::bigint AS total FROM refund
           WHERE payment_id = $1 AND status <> 'failed'",
@@ -200,7 +200,7 @@ pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, Sto
 
 /// Finds a refund by the provider's id or our id (the provider key). No
 /// lock: settlement locks order, payment, refund in that order.
-pub async fn find_by_provider_id(
+pub(crate) async fn find_by_provider_id(
     tx: &mut PgConnection,
     provider_refund_id: &str,
     refund_id: Option<Uuid>,
@@ -218,7 +218,7 @@ pub async fn find_by_provider_id(
 }
 
 /// Writes a status the domain decided.
-pub async fn set_status(
+pub(crate) async fn set_status(
     tx: &mut PgConnection,
     id: Uuid,
     status: PaymentStatus,
@@ -255,7 +255,7 @@ impl super::queue::Queued for Refund {
 }
 
 /// The payment and order a refund belongs to (no lock: used to lock those first).
-pub async fn owners_of(
+pub(crate) async fn owners_of(
     conn: &mut PgConnection,
     id: Uuid,
 ) -> Result<Option<(Uuid, Uuid)>, StoreError> {

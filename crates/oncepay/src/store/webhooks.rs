@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use super::StoreError;
 
 /// Records an event unless already recorded.
-pub const RECORD: &str =
+pub(crate) const RECORD: &str =
     "INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
          VALUES ($1, $2, $3, $4, 'received') ON CONFLICT DO NOTHING";
 
@@ -31,7 +31,7 @@ pub async fn record(
 }
 
 /// Records an event with its outcome, unless already recorded.
-pub const RECORD_DONE: &str =
+pub(crate) const RECORD_DONE: &str =
     "INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome, confirmed_at,
                                 detail)
          VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN now() END, $7) ON CONFLICT DO NOTHING";
@@ -57,7 +57,7 @@ pub struct Done<'a> {
 
 /// Records an event that applies nothing, with its outcome; `false` if
 /// `(provider, event id)` was already recorded (a duplicate delivery).
-pub async fn record_done(pool: &sqlx::PgPool, done: &Done<'_>) -> Result<bool, StoreError> {
+pub(crate) async fn record_done(pool: &sqlx::PgPool, done: &Done<'_>) -> Result<bool, StoreError> {
     let result = sqlx::query(RECORD_DONE)
         .bind(done.provider)
         .bind(done.event_id)
@@ -72,14 +72,14 @@ pub async fn record_done(pool: &sqlx::PgPool, done: &Done<'_>) -> Result<bool, S
 }
 
 /// Notes what an event did.
-pub const SET_OUTCOME: &str = "UPDATE webhook_event
+pub(crate) const SET_OUTCOME: &str = "UPDATE webhook_event
         SET outcome = $3, confirmed_at = CASE WHEN $4 THEN now() END, detail = $5
       WHERE provider = $1 AND event_id = $2";
 
 /// Notes what the event did (processed, ignored, unknown_charge,
 /// unconfirmed, mismatch), whether a provider read confirmed it, and why
 /// it was not applied.
-pub async fn set_outcome(
+pub(crate) async fn set_outcome(
     tx: &mut PgConnection,
     provider: &str,
     event_id: &str,

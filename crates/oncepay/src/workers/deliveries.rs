@@ -23,7 +23,7 @@ use crate::store::{self, StoreError};
 use crate::webhooks::WebhookSecret;
 
 /// Deliveries claimed (and sent concurrently) per round.
-pub const BATCH: i64 = 32;
+pub(crate) const BATCH: i64 = 32;
 
 /// What the worker needs.
 pub struct Deliverer {

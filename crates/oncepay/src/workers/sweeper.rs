@@ -7,7 +7,7 @@ use crate::commands::AppContext;
 use crate::store::{self, StoreError};
 
 /// Records deleted per statement.
-pub const BATCH: i64 = 500;
+pub(crate) const BATCH: i64 = 500;
 
 /// Deletes every expired record now, batch after batch; returns how many.
 pub async fn sweep(ctx: &AppContext) -> Result<u64, StoreError> {
@@ -24,20 +24,20 @@ pub async fn sweep(ctx: &AppContext) -> Result<u64, StoreError> {
 }
 
 /// Events looked at per statement.
-pub const RETENTION_BATCH: i64 = 500;
+pub(crate) const RETENTION_BATCH: i64 = 500;
 
 /// At most this many retention batches per pass: a backlog of millions is
 /// worked through over many passes.
-pub const RETENTION_BATCHES_PER_PASS: u32 = 40;
+pub(crate) const RETENTION_BATCHES_PER_PASS: u32 = 40;
 
 /// Each batch is followed by a pause of this many times its own duration
 /// (at least [`RETENTION_MIN_PAUSE`]): the sweep takes at most a quarter
 /// of one connection's time, and slows down by itself when the database
 /// is busy, so it never competes with payments.
-pub const RETENTION_PAUSE_FACTOR: u32 = 3;
+pub(crate) const RETENTION_PAUSE_FACTOR: u32 = 3;
 
 /// The least pause between two retention batches.
-pub const RETENTION_MIN_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
+pub(crate) const RETENTION_MIN_PAUSE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The smallest UUID v7 of the instant `at`: every event id made before it
 /// sorts lower (ids are time-ordered).

@@ -26,7 +26,7 @@ use crate::provider::{CallOutcome, ProviderObject};
 
 /// The decline codes of the sandbox's documented decline answer (`402`).
 /// Any other code on a `402` proves nothing.
-pub const DECLINE_CODES: &[&str] = &[
+pub(crate) const DECLINE_CODES: &[&str] = &[
     "card_declined",
     "invalid_payment_method",
     "insufficient_funds",
@@ -78,7 +78,7 @@ struct ErrorBody {
 }
 
 /// Classifies one answer; see the module docs for the table.
-pub fn classify(kind: CallKind, status: u16, body: &[u8]) -> Verdict {
+pub(crate) fn classify(kind: CallKind, status: u16, body: &[u8]) -> Verdict {
     match status {
         200..=299 => Verdict::Done(match serde_json::from_slice::<Object>(body) {
             Ok(object) if object.id.is_empty() => {

@@ -65,7 +65,7 @@ impl Sandbox {
 }
 
 /// A `tok_` token: up to 255 visible ASCII characters.
-pub fn check_token(payment_method: &str) -> Result<(), &'static str> {
+pub(crate) fn check_token(payment_method: &str) -> Result<(), &'static str> {
     let valid = payment_method.starts_with("tok_")
         && payment_method.len() <= 255
         && payment_method.bytes().all(|b| (0x21..=0x7e).contains(&b));
@@ -90,7 +90,7 @@ struct EventObject {
 }
 
 /// What a sandbox event says (`charge.*`, `refund.*`).
-pub fn parse_event(payload: &Value) -> Event {
+pub(crate) fn parse_event(payload: &Value) -> Event {
     let Some(envelope) = Envelope::read(payload) else {
         return Event::unrecognised(payload);
     };

@@ -62,11 +62,9 @@ struct Object {
 }
 
 /// The metadata key of our attempt id on a PaymentIntent.
-pub const ATTEMPT_KEY: &str = crate::provider::trace::ATTEMPT;
-/// The metadata key of our order id on a PaymentIntent.
-pub const ORDER_KEY: &str = crate::provider::trace::ORDER;
+pub(crate) const ATTEMPT_KEY: &str = crate::provider::trace::ATTEMPT;
 /// The metadata key of our refund id on a Refund.
-pub const REFUND_KEY: &str = crate::provider::trace::REFUND;
+pub(crate) const REFUND_KEY: &str = crate::provider::trace::REFUND;
 
 impl Object {
     fn ours(&self, key: &str) -> Option<&str> {
@@ -77,7 +75,7 @@ impl Object {
 /// A PaymentIntent's status as oncepay's: `None` for one that cannot
 /// happen in oncepay's flow (`requires_capture`: oncepay captures
 /// automatically), which proves nothing.
-pub fn intent_status(status: &str, has_error: bool) -> Option<PaymentStatus> {
+pub(crate) fn intent_status(status: &str, has_error: bool) -> Option<PaymentStatus> {
     Some(match status {
         "succeeded" => PaymentStatus::Succeeded,
         // After a confirm, a decline puts the intent back to waiting for a
@@ -94,7 +92,7 @@ pub fn intent_status(status: &str, has_error: bool) -> Option<PaymentStatus> {
 }
 
 /// A Refund's status as oncepay's.
-pub fn refund_status(status: &str) -> Option<PaymentStatus> {
+pub(crate) fn refund_status(status: &str) -> Option<PaymentStatus> {
     Some(match status {
         "succeeded" => PaymentStatus::Succeeded,
         "pending" | "requires_action" => PaymentStatus::Pending,
@@ -160,7 +158,7 @@ pub fn known(body: &[u8]) -> CallOutcome {
 
 /// Classifies one answer; `should_retry` is the `Stripe-Should-Retry`
 /// header, if sent. See the module docs for the table.
-pub fn classify(kind: CallKind, status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
+pub(crate) fn classify(kind: CallKind, status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
     let error = || {
         serde_json::from_slice::<ErrorBody>(body)
             .unwrap_or_default()
@@ -259,7 +257,7 @@ fn body_names_param(body: &[u8], param: &str) -> bool {
 /// - one whose metadata names another attempt proves nothing about ours;
 /// - `404` for an id we recorded cannot be trusted as "never charged" (a
 ///   key of another account, a restored test mode): unknown.
-pub fn intent_read(
+pub(crate) fn intent_read(
     attempt_id: Uuid,
     status: u16,
     should_retry: Option<bool>,

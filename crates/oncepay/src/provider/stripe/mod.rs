@@ -47,7 +47,7 @@ use crate::metrics::Metrics;
 pub const NAME: &str = "stripe";
 
 /// The API version whose shapes this adapter reads.
-pub const API_VERSION: &str = "2024-06-20";
+pub(crate) const API_VERSION: &str = "2024-06-20";
 
 /// A Stripe secret or restricted key (`sk_test_…`, `sk_live_…`, `rk_…`).
 /// Its `Debug` never shows it.
@@ -145,12 +145,12 @@ impl PublishableKey {
 
 /// Stripe.js, from Stripe's own origin (never bundled: Stripe requires it
 /// be loaded from there, which keeps the card fields in Stripe's frames).
-pub const STRIPE_JS: &str = "https://js.stripe.com/v3/";
+pub(crate) const STRIPE_JS: &str = "https://js.stripe.com/v3/";
 
 /// What the checkout page's Content-Security-Policy allows for Stripe
 /// Elements, per Stripe's CSP guide: its script, its frames (the card
 /// fields, 3-D Secure), and its API (where the card goes).
-pub const ELEMENTS_CSP: crate::provider::CspSources = crate::provider::CspSources {
+pub(crate) const ELEMENTS_CSP: crate::provider::CspSources = crate::provider::CspSources {
     script: "https://js.stripe.com",
     frame: "https://js.stripe.com https://hooks.stripe.com",
     connect: "https://api.stripe.com",
@@ -289,7 +289,7 @@ impl Stripe {
 }
 
 /// A `pm_…` PaymentMethod id.
-pub fn check_payment_method(payment_method: &str) -> Result<(), &'static str> {
+pub(crate) fn check_payment_method(payment_method: &str) -> Result<(), &'static str> {
     let valid = payment_method.starts_with("pm_")
         && payment_method.len() > 3
         && payment_method.len() <= 255

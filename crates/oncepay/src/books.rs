@@ -940,7 +940,10 @@ pub(crate) async fn observe(
 /// from that sight is reconciled with the providers' books before the gate
 /// opens. Every process closes its gate while a gap is open; the one that
 /// holds the books lock reconciles it.
-pub(crate) async fn restore_guard(ctx: &AppContext, settings: GuardSettings) -> Result<(), BooksError> {
+pub(crate) async fn restore_guard(
+    ctx: &AppContext,
+    settings: GuardSettings,
+) -> Result<(), BooksError> {
     let Some(gap_from) = observe(ctx, settings).await? else {
         return Ok(());
     };

@@ -478,7 +478,10 @@ pub async fn charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObjec
 /// recording the provider's object first where it has one) only if the
 /// provider holds nothing that can have moved money. `None`: nothing new
 /// was learned.
-pub(crate) async fn look_up_or_charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
+pub(crate) async fn look_up_or_charge(
+    ctx: &AppContext,
+    attempt: &Payment,
+) -> Option<ProviderObject> {
     let provider = ctx.providers.named(&attempt.provider);
     let found = provider
         .find_charge(attempt.id, attempt.provider_charge_id.as_deref())

@@ -255,7 +255,10 @@ fn key_made_another_refund() -> Problem {
 
 /// What step 2 sends for a refund step 1 created: the refund id as the
 /// provider key, against the payment's charge.
-pub(crate) fn refund_request(refund: &Refund, payment: &Payment) -> Result<RefundRequest, StoreError> {
+pub(crate) fn refund_request(
+    refund: &Refund,
+    payment: &Payment,
+) -> Result<RefundRequest, StoreError> {
     let charge_id = payment.provider_charge_id.clone().ok_or_else(|| {
         StoreError::from(Corrupt::Broken(format!(
             "payment {} succeeded without a charge id",
@@ -307,7 +310,10 @@ pub async fn sent(ctx: &AppContext, refund: &Refund) -> Result<Outstanding, Stor
 /// looks up one that may have been sent before and sends it again (same
 /// key) only if the provider has no record of it. `None`: nothing new was
 /// learned (already final, or the outcome is unknown).
-pub(crate) async fn step_2(ctx: &AppContext, outstanding: Option<&Outstanding>) -> Option<ProviderObject> {
+pub(crate) async fn step_2(
+    ctx: &AppContext,
+    outstanding: Option<&Outstanding>,
+) -> Option<ProviderObject> {
     let outstanding = outstanding?;
     if outstanding.maybe_sent {
         look_up_or_send(ctx, outstanding).await

@@ -36,8 +36,8 @@ use uuid::Uuid;
 pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
 
-use crate::idempotency::persistence::{self as records, ClaimOutcome, Lease, NewRecord};
 pub(crate) use crate::idempotency::persistence::STARTED;
+use crate::idempotency::persistence::{self as records, ClaimOutcome, Lease, NewRecord};
 pub use crate::idempotency::persistence::{RecordId, StoredResponse};
 use crate::metrics::Metrics;
 use crate::problem::{Problem, ProblemCode};

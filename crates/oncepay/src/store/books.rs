@@ -131,7 +131,10 @@ fn run_from_row(row: &PgRow) -> Result<Run, StoreError> {
 }
 
 /// The unfinished run of `provider` (cut off by a crash), to resume.
-pub(crate) async fn open_run(conn: &mut PgConnection, provider: &str) -> Result<Option<Run>, StoreError> {
+pub(crate) async fn open_run(
+    conn: &mut PgConnection,
+    provider: &str,
+) -> Result<Option<Run>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {RUN_COLUMNS} FROM books_run
           WHERE provider = $1 AND finished_at IS NULL AND NOT dry_run"
@@ -198,7 +201,10 @@ pub(crate) async fn advance(
 }
 
 /// A run by id.
-pub(crate) async fn run_by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Run>, StoreError> {
+pub(crate) async fn run_by_id(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<Run>, StoreError> {
     let row = sqlx::query(&format!(
         "SELECT {RUN_COLUMNS} FROM books_run WHERE id = $1"
     ))

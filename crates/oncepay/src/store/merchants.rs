@@ -257,7 +257,10 @@ fn key_from_row(row: &PgRow) -> Result<ApiKeyInfo, StoreError> {
 }
 
 /// A merchant's keys, newest first.
-pub(crate) async fn list_keys(pool: &PgPool, merchant_id: Uuid) -> Result<Vec<ApiKeyInfo>, StoreError> {
+pub(crate) async fn list_keys(
+    pool: &PgPool,
+    merchant_id: Uuid,
+) -> Result<Vec<ApiKeyInfo>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT {KEY_COLUMNS} FROM api_key WHERE merchant_id = $1 ORDER BY created_at DESC, id"
     ))

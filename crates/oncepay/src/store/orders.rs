@@ -120,7 +120,10 @@ pub const INSERT_CLAIMING: &str = "WITH claim AS (
      SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM claim)";
 
 /// [`insert_claiming`] of one request of a batch (see [`ClaimingOrder`]).
-pub(crate) async fn insert_claiming_one(pool: &PgPool, row: &ClaimingOrder) -> Result<bool, StoreError> {
+pub(crate) async fn insert_claiming_one(
+    pool: &PgPool,
+    row: &ClaimingOrder,
+) -> Result<bool, StoreError> {
     let record = crate::idempotency::persistence::NewRecord {
         id: &row.id,
         fingerprint: &row.fingerprint,
@@ -352,7 +355,10 @@ pub(crate) const LOCK_BY_ID: &str = concat!(
 /// Row-locks an order by id alone, for internal settlement (the caller
 /// reached it through a payment it already scoped). Locks are always taken
 /// order first, then payment, then refund, so settlements never deadlock.
-pub(crate) async fn lock_by_id(tx: &mut PgConnection, id: Uuid) -> Result<Option<Order>, StoreError> {
+pub(crate) async fn lock_by_id(
+    tx: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<Order>, StoreError> {
     let row = sqlx::query(LOCK_BY_ID).bind(id).fetch_optional(tx).await?;
     row.as_ref().map(from_row).transpose()
 }

@@ -60,7 +60,10 @@ pub trait Queued: Sized {
 
 /// Claims up to `limit` pending rows due for a check, pushing their next
 /// check back; each with its merchant.
-pub(crate) async fn claim_due<T: Queued>(pool: &PgPool, limit: i64) -> Result<Vec<(T, Uuid)>, StoreError> {
+pub(crate) async fn claim_due<T: Queued>(
+    pool: &PgPool,
+    limit: i64,
+) -> Result<Vec<(T, Uuid)>, StoreError> {
     let rows = claim(pool, &T::TABLE, Queue::Due, limit).await?;
     rows.iter()
         .map(|row| Ok((T::from_row(row)?, row.try_get("merchant_id")?)))

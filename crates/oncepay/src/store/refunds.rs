@@ -144,7 +144,10 @@ pub(crate) async fn by_key(
 }
 
 /// Whether any refund of the payment is still pending.
-pub(crate) async fn any_pending(tx: &mut PgConnection, payment_id: Uuid) -> Result<bool, StoreError> {
+pub(crate) async fn any_pending(
+    tx: &mut PgConnection,
+    payment_id: Uuid,
+) -> Result<bool, StoreError> {
     let row = sqlx::query(
         "SELECT EXISTS (SELECT 1 FROM refund WHERE payment_id = $1 AND status = 'pending')",
     )
@@ -156,7 +159,10 @@ pub(crate) async fn any_pending(tx: &mut PgConnection, payment_id: Uuid) -> Resu
 
 /// Sum of the payment's refunds that are not failed. Called with the payment
 /// row locked, so concurrent refunds of one payment are serialised.
-pub(crate) async fn committed_sum(tx: &mut PgConnection, payment_id: Uuid) -> Result<i64, StoreError> {
+pub(crate) async fn committed_sum(
+    tx: &mut PgConnection,
+    payment_id: Uuid,
+) -> Result<i64, StoreError> {
     let row = sqlx::query(
         "SELECT COALESCE(sum(amount), 0)::bigint AS total FROM refund
           WHERE payment_id = $1 AND status <> 'failed'",

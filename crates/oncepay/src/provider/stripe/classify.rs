@@ -158,7 +158,12 @@ pub fn known(body: &[u8]) -> CallOutcome {
 
 /// Classifies one answer; `should_retry` is the `Stripe-Should-Retry`
 /// header, if sent. See the module docs for the table.
-pub(crate) fn classify(kind: CallKind, status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
+pub(crate) fn classify(
+    kind: CallKind,
+    status: u16,
+    should_retry: Option<bool>,
+    body: &[u8],
+) -> Verdict {
     let error = || {
         serde_json::from_slice::<ErrorBody>(body)
             .unwrap_or_default()

@@ -21,7 +21,6 @@ pub mod refunds;
 pub mod settle;
 pub mod webhook_endpoints;
 
-use crate::store::Corrupt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,7 +37,7 @@ use crate::idempotency::{
 use crate::metrics::Metrics;
 use crate::problem::Problem;
 use crate::provider::Providers;
-use crate::store::StoreError;
+use crate::store::{Corrupt, StoreError};
 
 /// What commands, handlers and workers share.
 pub struct AppContext {

@@ -1,6 +1,5 @@
 //! `POST /orders` and `POST /orders/{id}/cancel`.
 
-use crate::store::Corrupt;
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
@@ -14,7 +13,7 @@ use crate::domain::payment::PaymentStatus;
 use crate::idempotency::{FencedWrite, StoredResponse};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
-use crate::store::{self, StoreError};
+use crate::store::{self, Corrupt, StoreError};
 
 /// Create an order. When its key is new, the claim, the order and the
 /// stored response are one statement ([`Command::in_one`]); otherwise one

@@ -21,7 +21,6 @@
 //! computed from has not moved, and writes nothing if it has; the command
 //! then takes the locking path, which decides every other case.
 
-use crate::store::Corrupt;
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
@@ -38,7 +37,7 @@ use crate::problem::{Problem, ProblemCode};
 use crate::provider::trace::{Origin, Trace};
 use crate::provider::{CallOutcome, ChargeRequest, Opened, ProviderObject};
 use crate::store::payments::{ClaimingAttempt, InsertAttemptError, NewAttempt};
-use crate::store::{self, StoreError};
+use crate::store::{self, Corrupt, StoreError};
 
 recovery_points! {
     /// Where a payment can be resumed.

@@ -2,7 +2,6 @@
 //! payment. Refunds of one payment are serialised by locking its order and
 //! payment rows in step 1, so their sum can never exceed the amount.
 
-use crate::store::Corrupt;
 use chrono::Utc;
 use uuid::Uuid;
 
@@ -20,7 +19,7 @@ use crate::problem::{Problem, ProblemCode};
 use crate::provider::trace::Trace;
 use crate::provider::{CallOutcome, ProviderObject, RefundRequest};
 use crate::store::refunds::{InsertRefundError, NewRefund};
-use crate::store::{self, StoreError};
+use crate::store::{self, Corrupt, StoreError};
 
 recovery_points! {
     /// Where a refund can be resumed.

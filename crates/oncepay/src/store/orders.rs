@@ -1,12 +1,11 @@
 //! SQL of orders. Every read is scoped by merchant: another merchant's order
 //! is indistinguishable from one that does not exist.
 
-use super::Corrupt;
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::StoreError;
+use super::{Corrupt, StoreError};
 use crate::domain::order::{Order, OrderStatus};
 use crate::idempotency::persistence::{RecordId, StoredResponse};
 

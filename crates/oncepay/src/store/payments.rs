@@ -1,7 +1,6 @@
 //! SQL of payment attempts. The table's constraints are the second and third
 //! lines of defence against a double charge (see the migration).
 
-use super::Corrupt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -9,7 +8,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
-use super::StoreError;
+use super::{Corrupt, StoreError};
 use crate::domain::order::Order;
 use crate::domain::origin::Origin;
 use crate::domain::payment::{NextAction, Payment, PaymentStatus};

@@ -1,6 +1,5 @@
 //! SQL of refunds.
 
-use super::Corrupt;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -8,7 +7,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::StoreError;
+use super::{Corrupt, StoreError};
 use crate::domain::origin::Origin;
 use crate::domain::payment::{PaymentStatus, Refund};
 

@@ -389,6 +389,11 @@ pub(crate) async fn record_step(
         .bind(resource_id)
         .execute(tx)
         .await?;
+    fenced(done)
+}
+
+/// A write under the lease changed its one row, or the lease was taken over.
+fn fenced(done: sqlx::postgres::PgQueryResult) -> Result<(), StoreError> {
     if done.rows_affected() == 1 {
         Ok(())
     } else {
@@ -422,11 +427,7 @@ pub async fn complete(
         .bind(&response.location)
         .execute(tx)
         .await?;
-    if done.rows_affected() == 1 {
-        Ok(())
-    } else {
-        Err(StoreError::LeaseLost)
-    }
+    fenced(done)
 }
 
 /// Deletes a record that recorded no effect, freeing its key. Returns whether

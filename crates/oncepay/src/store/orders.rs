@@ -219,49 +219,34 @@ pub(crate) async fn insert_claiming_many(
     pool: &PgPool,
     rows: &[ClaimingOrder],
 ) -> Result<Vec<bool>, StoreError> {
-    let n = rows.len();
-    let (mut ids, mut merchants, mut customers, mut items, mut amounts, mut currencies) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut metadata, mut created, mut statuses, mut bodies, mut locations) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut keys, mut fingerprints, mut commands, mut requests, mut ttls) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for row in rows {
-        let order = &row.order;
-        ids.push(order.id);
-        merchants.push(row.id.merchant_id);
-        customers.push(order.customer_id.as_str());
-        items.push(serde_json::to_value(&order.items).map_err(Corrupt::json("order items"))?);
-        amounts.push(order.amount);
-        currencies.push(order.currency.as_str());
-        metadata
-            .push(serde_json::to_value(&order.metadata).map_err(Corrupt::json("order metadata"))?);
-        created.push(order.created_at);
-        statuses.push(Corrupt::status_column(row.response.status)?);
-        bodies.push(row.response.body.as_slice());
-        locations.push(row.response.location.as_deref());
-        keys.push(row.id.key.as_str());
-        fingerprints.push(row.fingerprint.as_slice());
-        commands.push(row.command.as_str());
-        requests.push(&row.request);
-        ttls.push(crate::idempotency::persistence::millis(row.ttl));
+    // One array per column, in the rows' order.
+    fn column<'r, T>(rows: &'r [ClaimingOrder], f: impl Fn(&'r ClaimingOrder) -> T) -> Vec<T> {
+        rows.iter().map(f).collect()
     }
+    let ids = column(rows, |r| r.order.id);
+    let merchants = column(rows, |r| r.id.merchant_id);
+    let customers = column(rows, |r| r.order.customer_id.as_str());
+    let amounts = column(rows, |r| r.order.amount);
+    let currencies = column(rows, |r| r.order.currency.as_str());
+    let created = column(rows, |r| r.order.created_at);
+    let bodies = column(rows, |r| r.response.body.as_slice());
+    let locations = column(rows, |r| r.response.location.as_deref());
+    let keys = column(rows, |r| r.id.key.as_str());
+    let fingerprints = column(rows, |r| r.fingerprint.as_slice());
+    let commands = column(rows, |r| r.command.as_str());
+    let requests = column(rows, |r| &r.request);
+    let ttls = column(rows, |r| crate::idempotency::persistence::millis(r.ttl));
+    let items = column(rows, |r| serde_json::to_value(&r.order.items))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Corrupt::json("order items"))?;
+    let metadata = column(rows, |r| serde_json::to_value(&r.order.metadata))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(Corrupt::json("order metadata"))?;
+    let statuses = column(rows, |r| Corrupt::status_column(r.response.status))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
     let inserted: Vec<Uuid> = sqlx::query_scalar(INSERT_CLAIMING_MANY)
         .bind(&ids)
         .bind(&merchants)

@@ -269,6 +269,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 10_000_000,
             )?,
             order_batch_max: self.number("ONCEPAY_ORDER_BATCH_MAX", 64usize, 1, 1000)?,
+            group_commit_max: self.number("ONCEPAY_GROUP_COMMIT_MAX", 4usize, 1, 1000)?,
             auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
             provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
             db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 8u32, 1, 1000)?,
@@ -439,6 +440,9 @@ pub struct ServeConfig {
     pub replay_cache_entries: usize,
     /// The most new orders one statement inserts (`store::order_batch`).
     pub order_batch_max: usize,
+    /// The most statements of payments and provider webhooks one commit
+    /// holds (`store::group_commit`).
+    pub group_commit_max: usize,
     /// How long a verified API key is trusted without asking the database.
     pub auth_cache_ttl: Duration,
     /// Per-request timeout of provider calls.

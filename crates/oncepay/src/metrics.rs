@@ -76,6 +76,11 @@ pub struct Metrics {
     pub order_batch_rows: prometheus::Histogram,
     /// New orders waiting for a batch writer now.
     pub orders_queued: prometheus::IntGauge,
+    /// Statements per transaction of a payment's group commit
+    /// (`store::group_commit`): how many shared one commit.
+    pub group_commit_statements: prometheus::Histogram,
+    /// Statements waiting for a group-commit writer.
+    pub group_commit_queued: prometheus::IntGauge,
 }
 
 /// The label values each labelled counter is known to take, exported at 0
@@ -325,9 +330,26 @@ impl Metrics {
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(orders_queued.clone()));
+        let group_commit_statements = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "oncepay_group_commit_statements",
+                "Statements of payments and provider webhooks per shared commit (group commit)",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(group_commit_statements.clone()));
+        let group_commit_queued = prometheus::IntGauge::new(
+            "oncepay_group_commit_queued",
+            "Statements waiting for a group-commit writer",
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(group_commit_queued.clone()));
         let metrics = Metrics {
             order_batch_rows,
             orders_queued,
+            group_commit_statements,
+            group_commit_queued,
             provider_auth_refused: counter(
                 "oncepay_provider_auth_refused_total",
                 "Provider answers refusing oncepay's credentials (401, 403), by provider and operation",

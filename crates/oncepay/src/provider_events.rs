@@ -85,8 +85,7 @@ async fn after_command(
         }
         // Read again, recording the event at once if the command settled
         // the attempt as the event says (the usual end of the wait).
-        let mut conn = ctx.pool.acquire().await?;
-        match store::payments::find_by_charge_or_record_repeat(&mut conn, recorded).await? {
+        match store::payments::find_by_charge_or_record_repeat(&ctx.group_commit, recorded).await? {
             Some((_, true)) => return Ok(None),
             Some((again, false)) => found = again,
             None => return Ok(Some(found.attempt)),
@@ -376,7 +375,6 @@ enum Found {
 /// repeats what we hold is recorded by the same statement that finds it
 /// (one round trip, no provider read).
 async fn target_of(ctx: &AppContext, received: &Received<'_>) -> Result<Found, StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
     let object = received.envelope.subject.as_ref();
     let charge_event =
         object
@@ -393,20 +391,21 @@ async fn target_of(ctx: &AppContext, received: &Received<'_>) -> Result<Found, S
     let (mut charge, mut refund) = (None, None);
     match (object, &charge_event) {
         (Some(_), Some(event)) => {
-            match store::payments::find_by_charge_or_record_repeat(&mut conn, event).await? {
+            match store::payments::find_by_charge_or_record_repeat(&ctx.group_commit, event).await?
+            {
                 Some((_, true)) => return Ok(Found::Settled),
                 Some((found, false)) => charge = Some(found),
                 None => {}
             }
         }
         (Some(o), None) => {
+            let mut conn = ctx.pool.acquire().await?;
             refund = store::refunds::find_by_provider_id(&mut conn, &o.state.id, o.our_id).await?;
         }
         (None, _) => {}
     }
     // No connection is held while the provider answers, or while the
     // command settles.
-    drop(conn);
     Ok(Found::Target(
         match (charge, refund, object, &charge_event) {
             (Some(found), _, Some(event), Some(recorded)) => {

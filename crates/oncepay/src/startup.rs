@@ -120,8 +120,19 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         },
         metrics.clone(),
     ));
+    let group_commit = Arc::new(store::group_commit::GroupCommit::new(
+        pool.clone(),
+        store::group_commit::GroupConfig {
+            max: config.group_commit_max,
+            // Half the pool: a writer keeps its connection while statements
+            // keep coming, and the rest of the service needs the others.
+            writers: (config.db_pool_size as usize / 2).max(1),
+        },
+        metrics.clone(),
+    ));
     Ok(Arc::new(AppContext {
         pool,
+        group_commit,
         engine,
         providers,
         metrics,

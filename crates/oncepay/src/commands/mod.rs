@@ -49,6 +49,9 @@ pub struct AppContext {
     pub providers: Providers,
     /// Counters and histograms every path reports to (`/metrics`).
     pub metrics: Arc<Metrics>,
+    /// Statements of payments and provider webhooks that arrive together,
+    /// committed together.
+    pub group_commit: Arc<crate::store::group_commit::GroupCommit>,
     /// New orders that arrive together, written in one statement.
     pub order_batcher: Arc<crate::store::order_batch::OrderBatcher>,
     /// How long a payment or refund stays pending before the reconciler asks.

@@ -157,7 +157,7 @@ impl Command for CreatePayment {
         );
         let event =
             crate::outbox::of_payment(&draft, Cause::Command)?.without(&["amount", "currency"]);
-        let (pool, metrics) = (ctx.pool.clone(), ctx.metrics.clone());
+        let (group, metrics) = (ctx.group_commit.clone(), ctx.metrics.clone());
         let (order_id, check_after) = (self.order_id, ctx.reconcile_after);
         let payment_method = self.payment_method.clone();
         let return_url = self.return_url.clone();
@@ -178,7 +178,7 @@ impl Command for CreatePayment {
                         events: &events,
                         return_url: return_url.as_deref(),
                     };
-                    let Some(order) = store::payments::insert_claiming(&pool, &claiming).await?
+                    let Some(order) = store::payments::insert_claiming(&group, &claiming).await?
                     else {
                         return Ok(None);
                     };
@@ -273,7 +273,7 @@ impl Command for CreatePayment {
                 let response = payment_response(known.attempt())?;
                 return Ok(Step::CompleteInOne {
                     response,
-                    write: known.into_write(ctx.metrics.clone()),
+                    write: known.into_write(ctx),
                     otherwise: Some(PaymentMemo::Charged { attempt, observed }),
                 });
             }

@@ -3,12 +3,11 @@
 //! move state the same way (forward only, order updated in the same
 //! transaction). Locks are taken order → payment → refund everywhere.
 
-use std::sync::Arc;
-
 use chrono::{SubsecRound, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::AppContext;
 use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
 use crate::domain::settlement::{self, Report, Settlement};
@@ -251,8 +250,11 @@ impl Known {
 
     /// The statement that writes it with the command's completion, for
     /// the driver to run under the claim's fence.
-    pub fn into_write(self, metrics: Arc<Metrics>) -> FencedWrite {
-        Box::new(move |pool, record, token, response| {
+    pub fn into_write(self, ctx: &AppContext) -> FencedWrite {
+        let (group, metrics) = (ctx.group_commit.clone(), ctx.metrics.clone());
+        // The engine's pool is not used: the statement goes through the
+        // group commit.
+        Box::new(move |_pool, record, token, response| {
             Box::pin(async move {
                 let events: Vec<_> = self.events.iter().map(|e| e.as_new()).collect();
                 let settlement = store::payments::KnownSettlement {
@@ -261,9 +263,14 @@ impl Known {
                     events: &events,
                     confirm_decline: decline_to_confirm(self.status, Cause::Command),
                 };
-                let written =
-                    store::payments::settle_completing(pool, &settlement, record, token, response)
-                        .await?;
+                let written = store::payments::settle_completing(
+                    &group,
+                    &settlement,
+                    record,
+                    token,
+                    response,
+                )
+                .await?;
                 if written {
                     metrics
                         .payment_transitions

@@ -21,6 +21,7 @@ pub mod books;
 pub mod checkout;
 pub mod deliveries;
 pub mod events;
+pub mod group_commit;
 pub mod incidents;
 pub mod merchants;
 pub mod migrate;

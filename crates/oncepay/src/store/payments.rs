@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
+use super::group_commit::{GroupCommit, Statement};
 use super::{Corrupt, StoreError};
 use crate::domain::order::Order;
 use crate::domain::origin::Origin;
@@ -227,27 +228,29 @@ pub struct ClaimingAttempt<'a> {
 /// See [`INSERT_CLAIMING`]. `None`: nothing was written, and the caller
 /// goes through the engine's full protocol, which decides.
 pub(crate) async fn insert_claiming(
-    pool: &PgPool,
+    group: &GroupCommit,
     w: &ClaimingAttempt<'_>,
 ) -> Result<Option<Order>, StoreError> {
-    let query = super::events::bind_events(sqlx::query(INSERT_CLAIMING), w.events)
-        .bind(w.order_id)
-        .bind(w.record.id.merchant_id)
-        .bind(&w.record.id.key)
-        .bind(w.record.fingerprint)
-        .bind(w.record.command)
-        .bind(w.record.request)
-        .bind(w.recovery_point)
-        .bind(w.attempt_id)
-        .bind(w.lease_token)
-        .bind(crate::idempotency::persistence::millis(w.record.lease))
-        .bind(crate::idempotency::persistence::millis(w.record.ttl))
-        .bind(w.provider)
-        .bind(w.payment_method)
-        .bind(w.now)
-        .bind(crate::idempotency::persistence::millis(w.check_after))
-        .bind(w.return_url);
-    match query.fetch_optional(pool).await {
+    let statement = Statement::of(INSERT_CLAIMING, |q| {
+        super::events::bind_events(q, w.events)
+            .bind(w.order_id)
+            .bind(w.record.id.merchant_id)
+            .bind(&w.record.id.key)
+            .bind(w.record.fingerprint)
+            .bind(w.record.command)
+            .bind(w.record.request)
+            .bind(w.recovery_point)
+            .bind(w.attempt_id)
+            .bind(w.lease_token)
+            .bind(crate::idempotency::persistence::millis(w.record.lease))
+            .bind(crate::idempotency::persistence::millis(w.record.ttl))
+            .bind(w.provider)
+            .bind(w.payment_method)
+            .bind(w.now)
+            .bind(crate::idempotency::persistence::millis(w.check_after))
+            .bind(w.return_url)
+    })?;
+    match group.fetch_optional(statement).await {
         Ok(row) => row.as_ref().map(super::orders::from_row).transpose(),
         Err(e) => match super::violated_constraint(&e) {
             Some("payment_attempt_order_key_uniq" | "payment_attempt_one_live_per_order") => {
@@ -329,7 +332,7 @@ pub struct KnownSettlement<'a> {
 
 /// See [`SETTLE_COMPLETING`]. `false`: nothing was written.
 pub(crate) async fn settle_completing(
-    pool: &PgPool,
+    group: &GroupCommit,
     s: &KnownSettlement<'_>,
     record: &crate::idempotency::persistence::RecordId,
     lease_token: Uuid,
@@ -338,27 +341,30 @@ pub(crate) async fn settle_completing(
     let (order, order_after) = s.order;
     let after = s.attempt;
     let status = crate::store::Corrupt::status_column(response.status)?;
-    let ok: Option<bool> = super::events::bind_events(sqlx::query(SETTLE_COMPLETING), s.events)
-        .bind(order.id)
-        .bind(order.status.as_str())
-        .bind(order.updated_at)
-        .bind(order_after.status.as_str())
-        .bind(after.id)
-        .bind(after.status.as_str())
-        .bind(&after.provider_charge_id)
-        .bind(&after.failure_code)
-        .bind(&after.failure_message)
-        .bind(after.updated_at)
-        .bind(record.merchant_id)
-        .bind(&record.key)
-        .bind(lease_token)
-        .bind(status)
-        .bind(&response.body)
-        .bind(&response.location)
-        .bind(s.confirm_decline)
-        .fetch_one(pool)
-        .await?
-        .try_get("ok")?;
+    let statement = Statement::of(SETTLE_COMPLETING, |q| {
+        super::events::bind_events(q, s.events)
+            .bind(order.id)
+            .bind(order.status.as_str())
+            .bind(order.updated_at)
+            .bind(order_after.status.as_str())
+            .bind(after.id)
+            .bind(after.status.as_str())
+            .bind(&after.provider_charge_id)
+            .bind(&after.failure_code)
+            .bind(&after.failure_message)
+            .bind(after.updated_at)
+            .bind(record.merchant_id)
+            .bind(&record.key)
+            .bind(lease_token)
+            .bind(status)
+            .bind(&response.body)
+            .bind(&response.location)
+            .bind(s.confirm_decline)
+    })?;
+    let ok: Option<bool> = match group.fetch_optional(statement).await? {
+        Some(row) => row.try_get("ok")?,
+        None => None,
+    };
     Ok(ok == Some(true))
 }
 
@@ -468,19 +474,19 @@ pub struct ChargeEvent<'a> {
 /// already as a repeat of what the attempt holds (then nothing is left to
 /// do); see [`FIND_BY_CHARGE_OR_RECORD_REPEAT`].
 pub(crate) async fn find_by_charge_or_record_repeat(
-    conn: &mut PgConnection,
+    group: &GroupCommit,
     event: &ChargeEvent<'_>,
 ) -> Result<Option<(Found, bool)>, StoreError> {
-    let row = sqlx::query(FIND_BY_CHARGE_OR_RECORD_REPEAT)
-        .bind(event.provider)
-        .bind(event.charge_id)
-        .bind(event.attempt_id)
-        .bind(event.event_id)
-        .bind(event.event_type)
-        .bind(event.payload)
-        .bind(event.status.as_str())
-        .fetch_optional(conn)
-        .await?;
+    let statement = Statement::of(FIND_BY_CHARGE_OR_RECORD_REPEAT, |q| {
+        q.bind(event.provider)
+            .bind(event.charge_id)
+            .bind(event.attempt_id)
+            .bind(event.event_id)
+            .bind(event.event_type)
+            .bind(event.payload)
+            .bind(event.status.as_str())
+    })?;
+    let row = group.fetch_optional(statement).await?;
     row.as_ref()
         .map(|row| Ok((found_from_row(row)?, row.try_get("repeat_recorded")?)))
         .transpose()

@@ -395,3 +395,165 @@ async fn concurrent_payments_of_one_order_under_different_keys_charge_once() {
         assert_eq!(&json_of(again).await, answer);
     }
 }
+
+/// Holds every insert of a payment attempt (a table lock in an open
+/// transaction) until the returned transaction ends: the payments sent
+/// meanwhile queue for the group commit's writers.
+async fn hold_attempt_inserts(app: &TestApp) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut held = app.db.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE payment_attempt IN SHARE MODE")
+        .execute(&mut *held)
+        .await
+        .expect("lock");
+    held
+}
+
+/// Waits until `n` statements reached the group commit: queued, or taken
+/// by a writer (and counted in the group-size histogram).
+async fn until_grouped(app: &TestApp, n: f64) {
+    let metrics = &app.ctx.metrics;
+    oncepay_testkit::ready::until(std::time::Duration::from_secs(30), || async {
+        metrics.group_commit_statements.get_sample_sum() + metrics.group_commit_queued.get() as f64
+            >= n
+    })
+    .await
+    .expect("every payment's first statement reached the group commit");
+}
+
+#[tokio::test]
+async fn payments_that_arrive_together_share_a_commit_and_each_gets_its_own_answer() {
+    let app = std::sync::Arc::new(spawn_app().await);
+    let mut orders = Vec::new();
+    for _ in 0..24 {
+        orders.push(app.create_order().await);
+    }
+    let held = hold_attempt_inserts(&app).await;
+    // 24 payments, the first four sent three times each with their key:
+    // 32 requests at once.
+    let sent: Vec<(String, String)> = orders
+        .iter()
+        .enumerate()
+        .map(|(i, order)| (format!("together-{i}"), order.clone()))
+        .chain(
+            (0..4)
+                .flat_map(|i| std::iter::repeat_n((format!("together-{i}"), orders[i].clone()), 2)),
+        )
+        .collect();
+    let mut requests = tokio::task::JoinSet::new();
+    for (key, order) in sent.clone() {
+        let app = app.clone();
+        requests.spawn(async move {
+            let body = json!({"order_id": order, "payment_method": "tok_visa"});
+            let r = app.post("/payments", &key, &body).await;
+            (key, r.status(), json_of(r).await)
+        });
+    }
+    until_grouped(&app, sent.len() as f64).await;
+    held.rollback().await.expect("release");
+    let mut answers: std::collections::BTreeMap<String, Vec<serde_json::Value>> =
+        Default::default();
+    while let Some(done) = requests.join_next().await {
+        let (key, status, body) = done.expect("request");
+        assert_eq!(status, StatusCode::CREATED, "{key}: {body}");
+        assert_eq!(body["status"], "succeeded", "{key}: {body}");
+        answers.entry(key).or_default().push(body);
+    }
+    assert_eq!(answers.len(), 24);
+    for (key, bodies) in &answers {
+        assert!(
+            bodies.iter().all(|b| b == &bodies[0]),
+            "{key}: every repeat got the first answer: {bodies:?}"
+        );
+    }
+    // One charge and one succeeded attempt per order, every order paid.
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'")
+            .await,
+        24
+    );
+    assert_eq!(
+        app.count("SELECT count(DISTINCT order_id) FROM payment_attempt")
+            .await,
+        24
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders WHERE status = 'paid'")
+            .await,
+        24
+    );
+    wait_for_sandbox_successes(&app, 24).await;
+    assert_eq!(
+        ledger(&app.http, &app.sandbox).await["totals"]["charges"],
+        24
+    );
+    // The statements that queued behind the lock shared commits.
+    let groups = &app.ctx.metrics.group_commit_statements;
+    assert!(
+        groups.get_sample_count() < groups.get_sample_sum() as u64,
+        "{} commits for {} statements: none shared",
+        groups.get_sample_count(),
+        groups.get_sample_sum()
+    );
+}
+
+#[tokio::test]
+async fn a_statement_the_database_refuses_fails_only_its_own_payment_of_a_group() {
+    let app = std::sync::Arc::new(spawn_app().await);
+    // A fault no input can cause: the database refuses some keys.
+    sqlx::query(
+        "ALTER TABLE payment_attempt ADD CONSTRAINT no_poison CHECK (idempotency_key NOT LIKE 'poison-%')",
+    )
+    .execute(&app.db)
+    .await
+    .expect("constraint");
+    let mut orders = Vec::new();
+    for _ in 0..16 {
+        orders.push(app.create_order().await);
+    }
+    let held = hold_attempt_inserts(&app).await;
+    let mut requests = tokio::task::JoinSet::new();
+    for (i, order) in orders.iter().enumerate() {
+        let app = app.clone();
+        let key = if i % 4 == 0 {
+            format!("poison-{i}")
+        } else {
+            format!("fine-{i}")
+        };
+        let body = json!({"order_id": order, "payment_method": "tok_visa"});
+        requests.spawn(async move {
+            let r = app.post("/payments", &key, &body).await;
+            (key, body, r.status())
+        });
+    }
+    until_grouped(&app, 16.0).await;
+    held.rollback().await.expect("release");
+    let mut refused = Vec::new();
+    while let Some(done) = requests.join_next().await {
+        let (key, body, status) = done.expect("request");
+        if key.starts_with("poison") {
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{key}");
+            refused.push((key, body));
+        } else {
+            assert_eq!(status, StatusCode::CREATED, "{key}");
+        }
+    }
+    assert_eq!(refused.len(), 4);
+    assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 12);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_record WHERE idempotency_key LIKE 'poison-%'")
+            .await,
+        0,
+        "a refused statement left its key free"
+    );
+    wait_for_sandbox_successes(&app, 12).await;
+    // Its key was free: once the database takes it, the retry pays.
+    sqlx::query("ALTER TABLE payment_attempt DROP CONSTRAINT no_poison")
+        .execute(&app.db)
+        .await
+        .expect("drop");
+    for (key, body) in refused {
+        let r = app.post("/payments", &key, &body).await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{key}");
+    }
+    wait_for_sandbox_successes(&app, 16).await;
+}

@@ -273,6 +273,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
             provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
             db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 8u32, 1, 1000)?,
+            order_batch_writers: self.number("ONCEPAY_ORDER_BATCH_WRITERS", 2usize, 1, 1000)?,
+            group_commit_writers: self.number("ONCEPAY_GROUP_COMMIT_WRITERS", 4usize, 1, 1000)?,
             db_start_timeout: self.duration("ONCEPAY_DB_START_TIMEOUT", Duration::from_secs(60))?,
             http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
             max_body_bytes: self.number("ONCEPAY_MAX_BODY_BYTES", 65_536usize, 1_024, 16 << 20)?,
@@ -443,6 +445,12 @@ pub struct ServeConfig {
     /// The most statements of payments and provider webhooks one commit
     /// holds (`store::group_commit`).
     pub group_commit_max: usize,
+    /// How many batches of new orders run at once, each on a pooled
+    /// connection.
+    pub order_batch_writers: usize,
+    /// How many groups of payment statements run at once, each on a
+    /// pooled connection.
+    pub group_commit_writers: usize,
     /// How long a verified API key is trusted without asking the database.
     pub auth_cache_ttl: Duration,
     /// Per-request timeout of provider calls.

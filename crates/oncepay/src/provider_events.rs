@@ -391,6 +391,17 @@ async fn target_of(ctx: &AppContext, received: &Received<'_>) -> Result<Found, S
     let (mut charge, mut refund) = (None, None);
     match (object, &charge_event) {
         (Some(_), Some(event)) => {
+            // A provider often sends the webhook before its answer to the
+            // command's call has been settled here. When that command runs
+            // in this process, waiting for it first (no statement, bounded
+            // as `after_command`) lets the one statement below find the
+            // attempt settled and record the event: one statement, where
+            // finding it still executing costs a second.
+            if let Some(attempt_id) = event.attempt_id {
+                ctx.local_runs
+                    .wait_for_end(attempt_id, ctx.webhook_command_wait)
+                    .await;
+            }
             match store::payments::find_by_charge_or_record_repeat(&ctx.group_commit, event).await?
             {
                 Some((_, true)) => return Ok(Found::Settled),

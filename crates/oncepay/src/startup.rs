@@ -116,7 +116,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         pool.clone(),
         store::order_batch::BatchConfig {
             max: config.order_batch_max,
-            writers: config.db_pool_size as usize,
+            writers: config.order_batch_writers,
         },
         metrics.clone(),
     ));
@@ -124,9 +124,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         pool.clone(),
         store::group_commit::GroupConfig {
             max: config.group_commit_max,
-            // Half the pool: a writer keeps its connection while statements
-            // keep coming, and the rest of the service needs the others.
-            writers: (config.db_pool_size as usize / 2).max(1),
+            writers: config.group_commit_writers,
         },
         metrics.clone(),
     ));

@@ -26,6 +26,9 @@ pub struct Outcome {
     pub latency: Histogram<u64>,
     /// Wall time of the run.
     pub elapsed: Duration,
+    /// Open loop: p99 of each second's requests (by scheduled send time),
+    /// in ms: whether a tail is spread or comes from a few stalls.
+    pub seconds_p99: Vec<f64>,
 }
 
 impl Outcome {
@@ -37,6 +40,7 @@ impl Outcome {
             replayed: 0,
             latency: histogram(),
             elapsed: Duration::ZERO,
+            seconds_p99: Vec::new(),
         }
     }
 
@@ -159,16 +163,22 @@ pub async fn run_open(
                     let status = response.status().as_u16();
                     let replayed = response.headers().contains_key("idempotent-replayed");
                     let _ = response.bytes().await;
-                    Some((status, replayed, scheduled.elapsed()))
+                    let second = (scheduled - started).as_secs() as usize;
+                    Some((status, replayed, scheduled.elapsed(), second))
                 }
                 Err(_) => None,
             }
         });
     }
     let mut outcome = Outcome::empty();
+    let mut seconds: Vec<Histogram<u64>> = Vec::new();
     while let Some(done) = tasks.join_next().await {
         match done {
-            Ok(Some((status, replayed, latency))) => {
+            Ok(Some((status, replayed, latency, second))) => {
+                if seconds.len() <= second {
+                    seconds.resize_with(second + 1, histogram);
+                }
+                let _ = seconds[second].record(latency.as_micros() as u64);
                 *outcome.statuses.entry(status).or_insert(0) += 1;
                 outcome.replayed += u64::from(replayed);
                 let _ = outcome.latency.record(latency.as_micros() as u64);
@@ -177,5 +187,9 @@ pub async fn run_open(
         }
     }
     outcome.elapsed = started.elapsed();
+    outcome.seconds_p99 = seconds
+        .iter()
+        .map(|h| h.value_at_quantile(0.99) as f64 / 1000.0)
+        .collect();
     outcome
 }

@@ -130,7 +130,7 @@ struct Row {
 /// 2xx and its deferred work keeping up; and every probe made.
 struct Capacity {
     held: Option<(f64, Outcome)>,
-    probes: Vec<(f64, f64, f64, bool)>,
+    probes: Vec<Probe>,
 }
 
 /// The latency a rate must hold to count as sustained.
@@ -765,11 +765,16 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
                     );
                 }
             }
-            out += " Probes (asked → achieved req/s, p99 ms):";
-            for (asked, achieved, p99, held) in &cap.probes {
+            out += " Probes (asked → achieved req/s, p99 ms; of each second's p99, the median and the worst):";
+            for p in &cap.probes {
                 out += &format!(
-                    " {asked:.0} → {achieved:.0}, {p99:.1} ({});",
-                    if *held { "held" } else { "not held" }
+                    " {:.0} → {:.0}, {:.1}; {:.1}, {:.1} ({});",
+                    p.asked,
+                    p.achieved,
+                    p.p99,
+                    p.seconds_median,
+                    p.seconds_worst,
+                    if p.held { "held" } else { "not held" }
                 );
             }
             out.pop();
@@ -996,6 +1001,33 @@ fn pay_requests(b: &Bench<'_>, orders: Vec<Uuid>, keys: String) -> MakeRequest {
     })
 }
 
+/// One capacity probe: the rate asked and achieved, its p99, and how its
+/// seconds' p99s spread (a worst second far above the median is a stall,
+/// not a rate the service cannot hold).
+struct Probe {
+    asked: f64,
+    achieved: f64,
+    p99: f64,
+    seconds_median: f64,
+    seconds_worst: f64,
+    held: bool,
+}
+
+impl Probe {
+    fn of(asked: f64, outcome: &load::Outcome, held: bool) -> Probe {
+        let mut seconds = outcome.seconds_p99.clone();
+        seconds.sort_by(f64::total_cmp);
+        Probe {
+            asked,
+            achieved: outcome.rate(),
+            p99: outcome.ms(0.99),
+            seconds_median: seconds.get(seconds.len() / 2).copied().unwrap_or(0.0),
+            seconds_worst: seconds.last().copied().unwrap_or(0.0),
+            held,
+        }
+    }
+}
+
 /// pay's capacity: the highest constant rate it holds for `--sustain`
 /// with p99 under 25 ms, every request answered 2xx, and its provider
 /// webhooks keeping up (none left to deliver 2 s after the probe), by
@@ -1028,17 +1060,18 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
             && outcome.failures() == 0
             && outcome.rate() >= rate * 0.97
             && tail <= Duration::from_secs(2);
+        let probe = Probe::of(rate, &outcome, held);
         eprintln!(
-            "    achieved {:.0} req/s, p99 {:.2} ms, {} failures, webhooks drained {:.1} s after: {}",
-            outcome.rate(),
-            outcome.ms(0.99),
+            "    achieved {:.0} req/s, p99 {:.2} ms (each second's p99: median {:.2}, worst {:.2}), {} failures, webhooks drained {:.1} s after: {}",
+            probe.achieved,
+            probe.p99,
+            probe.seconds_median,
+            probe.seconds_worst,
             outcome.failures(),
             tail.as_secs_f64(),
             if held { "held" } else { "not held" }
         );
-        found
-            .probes
-            .push((rate, outcome.rate(), outcome.ms(0.99), held));
+        found.probes.push(probe);
         if held {
             low = rate;
             found.held = Some((rate, outcome));

@@ -67,6 +67,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V13__return_url",
         include_str!("../../migrations/V13__return_url.sql"),
     ),
+    (
+        "V14__lease_index_for_expired_leases_only",
+        include_str!("../../migrations/V14__lease_index_for_expired_leases_only.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -421,12 +421,16 @@ pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, St
 
 /// Whether a command is still executing on the attempt `p`: its
 /// idempotency record, at the attempt's recovery point, under a live lease.
+/// The record is found by its primary key alone and the rest is tested on
+/// the row: a lease condition in the `WHERE` would let the planner scan the
+/// lease index instead (see migration V14).
 macro_rules! command_executing {
     () => {
-        "EXISTS (SELECT 1 FROM idempotency_record r
-                  WHERE r.merchant_id = p.merchant_id AND r.idempotency_key = p.idempotency_key
-                    AND r.resource_id = p.id AND r.state = 'executing'
-                    AND r.lease_expires_at > now()) AS command_executing"
+        "COALESCE((SELECT r.state = 'executing' AND r.lease_expires_at > now()
+                          AND r.resource_id = p.id
+                     FROM idempotency_record r
+                    WHERE r.merchant_id = p.merchant_id
+                      AND r.idempotency_key = p.idempotency_key), false) AS command_executing"
     };
 }
 

@@ -26,7 +26,9 @@ const GROWING: &[&str] = &[
 /// store's statement that makes it (same table, same key columns), with
 /// arguments (`{m}` is the merchant): the record by key, the order,
 /// the order's live attempt, the attempt of a provider charge (webhooks),
-/// the object's last event sequence.
+/// the record under our lease (every write that completes or settles a
+/// command), the webhook's statement that finds its attempt (whether its
+/// command still executes), the object's last event sequence.
 const LOOKUPS: &[(&str, &str, &str)] = &[
     (
         "record_by_key",
@@ -47,6 +49,18 @@ const LOOKUPS: &[(&str, &str, &str)] = &[
         "attempt_by_charge",
         "SELECT id FROM payment_attempt WHERE provider = $1 AND provider_charge_id = $2",
         "'sandbox', 'ch_x'",
+    ),
+    (
+        "record_under_lease",
+        "SELECT 1 FROM idempotency_record
+          WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
+            AND state = 'executing' FOR UPDATE",
+        "'{m}', 'k', gen_random_uuid()",
+    ),
+    (
+        "attempt_of_an_event",
+        oncepay::store::payments::FIND_BY_CHARGE_OR_RECORD_REPEAT,
+        "'sandbox', 'ch_x', gen_random_uuid(), 'evt_x', 'charge.succeeded', '{}', 'succeeded'",
     ),
     (
         "last_sequence",
@@ -145,6 +159,12 @@ async fn a_growing_tables_first_statistics_keep_key_lookups_on_their_indexes() {
         assert!(
             plan.contains("Index") && !plan.contains("Seq Scan"),
             "{name} uses an index after the first automatic statistics ({n} rows):\n{plan}"
+        );
+        // The lease index holds every record that was executing until the
+        // next vacuum: a lookup by key that scans it reads them all.
+        assert!(
+            !plan.contains("idempotency_record_lease_idx"),
+            "{name} finds the record by its key, not by scanning the lease index:\n{plan}"
         );
     }
 }

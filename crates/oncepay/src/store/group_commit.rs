@@ -41,8 +41,9 @@ use std::sync::{Arc, OnceLock};
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{Connection, Execute, PgConnection, PgPool, Postgres};
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot};
 
+use super::writers::Jobs;
 use super::StoreError;
 use crate::metrics::Metrics;
 
@@ -138,18 +139,10 @@ impl GroupCommit {
     }
 
     fn start(&self) -> mpsc::Sender<Job> {
-        let writers = self.config.writers.max(1);
-        let (queue, jobs) = mpsc::channel(self.config.max * writers * 4);
-        let jobs = Arc::new(Mutex::new(jobs));
-        for _ in 0..writers {
-            tokio::spawn(writer(
-                self.pool.clone(),
-                self.metrics.clone(),
-                jobs.clone(),
-                self.config.max,
-            ));
-        }
-        queue
+        let (pool, metrics) = (self.pool.clone(), self.metrics.clone());
+        Jobs::start(self.config.writers, self.config.max, move |jobs| {
+            writer(pool.clone(), metrics.clone(), jobs)
+        })
     }
 }
 
@@ -157,22 +150,8 @@ impl GroupCommit {
 /// writer keeps its connection while statements keep coming (a connection
 /// that goes back to the pool costs sqlx's ping), and gives it back as
 /// soon as the queue is empty.
-async fn writer(
-    pool: PgPool,
-    metrics: Arc<Metrics>,
-    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
-    max: usize,
-) {
-    loop {
-        let mut group = {
-            let mut jobs = jobs.lock().await;
-            let Some(first) = jobs.recv().await else {
-                return;
-            };
-            let mut group = vec![first];
-            drain(&mut jobs, &mut group, max);
-            group
-        };
+async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
+    while let Some(mut group) = jobs.next().await {
         let mut conn = match pool.acquire().await {
             Ok(conn) => conn,
             Err(e) => {
@@ -187,23 +166,8 @@ async fn writer(
             metrics.group_commit_queued.sub(group.len() as i64);
             metrics.group_commit_statements.observe(group.len() as f64);
             run_group(&mut conn, group).await;
-            group = Vec::new();
-            // Never wait for the queue while holding a connection: a held
-            // lock means another writer is waiting for the next statement,
-            // so the queue is empty.
-            if let Ok(mut jobs) = jobs.try_lock() {
-                drain(&mut jobs, &mut group, max);
-            }
-        }
-    }
-}
-
-/// Adds to `group` what is queued now, up to `max` statements.
-fn drain(jobs: &mut mpsc::Receiver<Job>, group: &mut Vec<Job>, max: usize) {
-    while group.len() < max {
-        match jobs.try_recv() {
-            Ok(job) => group.push(job),
-            Err(_) => break,
+            // Never wait for the queue while holding a connection.
+            group = jobs.now();
         }
     }
 }

@@ -33,6 +33,7 @@ pub mod queue;
 pub mod refunds;
 pub mod webhook_endpoints;
 pub mod webhooks;
+pub(crate) mod writers;
 
 use std::str::FromStr;
 use std::time::Duration;

@@ -27,9 +27,10 @@
 use std::sync::{Arc, OnceLock};
 
 use sqlx::PgPool;
-use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::sync::{mpsc, oneshot};
 
 use super::orders::{self, ClaimingOrder};
+use super::writers::Jobs;
 use super::StoreError;
 use crate::metrics::Metrics;
 
@@ -94,43 +95,16 @@ impl OrderBatcher {
     }
 
     fn start(&self) -> mpsc::Sender<Job> {
-        let writers = self.writers();
-        let (queue, jobs) = mpsc::channel(self.config.max * writers * 4);
-        let jobs = Arc::new(Mutex::new(jobs));
-        for _ in 0..writers {
-            tokio::spawn(writer(
-                self.pool.clone(),
-                self.metrics.clone(),
-                jobs.clone(),
-                self.config.max,
-            ));
-        }
-        queue
+        let (pool, metrics) = (self.pool.clone(), self.metrics.clone());
+        Jobs::start(self.writers(), self.config.max, move |jobs| {
+            writer(pool.clone(), metrics.clone(), jobs)
+        })
     }
 }
 
 /// Takes what is queued, writes it, answers; until the queue closes.
-async fn writer(
-    pool: PgPool,
-    metrics: Arc<Metrics>,
-    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
-    max: usize,
-) {
-    loop {
-        let batch = {
-            let mut jobs = jobs.lock().await;
-            let Some(first) = jobs.recv().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < max {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(_) => break,
-                }
-            }
-            batch
-        };
+async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
+    while let Some(batch) = jobs.next().await {
         metrics.orders_queued.sub(batch.len() as i64);
         metrics.order_batch_rows.observe(batch.len() as f64);
         write(&pool, batch).await;

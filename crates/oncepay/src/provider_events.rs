@@ -48,7 +48,8 @@ enum Target {
 }
 
 /// The attempt an event would move, once no command executes on it, or
-/// once `ONCEPAY_WEBHOOK_COMMAND_WAIT` (250 ms) has passed. A provider
+/// at `deadline` (`ONCEPAY_WEBHOOK_COMMAND_WAIT`, 250 ms, after the event
+/// arrived, whatever it waited for before). A provider
 /// often sends a charge's webhook while the command that made the charge
 /// is about to settle it with the provider's own answer to its call; once
 /// it has, the event changes nothing, and costs neither a confirmation
@@ -62,8 +63,8 @@ async fn after_command(
     mut found: store::payments::Found,
     event: &Subject,
     recorded: &store::payments::ChargeEvent<'_>,
+    deadline: Instant,
 ) -> Result<Option<Payment>, StoreError> {
-    let deadline = Instant::now() + ctx.webhook_command_wait;
     let mut pause = Duration::from_millis(2);
     loop {
         let would_move = matches!(
@@ -375,6 +376,8 @@ enum Found {
 /// repeats what we hold is recorded by the same statement that finds it
 /// (one round trip, no provider read).
 async fn target_of(ctx: &AppContext, received: &Received<'_>) -> Result<Found, StoreError> {
+    // One bound for all the waiting an event does for its command.
+    let deadline = Instant::now() + ctx.webhook_command_wait;
     let object = received.envelope.subject.as_ref();
     let charge_event =
         object
@@ -399,7 +402,10 @@ async fn target_of(ctx: &AppContext, received: &Received<'_>) -> Result<Found, S
             // finding it still executing costs a second.
             if let Some(attempt_id) = event.attempt_id {
                 ctx.local_runs
-                    .wait_for_end(attempt_id, ctx.webhook_command_wait)
+                    .wait_for_end(
+                        attempt_id,
+                        deadline.saturating_duration_since(Instant::now()),
+                    )
                     .await;
             }
             match store::payments::find_by_charge_or_record_repeat(&ctx.group_commit, event).await?
@@ -420,7 +426,7 @@ async fn target_of(ctx: &AppContext, received: &Received<'_>) -> Result<Found, S
     Ok(Found::Target(
         match (charge, refund, object, &charge_event) {
             (Some(found), _, Some(event), Some(recorded)) => {
-                match after_command(ctx, found, event, recorded).await? {
+                match after_command(ctx, found, event, recorded, deadline).await? {
                     Some(attempt) => Some(Target::Charge(attempt)),
                     // Settled by the command as the event says: recorded.
                     None => return Ok(Found::Settled),

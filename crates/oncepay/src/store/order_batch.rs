@@ -6,10 +6,12 @@
 //! A writer takes whatever is queued when it becomes free, up to
 //! [`BatchConfig::max`]: a lone request goes at once, never waiting for a
 //! timer, and under load a batch grows to what arrived while the previous
-//! one was committing. As many writers run at once as the pool has
-//! connections ([`BatchConfig::writers`]): at a light load each order finds
-//! a free writer and goes alone, as it would without batching, and one slow
-//! commit does not stall the queue. The guarantees stay the database's:
+//! one was committing. A few writers run at once
+//! ([`BatchConfig::writers`], `ONCEPAY_ORDER_BATCH_WRITERS`, 2): at a light
+//! load each order finds a free writer and goes alone, as it would without
+//! batching, and one slow commit does not stall the queue; more writers
+//! than the database has cores only contend (BENCHMARKS.md, fifth round).
+//! The guarantees stay the database's:
 //!
 //! - each request is answered only after the statement that holds its row
 //!   committed (an autocommit statement returns after its commit);

@@ -705,3 +705,18 @@ pub async fn stored_text(db: &sqlx::PgPool) -> String {
     .await
     .expect("dump")
 }
+
+/// Holds every insert into `table` (a table lock in an open transaction)
+/// until the returned transaction ends: requests sent meanwhile queue for
+/// the batch or group-commit writers, so they arrive together.
+pub async fn hold_inserts(
+    app: &TestApp,
+    table: &str,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut held = app.db.begin().await.expect("begin");
+    sqlx::query(&format!("LOCK TABLE {table} IN SHARE MODE"))
+        .execute(&mut *held)
+        .await
+        .expect("lock");
+    held
+}

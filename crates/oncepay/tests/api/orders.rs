@@ -376,17 +376,6 @@ async fn unknown_routes_and_methods_are_problems() {
     assert_eq!(json_of(r).await["code"], "order_not_found");
 }
 
-/// Holds every insert into `orders` until the transaction ends, so the
-/// orders sent meanwhile queue up for the batch writers.
-async fn hold_order_inserts(app: &TestApp) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut held = app.db.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE orders IN SHARE MODE")
-        .execute(&mut *held)
-        .await
-        .expect("lock");
-    held
-}
-
 /// Waits until all `n` orders sent reached the batcher: queued, or taken
 /// by a writer (and counted in the batch-size histogram).
 async fn until_batched(app: &TestApp, n: f64) {
@@ -401,7 +390,7 @@ async fn until_batched(app: &TestApp, n: f64) {
 #[tokio::test]
 async fn orders_that_arrive_together_share_a_statement_and_each_gets_its_own_answer() {
     let app = std::sync::Arc::new(spawn_app().await);
-    let held = hold_order_inserts(&app).await;
+    let held = hold_inserts(&app, "orders").await;
     // 48 keys, the first four sent five times each: 64 requests at once.
     let keys: Vec<String> = (0..48).map(|i| format!("together-{i}")).collect();
     let sent: Vec<String> = keys
@@ -472,7 +461,7 @@ async fn a_row_the_database_refuses_fails_only_its_own_request_of_a_batch() {
         body["customer_id"] = json!(customer);
         body
     };
-    let held = hold_order_inserts(&app).await;
+    let held = hold_inserts(&app, "orders").await;
     let mut requests = tokio::task::JoinSet::new();
     for i in 0..24 {
         let app = app.clone();

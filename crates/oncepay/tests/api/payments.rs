@@ -396,18 +396,6 @@ async fn concurrent_payments_of_one_order_under_different_keys_charge_once() {
     }
 }
 
-/// Holds every insert of a payment attempt (a table lock in an open
-/// transaction) until the returned transaction ends: the payments sent
-/// meanwhile queue for the group commit's writers.
-async fn hold_attempt_inserts(app: &TestApp) -> sqlx::Transaction<'static, sqlx::Postgres> {
-    let mut held = app.db.begin().await.expect("begin");
-    sqlx::query("LOCK TABLE payment_attempt IN SHARE MODE")
-        .execute(&mut *held)
-        .await
-        .expect("lock");
-    held
-}
-
 /// Waits until `n` statements reached the group commit: queued, or taken
 /// by a writer (and counted in the group-size histogram).
 async fn until_grouped(app: &TestApp, n: f64) {
@@ -427,7 +415,7 @@ async fn payments_that_arrive_together_share_a_commit_and_each_gets_its_own_answ
     for _ in 0..24 {
         orders.push(app.create_order().await);
     }
-    let held = hold_attempt_inserts(&app).await;
+    let held = hold_inserts(&app, "payment_attempt").await;
     // 24 payments, the first four sent three times each with their key:
     // 32 requests at once.
     let sent: Vec<(String, String)> = orders
@@ -510,7 +498,7 @@ async fn a_statement_the_database_refuses_fails_only_its_own_payment_of_a_group(
     for _ in 0..16 {
         orders.push(app.create_order().await);
     }
-    let held = hold_attempt_inserts(&app).await;
+    let held = hold_inserts(&app, "payment_attempt").await;
     let mut requests = tokio::task::JoinSet::new();
     for (i, order) in orders.iter().enumerate() {
         let app = app.clone();

@@ -23,6 +23,17 @@ use oncepay::store::{orders, payments};
 pub struct Floor {
     /// Transactions per second (without connection time).
     pub tps: f64,
+    /// Transactions committed.
+    pub transactions: f64,
+    /// The CPU the run spent (PostgreSQL's and pgbench's).
+    pub cpu: crate::cpu::Cpu,
+}
+
+impl Floor {
+    /// CPU milliseconds one transaction cost, by whom (see [`crate::cpu`]).
+    pub fn cpu_per_transaction(&self) -> crate::cpu::Cpu {
+        self.cpu.per(self.transactions)
+    }
 }
 
 /// Replaces each parameter `$n` of a service statement with `params[n-1]`,
@@ -492,6 +503,7 @@ async fn pgbench(db_url: &str, script: &str, args: &[&str]) -> Result<Floor, Str
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let file = dir.join(format!("{}.sql", uuid::Uuid::new_v4().simple()));
     std::fs::write(&file, script).map_err(|e| e.to_string())?;
+    let meter = crate::cpu::Meter::start(crate::cpu::Watched::default());
     let out = tokio::process::Command::new("pgbench")
         .arg("-n")
         .args(args)
@@ -502,6 +514,7 @@ async fn pgbench(db_url: &str, script: &str, args: &[&str]) -> Result<Floor, Str
         .output()
         .await
         .map_err(|e| format!("pgbench is needed for the floor: {e}"));
+    let cpu = meter.stop().await;
     let _ = std::fs::remove_file(&file);
     let out = out?;
     let text =
@@ -510,12 +523,18 @@ async fn pgbench(db_url: &str, script: &str, args: &[&str]) -> Result<Floor, Str
         text.lines()
             .find(|l| l.starts_with(prefix))
             .and_then(|l| l[prefix.len()..].split_whitespace().next())
-            .and_then(|v| v.parse::<f64>().ok())
+            // `-t` runs print "done/asked" transactions.
+            .and_then(|v| v.split('/').next()?.parse::<f64>().ok())
     };
     let failed = number_after("number of failed transactions: ").unwrap_or(0.0) > 0.0
         || text.contains("aborted");
-    match number_after("tps = ") {
-        Some(tps) if out.status.success() && !failed => Ok(Floor { tps }),
+    let transactions = number_after("number of transactions actually processed: ");
+    match (number_after("tps = "), transactions) {
+        (Some(tps), Some(transactions)) if out.status.success() && !failed => Ok(Floor {
+            tps,
+            transactions,
+            cpu,
+        }),
         _ => Err(format!("pgbench failed:\n{text}\nscript:\n{script}")),
     }
 }

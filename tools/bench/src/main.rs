@@ -7,6 +7,7 @@
 //! pgbench floor, and prints one table, which it also writes into
 //! `BENCHMARKS.md` between markers (the rest of that file is kept).
 
+mod cpu;
 mod floor;
 mod load;
 mod stack;
@@ -82,6 +83,11 @@ struct Args {
     /// load as another run, e.g. one with `ONCEPAY_ORDER_BATCH_MAX=1`.
     #[arg(long, value_delimiter = ',')]
     open_at: Vec<f64>,
+    /// Extra open-loop rates for pay, in req/s (`--pay-open-at 600,900`):
+    /// latency and CPU per payment at the same rate as another run, e.g.
+    /// one with other `ONCEPAY_GROUP_COMMIT_*` settings.
+    #[arg(long, value_delimiter = ',')]
+    pay_open_at: Vec<f64>,
     /// Payments counted on the wire for statements and round trips per
     /// payment (0: not counted).
     #[arg(long, default_value_t = 300)]
@@ -109,8 +115,9 @@ struct Row {
     floor: Option<(usize, floor::Floor)>,
     /// The minimal-SQL ceiling at each connection count of the sweep.
     ceiling: Vec<(usize, floor::Floor)>,
-    /// Open-loop runs: (share of the closed-loop maximum, outcome).
-    open: Vec<(f64, load::Outcome)>,
+    /// Open-loop runs: (share of the closed-loop maximum, outcome, CPU
+    /// per request).
+    open: Vec<(f64, load::Outcome, cpu::Cpu)>,
     /// pay only: the ceiling's SQL plus the outbox's event rows, at the
     /// ceiling's best connection count (an explanation, not the ceiling).
     with_outbox: Option<(usize, floor::Floor)>,
@@ -122,6 +129,8 @@ struct Row {
     capacity: Option<Capacity>,
     /// Highest resident memory of `oncepay serve` seen during it, KiB.
     rss_kib: u64,
+    /// The closed loop's CPU per request, ms (pay: with its webhooks).
+    cpu: Option<cpu::Cpu>,
     check: String,
 }
 
@@ -156,6 +165,7 @@ impl Row {
             drained: None,
             capacity: None,
             rss_kib: 0,
+            cpu: None,
             check,
         }
     }
@@ -539,7 +549,7 @@ async fn open_loop(
     max_rate: f64,
     make: &MakeRequest,
     extra_rates: &[f64],
-) -> Vec<(f64, load::Outcome)> {
+) -> Vec<(f64, load::Outcome, cpu::Cpu)> {
     let mut runs = Vec::new();
     let shares = [0.5, 0.8]
         .into_iter()
@@ -561,7 +571,11 @@ async fn open_loop(
         // counts. (Up to 256 opened under a backlog cost more in new
         // connections than they relieved, and tipped 80 % into overload.)
         let connections = usize::from(b.args.connections);
+        let meter = cpu::Meter::start(b.stack.watched());
         let outcome = load::run_open(rate, d, connections, make).await;
+        // pay's webhooks belong to its payments (none for other scenarios).
+        sandbox_drained(b, Duration::from_secs(30)).await;
+        let spent = meter.stop().await.per(outcome.count(201) as f64);
         // What the provider's webhooks came to so far: a webhook that gave
         // up waiting for its command is confirmed by a provider read.
         if let Ok(rows) = sqlx::query_as::<_, (String, bool, i64)>(
@@ -574,7 +588,7 @@ async fn open_loop(
                 eprintln!("    webhooks so far (outcome, confirmed by a read, count): {rows:?}");
             }
         }
-        runs.push((share, outcome));
+        runs.push((share, outcome, spent));
     }
     runs
 }
@@ -691,7 +705,7 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
         out += "\nOpen loop (a constant rate; each latency from the request's scheduled send time, coordinated omission corrected):\n\n";
         out += "| scenario | share of max | target req/s | achieved req/s | p50 ms | p99 ms | p99.9 ms | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
         for r in opened {
-            for (share, o) in &r.open {
+            for (share, o, _) in &r.open {
                 out += &format!(
                     "| {} | {:.0} % | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {} |\n",
                     r.scenario,
@@ -789,12 +803,108 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
             );
         }
     }
+    out += &cpu_table(rows);
     out += &format!(
         "\nRSS of `oncepay serve`: {:.1} MiB idle, {:.1} MiB peak under load.\n",
         idle_rss as f64 / 1024.0,
         peak_rss as f64 / 1024.0
     );
     out
+}
+
+/// Whose CPU each request cost (see [`cpu`]), and for pay the arithmetic
+/// it gives: how many payments the cores allow at all, against the ceiling.
+fn cpu_table(rows: &[Row]) -> String {
+    let measured: Vec<&Row> = rows.iter().filter(|r| r.cpu.is_some()).collect();
+    if measured.is_empty() {
+        return String::new();
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let mut out = format!(
+        "\nCPU per request, in ms of CPU time (read from /proc while each ran; the machine's column is every process and the kernel; {cores:.0} cores give {:.0} ms a second):\n\n| run | req/s | PostgreSQL | oncepay serve | sandbox | driver | machine | cores busy |\n|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        cores * 1000.0
+    );
+    let ms = |v: f64| {
+        if v > 0.0 {
+            format!("{v:.3}")
+        } else {
+            "—".to_string()
+        }
+    };
+    let mut line = |run: String, rate: f64, c: &cpu::Cpu, driver: f64| {
+        out += &format!(
+            "| {run} | {rate:.0} | {} | {} | {} | {} | {} | {:.2} |\n",
+            ms(c.postgres),
+            ms(c.serve),
+            ms(c.sandbox),
+            ms(driver),
+            ms(c.machine),
+            c.cores_busy
+        );
+    };
+    let mut arithmetic = String::new();
+    for r in measured {
+        let Some(c) = r.cpu else { continue };
+        let what = if r.drained.is_some() {
+            "closed loop, its webhooks included"
+        } else {
+            "closed loop"
+        };
+        line(
+            format!("{} ({what})", r.scenario),
+            r.outcome.rate(),
+            &c,
+            c.driver,
+        );
+        for (share, o, spent) in &r.open {
+            line(
+                format!("{} at {:.0} % (open loop)", r.scenario, share * 100.0),
+                o.rate(),
+                spent,
+                spent.driver,
+            );
+        }
+        let held = r.capacity.as_ref().and_then(|cap| {
+            cap.probes
+                .iter()
+                .filter(|p| p.held)
+                .max_by(|a, b| a.asked.total_cmp(&b.asked))
+        });
+        if let Some(p) = held {
+            line(
+                format!("{} at its capacity", r.scenario),
+                p.achieved,
+                &p.cpu,
+                p.cpu.driver,
+            );
+        }
+        let ceiling = floor::best(&r.ceiling);
+        if let Some((clients, f)) = ceiling {
+            let t = f.cpu_per_transaction();
+            line(
+                format!(
+                    "{}'s minimal ceiling (pgbench, {clients} connections)",
+                    r.scenario
+                ),
+                f.tps,
+                &t,
+                t.pgbench,
+            );
+            if r.capacity.is_some() {
+                let most = cores * 1000.0 / c.machine.max(1e-9);
+                let target = 0.75 * f.tps;
+                arithmetic += &format!(
+                    "\n{}'s arithmetic: a request costs the machine {:.3} ms (closed loop), so {cores:.0} cores allow at most {most:.0}/s with both busy all the time: {:.2}× the minimal ceiling, whose transaction costs {:.3} ms. Holding 0.75× the ceiling ({target:.0}/s) with the cores 85 % busy needs at most {:.3} ms a request.\n",
+                    r.scenario,
+                    c.machine,
+                    most / f.tps,
+                    t.machine,
+                    cores * 1000.0 * 0.85 / target
+                );
+            }
+        }
+    }
+    out + &arithmetic
 }
 
 fn humanize(d: Duration) -> String {
@@ -861,7 +971,9 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
     quiesce(b).await;
     let rows_before = metric(b, "oncepay_order_batch_rows_sum ").await;
     let statements_before = metric(b, "oncepay_order_batch_rows_count ").await;
+    let meter = cpu::Meter::start(b.stack.watched());
     let outcome = load::run(c, d, make.clone()).await;
+    let spent = meter.stop().await;
     let created = count(b.db, "SELECT count(*) FROM orders").await? - before;
     let statements = metric(b, "oncepay_order_batch_rows_count ")
         .await
@@ -891,6 +1003,7 @@ async fn create_order(b: &Bench<'_>) -> Result<Row, String> {
         floor,
         ceiling,
         open,
+        cpu: Some(spent.per(created as f64)),
         ..Row::closed_loop("create-order", c, outcome, check)
     })
 }
@@ -914,8 +1027,10 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     eprintln!("pay: {c} connections, {d:?} ...");
     let make = pay_requests(b, prepared, "pay".into());
     quiesce(b).await;
+    let meter = cpu::Meter::start(b.stack.watched());
     let outcome = load::run(c, d, make.clone()).await;
     let drained = sandbox_drained(b, Duration::from_secs(30)).await;
+    let spent = meter.stop().await;
     b.sample_rss();
     let charges = ledger_charges(b.stack).await? - charges_before;
     let attempts = count(
@@ -931,9 +1046,10 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     );
     let mut row = Row {
         drained: Some(drained),
+        cpu: Some(spent.per(ok as f64)),
         ..Row::closed_loop("pay", c, outcome, check)
     };
-    row.open = open_loop(b, row.sustained_rate(), &make, &[]).await;
+    row.open = open_loop(b, row.sustained_rate(), &make, &b.args.pay_open_at).await;
     if b.args.probes > 0 {
         eprintln!(
             "  capacity (the highest rate held for {:?}) ...",
@@ -1011,10 +1127,12 @@ struct Probe {
     seconds_median: f64,
     seconds_worst: f64,
     held: bool,
+    /// CPU per request, ms, webhooks included.
+    cpu: cpu::Cpu,
 }
 
 impl Probe {
-    fn of(asked: f64, outcome: &load::Outcome, held: bool) -> Probe {
+    fn of(asked: f64, outcome: &load::Outcome, held: bool, cpu: cpu::Cpu) -> Probe {
         let mut seconds = outcome.seconds_p99.clone();
         seconds.sort_by(f64::total_cmp);
         Probe {
@@ -1024,6 +1142,7 @@ impl Probe {
             seconds_median: seconds.get(seconds.len() / 2).copied().unwrap_or(0.0),
             seconds_worst: seconds.last().copied().unwrap_or(0.0),
             held,
+            cpu: cpu.per(outcome.count(201) as f64),
         }
     }
 }
@@ -1053,14 +1172,16 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
             b.args.sustain
         );
         let connections = usize::from(b.args.connections);
+        let meter = cpu::Meter::start(b.stack.watched());
         let outcome = load::run_open(rate, b.args.sustain, connections, make).await;
         let tail = sandbox_drained(b, Duration::from_secs(30)).await;
+        let spent = meter.stop().await;
         b.sample_rss();
         let held = outcome.ms(0.99) < CAPACITY_P99_MS
             && outcome.failures() == 0
             && outcome.rate() >= rate * 0.97
             && tail <= Duration::from_secs(2);
-        let probe = Probe::of(rate, &outcome, held);
+        let probe = Probe::of(rate, &outcome, held, spent);
         eprintln!(
             "    achieved {:.0} req/s, p99 {:.2} ms (each second's p99: median {:.2}, worst {:.2}), {} failures, webhooks drained {:.1} s after: {}",
             probe.achieved,

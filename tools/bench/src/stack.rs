@@ -21,7 +21,7 @@ pub struct Stack {
     pub api_key: String,
     /// The `oncepay serve` process.
     pub serve: Child,
-    _sandbox: Child,
+    sandbox_process: Child,
 }
 
 /// How a stack differs from the default one.
@@ -106,8 +106,16 @@ impl Stack {
             db_url,
             api_key,
             serve,
-            _sandbox: sandbox_child,
+            sandbox_process: sandbox_child,
         })
+    }
+
+    /// The processes a [`crate::cpu::Meter`] tells apart.
+    pub fn watched(&self) -> crate::cpu::Watched {
+        crate::cpu::Watched {
+            serve: self.serve.id(),
+            sandbox: self.sandbox_process.id(),
+        }
     }
 
     /// Current and peak resident memory of `oncepay serve`, in KiB.

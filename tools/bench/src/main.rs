@@ -831,13 +831,14 @@ fn cpu_table(rows: &[Row]) -> String {
             "—".to_string()
         }
     };
-    let mut line = |run: String, rate: f64, c: &cpu::Cpu, driver: f64| {
+    // The driver is this program, or pgbench for a ceiling (the other idles).
+    let mut line = |run: String, rate: f64, c: &cpu::Cpu| {
         out += &format!(
             "| {run} | {rate:.0} | {} | {} | {} | {} | {} | {:.2} |\n",
             ms(c.postgres),
             ms(c.serve),
             ms(c.sandbox),
-            ms(driver),
+            ms(c.driver + c.pgbench),
             ms(c.machine),
             c.cores_busy
         );
@@ -850,18 +851,12 @@ fn cpu_table(rows: &[Row]) -> String {
         } else {
             "closed loop"
         };
-        line(
-            format!("{} ({what})", r.scenario),
-            r.outcome.rate(),
-            &c,
-            c.driver,
-        );
+        line(format!("{} ({what})", r.scenario), r.outcome.rate(), &c);
         for (share, o, spent) in &r.open {
             line(
                 format!("{} at {:.0} % (open loop)", r.scenario, share * 100.0),
                 o.rate(),
                 spent,
-                spent.driver,
             );
         }
         let held = r.capacity.as_ref().and_then(|cap| {
@@ -875,7 +870,6 @@ fn cpu_table(rows: &[Row]) -> String {
                 format!("{} at its capacity", r.scenario),
                 p.achieved,
                 &p.cpu,
-                p.cpu.driver,
             );
         }
         let ceiling = floor::best(&r.ceiling);
@@ -888,13 +882,18 @@ fn cpu_table(rows: &[Row]) -> String {
                 ),
                 f.tps,
                 &t,
-                t.pgbench,
             );
             if r.capacity.is_some() {
                 let most = cores * 1000.0 / c.machine.max(1e-9);
                 let target = 0.75 * f.tps;
+                let at_capacity = held.map_or(String::new(), |p| {
+                    format!(
+                        " At its capacity ({:.0}/s) a request cost {:.3} ms.",
+                        p.achieved, p.cpu.machine
+                    )
+                });
                 arithmetic += &format!(
-                    "\n{}'s arithmetic: a request costs the machine {:.3} ms (closed loop), so {cores:.0} cores allow at most {most:.0}/s with both busy all the time: {:.2}× the minimal ceiling, whose transaction costs {:.3} ms. Holding 0.75× the ceiling ({target:.0}/s) with the cores 85 % busy needs at most {:.3} ms a request.\n",
+                    "\n{}'s arithmetic: a request costs the machine {:.3} ms (closed loop), so {cores:.0} cores allow at most {most:.0}/s with both busy all the time: {:.2}× the minimal ceiling, whose transaction costs {:.3} ms. Holding 0.75× the ceiling ({target:.0}/s) with the cores 85 % busy needs at most {:.3} ms a request at that rate.{at_capacity}\n",
                     r.scenario,
                     c.machine,
                     most / f.tps,

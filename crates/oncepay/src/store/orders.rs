@@ -39,10 +39,11 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
 /// Inserts an order and completes its idempotency record in one statement,
 /// which PostgreSQL runs atomically: the order exists exactly when the record
 /// holds its response, and only if the lease was still ours. One round trip
-/// where a transaction would take four (BEGIN, INSERT, UPDATE, COMMIT).
+/// where a transaction would take four (BEGIN, INSERT, UPDATE, COMMIT). The
+/// record names its order, as a batched create's does ([`INSERT_CLAIMING`]).
 pub(crate) const INSERT_COMPLETING: &str = concat!(
     "WITH done AS (
-        UPDATE idempotency_record SET ",
+        UPDATE idempotency_record SET resource_id = $1, ",
     crate::idempotency::persistence::completed!("$9", "$10", "$11"),
     " WHERE merchant_id = $2 AND idempotency_key = $12 AND lease_token = $13
            AND state = 'executing'

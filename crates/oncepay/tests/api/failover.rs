@@ -130,6 +130,16 @@ async fn a_switchover_answers_503_then_recovers_without_a_restart() {
         app.count("SELECT count(*) FROM orders").await >= before + 20
     })
     .await;
+    // Readiness may lag the orders by one check (a pooled connection the
+    // switch cut answers it first): it must come back, with no restart.
+    let ready_again = oncepay_testkit::ready::until(Duration::from_secs(15), || async {
+        app.http
+            .get(format!("{}/readyz", app.base))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     let mut seen = Vec::new();
     while let Some(done) = probes.join_next().await {
@@ -164,7 +174,7 @@ async fn a_switchover_answers_503_then_recovers_without_a_restart() {
         seen.len(),
         readiness.len()
     );
-    assert_eq!(readiness.last(), Some(&200), "ready again");
+    assert!(ready_again.is_ok(), "ready again: {:?}", readiness.last());
     // Every order the service acknowledged survived the switch.
     let acknowledged: BTreeSet<String> = seen
         .iter()

@@ -3,6 +3,18 @@
 
 use serde_json::Value;
 
+/// The totals of the sandbox's ledger at `base` (`GET /v1/ledger/totals`,
+/// the `totals` of [`read`]): cheap to poll while load runs.
+pub async fn totals(http: &reqwest::Client, base: &str) -> Result<Value, String> {
+    http.get(format!("{base}/v1/ledger/totals"))
+        .send()
+        .await
+        .map_err(|e| format!("reading the sandbox ledger's totals: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("the sandbox ledger's totals are not JSON: {e}"))
+}
+
 /// The ledger of the sandbox at `base`.
 pub async fn read(http: &reqwest::Client, base: &str) -> Result<Value, String> {
     http.get(format!("{base}/v1/ledger"))

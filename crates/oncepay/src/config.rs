@@ -269,7 +269,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 10_000_000,
             )?,
             order_batch_max: self.number("ONCEPAY_ORDER_BATCH_MAX", 64usize, 1, 1000)?,
-            group_commit_max: self.number("ONCEPAY_GROUP_COMMIT_MAX", 4usize, 1, 1000)?,
+            group_commit_max: self.number("ONCEPAY_GROUP_COMMIT_MAX", 8usize, 1, 1000)?,
             auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
             provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
             db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 8u32, 1, 1000)?,

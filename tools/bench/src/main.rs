@@ -8,6 +8,7 @@
 //! `BENCHMARKS.md` between markers (the rest of that file is kept).
 
 mod cpu;
+mod disk;
 mod floor;
 mod load;
 mod stack;
@@ -202,13 +203,8 @@ async fn count(db: &PgPool, sql: &str) -> Result<i64, String> {
 }
 
 async fn ledger_charges(stack: &Stack) -> Result<i64, String> {
-    let ledger: Value = reqwest::get(format!("{}/v1/ledger", stack.sandbox))
-        .await
-        .map_err(|e| e.to_string())?
-        .json()
-        .await
-        .map_err(|e| e.to_string())?;
-    ledger["totals"]["charges"]
+    let totals = oncepay_testkit::ledger::totals(&reqwest::Client::new(), &stack.sandbox).await?;
+    totals["charges"]
         .as_i64()
         .ok_or_else(|| "ledger without totals".to_string())
 }
@@ -529,9 +525,9 @@ async fn quiesce(b: &Bench<'_>) {
 async fn sandbox_drained(b: &Bench<'_>, patience: Duration) -> Duration {
     let started = std::time::Instant::now();
     while started.elapsed() < patience {
-        let in_flight = oncepay_testkit::ledger::read(&b.client, &b.stack.sandbox)
+        let in_flight = oncepay_testkit::ledger::totals(&b.client, &b.stack.sandbox)
             .await
-            .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(0))
+            .map(|t| t["work_in_flight"].as_u64().unwrap_or(0))
             .unwrap_or(0);
         if in_flight == 0 {
             break;
@@ -576,6 +572,7 @@ async fn open_loop(
         // pay's webhooks belong to its payments (none for other scenarios).
         sandbox_drained(b, Duration::from_secs(30)).await;
         let spent = meter.stop().await.per(outcome.count(201) as f64);
+        eprintln!("    each second's p99, ms: {}", seconds(&outcome));
         // What the provider's webhooks came to so far: a webhook that gave
         // up waiting for its command is confirmed by a provider read.
         if let Ok(rows) = sqlx::query_as::<_, (String, bool, i64)>(
@@ -779,10 +776,16 @@ async fn report(db: &PgPool, args: &Args, rows: &[Row], idle_rss: u64, peak_rss:
                     );
                 }
             }
-            out += " Probes (asked → achieved req/s, p99 ms; of each second's p99, the median and the worst):";
+            out += " Probes (asked → achieved req/s, p99 ms; of each second's p99, the median and the worst; the worst of the 8 KiB flushes the bench timed every 10 ms on the system's temporary directory's disk, where a commit's stall shows whatever the service does):";
             for p in &cap.probes {
+                let disk = p.flushes.map_or(String::new(), |f| {
+                    format!(
+                        "; the disk's worst flush {:.1} ms, {} over 20 ms",
+                        f.worst_ms, f.over_20_ms
+                    )
+                });
                 out += &format!(
-                    " {:.0} → {:.0}, {:.1}; {:.1}, {:.1} ({});",
+                    " {:.0} → {:.0}, {:.1}; {:.1}, {:.1}{disk} ({});",
                     p.asked,
                     p.achieved,
                     p.p99,
@@ -1013,9 +1016,11 @@ async fn pay(b: &Bench<'_>) -> Result<Row, String> {
     // 2. pay: orders made beforehand; every request a new key, tok_visa.
     eprintln!("pay: preparing orders ...");
     // Enough for the closed loop and both open loops (1.65 times the
-    // closed loop's count) at up to 5,000 payments a second: a payment
-    // that met a paid order would be a 409, not a measurement.
-    let enough = (d.as_secs_f64() * 5_000.0) as usize;
+    // closed loop's count) at up to 5,000 payments a second, and for the
+    // extra open loops asked: a payment that met a paid order would be a
+    // 409, not a measurement.
+    let extra: f64 = b.args.pay_open_at.iter().sum();
+    let enough = (d.as_secs_f64() * (5_000.0 + extra / 2.0) * 1.05) as usize;
     let prepared = prepare_orders(b.db, b.merchant, enough.max(40_000)).await?;
     let charges_before = ledger_charges(b.stack).await?;
     let attempts_before = count(
@@ -1128,10 +1133,18 @@ struct Probe {
     held: bool,
     /// CPU per request, ms, webhooks included.
     cpu: cpu::Cpu,
+    /// The disk's flushes meanwhile ([`disk`]).
+    flushes: Option<disk::Flushes>,
 }
 
 impl Probe {
-    fn of(asked: f64, outcome: &load::Outcome, held: bool, cpu: cpu::Cpu) -> Probe {
+    fn of(
+        asked: f64,
+        outcome: &load::Outcome,
+        held: bool,
+        cpu: cpu::Cpu,
+        flushes: Option<disk::Flushes>,
+    ) -> Probe {
         let mut seconds = outcome.seconds_p99.clone();
         seconds.sort_by(f64::total_cmp);
         Probe {
@@ -1142,6 +1155,7 @@ impl Probe {
             seconds_worst: seconds.last().copied().unwrap_or(0.0),
             held,
             cpu: cpu.per(outcome.count(201) as f64),
+            flushes,
         }
     }
 }
@@ -1172,7 +1186,9 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
         );
         let connections = usize::from(b.args.connections);
         let meter = cpu::Meter::start(b.stack.watched());
+        let witness = disk::Witness::start();
         let outcome = load::run_open(rate, b.args.sustain, connections, make).await;
+        let flushes = witness.map(disk::Witness::stop);
         let tail = sandbox_drained(b, Duration::from_secs(30)).await;
         let spent = meter.stop().await;
         b.sample_rss();
@@ -1180,7 +1196,7 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
             && outcome.failures() == 0
             && outcome.rate() >= rate * 0.97
             && tail <= Duration::from_secs(2);
-        let probe = Probe::of(rate, &outcome, held, spent);
+        let probe = Probe::of(rate, &outcome, held, spent, flushes);
         eprintln!(
             "    achieved {:.0} req/s, p99 {:.2} ms (each second's p99: median {:.2}, worst {:.2}), {} failures, webhooks drained {:.1} s after: {}",
             probe.achieved,
@@ -1191,6 +1207,13 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
             tail.as_secs_f64(),
             if held { "held" } else { "not held" }
         );
+        eprintln!("    each second's p99, ms: {}", seconds(&outcome));
+        if let Some(f) = &probe.flushes {
+            eprintln!(
+                "    the disk meanwhile: {} flushes of 8 KiB, median {:.2} ms, worst {:.1} ms, {} over 20 ms",
+                f.count, f.median_ms, f.worst_ms, f.over_20_ms
+            );
+        }
         found.probes.push(probe);
         if held {
             low = rate;
@@ -1200,6 +1223,17 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
         }
     }
     Ok(found)
+}
+
+/// Each second's p99 of an open loop, in order: where its tail sits (right
+/// after the bench's checkpoint, or spread).
+fn seconds(outcome: &load::Outcome) -> String {
+    let each: Vec<String> = outcome
+        .seconds_p99
+        .iter()
+        .map(|ms| format!("{ms:.0}"))
+        .collect();
+    each.join(" ")
 }
 
 /// Drops a bench database (they are disposable; runs must not pile up).

@@ -71,10 +71,11 @@ impl Stack {
                 "ONCEPAY_SANDBOX_WEBHOOK_URL",
                 format!("{base}/webhooks/sandbox"),
             )
-            .env("ONCEPAY_LOG", "warn")
+            // With a log, its retried deliveries too.
+            .env("ONCEPAY_LOG", if logged() { "info" } else { "warn" })
             .envs(variant.sandbox_env)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_to(database, "sandbox"))
             .kill_on_drop(true)
             .spawn()
             .map_err(|e| format!("starting the sandbox: {e}"))?;
@@ -90,7 +91,7 @@ impl Stack {
             // The bench measures the service's capacity, not the limiter.
             .env("ONCEPAY_RATE_LIMIT_PER_SECOND", "0")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log_to(database, "serve"))
             .kill_on_drop(true);
         for (k, v) in serve_env {
             serve.env(k, v);
@@ -131,4 +132,25 @@ impl Stack {
         };
         Some((field("VmRSS:")?, field("VmHWM:")?))
     }
+}
+
+/// Where a process of the stack logs: `BENCH_LOG_DIR/<database>-<name>.log`
+/// when `BENCH_LOG_DIR` is set (to read why a run stalled or retried;
+/// `ONCEPAY_LOG` sets the service's level), else nowhere.
+fn log_to(database: &str, name: &str) -> Stdio {
+    let Some(dir) = std::env::var_os("BENCH_LOG_DIR").filter(|_| logged()) else {
+        return Stdio::null();
+    };
+    let path = std::path::Path::new(&dir).join(format!("{database}-{name}.log"));
+    match std::fs::File::create(&path) {
+        Ok(file) => Stdio::from(file),
+        Err(e) => {
+            eprintln!("cannot log to {}: {e}", path.display());
+            Stdio::null()
+        }
+    }
+}
+
+fn logged() -> bool {
+    std::env::var_os("BENCH_LOG_DIR").is_some_and(|d| !d.is_empty())
 }

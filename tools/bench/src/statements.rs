@@ -315,9 +315,9 @@ const WARM_UP: usize = 40;
 /// for the last one's work.
 async fn settle(client: &reqwest::Client, stack: &crate::stack::Stack) {
     for _ in 0..1500 {
-        let in_flight = oncepay_testkit::ledger::read(client, &stack.sandbox)
+        let in_flight = oncepay_testkit::ledger::totals(client, &stack.sandbox)
             .await
-            .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(0))
+            .map(|t| t["work_in_flight"].as_u64().unwrap_or(0))
             .unwrap_or(0);
         if in_flight == 0 {
             break;

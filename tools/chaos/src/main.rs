@@ -558,9 +558,9 @@ impl Books<'_> {
     /// second after each event: any event in the last 3 s counts as one).
     async fn work_in_flight(&self, http: &reqwest::Client) -> Result<u64, String> {
         match self {
-            Books::Sandbox(base) => oncepay_testkit::ledger::read(http, base)
+            Books::Sandbox(base) => oncepay_testkit::ledger::totals(http, base)
                 .await
-                .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(u64::MAX)),
+                .map(|t| t["work_in_flight"].as_u64().unwrap_or(u64::MAX)),
             Books::Stripe(stack) => stack
                 .events_recently(Duration::from_secs(3))
                 .await

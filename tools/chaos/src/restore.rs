@@ -580,9 +580,9 @@ async fn settle(db: &PgPool, sandbox: &str) -> Result<(), String> {
         )
         .await
         .unwrap_or(1);
-        let busy = oncepay_testkit::ledger::read(&http, sandbox)
+        let busy = oncepay_testkit::ledger::totals(&http, sandbox)
             .await
-            .map(|l| l["totals"]["work_in_flight"].as_u64().unwrap_or(1))
+            .map(|t| t["work_in_flight"].as_u64().unwrap_or(1))
             .unwrap_or(1);
         pending == 0 && busy == 0
     })

@@ -77,7 +77,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_REPLAY_CACHE_ENTRIES", "serve", "10000"),
     v("ONCEPAY_ORDER_BATCH_MAX", "serve", "64"),
     v("ONCEPAY_ORDER_BATCH_WRITERS", "serve", "2"),
-    v("ONCEPAY_GROUP_COMMIT_MAX", "serve", "4"),
+    v("ONCEPAY_GROUP_COMMIT_MAX", "serve", "8"),
     v("ONCEPAY_GROUP_COMMIT_WRITERS", "serve", "4"),
     v("ONCEPAY_HTTP_WORKERS", "serve", "number of CPUs"),
     v("ONCEPAY_MAX_BODY_BYTES", "serve", "65536"),

@@ -3,7 +3,8 @@
 //! `POST /v1/charges` and `POST /v1/refunds` (header `Idempotency-Key`),
 //! `GET /v1/charges/{id}`, `GET /v1/charges?idempotency_key=K`, the list
 //! `GET /v1/charges?created[gte]=…&created[lt]=…&limit=…&starting_after=…`,
-//! the same for refunds, `GET /v1/ledger`, `GET /healthz`.
+//! the same for refunds, `GET /v1/ledger`, `GET /v1/ledger/totals`,
+//! `GET /healthz`.
 
 use std::net::TcpListener;
 use std::pin::Pin;
@@ -423,9 +424,13 @@ async fn deliver_webhook(sandbox: &Sandbox, event: &Value) {
             .body(body.clone())
             .send()
             .await;
-        if sent.is_ok_and(|r| r.status().is_success()) {
-            sandbox.books().webhooks_delivered += 1;
-            return;
+        match sent {
+            Ok(r) if r.status().is_success() => {
+                sandbox.books().webhooks_delivered += 1;
+                return;
+            }
+            Ok(r) => tracing::info!(event = %id, status = %r.status(), "webhook refused; retrying"),
+            Err(e) => tracing::info!(event = %id, error = %e, "webhook not answered; retrying"),
         }
         tokio::time::sleep(pause.mul_f64(0.5 + fastrand::f64() / 2.0)).await;
         pause = (pause * 2).min(Duration::from_secs(5));
@@ -797,6 +802,10 @@ async fn ledger(sandbox: Shared) -> HttpResponse {
     HttpResponse::Ok().json(sandbox.books().ledger())
 }
 
+async fn ledger_totals(sandbox: Shared) -> HttpResponse {
+    HttpResponse::Ok().json(sandbox.books().totals())
+}
+
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
@@ -822,6 +831,7 @@ pub fn start(
                 )
                 .into()
             }))
+            .route("/v1/ledger/totals", web::get().to(ledger_totals))
             .route("/v1/charges", web::post().to(create_charge))
             .route("/v1/charges", web::get().to(find_charge))
             .route("/v1/charges/{id}", web::get().to(get_charge))

@@ -510,14 +510,20 @@ pub async fn ledger(http: &reqwest::Client, base: &str) -> Value {
 /// Waits (up to 10 s) until the sandbox ledger's total `name` is `value`,
 /// then asserts it (so a timeout fails with both numbers).
 pub async fn wait_for_ledger_total(http: &reqwest::Client, base: &str, name: &str, value: u64) {
+    let totals = || async {
+        oncepay_testkit::ledger::totals(http, base)
+            .await
+            .expect("sandbox ledger totals")
+    };
     let _ = ready::until(Duration::from_secs(10), || async {
-        ledger(http, base).await["totals"][name] == value
+        totals().await[name] == value
     })
     .await;
+    assert_eq!(totals().await[name], value, "ledger total {name}");
     assert_eq!(
         ledger(http, base).await["totals"][name],
         value,
-        "ledger total {name}"
+        "the whole ledger's total {name}, as its totals alone say"
     );
 }
 

@@ -1208,6 +1208,12 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
             if held { "held" } else { "not held" }
         );
         eprintln!("    each second's p99, ms: {}", seconds(&outcome));
+        if outcome.failures() > 0 {
+            eprintln!(
+                "    answers by status: {:?}; no answer: {}",
+                outcome.statuses, outcome.errors
+            );
+        }
         if let Some(f) = &probe.flushes {
             eprintln!(
                 "    the disk meanwhile: {} flushes of 8 KiB, median {:.2} ms, worst {:.1} ms, {} over 20 ms",

@@ -115,9 +115,10 @@ impl Books {
         *self.faults.entry(kind).or_insert(0) += 1;
     }
 
-    /// The ledger: per-key requests and effects, and totals.
+    /// The ledger: per-key requests and effects (in key order, the maps'
+    /// own), and totals.
     pub fn ledger(&self) -> Value {
-        let mut charges: Vec<Value> = self
+        let charges: Vec<Value> = self
             .charges
             .values()
             .map(|c| {
@@ -133,12 +134,7 @@ impl Books {
                 })
             })
             .collect();
-        charges.sort_by(|a, b| {
-            a["idempotency_key"]
-                .as_str()
-                .cmp(&b["idempotency_key"].as_str())
-        });
-        let mut refunds: Vec<Value> = self
+        let refunds: Vec<Value> = self
             .refunds
             .values()
             .map(|r| {
@@ -153,11 +149,6 @@ impl Books {
                 })
             })
             .collect();
-        refunds.sort_by(|a, b| {
-            a["idempotency_key"]
-                .as_str()
-                .cmp(&b["idempotency_key"].as_str())
-        });
         serde_json::json!({
             "charges": charges,
             "refunds": refunds,
@@ -171,15 +162,15 @@ impl Books {
     pub fn totals(&self) -> Value {
         let effects_over_one = self.effects.values().filter(|n| **n > 1).count();
         serde_json::json!({
-                "charges": self.charges.len(),
-                "charges_succeeded": self.charges.values().filter(|c| c.status == "succeeded").count(),
-                "refunds": self.refunds.len(),
-                "refunded_amount": self.refunds.values().filter(|r| r.status == "succeeded").map(|r| r.amount).sum::<i64>(),
-                "requests": self.requests.values().map(|n| *n as u64).sum::<u64>(),
-                "keys_with_more_than_one_effect": effects_over_one,
-                "webhooks_delivered": self.webhooks_delivered,
-                "work_in_flight": self.work_in_flight,
-                "faults": self.faults,
+            "charges": self.charges.len(),
+            "charges_succeeded": self.charges.values().filter(|c| c.status == "succeeded").count(),
+            "refunds": self.refunds.len(),
+            "refunded_amount": self.refunds.values().filter(|r| r.status == "succeeded").map(|r| r.amount).sum::<i64>(),
+            "requests": self.requests.values().map(|n| *n as u64).sum::<u64>(),
+            "keys_with_more_than_one_effect": effects_over_one,
+            "webhooks_delivered": self.webhooks_delivered,
+            "work_in_flight": self.work_in_flight,
+            "faults": self.faults,
         })
     }
 }

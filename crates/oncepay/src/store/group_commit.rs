@@ -7,8 +7,9 @@
 //! stay as they are, each with its own checks; what is shared is what
 //! every autocommit statement pays besides its work: the commit and its
 //! WAL flush, the transaction's start and end, and the connection's
-//! checkout (sqlx pings a connection each time it goes back to the pool).
-//! A writer takes whatever is queued when it becomes free, up to
+//! checkout (sqlx pings a connection each time it goes back to the pool;
+//! a writer keeps its connection while statements keep coming, see
+//! [`super::writers::WriterConnection`]). A writer takes whatever is queued when it becomes free, up to
 //! [`GroupConfig::max`]: a lone statement runs at once in autocommit, as
 //! without grouping, and never waits for a timer.
 //!
@@ -43,7 +44,7 @@ use sqlx::query::Query;
 use sqlx::{Connection, Execute, PgConnection, PgPool, Postgres};
 use tokio::sync::{mpsc, oneshot};
 
-use super::writers::Jobs;
+use super::writers::{lost, Jobs, WriterConnection};
 use super::StoreError;
 use crate::metrics::Metrics;
 
@@ -146,14 +147,14 @@ impl GroupCommit {
     }
 }
 
-/// Takes what is queued, runs it, answers; until the queue closes. A
-/// writer keeps its connection while statements keep coming (a connection
-/// that goes back to the pool costs sqlx's ping), and gives it back as
-/// soon as the queue is empty.
+/// Takes what is queued, runs it, answers; until the queue closes. The
+/// writer keeps its connection while statements keep coming
+/// ([`WriterConnection`]).
 async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
-    while let Some(mut group) = jobs.next().await {
-        let mut conn = match pool.acquire().await {
-            Ok(conn) => conn,
+    let mut conn = WriterConnection::new(pool);
+    while let Some(mut group) = conn.next(&jobs).await {
+        let c = match conn.get().await {
+            Ok(c) => c,
             Err(e) => {
                 metrics.group_commit_queued.sub(group.len() as i64);
                 for job in group {
@@ -162,39 +163,44 @@ async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
                 continue;
             }
         };
-        while !group.is_empty() {
+        let healthy = loop {
             metrics.group_commit_queued.sub(group.len() as i64);
             metrics.group_commit_statements.observe(group.len() as f64);
-            run_group(&mut conn, group).await;
-            // Never wait for the queue while holding a connection.
+            if !run_group(c, group).await {
+                break false;
+            }
+            // Never wait for the queue here: what is queued now, or
+            // `conn.next`, which gives the connection back when idle.
             group = jobs.now();
+            if group.is_empty() {
+                break true;
+            }
+        };
+        conn.release(healthy);
+    }
+}
+
+/// Runs one group on `conn` and answers each of its statements. `false`
+/// when the connection is no longer fit for the next group: it failed, or
+/// its node no longer takes writes.
+async fn run_group(conn: &mut PgConnection, group: Vec<Job>) -> bool {
+    let mut healthy = true;
+    let mut answer = |job: Job, done: Result<Vec<PgRow>, sqlx::Error>| {
+        if let Err(e) = &done {
+            healthy &= !super::is_unavailable(e);
         }
-    }
-}
-
-/// The error each statement of a group gets when the group's outcome
-/// cannot be known (or it could not start): as a lost connection, which
-/// callers answer `503` and clients retry.
-fn lost(e: &sqlx::Error) -> sqlx::Error {
-    match e {
-        sqlx::Error::PoolTimedOut => sqlx::Error::PoolTimedOut,
-        sqlx::Error::PoolClosed => sqlx::Error::PoolClosed,
-        other => sqlx::Error::Io(std::io::Error::other(other.to_string())),
-    }
-}
-
-/// Runs one group on `conn` and answers each of its statements.
-async fn run_group(conn: &mut PgConnection, group: Vec<Job>) {
-    if let [job] = &group[..] {
-        let done = job.statement.run(conn).await;
-        let job = group.into_iter().next().expect("one job");
         let _ = job.answer.send(done);
-        return;
+    };
+    if group.len() == 1 {
+        let job = group.into_iter().next().expect("one job");
+        let done = job.statement.run(conn).await;
+        answer(job, done);
+        return healthy;
     }
     match together(conn, &group).await {
         Ok(rows) => {
             for (job, rows) in group.into_iter().zip(rows) {
-                let _ = job.answer.send(Ok(rows));
+                answer(job, Ok(rows));
             }
         }
         // The commit's answer was lost: committed or not, nobody knows,
@@ -203,7 +209,7 @@ async fn run_group(conn: &mut PgConnection, group: Vec<Job>) {
         Err(Failed::Unknown(e)) => {
             tracing::warn!(error = %e, statements = group.len(), "a group's commit was not answered");
             for job in group {
-                let _ = job.answer.send(Err(lost(&e)));
+                answer(job, Err(lost(&e)));
             }
         }
         // Nothing of the group was written: each statement alone, for its
@@ -212,10 +218,11 @@ async fn run_group(conn: &mut PgConnection, group: Vec<Job>) {
             tracing::debug!(error = %e, statements = group.len(), "a group of statements failed; running them one by one");
             for job in group {
                 let done = job.statement.run(conn).await;
-                let _ = job.answer.send(done);
+                answer(job, done);
             }
         }
     }
+    healthy
 }
 
 enum Failed {

@@ -28,11 +28,11 @@
 
 use std::sync::{Arc, OnceLock};
 
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::orders::{self, ClaimingOrder};
-use super::writers::Jobs;
+use super::writers::{lost, Jobs, WriterConnection};
 use super::StoreError;
 use crate::metrics::Metrics;
 
@@ -104,22 +104,42 @@ impl OrderBatcher {
     }
 }
 
-/// Takes what is queued, writes it, answers; until the queue closes.
+/// Takes what is queued, writes it, answers; until the queue closes. The
+/// writer keeps its connection while orders keep coming
+/// ([`WriterConnection`]).
 async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
-    while let Some(batch) = jobs.next().await {
+    let mut conn = WriterConnection::new(pool);
+    while let Some(batch) = conn.next(&jobs).await {
         metrics.orders_queued.sub(batch.len() as i64);
         metrics.order_batch_rows.observe(batch.len() as f64);
-        write(&pool, batch).await;
+        match conn.get().await {
+            Ok(c) => {
+                let healthy = write(c, batch).await;
+                conn.release(healthy);
+            }
+            Err(e) => {
+                for job in batch {
+                    let _ = job.answer.send(Err(StoreError::from(lost(&e))));
+                }
+            }
+        }
     }
 }
 
-/// Writes one batch and answers each of its requests.
-async fn write(pool: &PgPool, mut batch: Vec<Job>) {
+/// Whether an answer leaves the connection fit for the next batch.
+fn healthy(done: &Result<bool, StoreError>) -> bool {
+    !matches!(done, Err(StoreError::Unavailable(_)))
+}
+
+/// Writes one batch and answers each of its requests. `false` when the
+/// connection is no longer fit for the next batch.
+async fn write(conn: &mut PgConnection, mut batch: Vec<Job>) -> bool {
     if batch.len() == 1 {
         let job = batch.remove(0);
-        let done = orders::insert_claiming_one(pool, &job.row).await;
+        let done = orders::insert_claiming_one(&mut *conn, &job.row).await;
+        let fit = healthy(&done);
         let _ = job.answer.send(done);
-        return;
+        return fit;
     }
     batch.sort_by(|a, b| {
         a.row
@@ -141,18 +161,23 @@ async fn write(pool: &PgPool, mut batch: Vec<Job>) {
     }
     let (rows, answers): (Vec<ClaimingOrder>, Vec<_>) =
         unique.into_iter().map(|job| (job.row, job.answer)).unzip();
-    match orders::insert_claiming_many(pool, &rows).await {
+    match orders::insert_claiming_many(&mut *conn, &rows).await {
         Ok(inserted) => {
             for (answer, inserted) in answers.into_iter().zip(inserted) {
                 let _ = answer.send(Ok(inserted));
             }
+            true
         }
         // Which row failed is not known: each alone, for its own answer.
         Err(e) => {
             tracing::debug!(error = %e, rows = rows.len(), "a batch of orders failed; writing its rows one by one");
+            let mut fit = true;
             for (row, answer) in rows.iter().zip(answers) {
-                let _ = answer.send(orders::insert_claiming_one(pool, row).await);
+                let done = orders::insert_claiming_one(&mut *conn, row).await;
+                fit &= healthy(&done);
+                let _ = answer.send(done);
             }
+            fit
         }
     }
 }

@@ -2,7 +2,7 @@
 //! is indistinguishable from one that does not exist.
 
 use sqlx::postgres::PgRow;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgConnection, PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
 use super::{Corrupt, StoreError};
@@ -121,7 +121,7 @@ pub const INSERT_CLAIMING: &str = "WITH claim AS (
 
 /// [`insert_claiming`] of one request of a batch (see [`ClaimingOrder`]).
 pub(crate) async fn insert_claiming_one(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     row: &ClaimingOrder,
 ) -> Result<bool, StoreError> {
     let record = crate::idempotency::persistence::NewRecord {
@@ -133,14 +133,14 @@ pub(crate) async fn insert_claiming_one(
         lease: std::time::Duration::ZERO,
         ttl: row.ttl,
     };
-    insert_claiming(pool, &record, &row.order, &row.response).await
+    insert_claiming(db, &record, &row.order, &row.response).await
 }
 
 /// See [`INSERT_CLAIMING`]. `false`: the key already has a record (live,
 /// expired, or another request's), nothing was written, and the caller
 /// goes through the engine's full protocol.
 pub(crate) async fn insert_claiming(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     record: &crate::idempotency::persistence::NewRecord<'_>,
     order: &Order,
     response: &StoredResponse,
@@ -156,7 +156,7 @@ pub(crate) async fn insert_claiming(
     .bind(record.command)
     .bind(record.request)
     .bind(crate::idempotency::persistence::millis(record.ttl))
-    .execute(pool)
+    .execute(db)
     .await?;
     Ok(done.rows_affected() == 1)
 }
@@ -217,7 +217,7 @@ pub struct ClaimingOrder {
 /// See [`INSERT_CLAIMING_MANY`]. For each row, in order: whether its order
 /// was inserted (`false`: its key was taken, nothing of it was written).
 pub(crate) async fn insert_claiming_many(
-    pool: &PgPool,
+    db: impl PgExecutor<'_>,
     rows: &[ClaimingOrder],
 ) -> Result<Vec<bool>, StoreError> {
     // One array per column, in the rows' order.
@@ -265,7 +265,7 @@ pub(crate) async fn insert_claiming_many(
         .bind(&commands)
         .bind(&requests)
         .bind(&ttls)
-        .fetch_all(pool)
+        .fetch_all(db)
         .await?;
     Ok(ids.iter().map(|id| inserted.contains(id)).collect())
 }

@@ -9,9 +9,10 @@
 //! WAL flush, the transaction's start and end, and the connection's
 //! checkout (sqlx pings a connection each time it goes back to the pool;
 //! a writer keeps its connection while statements keep coming, see
-//! [`super::writers::WriterConnection`]). A writer takes whatever is queued when it becomes free, up to
-//! [`GroupConfig::max`]: a lone statement runs at once in autocommit, as
-//! without grouping, and never waits for a timer.
+//! [`super::writers::WriterConnection`]). A writer takes whatever is
+//! queued when it becomes free, up to [`GroupConfig::max`]: a lone
+//! statement runs at once in autocommit, as without grouping, and never
+//! waits for a timer.
 //!
 //! Why the guarantees are unchanged:
 //!
@@ -176,7 +177,7 @@ async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
                 break true;
             }
         };
-        conn.release(healthy);
+        conn.done(healthy);
     }
 }
 

@@ -115,7 +115,7 @@ async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
         match conn.get().await {
             Ok(c) => {
                 let healthy = write(c, batch).await;
-                conn.release(healthy);
+                conn.done(healthy);
             }
             Err(e) => {
                 for job in batch {

@@ -136,7 +136,7 @@ impl WriterConnection {
     pub(crate) async fn get(&mut self) -> Result<&mut PgConnection, sqlx::Error> {
         if let Some(held) = &mut self.held {
             if held.used.elapsed() >= PING_IF_IDLE_FOR && held.conn.ping().await.is_err() {
-                self.release(false);
+                self.done(false);
             }
         }
         if self.held.is_none() {
@@ -155,7 +155,7 @@ impl WriterConnection {
     /// succeeded, or failed for reasons of their own), and closed
     /// otherwise (broken, or on a node that no longer takes writes)
     /// rather than given back to the pool.
-    pub(crate) fn release(&mut self, healthy: bool) {
+    pub(crate) fn done(&mut self, healthy: bool) {
         let Some(mut held) = self.held.take() else {
             return;
         };

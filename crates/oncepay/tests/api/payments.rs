@@ -545,3 +545,70 @@ async fn a_statement_the_database_refuses_fails_only_its_own_payment_of_a_group(
     }
     wait_for_sandbox_successes(&app, 16).await;
 }
+
+/// A group commit writer keeps its connection between payments; a
+/// database restart or a failover cuts it. The payment that meets the cut
+/// connection is answered `503` with `Retry-After` (nothing of it
+/// written), the writer closes that connection instead of keeping it, and
+/// the client's retry with the same key pays the order once. One writer,
+/// so that every payment's statements meet the same connection.
+#[tokio::test]
+async fn a_writer_whose_connection_was_cut_takes_a_new_one_and_the_retry_pays_once() {
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_GROUP_COMMIT_WRITERS", "1")
+            .serve("ONCEPAY_IDEMPOTENCY_LEASE", "1s"),
+    )
+    .await;
+    let (first, second) = (app.create_order().await, app.create_order().await);
+    let (status, _) = app.pay(&first, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Every connection of the service cut, as a restart of the database
+    // does; the writer's among them.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&app.db)
+    .await
+    .expect("terminate the service's connections");
+    let body = json!({"order_id": second, "payment_method": "tok_visa"});
+    let mut refused = 0;
+    let paid = loop {
+        let r = app.post("/payments", "after-the-cut", &body).await;
+        let status = r.status();
+        if status == StatusCode::CREATED {
+            break json_of(r).await;
+        }
+        assert!(
+            r.headers().contains_key("retry-after"),
+            "{status} without Retry-After"
+        );
+        let problem = json_of(r).await;
+        assert!(
+            status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::CONFLICT,
+            "{status}: {problem}"
+        );
+        refused += 1;
+        // Each cut connection fails at most one request before it is
+        // closed: the writer's, and the pool's few.
+        assert!(
+            refused <= 10,
+            "still refused after {refused} tries: {problem}"
+        );
+        if status == StatusCode::CONFLICT {
+            // Its key is held by a lease until it expires (1 s).
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    };
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    assert_eq!(app.charges_for(&second).await.len(), 1);
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM payment_attempt WHERE order_id = '{second}'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(app.status_of(&format!("/orders/{second}")).await, "paid");
+}

@@ -246,7 +246,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         }
         let bind = self.addr("ONCEPAY_BIND", "127.0.0.1:8080")?;
         let provider = self.provider()?;
-        Ok(ServeConfig {
+        let config = ServeConfig {
             database_url: self.database_url()?,
             bind,
             stripe: self.stripe(&provider)?,
@@ -350,7 +350,9 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                     1_000_000,
                 )?,
             ),
-        })
+        };
+        pool_outlasts_writers(&config)?;
+        Ok(config)
     }
 
     /// Everything `oncepay sandbox` needs.
@@ -404,6 +406,28 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         })?;
         Ok((filter, format))
     }
+}
+
+/// The writers of create-order's batches and of group commit each keep a
+/// pooled connection while they are busy
+/// (`store::writers::WriterConnection`): a pool no larger than all of them
+/// would leave every other statement waiting for one to idle, which under
+/// steady load never happens.
+fn pool_outlasts_writers(config: &ServeConfig) -> Result<(), ConfigError> {
+    let writers = |max: usize, writers: usize| if max > 1 { writers } else { 0 };
+    let held = writers(config.order_batch_max, config.order_batch_writers)
+        + writers(config.group_commit_max, config.group_commit_writers);
+    if config.db_pool_size as usize <= held {
+        return Err(ConfigError {
+            var: "ONCEPAY_DB_POOL_SIZE",
+            value: config.db_pool_size.to_string(),
+            reason: format!(
+                "must exceed the writers that keep a connection while busy \
+                 (ONCEPAY_ORDER_BATCH_WRITERS + ONCEPAY_GROUP_COMMIT_WRITERS: {held})"
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn default_workers() -> usize {
@@ -722,6 +746,16 @@ mod tests {
             !err.to_string().contains("plain"),
             "a secret is never echoed"
         );
+        let err = env(&[("ONCEPAY_DB_POOL_SIZE", "6")])
+            .serve_config()
+            .expect_err("a pool the writers would fill is refused");
+        assert!(err.to_string().contains("ONCEPAY_DB_POOL_SIZE"), "{err}");
+        env(&[
+            ("ONCEPAY_DB_POOL_SIZE", "6"),
+            ("ONCEPAY_GROUP_COMMIT_MAX", "1"),
+        ])
+        .serve_config()
+        .expect("without group commit its writers hold nothing");
         for zero in ["ONCEPAY_IDEMPOTENCY_TTL", "ONCEPAY_IDEMPOTENCY_LEASE"] {
             let err = env(&[(zero, "0")])
                 .serve_config()

@@ -154,9 +154,11 @@ impl Meter {
     /// Starts measuring.
     pub fn start(watched: Watched) -> Meter {
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        // Read here, not in the task: the window starts when this returns,
+        // whenever the task first runs.
+        let started = Instant::now();
+        let first = read(watched);
         let task = tokio::spawn(async move {
-            let started = Instant::now();
-            let first = read(watched);
             let mut last = HashMap::new();
             let machine_busy = loop {
                 let done = tokio::select! {

@@ -168,6 +168,17 @@ async fn write(conn: &mut PgConnection, mut batch: Vec<Job>) -> bool {
             }
             true
         }
+        // The connection failed: whether the batch committed is not known,
+        // and the connection is not fit for another try. Each request gets
+        // what a lost connection gives (`503`, retried with its key, which
+        // then replays the batch's order or is free).
+        Err(StoreError::Unavailable(e)) => {
+            tracing::warn!(error = %e, rows = rows.len(), "a batch of orders lost its connection");
+            for answer in answers {
+                let _ = answer.send(Err(StoreError::from(lost(&e))));
+            }
+            false
+        }
         // Which row failed is not known: each alone, for its own answer.
         Err(e) => {
             tracing::debug!(error = %e, rows = rows.len(), "a batch of orders failed; writing its rows one by one");

@@ -504,3 +504,57 @@ async fn a_row_the_database_refuses_fails_only_its_own_request_of_a_batch() {
     }
     assert_eq!(app.count("SELECT count(*) FROM orders").await, 24);
 }
+
+/// Create-order's batch writer keeps its connection between batches; a
+/// database restart or a failover cuts it. Orders sent together right
+/// after the cut are answered `503` with `Retry-After` or created, the
+/// writer closes the broken connection, and every client's retries with
+/// its key end in one order, the same one each time. One writer, so that
+/// every batch meets the same connection.
+#[tokio::test]
+async fn a_batch_writer_whose_connection_was_cut_takes_a_new_one_and_each_key_gets_one_order() {
+    let app = std::sync::Arc::new(
+        spawn_app_with(Options::default().serve("ONCEPAY_ORDER_BATCH_WRITERS", "1")).await,
+    );
+    app.create_order().await;
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(&app.db)
+    .await
+    .expect("terminate the service's connections");
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let app = app.clone();
+        clients.spawn(async move {
+            let key = format!("after-the-cut-{i}");
+            let mut refused = 0;
+            loop {
+                let r = app.post("/orders", &key, &order_body()).await;
+                let status = r.status();
+                let retry_after = r.headers().contains_key("retry-after");
+                let body = json_of(r).await;
+                if status == StatusCode::CREATED {
+                    let again = json_of(app.post("/orders", &key, &order_body()).await).await;
+                    assert_eq!(again["id"], body["id"], "{key}: the retry replays");
+                    return body["id"].as_str().expect("id").to_string();
+                }
+                assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{key}: {body}");
+                assert!(retry_after, "{key}: 503 without Retry-After");
+                refused += 1;
+                assert!(refused <= 10, "{key}: still refused after {refused} tries");
+            }
+        });
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(id) = clients.join_next().await {
+        ids.insert(id.expect("client"));
+    }
+    assert_eq!(ids.len(), 8);
+    assert_eq!(
+        app.count("SELECT count(*) FROM orders").await,
+        9,
+        "one order per key, and the first"
+    );
+}

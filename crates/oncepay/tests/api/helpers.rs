@@ -484,6 +484,19 @@ impl TestApp {
         }
     }
 
+    /// Cuts every connection the service has to its database, as a
+    /// restart of the database or a failover does (the test's own pool
+    /// keeps the one that asks).
+    pub async fn cut_service_connections(&self) {
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+              WHERE datname = current_database() AND pid <> pg_backend_pid()",
+        )
+        .execute(&self.db)
+        .await
+        .expect("terminate the service's connections");
+    }
+
     /// The sandbox ledger.
     pub async fn ledger(&self) -> Value {
         ledger(&self.http, &self.sandbox).await

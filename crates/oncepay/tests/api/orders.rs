@@ -517,13 +517,7 @@ async fn a_batch_writer_whose_connection_was_cut_takes_a_new_one_and_each_key_ge
         spawn_app_with(Options::default().serve("ONCEPAY_ORDER_BATCH_WRITERS", "1")).await,
     );
     app.create_order().await;
-    sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = current_database() AND pid <> pg_backend_pid()",
-    )
-    .execute(&app.db)
-    .await
-    .expect("terminate the service's connections");
+    app.cut_service_connections().await;
     let mut clients = tokio::task::JoinSet::new();
     for i in 0..8 {
         let app = app.clone();

@@ -565,13 +565,7 @@ async fn a_writer_whose_connection_was_cut_takes_a_new_one_and_the_retry_pays_on
     assert_eq!(status, StatusCode::CREATED);
     // Every connection of the service cut, as a restart of the database
     // does; the writer's among them.
-    sqlx::query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-          WHERE datname = current_database() AND pid <> pg_backend_pid()",
-    )
-    .execute(&app.db)
-    .await
-    .expect("terminate the service's connections");
+    app.cut_service_connections().await;
     let body = json!({"order_id": second, "payment_method": "tok_visa"});
     let mut refused = 0;
     let paid = loop {

@@ -81,6 +81,11 @@ pub struct Metrics {
     pub group_commit_statements: prometheus::Histogram,
     /// Statements waiting for a group-commit writer.
     pub group_commit_queued: prometheus::IntGauge,
+    /// A group-commit statement's time from its queueing until a writer
+    /// took it (`until="taken"`) and until it was answered, its group
+    /// committed (`until="answered"`): how much of a payment's latency is
+    /// waiting for a writer rather than the database's work.
+    pub group_commit_seconds: HistogramVec,
 }
 
 /// The label values each labelled counter is known to take, exported at 0
@@ -455,6 +460,11 @@ impl Metrics {
                 "oncepay_provider_call_duration_seconds",
                 "Provider call latency by operation",
                 &["operation"],
+            ),
+            group_commit_seconds: histogram(
+                "oncepay_group_commit_seconds",
+                "A group-commit statement's time since it was queued, until a writer took it and until it was answered",
+                &["until"],
             ),
             reconciler: counter(
                 "oncepay_reconciler_total",

@@ -39,7 +39,9 @@
 //!   payment's rows each, in the order every path uses.
 
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
+use prometheus::Histogram;
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{Connection, Execute, PgConnection, PgPool, Postgres};
@@ -93,6 +95,7 @@ type Answer = oneshot::Sender<Result<Vec<PgRow>, sqlx::Error>>;
 struct Job {
     statement: Statement,
     answer: Answer,
+    queued: Instant,
 }
 
 /// The queue of statements waiting for a writer. Its writers start with
@@ -127,7 +130,12 @@ impl GroupCommit {
         self.metrics.group_commit_queued.inc();
         let (answer, answered) = oneshot::channel();
         let queue = self.queue.get_or_init(|| self.start());
-        if queue.send(Job { statement, answer }).await.is_err() {
+        let job = Job {
+            statement,
+            answer,
+            queued: Instant::now(),
+        };
+        if queue.send(job).await.is_err() {
             self.metrics.group_commit_queued.dec();
             return Err(sqlx::Error::PoolClosed);
         }
@@ -153,6 +161,10 @@ impl GroupCommit {
 /// ([`WriterConnection`]).
 async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
     let mut conn = WriterConnection::new(pool);
+    let taken = metrics.group_commit_seconds.with_label_values(&["taken"]);
+    let answered = metrics
+        .group_commit_seconds
+        .with_label_values(&["answered"]);
     while let Some(mut group) = conn.next(&jobs).await {
         let c = match conn.get().await {
             Ok(c) => c,
@@ -167,7 +179,10 @@ async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
         let healthy = loop {
             metrics.group_commit_queued.sub(group.len() as i64);
             metrics.group_commit_statements.observe(group.len() as f64);
-            if !run_group(c, group).await {
+            for job in &group {
+                taken.observe(job.queued.elapsed().as_secs_f64());
+            }
+            if !run_group(c, group, &answered).await {
                 break false;
             }
             // Never wait for the queue here: what is queued now, or
@@ -183,13 +198,15 @@ async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
 
 /// Runs one group on `conn` and answers each of its statements. `false`
 /// when the connection is no longer fit for the next group: it failed, or
-/// its node no longer takes writes.
-async fn run_group(conn: &mut PgConnection, group: Vec<Job>) -> bool {
+/// its node no longer takes writes. Each answer's time since its statement
+/// was queued goes to `answered`.
+async fn run_group(conn: &mut PgConnection, group: Vec<Job>, answered: &Histogram) -> bool {
     let mut healthy = true;
     let mut answer = |job: Job, done: Result<Vec<PgRow>, sqlx::Error>| {
         if let Err(e) = &done {
             healthy &= !super::is_unavailable(e);
         }
+        answered.observe(job.queued.elapsed().as_secs_f64());
         let _ = job.answer.send(done);
     };
     if group.len() == 1 {

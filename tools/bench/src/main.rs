@@ -890,7 +890,7 @@ fn cpu_table(rows: &[Row]) -> String {
                 let most = cores * 1000.0 / c.machine.max(1e-9);
                 let target = 0.75 * f.tps;
                 let budget = cores * 1000.0 * 0.85 / target;
-                let mut at_capacity = held.map_or(String::new(), |p| {
+                let mut measured = held.map_or(String::new(), |p| {
                     format!(
                         " At its capacity ({:.0}/s) a request cost {:.3} ms.",
                         p.achieved, p.cpu.machine
@@ -907,14 +907,14 @@ fn cpu_table(rows: &[Row]) -> String {
                     .min_by(|a, b| (a.0 - target).abs().total_cmp(&(b.0 - target).abs()));
                 if let Some((rate, spent)) = nearest {
                     let others = spent.machine - spent.serve;
-                    at_capacity += &format!(
+                    measured += &format!(
                         " At {rate:.0}/s, the measured rate nearest {target:.0}, everything but `oncepay serve` (PostgreSQL, the sandbox, the driver, the kernel) cost {others:.3} ms a request, which leaves the service {:.3} ms of that budget; it spent {:.3}.",
                         budget - others,
                         spent.serve
                     );
                 }
                 arithmetic += &format!(
-                    "\n{}'s arithmetic: a request costs the machine {:.3} ms (closed loop), so {cores:.0} cores allow at most {most:.0}/s with both busy all the time: {:.2}× the minimal ceiling, whose transaction costs {:.3} ms. Holding 0.75× the ceiling ({target:.0}/s) with the cores 85 % busy needs at most {:.3} ms a request at that rate.{at_capacity}\n",
+                    "\n{}'s arithmetic: a request costs the machine {:.3} ms (closed loop), so {cores:.0} cores allow at most {most:.0}/s with both busy all the time: {:.2}× the minimal ceiling, whose transaction costs {:.3} ms. Holding 0.75× the ceiling ({target:.0}/s) with the cores 85 % busy needs at most {:.3} ms a request at that rate.{measured}\n",
                     r.scenario,
                     c.machine,
                     most / f.tps,

@@ -489,7 +489,7 @@ async fn payments_that_arrive_together_share_a_commit_and_each_gets_its_own_answ
     );
     // An operator sees where a payment's time went: each of the 32
     // statements waited at least the lock's hold before its answer, and
-    // far less of that for a writer to take it than for the database.
+    // its wait for a writer is a part of that time.
     let seconds = &app.ctx.metrics.group_commit_seconds;
     let answered = seconds.with_label_values(&["answered"]);
     let (answered_sum, answered_count) = (answered.get_sample_sum(), answered.get_sample_count());

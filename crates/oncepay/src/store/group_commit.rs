@@ -171,6 +171,11 @@ async fn writer(pool: PgPool, metrics: Arc<Metrics>, jobs: Jobs<Job>) {
             Err(e) => {
                 metrics.group_commit_queued.sub(group.len() as i64);
                 for job in group {
+                    // Taken and answered (with the error) at once: the
+                    // histogram counts every statement that was queued.
+                    let waited = job.queued.elapsed().as_secs_f64();
+                    taken.observe(waited);
+                    answered.observe(waited);
                     let _ = job.answer.send(Err(lost(&e)));
                 }
                 continue;

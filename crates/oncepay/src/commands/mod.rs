@@ -56,8 +56,9 @@ pub struct AppContext {
     pub order_batcher: Arc<crate::store::order_batch::OrderBatcher>,
     /// How long a payment or refund stays pending before the reconciler asks.
     pub reconcile_after: Duration,
-    /// How long a payment or refund may stay pending before it raises an alarm.
-    pub pending_alarm: Duration,
+    /// How long a payment or refund may stay pending before it raises an
+    /// alarm, and when this process last looked for such rows.
+    pub pending_alarm: crate::workers::reconciler::PendingAlarm,
     /// How long a payment may wait for its customer (`next_action`) before
     /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
     pub action_timeout: Duration,

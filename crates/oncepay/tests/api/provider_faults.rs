@@ -474,6 +474,47 @@ async fn a_pending_payment_past_the_alarm_threshold_is_logged_and_counted_once()
     assert!(oldest >= 60.0, "{oldest}");
 }
 
+/// The look for rows past the threshold reads every row pending since the
+/// last vacuum, so a process makes it a thirtieth of the threshold apart
+/// (2 s of 60 s here), not at every pass; an alarm is at most that late.
+#[tokio::test]
+async fn the_alarm_is_looked_for_a_thirtieth_of_its_threshold_apart_not_at_every_pass() {
+    let app = spawn_app_with(through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "60s")).await;
+    app.proxy().set(Route::Charge, Fault::Down);
+    app.proxy().set(Route::StatusRead, Fault::Down);
+    let age_them = "UPDATE payment_attempt SET created_at = now() - interval '2 minutes'";
+    let (status, _) = app.pay(&app.create_order().await, "tok_visa").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    sqlx::query(age_them)
+        .execute(&app.db)
+        .await
+        .expect("age them");
+    assert_eq!(app.reconcile().await.alarms, 1, "the first pass looks");
+
+    let (status, _) = app.pay(&app.create_order().await, "tok_visa").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    sqlx::query(age_them)
+        .execute(&app.db)
+        .await
+        .expect("age them");
+    assert_eq!(
+        app.reconcile().await.alarms,
+        0,
+        "a pass within 2 s of the last look does not look"
+    );
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert_eq!(
+        app.reconcile().await.alarms,
+        1,
+        "the next look, 2 s later, finds the second payment"
+    );
+    assert!(app
+        .ctx
+        .metrics
+        .render()
+        .contains("oncepay_pending_alarms_total{kind=\"payment\"} 2"));
+}
+
 #[tokio::test]
 async fn a_decline_the_provider_never_confirms_raises_the_alarm_once() {
     let app = spawn_app_with(through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "100ms")).await;

@@ -136,7 +136,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         metrics,
         order_batcher,
         reconcile_after: config.reconcile_after,
-        pending_alarm: crate::workers::reconciler::PendingAlarm::new(config.pending_alarm),
+        pending_alarm: crate::commands::PendingAlarm::new(config.pending_alarm),
         action_timeout: config.action_timeout,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),

@@ -58,7 +58,7 @@ pub struct AppContext {
     pub reconcile_after: Duration,
     /// How long a payment or refund may stay pending before it raises an
     /// alarm, and when this process last looked for such rows.
-    pub pending_alarm: crate::workers::reconciler::PendingAlarm,
+    pub pending_alarm: PendingAlarm,
     /// How long a payment may wait for its customer (`next_action`) before
     /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
     pub action_timeout: Duration,
@@ -74,6 +74,60 @@ pub struct AppContext {
     /// Closed while a gap in the database's history is reconciled with
     /// the providers' books (`books::restore_guard`).
     pub books_gate: gate::Gate,
+}
+
+/// The alarm threshold (`ONCEPAY_PENDING_ALARM`), and when this process
+/// last looked for rows past it.
+///
+/// The look is the dearest statement of a reconciler pass: it reads
+/// every row pending since `payment_attempt` was last vacuumed (its
+/// partial index keeps an entry for each, live or not, and a bitmap scan
+/// reads them all). At 1,000 payments a second that was 21 ms of
+/// PostgreSQL; made at every pass (2 s), it doubled every other second's
+/// p99, and pay held 1,211 req/s with it against 1,327 without
+/// (BENCHMARKS.md, tenth round). A look is therefore due a thirtieth of
+/// the threshold after the last one: an alarm fires at most that late (30
+/// s of the default 15 minutes), and the oldest-pending gauge is at most
+/// that old.
+#[derive(Debug)]
+pub struct PendingAlarm {
+    after: std::time::Duration,
+    looked: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl PendingAlarm {
+    /// How many looks the threshold spans.
+    const LOOKS_PER_THRESHOLD: u32 = 30;
+
+    /// Rows pending longer than `after` raise the alarm.
+    pub fn new(after: std::time::Duration) -> Self {
+        PendingAlarm {
+            after,
+            looked: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The threshold.
+    pub fn after(&self) -> std::time::Duration {
+        self.after
+    }
+
+    /// True when the last look was at least a thirtieth of the threshold
+    /// ago, or there was none.
+    pub(crate) fn due(&self) -> bool {
+        let spacing = self.after / Self::LOOKS_PER_THRESHOLD;
+        self.last_look().is_none_or(|at| at.elapsed() >= spacing)
+    }
+
+    /// A look was made (and answered): the next is due a spacing later. A
+    /// look that failed is not counted, so the next pass looks again.
+    pub(crate) fn looked_now(&self) {
+        *self.looked.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+    }
+
+    fn last_look(&self) -> Option<std::time::Instant> {
+        *self.looked.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Settings of hosted checkout pages.

@@ -14,7 +14,7 @@
 //!   the age of the oldest pending is kept in a gauge, so an unknown outcome
 //!   never ends in silence. That look reads every row pending since the
 //!   last vacuum, so it is made a thirtieth of the threshold apart, not at
-//!   every pass ([`PendingAlarm`]).
+//!   every pass ([`commands::PendingAlarm`]).
 //!
 //! Rows are claimed with `FOR UPDATE SKIP LOCKED` and a lease (the next
 //! check time), so several processes share the work without overlap, and no
@@ -37,59 +37,6 @@ const BATCH: i64 = 50;
 /// turn every row's back-off into a check at every pass.
 const RECHECK_SPACING: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// The alarm threshold (`ONCEPAY_PENDING_ALARM`), and when this process
-/// last looked for rows past it.
-///
-/// The look is the dearest statement of a pass: it reads every row
-/// pending since `payment_attempt` was last vacuumed (its partial index
-/// keeps an entry for each, live or not; a bitmap scan reads them all).
-/// At 1,000 payments a second that was 21 ms of PostgreSQL, and taken at
-/// every pass (2 s) it made every other second's p99 twice the next
-/// one's: pay held 1,211 req/s with it and 1,327 without (BENCHMARKS.md,
-/// tenth round). A look is therefore due a thirtieth of the threshold
-/// after the last one: an alarm fires at most that late (30 s of the
-/// default 15 minutes), and the oldest-pending gauge is at most that old.
-#[derive(Debug)]
-pub struct PendingAlarm {
-    after: std::time::Duration,
-    looked: std::sync::Mutex<Option<std::time::Instant>>,
-}
-
-impl PendingAlarm {
-    /// How many looks the threshold spans.
-    const LOOKS_PER_THRESHOLD: u32 = 30;
-
-    /// Rows pending longer than `after` raise the alarm.
-    pub fn new(after: std::time::Duration) -> Self {
-        PendingAlarm {
-            after,
-            looked: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// The threshold.
-    pub fn after(&self) -> std::time::Duration {
-        self.after
-    }
-
-    /// True when the last look was at least a thirtieth of the threshold
-    /// ago, or there was none.
-    fn due(&self) -> bool {
-        let spacing = self.after / Self::LOOKS_PER_THRESHOLD;
-        self.last_look().is_none_or(|at| at.elapsed() >= spacing)
-    }
-
-    /// A look was made (and answered): the next is due a spacing later. A
-    /// look that failed is not counted, so the next pass looks again.
-    fn looked_now(&self) {
-        *self.looked.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-    }
-
-    fn last_look(&self) -> Option<std::time::Instant> {
-        *self.looked.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Pass {
@@ -107,7 +54,7 @@ pub struct Pass {
     /// Rows that failed and wait for their next check.
     pub errors: u32,
     /// Payments and refunds newly past the alarm threshold (0 when this
-    /// pass did not look: see [`PendingAlarm`]).
+    /// pass did not look: see [`commands::PendingAlarm`]).
     pub alarms: u32,
     /// Rows whose back-off was reset because the provider answers again.
     pub rechecked: u64,

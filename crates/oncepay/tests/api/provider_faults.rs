@@ -482,21 +482,19 @@ async fn the_alarm_is_looked_for_a_thirtieth_of_its_threshold_apart_not_at_every
     let app = spawn_app_with(through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "60s")).await;
     app.proxy().set(Route::Charge, Fault::Down);
     app.proxy().set(Route::StatusRead, Fault::Down);
-    let age_them = "UPDATE payment_attempt SET created_at = now() - interval '2 minutes'";
-    let (status, _) = app.pay(&app.create_order().await, "tok_visa").await;
-    assert_eq!(status, StatusCode::ACCEPTED);
-    sqlx::query(age_them)
-        .execute(&app.db)
-        .await
-        .expect("age them");
+    // A payment whose outcome stays unknown, made older than the threshold.
+    let pending_too_long = || async {
+        let (status, _) = app.pay(&app.create_order().await, "tok_visa").await;
+        assert_eq!(status, StatusCode::ACCEPTED);
+        sqlx::query("UPDATE payment_attempt SET created_at = now() - interval '2 minutes'")
+            .execute(&app.db)
+            .await
+            .expect("aged");
+    };
+    pending_too_long().await;
     assert_eq!(app.reconcile().await.alarms, 1, "the first pass looks");
 
-    let (status, _) = app.pay(&app.create_order().await, "tok_visa").await;
-    assert_eq!(status, StatusCode::ACCEPTED);
-    sqlx::query(age_them)
-        .execute(&app.db)
-        .await
-        .expect("age them");
+    pending_too_long().await;
     assert_eq!(
         app.reconcile().await.alarms,
         0,

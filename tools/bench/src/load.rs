@@ -20,6 +20,9 @@ pub struct Outcome {
     pub statuses: BTreeMap<u16, u64>,
     /// Transport errors (no answer).
     pub errors: u64,
+    /// The first transport error's text, to tell a lost connection from a
+    /// timeout.
+    pub first_error: Option<String>,
     /// Answers marked `Idempotent-Replayed: true`; the rest executed.
     pub replayed: u64,
     /// Latency of every answered request, in microseconds.
@@ -37,6 +40,7 @@ impl Outcome {
         Outcome {
             statuses: BTreeMap::new(),
             errors: 0,
+            first_error: None,
             replayed: 0,
             latency: histogram(),
             elapsed: Duration::ZERO,
@@ -81,13 +85,36 @@ fn histogram() -> Histogram<u64> {
         .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable!()))
 }
 
-/// Runs the load and merges every connection's measurements.
-pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> Outcome {
-    let client = reqwest::Client::builder()
+/// The driver's HTTP client, keeping up to `connections` idle. It drops a
+/// connection idle for 4 s, before the service's keep-alive (actix's
+/// default, 5 s) closes it: a request written on a connection the server
+/// is closing at that moment gets no answer, which a probe counts as a
+/// failure. At an open loop's moderate rates most of the pooled
+/// connections sit idle for seconds while a few carry the load.
+fn client(connections: usize) -> reqwest::Client {
+    reqwest::Client::builder()
         .pool_max_idle_per_host(connections)
+        .pool_idle_timeout(Duration::from_secs(4))
         .timeout(Duration::from_secs(30))
         .build()
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// The text of a transport error with its causes.
+fn error_text(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Runs the load and merges every connection's measurements.
+pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> Outcome {
+    let client = client(connections);
     let started = Instant::now();
     let deadline = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
@@ -97,6 +124,7 @@ pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> O
             let mut latency = histogram();
             let mut statuses = BTreeMap::new();
             let mut errors = 0u64;
+            let mut first_error = None;
             let mut replayed = 0u64;
             let mut n = 0u64;
             while Instant::now() < deadline {
@@ -110,15 +138,23 @@ pub async fn run(connections: usize, duration: Duration, make: MakeRequest) -> O
                         let _ = latency.record(sent.elapsed().as_micros() as u64);
                         *statuses.entry(status).or_insert(0) += 1;
                     }
-                    Err(_) => errors += 1,
+                    Err(e) => {
+                        errors += 1;
+                        first_error.get_or_insert_with(|| error_text(&e));
+                    }
                 }
                 n += 1;
             }
-            (latency, statuses, errors, replayed)
+            (latency, statuses, (errors, first_error), replayed)
         });
     }
     let mut outcome = Outcome::empty();
-    while let Some(Ok((latency, statuses, errors, replayed))) = tasks.join_next().await {
+    while let Some(Ok((latency, statuses, (errors, first_error), replayed))) =
+        tasks.join_next().await
+    {
+        if outcome.first_error.is_none() {
+            outcome.first_error = first_error;
+        }
         outcome.replayed += replayed;
         let _ = outcome.latency.add(&latency);
         for (status, n) in statuses {
@@ -139,11 +175,7 @@ pub async fn run_open(
     in_flight: usize,
     make: MakeRequest,
 ) -> Outcome {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(in_flight)
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap_or_default();
+    let client = client(in_flight);
     let gate = Arc::new(tokio::sync::Semaphore::new(in_flight.max(1)));
     let interval = Duration::from_secs_f64(1.0 / rate.max(1.0));
     let started = Instant::now();
@@ -164,9 +196,9 @@ pub async fn run_open(
                     let replayed = response.headers().contains_key("idempotent-replayed");
                     let _ = response.bytes().await;
                     let second = (scheduled - started).as_secs() as usize;
-                    Some((status, replayed, scheduled.elapsed(), second))
+                    Ok((status, replayed, scheduled.elapsed(), second))
                 }
-                Err(_) => None,
+                Err(e) => Err(error_text(&e)),
             }
         });
     }
@@ -174,7 +206,7 @@ pub async fn run_open(
     let mut seconds: Vec<Histogram<u64>> = Vec::new();
     while let Some(done) = tasks.join_next().await {
         match done {
-            Ok(Some((status, replayed, latency, second))) => {
+            Ok(Ok((status, replayed, latency, second))) => {
                 if seconds.len() <= second {
                     seconds.resize_with(second + 1, histogram);
                 }
@@ -183,7 +215,14 @@ pub async fn run_open(
                 outcome.replayed += u64::from(replayed);
                 let _ = outcome.latency.record(latency.as_micros() as u64);
             }
-            _ => outcome.errors += 1,
+            Ok(Err(e)) => {
+                outcome.errors += 1;
+                outcome.first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                outcome.errors += 1;
+                outcome.first_error.get_or_insert(e.to_string());
+            }
         }
     }
     outcome.elapsed = started.elapsed();

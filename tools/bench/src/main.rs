@@ -573,6 +573,9 @@ async fn open_loop(
         sandbox_drained(b, Duration::from_secs(30)).await;
         let spent = meter.stop().await.per(outcome.count(201) as f64);
         eprintln!("    each second's p99, ms: {}", seconds(&outcome));
+        if let Some(e) = &outcome.first_error {
+            eprintln!("    no answer: {} (the first: {e})", outcome.errors);
+        }
         // What the provider's webhooks came to so far: a webhook that gave
         // up waiting for its command is confirmed by a provider read.
         if let Ok(rows) = sqlx::query_as::<_, (String, bool, i64)>(
@@ -1228,8 +1231,14 @@ async fn capacity(b: &Bench<'_>, max_rate: f64) -> Result<Capacity, String> {
         eprintln!("    each second's p99, ms: {}", seconds(&outcome));
         if outcome.failures() > 0 {
             eprintln!(
-                "    answers by status: {:?}; no answer: {}",
-                outcome.statuses, outcome.errors
+                "    answers by status: {:?}; no answer: {}{}",
+                outcome.statuses,
+                outcome.errors,
+                outcome
+                    .first_error
+                    .as_deref()
+                    .map(|e| format!(" (the first: {e})"))
+                    .unwrap_or_default()
             );
         }
         if let Some(f) = &probe.flushes {

@@ -479,22 +479,34 @@ async fn a_pending_payment_past_the_alarm_threshold_is_logged_and_counted_once()
 /// (2 s of 60 s here), not at every pass; an alarm is at most that late.
 #[tokio::test]
 async fn the_alarm_is_looked_for_a_thirtieth_of_its_threshold_apart_not_at_every_pass() {
-    let app = spawn_app_with(through_a_fault_proxy().serve("ONCEPAY_PENDING_ALARM", "60s")).await;
+    // The reconciler asks the provider about neither payment (that is
+    // an hour away), so a pass takes milliseconds, well inside 2 s.
+    let app = spawn_app_with(
+        through_a_fault_proxy()
+            .serve("ONCEPAY_PENDING_ALARM", "60s")
+            .serve("ONCEPAY_RECONCILE_AFTER", "1h"),
+    )
+    .await;
     app.proxy().set(Route::Charge, Fault::Down);
     app.proxy().set(Route::StatusRead, Fault::Down);
-    // A payment whose outcome stays unknown, made older than the threshold.
-    let pending_too_long = || async {
-        let (status, _) = app.pay(&app.create_order().await, "tok_visa").await;
+    // Two payments whose outcome stays unknown, each made older than the
+    // threshold when the test says.
+    let mut pending = Vec::new();
+    for _ in 0..2 {
+        let (status, payment) = app.pay(&app.create_order().await, "tok_visa").await;
         assert_eq!(status, StatusCode::ACCEPTED);
-        sqlx::query("UPDATE payment_attempt SET created_at = now() - interval '2 minutes'")
-            .execute(&app.db)
-            .await
-            .expect("aged");
+        pending.push(payment["id"].as_str().expect("id").to_string());
+    }
+    let age = |id: &str| {
+        sqlx::query(
+            "UPDATE payment_attempt SET created_at = now() - interval '2 minutes' WHERE id = $1::uuid",
+        )
+        .bind(id.to_string())
+        .execute(&app.db)
     };
-    pending_too_long().await;
+    age(&pending[0]).await.expect("aged");
     assert_eq!(app.reconcile().await.alarms, 1, "the first pass looks");
-
-    pending_too_long().await;
+    age(&pending[1]).await.expect("aged");
     assert_eq!(
         app.reconcile().await.alarms,
         0,

@@ -205,8 +205,9 @@ pub async fn run_open(
     let mut outcome = Outcome::empty();
     let mut seconds: Vec<Histogram<u64>> = Vec::new();
     while let Some(done) = tasks.join_next().await {
-        match done {
-            Ok(Ok((status, replayed, latency, second))) => {
+        // A task that panicked lost its answer as a transport error does.
+        match done.unwrap_or_else(|e| Err(e.to_string())) {
+            Ok((status, replayed, latency, second)) => {
                 if seconds.len() <= second {
                     seconds.resize_with(second + 1, histogram);
                 }
@@ -215,13 +216,9 @@ pub async fn run_open(
                 outcome.replayed += u64::from(replayed);
                 let _ = outcome.latency.record(latency.as_micros() as u64);
             }
-            Ok(Err(e)) => {
-                outcome.errors += 1;
-                outcome.first_error.get_or_insert(e);
-            }
             Err(e) => {
                 outcome.errors += 1;
-                outcome.first_error.get_or_insert(e.to_string());
+                outcome.first_error.get_or_insert(e);
             }
         }
     }

@@ -116,17 +116,14 @@ impl PendingAlarm {
     /// ago, or there was none.
     pub(crate) fn due(&self) -> bool {
         let spacing = self.after / Self::LOOKS_PER_THRESHOLD;
-        self.last_look().is_none_or(|at| at.elapsed() >= spacing)
+        let looked = *self.looked.lock().unwrap_or_else(|p| p.into_inner());
+        looked.is_none_or(|at| at.elapsed() >= spacing)
     }
 
     /// A look was made (and answered): the next is due a spacing later. A
     /// look that failed is not counted, so the next pass looks again.
     pub(crate) fn looked_now(&self) {
         *self.looked.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-    }
-
-    fn last_look(&self) -> Option<std::time::Instant> {
-        *self.looked.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

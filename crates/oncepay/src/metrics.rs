@@ -76,9 +76,12 @@ pub struct Metrics {
     pub order_batch_rows: prometheus::Histogram,
     /// New orders waiting for a batch writer now.
     pub orders_queued: prometheus::IntGauge,
-    /// Statements per transaction of a payment's group commit
+    /// Writes per transaction of a payment's group commit
     /// (`store::group_commit`): how many shared one commit.
     pub group_commit_statements: prometheus::Histogram,
+    /// Writes per statement of the group commit: how many requests' writes
+    /// of one kind shared one multi-row statement.
+    pub group_commit_rows: prometheus::Histogram,
     /// Statements waiting for a group-commit writer.
     pub group_commit_queued: prometheus::IntGauge,
     /// A group-commit statement's time from its queueing until a writer
@@ -338,12 +341,21 @@ impl Metrics {
         let group_commit_statements = prometheus::Histogram::with_opts(
             HistogramOpts::new(
                 "oncepay_group_commit_statements",
-                "Statements of payments and provider webhooks per shared commit (group commit)",
+                "Writes of payments and provider webhooks per shared commit (group commit)",
             )
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
         )
         .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
         let _ = registry.register(Box::new(group_commit_statements.clone()));
+        let group_commit_rows = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "oncepay_group_commit_rows",
+                "Writes of payments and provider webhooks per statement of the group commit (one kind's writes share one statement)",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(group_commit_rows.clone()));
         let group_commit_queued = prometheus::IntGauge::new(
             "oncepay_group_commit_queued",
             "Statements waiting for a group-commit writer",
@@ -354,6 +366,7 @@ impl Metrics {
             order_batch_rows,
             orders_queued,
             group_commit_statements,
+            group_commit_rows,
             group_commit_queued,
             provider_auth_refused: counter(
                 "oncepay_provider_auth_refused_total",

@@ -51,7 +51,8 @@ pub struct AppContext {
     pub metrics: Arc<Metrics>,
     /// Statements of payments and provider webhooks that arrive together,
     /// committed together.
-    pub group_commit: Arc<crate::store::group_commit::GroupCommit>,
+    pub group_commit:
+        Arc<crate::store::group_commit::GroupCommit<crate::store::payments::PaymentWrite>>,
     /// New orders that arrive together, written in one statement.
     pub order_batcher: Arc<crate::store::order_batch::OrderBatcher>,
     /// How long a payment or refund stays pending before the reconciler asks.

@@ -54,17 +54,21 @@ pub async fn append(tx: &mut PgConnection, event: &NewEvent<'_>) -> Result<i32, 
 /// pending delivery for every live endpoint of the merchant subscribed to
 /// its type. The statement holds every object's row lock, and a batch
 /// names each object once, so `max + 1` cannot race;
-/// `event_object_sequence_uniq` guards it anyway.
+/// `event_object_sequence_uniq` guards it anyway. Each event's merchant
+/// is read from its order by key, row by row: as a join, planned while
+/// `orders` was small, it was a hash over a scan of the whole table
+/// (tests/api/plans.rs).
 macro_rules! append_new_events {
     () => {
         concat!(
             "ev AS (
         INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
                            data, cause, request_id)
-        SELECT n.id, o.merchant_id, n.type, n.object_type, n.object_id, n.order_id,
+        SELECT n.id, (SELECT o.merchant_id FROM orders o WHERE o.id = n.order_id), n.type,
+               n.object_type, n.object_id, n.order_id,
                COALESCE((SELECT max(e.sequence) FROM event e WHERE e.object_id = n.object_id), 0) + 1,
                n.data, n.cause, n.request_id
-          FROM new_events n JOIN orders o ON o.id = n.order_id
+          FROM new_events n
         RETURNING id, merchant_id, type, object_id, sequence),
      fan AS (
         INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence)
@@ -100,6 +104,50 @@ macro_rules! new_events_from_params {
     };
 }
 pub(crate) use new_events_from_params;
+
+/// A [`NewEvent`] that owns its values, for a write that outlives its
+/// caller's borrows (`store::group_commit`).
+#[derive(Debug, Clone)]
+pub struct EventRow {
+    id: Uuid,
+    event_type: String,
+    object_type: String,
+    object_id: Uuid,
+    order_id: Uuid,
+    data: Value,
+    cause: String,
+    request_id: Option<String>,
+}
+
+impl EventRow {
+    /// `event`, owned.
+    pub fn of(event: &NewEvent<'_>) -> Self {
+        EventRow {
+            id: event.id,
+            event_type: event.event_type.to_string(),
+            object_type: event.object_type.to_string(),
+            object_id: event.object_id,
+            order_id: event.order_id,
+            data: event.data.clone(),
+            cause: event.cause.to_string(),
+            request_id: event.request_id.map(str::to_string),
+        }
+    }
+
+    /// The row to insert.
+    pub fn as_new(&self) -> NewEvent<'_> {
+        NewEvent {
+            id: self.id,
+            event_type: &self.event_type,
+            object_type: &self.object_type,
+            object_id: self.object_id,
+            order_id: self.order_id,
+            data: &self.data,
+            cause: &self.cause,
+            request_id: self.request_id.as_deref(),
+        }
+    }
+}
 
 /// Binds a batch of events as `$1`..`$8` (see [`new_events_from_params`]).
 pub(crate) fn bind_events<'q>(

@@ -8,6 +8,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
+use super::events::{EventRow, NewEvent};
 use super::group_commit::{GroupCommit, Statement};
 use super::{Corrupt, StoreError};
 use crate::domain::order::Order;
@@ -198,6 +199,83 @@ pub const INSERT_CLAIMING: &str = concat!(
      SELECT o.* FROM o WHERE EXISTS (SELECT 1 FROM att)"
 );
 
+/// [`INSERT_CLAIMING`] for the writes of several requests at once
+/// (`store::group_commit`), one row each (`$9`..`$25`: one array per column,
+/// then the count of rows; the rows' events are `$1`..`$8`, each naming
+/// its row's order). Each part of a row is written only if the part
+/// before it of the same row was, so each row is written whole or not at
+/// all, as alone. Rows name different orders and keys
+/// ([`PaymentWrite::shares_with`]), so no row needs to see another's
+/// writes. Returns each order written as locked, with its row's position
+/// `n`.
+pub const INSERT_CLAIMING_MANY: &str = concat!(
+    "WITH i AS (
+        SELECT * FROM unnest($9::uuid[], $10::uuid[], $11::text[], $12::bytea[], $13::text[],
+                             $14::jsonb[], $15::text[], $16::uuid[], $17::uuid[], $18::bigint[],
+                             $19::bigint[], $20::text[], $21::text[], $22::timestamptz[],
+                             $23::bigint[], $24::text[])
+               WITH ORDINALITY AS i (order_id, merchant_id, idempotency_key, fingerprint,
+                                     command, request, recovery_point, attempt_id, lease_token,
+                                     lease_ms, ttl_ms, provider, payment_method, created_at,
+                                     check_ms, return_url, n)
+",
+    // The count of rows as a LIMIT: a generic plan guesses it at a tenth of
+    // the ten rows it guesses for the arrays, so that every table is read
+    // by key (tests/api/plans.rs).
+    "         LIMIT $25),
+     o AS (
+        SELECT i.n, x.* FROM i CROSS JOIN LATERAL (
+            SELECT ",
+    super::orders::order_columns!(),
+    " FROM orders
+             WHERE id = i.order_id AND merchant_id = i.merchant_id AND status = 'awaiting_payment'
+               AND NOT EXISTS (SELECT 1 FROM payment_attempt p
+                                WHERE p.order_id = i.order_id
+                                  AND p.status IN ('pending', 'succeeded'))
+               FOR UPDATE) x),
+     claim AS (
+        INSERT INTO idempotency_record
+               (merchant_id, idempotency_key, fingerprint, command, request, state,
+                recovery_point, resource_id, lease_token, lease_expires_at, expires_at)
+        SELECT i.merchant_id, i.idempotency_key, i.fingerprint, i.command, i.request,
+               'executing', i.recovery_point, i.attempt_id, i.lease_token,
+               now() + i.lease_ms * interval '1 millisecond',
+               now() + i.ttl_ms * interval '1 millisecond'
+          FROM i JOIN o USING (n)
+         WHERE NOT EXISTS (SELECT 1 FROM idempotency_record r
+                            WHERE r.merchant_id = i.merchant_id AND r.idempotency_key = ",
+    crate::idempotency::persistence::adopted_key!("i.idempotency_key"),
+    // OFFSET 0 keeps this a lookup by key for each row: as an anti-join it
+    // was planned as a hash over a scan of the whole table.
+    " OFFSET 0)
+         ORDER BY i.n
+        ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
+        RETURNING resource_id),
+     att AS (
+        INSERT INTO payment_attempt
+               (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
+                payment_method, next_check_at, created_at, updated_at, request_fingerprint,
+                return_url)
+        SELECT i.attempt_id, i.merchant_id, o.id, i.idempotency_key, o.amount, o.currency,
+               'pending', i.provider, i.payment_method,
+               now() + i.check_ms * interval '1 millisecond', i.created_at, i.created_at,
+               i.fingerprint, i.return_url
+          FROM i JOIN o USING (n) JOIN claim c ON c.resource_id = i.attempt_id
+        RETURNING order_id),
+     new_events AS (
+        SELECT n.id, n.type, n.object_type, n.object_id, n.order_id,
+               n.data || jsonb_build_object('amount', o.amount, 'currency', o.currency) AS data,
+               n.cause, n.request_id
+          FROM ",
+    super::events::new_events_from_params!(),
+    " JOIN o ON o.id = n.order_id
+         WHERE n.order_id IN (SELECT order_id FROM att)),
+     ",
+    super::events::append_new_events!(),
+    "
+     SELECT o.* FROM o WHERE o.id IN (SELECT order_id FROM att)"
+);
+
 /// What [`insert_claiming`] writes.
 pub struct ClaimingAttempt<'a> {
     /// The idempotency record to claim.
@@ -228,29 +306,29 @@ pub struct ClaimingAttempt<'a> {
 /// See [`INSERT_CLAIMING`]. `None`: nothing was written, and the caller
 /// goes through the engine's full protocol, which decides.
 pub(crate) async fn insert_claiming(
-    group: &GroupCommit,
+    group: &GroupCommit<PaymentWrite>,
     w: &ClaimingAttempt<'_>,
 ) -> Result<Option<Order>, StoreError> {
-    let statement = Statement::of(INSERT_CLAIMING, |q| {
-        super::events::bind_events(q, w.events)
-            .bind(w.order_id)
-            .bind(w.record.id.merchant_id)
-            .bind(&w.record.id.key)
-            .bind(w.record.fingerprint)
-            .bind(w.record.command)
-            .bind(w.record.request)
-            .bind(w.recovery_point)
-            .bind(w.attempt_id)
-            .bind(w.lease_token)
-            .bind(crate::idempotency::persistence::millis(w.record.lease))
-            .bind(crate::idempotency::persistence::millis(w.record.ttl))
-            .bind(w.provider)
-            .bind(w.payment_method)
-            .bind(w.now)
-            .bind(crate::idempotency::persistence::millis(w.check_after))
-            .bind(w.return_url)
-    })?;
-    match group.fetch_optional(statement).await {
+    let row = ClaimRow {
+        events: w.events.iter().map(EventRow::of).collect(),
+        order_id: w.order_id,
+        merchant_id: w.record.id.merchant_id,
+        key: w.record.id.key.clone(),
+        fingerprint: w.record.fingerprint.to_vec(),
+        command: w.record.command.to_string(),
+        request: w.record.request.clone(),
+        recovery_point: w.recovery_point.to_string(),
+        attempt_id: w.attempt_id,
+        lease_token: w.lease_token,
+        lease_ms: crate::idempotency::persistence::millis(w.record.lease),
+        ttl_ms: crate::idempotency::persistence::millis(w.record.ttl),
+        provider: w.provider.to_string(),
+        payment_method: w.payment_method.to_string(),
+        now: w.now,
+        check_ms: crate::idempotency::persistence::millis(w.check_after),
+        return_url: w.return_url.map(str::to_string),
+    };
+    match group.fetch_optional(PaymentWrite::Claim(row)).await {
         Ok(row) => row.as_ref().map(super::orders::from_row).transpose(),
         Err(e) => match super::violated_constraint(&e) {
             Some("payment_attempt_order_key_uniq" | "payment_attempt_one_live_per_order") => {
@@ -316,6 +394,81 @@ pub const SETTLE_COMPLETING: &str = concat!(
      SELECT ok FROM go"
 );
 
+/// [`SETTLE_COMPLETING`] for the writes of several requests at once
+/// (`store::group_commit`), one row each (`$9`..`$26`: one array per column,
+/// then the count of rows; the rows' events are `$1`..`$8`, each naming
+/// its row's order). Each row's three rows are locked and checked in the
+/// same order and written only if all three are as its command knows
+/// them, as alone. Rows name different orders, attempts and records
+/// ([`PaymentWrite::shares_with`]). Returns, for each row's position `n`,
+/// whether it was written (`ok`).
+pub const SETTLE_COMPLETING_MANY: &str = concat!(
+    "WITH i AS (
+        SELECT * FROM unnest($9::uuid[], $10::text[], $11::timestamptz[], $12::text[],
+                             $13::uuid[], $14::text[], $15::text[], $16::text[], $17::text[],
+                             $18::timestamptz[], $19::uuid[], $20::text[], $21::uuid[],
+                             $22::smallint[], $23::bytea[], $24::text[], $25::boolean[])
+               WITH ORDINALITY AS i (order_id, order_status, order_updated_at,
+                                     order_status_after, attempt_id, attempt_status, charge_id,
+                                     failure_code, failure_message, updated_at, merchant_id,
+                                     idempotency_key, lease_token, response_status,
+                                     response_body, response_location, confirm_decline, n)
+",
+    // The count of rows as a LIMIT: a generic plan guesses it at a tenth of
+    // the ten rows it guesses for the arrays, so that every table is read
+    // by key (tests/api/plans.rs).
+    "         LIMIT $26),
+     o AS (
+        SELECT i.* FROM i CROSS JOIN LATERAL (
+            SELECT 1 FROM orders
+             WHERE id = i.order_id AND status = i.order_status AND updated_at = i.order_updated_at
+               FOR UPDATE) x),
+     pl AS (
+        SELECT o.* FROM o CROSS JOIN LATERAL (
+            SELECT 1 FROM payment_attempt p
+             WHERE p.id = o.attempt_id AND p.order_id = o.order_id AND p.status = 'pending'
+               AND (p.provider_charge_id IS NULL OR p.provider_charge_id = o.charge_id)
+               AND p.failure_code IS NULL AND p.failure_message IS NULL
+               FOR UPDATE) x),
+     go AS (
+        SELECT pl.* FROM pl CROSS JOIN LATERAL (
+            SELECT 1 FROM idempotency_record r
+             WHERE r.merchant_id = pl.merchant_id AND r.idempotency_key = pl.idempotency_key
+               AND r.lease_token = pl.lease_token AND r.state = 'executing'
+               FOR UPDATE) x),
+     p AS (
+        UPDATE payment_attempt
+           SET status = go.attempt_status, provider_charge_id = go.charge_id,
+               failure_code = go.failure_code, failure_message = go.failure_message,
+               updated_at = go.updated_at,
+               decline_check_at = CASE WHEN go.confirm_decline THEN payment_attempt.next_check_at END,
+               next_action_url = NULL
+          FROM go WHERE payment_attempt.id = go.attempt_id
+        RETURNING 1),
+     ord AS (
+        UPDATE orders SET status = go.order_status_after, updated_at = go.updated_at
+          FROM go WHERE orders.id = go.order_id AND go.order_status_after <> go.order_status
+        RETURNING 1),
+     rec AS (
+        UPDATE idempotency_record SET ",
+    crate::idempotency::persistence::completed!(
+        "go.response_status",
+        "go.response_body",
+        "go.response_location"
+    ),
+    " FROM go WHERE idempotency_record.merchant_id = go.merchant_id
+                  AND idempotency_record.idempotency_key = go.idempotency_key
+        RETURNING 1),
+     new_events AS (
+        SELECT n.* FROM ",
+    super::events::new_events_from_params!(),
+    " WHERE n.order_id IN (SELECT order_id FROM go)),
+     ",
+    super::events::append_new_events!(),
+    "
+     SELECT i.n, i.n IN (SELECT n FROM go) AS ok FROM i"
+);
+
 /// What [`settle_completing`] checks and writes: the rows as the command
 /// knows them and as they become.
 pub struct KnownSettlement<'a> {
@@ -332,7 +485,7 @@ pub struct KnownSettlement<'a> {
 
 /// See [`SETTLE_COMPLETING`]. `false`: nothing was written.
 pub(crate) async fn settle_completing(
-    group: &GroupCommit,
+    group: &GroupCommit<PaymentWrite>,
     s: &KnownSettlement<'_>,
     record: &crate::idempotency::persistence::RecordId,
     lease_token: Uuid,
@@ -340,28 +493,27 @@ pub(crate) async fn settle_completing(
 ) -> Result<bool, StoreError> {
     let (order, order_after) = s.order;
     let after = s.attempt;
-    let status = crate::store::Corrupt::status_column(response.status)?;
-    let statement = Statement::of(SETTLE_COMPLETING, |q| {
-        super::events::bind_events(q, s.events)
-            .bind(order.id)
-            .bind(order.status.as_str())
-            .bind(order.updated_at)
-            .bind(order_after.status.as_str())
-            .bind(after.id)
-            .bind(after.status.as_str())
-            .bind(&after.provider_charge_id)
-            .bind(&after.failure_code)
-            .bind(&after.failure_message)
-            .bind(after.updated_at)
-            .bind(record.merchant_id)
-            .bind(&record.key)
-            .bind(lease_token)
-            .bind(status)
-            .bind(&response.body)
-            .bind(&response.location)
-            .bind(s.confirm_decline)
-    })?;
-    let ok: Option<bool> = match group.fetch_optional(statement).await? {
+    let row = SettleRow {
+        events: s.events.iter().map(EventRow::of).collect(),
+        order_id: order.id,
+        order_status: order.status.as_str(),
+        order_updated_at: order.updated_at,
+        order_status_after: order_after.status.as_str(),
+        attempt_id: after.id,
+        attempt_status: after.status.as_str(),
+        charge_id: after.provider_charge_id.clone(),
+        failure_code: after.failure_code.clone(),
+        failure_message: after.failure_message.clone(),
+        updated_at: after.updated_at,
+        merchant_id: record.merchant_id,
+        key: record.key.clone(),
+        lease_token,
+        response_status: crate::store::Corrupt::status_column(response.status)?,
+        response_body: response.body.clone(),
+        response_location: response.location.clone(),
+        confirm_decline: s.confirm_decline,
+    };
+    let ok: Option<bool> = match group.fetch_optional(PaymentWrite::Settle(row)).await? {
         Some(row) => row.try_get("ok")?,
         None => None,
     };
@@ -455,6 +607,42 @@ pub const FIND_BY_CHARGE_OR_RECORD_REPEAT: &str = concat!(
      SELECT p.*, EXISTS (SELECT 1 FROM repeat) AS repeat_recorded FROM p"
 );
 
+/// [`FIND_BY_CHARGE_OR_RECORD_REPEAT`] for several provider events at once
+/// (`store::group_commit`), one row each (`$1`..`$8`: one array per column,
+/// then the count of rows), which name different events
+/// ([`PaymentWrite::shares_with`]). Returns each attempt found, with its
+/// row's position `n`.
+pub const FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY: &str = concat!(
+    "WITH i AS (
+        SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[],
+                             $6::jsonb[], $7::text[])
+               WITH ORDINALITY AS i (provider, charge_id, attempt_id, event_id, event_type,
+                                     payload, status, n)
+",
+    // The count of rows as a LIMIT: a generic plan guesses it at a tenth of
+    // the ten rows it guesses for the arrays, so that every table is read
+    // by key (tests/api/plans.rs).
+    "         LIMIT $8),
+     found AS (
+        SELECT i.n, f.* FROM i CROSS JOIN LATERAL (
+            SELECT ",
+    payment_columns_p!(),
+    ", ",
+    command_executing!(),
+    " FROM payment_attempt p
+              WHERE p.provider = i.provider AND (p.provider_charge_id = i.charge_id OR p.id = i.attempt_id)
+              ORDER BY p.id = i.attempt_id DESC LIMIT 1) f),
+     repeat AS (
+        INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
+        SELECT i.provider, i.event_id, i.event_type, i.payload, 'processed'
+          FROM i JOIN found USING (n) WHERE found.status = i.status
+        ON CONFLICT DO NOTHING RETURNING provider, event_id)
+     SELECT found.*,
+            EXISTS (SELECT 1 FROM repeat JOIN i USING (provider, event_id)
+                     WHERE i.n = found.n) AS repeat_recorded
+       FROM found"
+);
+
 /// A provider event about a charge, as [`find_by_charge_or_record_repeat`]
 /// records it when it repeats what we hold.
 pub struct ChargeEvent<'a> {
@@ -478,19 +666,19 @@ pub struct ChargeEvent<'a> {
 /// already as a repeat of what the attempt holds (then nothing is left to
 /// do); see [`FIND_BY_CHARGE_OR_RECORD_REPEAT`].
 pub(crate) async fn find_by_charge_or_record_repeat(
-    group: &GroupCommit,
+    group: &GroupCommit<PaymentWrite>,
     event: &ChargeEvent<'_>,
 ) -> Result<Option<(Found, bool)>, StoreError> {
-    let statement = Statement::of(FIND_BY_CHARGE_OR_RECORD_REPEAT, |q| {
-        q.bind(event.provider)
-            .bind(event.charge_id)
-            .bind(event.attempt_id)
-            .bind(event.event_id)
-            .bind(event.event_type)
-            .bind(event.payload)
-            .bind(event.status.as_str())
-    })?;
-    let row = group.fetch_optional(statement).await?;
+    let row = RepeatRow {
+        provider: event.provider.to_string(),
+        charge_id: event.charge_id.to_string(),
+        attempt_id: event.attempt_id,
+        event_id: event.event_id.to_string(),
+        event_type: event.event_type.to_string(),
+        payload: event.payload.clone(),
+        status: event.status.as_str(),
+    };
+    let row = group.fetch_optional(PaymentWrite::Repeat(row)).await?;
     row.as_ref()
         .map(|row| Ok((found_from_row(row)?, row.try_get("repeat_recorded")?)))
         .transpose()
@@ -716,6 +904,282 @@ pub async fn list(
     .await
 }
 
+/// A payment's write that goes through the group commit: one row of
+/// [`INSERT_CLAIMING`], [`SETTLE_COMPLETING`] or
+/// [`FIND_BY_CHARGE_OR_RECORD_REPEAT`], which concurrent requests' writes
+/// of the same kind share (see `store::group_commit`).
+pub enum PaymentWrite {
+    /// A payment's first step ([`insert_claiming`]).
+    Claim(ClaimRow),
+    /// A command's own settlement ([`settle_completing`]).
+    Settle(SettleRow),
+    /// A provider event that may repeat what we hold
+    /// ([`find_by_charge_or_record_repeat`]).
+    Repeat(RepeatRow),
+}
+
+/// A row of [`INSERT_CLAIMING`]: what [`ClaimingAttempt`] says, owned.
+pub struct ClaimRow {
+    events: Vec<EventRow>,
+    order_id: Uuid,
+    merchant_id: Uuid,
+    key: String,
+    fingerprint: Vec<u8>,
+    command: String,
+    request: serde_json::Value,
+    recovery_point: String,
+    attempt_id: Uuid,
+    lease_token: Uuid,
+    lease_ms: i64,
+    ttl_ms: i64,
+    provider: String,
+    payment_method: String,
+    now: DateTime<Utc>,
+    check_ms: i64,
+    return_url: Option<String>,
+}
+
+/// A row of [`SETTLE_COMPLETING`]: what [`KnownSettlement`] and the
+/// command's record say, owned.
+pub struct SettleRow {
+    events: Vec<EventRow>,
+    order_id: Uuid,
+    order_status: &'static str,
+    order_updated_at: DateTime<Utc>,
+    order_status_after: &'static str,
+    attempt_id: Uuid,
+    attempt_status: &'static str,
+    charge_id: Option<String>,
+    failure_code: Option<String>,
+    failure_message: Option<String>,
+    updated_at: DateTime<Utc>,
+    merchant_id: Uuid,
+    key: String,
+    lease_token: Uuid,
+    response_status: i16,
+    response_body: Vec<u8>,
+    response_location: Option<String>,
+    confirm_decline: bool,
+}
+
+/// A row of [`FIND_BY_CHARGE_OR_RECORD_REPEAT`]: what [`ChargeEvent`]
+/// says, owned.
+pub struct RepeatRow {
+    provider: String,
+    charge_id: String,
+    attempt_id: Option<Uuid>,
+    event_id: String,
+    event_type: String,
+    payload: serde_json::Value,
+    status: &'static str,
+}
+
+/// Whether `key` could be the adopted form of another key
+/// (`idempotency::persistence::adopted_key`): a claim looks for that form,
+/// which another row of its statement could be inserting unseen.
+fn adoptable(key: &str) -> bool {
+    key.starts_with("adopted ")
+}
+
+impl super::group_commit::Write for PaymentWrite {
+    fn shares_with(&self, other: &Self) -> bool {
+        match (self, other) {
+            (PaymentWrite::Claim(a), PaymentWrite::Claim(b)) => {
+                a.order_id != b.order_id
+                    && (a.merchant_id, &a.key) != (b.merchant_id, &b.key)
+                    && !adoptable(&a.key)
+                    && !adoptable(&b.key)
+            }
+            (PaymentWrite::Settle(a), PaymentWrite::Settle(b)) => {
+                a.order_id != b.order_id
+                    && a.attempt_id != b.attempt_id
+                    && (a.merchant_id, &a.key) != (b.merchant_id, &b.key)
+            }
+            (PaymentWrite::Repeat(a), PaymentWrite::Repeat(b)) => {
+                (&a.provider, &a.event_id) != (&b.provider, &b.event_id)
+            }
+            _ => false,
+        }
+    }
+
+    /// A settlement first: a provider's webhook for the same charge in
+    /// the same group then finds it settled, the cheap path.
+    fn order(&self) -> u8 {
+        match self {
+            PaymentWrite::Settle(_) => 0,
+            PaymentWrite::Claim(_) => 1,
+            PaymentWrite::Repeat(_) => 2,
+        }
+    }
+
+    fn statement(rows: &[&Self]) -> Result<Statement, StoreError> {
+        match rows.first() {
+            Some(PaymentWrite::Claim(_)) => claims(&of_kind(rows, |w| match w {
+                PaymentWrite::Claim(r) => Some(r),
+                _ => None,
+            })?),
+            Some(PaymentWrite::Settle(_)) => settlements(&of_kind(rows, |w| match w {
+                PaymentWrite::Settle(r) => Some(r),
+                _ => None,
+            })?),
+            Some(PaymentWrite::Repeat(_)) => repeats(&of_kind(rows, |w| match w {
+                PaymentWrite::Repeat(r) => Some(r),
+                _ => None,
+            })?),
+            None => Err(StoreError::Other(sqlx::Error::Protocol(
+                "a statement of no rows".into(),
+            ))),
+        }
+    }
+}
+
+/// The rows of one kind; an error if one is of another (a bug in the
+/// group commit, which only puts writes that share together).
+fn of_kind<'r, R>(
+    rows: &[&'r PaymentWrite],
+    kind: impl Fn(&'r PaymentWrite) -> Option<&'r R>,
+) -> Result<Vec<&'r R>, StoreError> {
+    rows.iter()
+        .map(|w| kind(w))
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| {
+            StoreError::Other(sqlx::Error::Protocol(
+                "writes of different kinds in one statement".into(),
+            ))
+        })
+}
+
+/// One array per column, in the rows' order.
+fn column<'r, R, T>(rows: &[&'r R], f: impl Fn(&'r R) -> T) -> Vec<T> {
+    rows.iter().map(|r| f(r)).collect()
+}
+
+/// The events of all `rows`, as one batch.
+fn events_of<'r, R>(rows: &[&'r R], events: impl Fn(&'r R) -> &'r [EventRow]) -> Vec<NewEvent<'r>> {
+    rows.iter()
+        .flat_map(|r| events(r))
+        .map(EventRow::as_new)
+        .collect()
+}
+
+fn claims(rows: &[&ClaimRow]) -> Result<Statement, StoreError> {
+    if let [r] = rows {
+        let events: Vec<_> = r.events.iter().map(EventRow::as_new).collect();
+        return Statement::of(INSERT_CLAIMING, |q| {
+            super::events::bind_events(q, &events)
+                .bind(r.order_id)
+                .bind(r.merchant_id)
+                .bind(r.key.as_str())
+                .bind(r.fingerprint.as_slice())
+                .bind(r.command.as_str())
+                .bind(&r.request)
+                .bind(r.recovery_point.as_str())
+                .bind(r.attempt_id)
+                .bind(r.lease_token)
+                .bind(r.lease_ms)
+                .bind(r.ttl_ms)
+                .bind(r.provider.as_str())
+                .bind(r.payment_method.as_str())
+                .bind(r.now)
+                .bind(r.check_ms)
+                .bind(r.return_url.as_deref())
+        });
+    }
+    let events = events_of(rows, |r| &r.events);
+    Statement::of(INSERT_CLAIMING_MANY, |q| {
+        super::events::bind_events(q, &events)
+            .bind(column(rows, |r| r.order_id))
+            .bind(column(rows, |r| r.merchant_id))
+            .bind(column(rows, |r| r.key.as_str()))
+            .bind(column(rows, |r| r.fingerprint.as_slice()))
+            .bind(column(rows, |r| r.command.as_str()))
+            .bind(column(rows, |r| &r.request))
+            .bind(column(rows, |r| r.recovery_point.as_str()))
+            .bind(column(rows, |r| r.attempt_id))
+            .bind(column(rows, |r| r.lease_token))
+            .bind(column(rows, |r| r.lease_ms))
+            .bind(column(rows, |r| r.ttl_ms))
+            .bind(column(rows, |r| r.provider.as_str()))
+            .bind(column(rows, |r| r.payment_method.as_str()))
+            .bind(column(rows, |r| r.now))
+            .bind(column(rows, |r| r.check_ms))
+            .bind(column(rows, |r| r.return_url.as_deref()))
+            .bind(rows.len() as i64)
+    })
+}
+
+fn settlements(rows: &[&SettleRow]) -> Result<Statement, StoreError> {
+    if let [r] = rows {
+        let events: Vec<_> = r.events.iter().map(EventRow::as_new).collect();
+        return Statement::of(SETTLE_COMPLETING, |q| {
+            super::events::bind_events(q, &events)
+                .bind(r.order_id)
+                .bind(r.order_status)
+                .bind(r.order_updated_at)
+                .bind(r.order_status_after)
+                .bind(r.attempt_id)
+                .bind(r.attempt_status)
+                .bind(r.charge_id.as_deref())
+                .bind(r.failure_code.as_deref())
+                .bind(r.failure_message.as_deref())
+                .bind(r.updated_at)
+                .bind(r.merchant_id)
+                .bind(r.key.as_str())
+                .bind(r.lease_token)
+                .bind(r.response_status)
+                .bind(r.response_body.as_slice())
+                .bind(r.response_location.as_deref())
+                .bind(r.confirm_decline)
+        });
+    }
+    let events = events_of(rows, |r| &r.events);
+    Statement::of(SETTLE_COMPLETING_MANY, |q| {
+        super::events::bind_events(q, &events)
+            .bind(column(rows, |r| r.order_id))
+            .bind(column(rows, |r| r.order_status))
+            .bind(column(rows, |r| r.order_updated_at))
+            .bind(column(rows, |r| r.order_status_after))
+            .bind(column(rows, |r| r.attempt_id))
+            .bind(column(rows, |r| r.attempt_status))
+            .bind(column(rows, |r| r.charge_id.as_deref()))
+            .bind(column(rows, |r| r.failure_code.as_deref()))
+            .bind(column(rows, |r| r.failure_message.as_deref()))
+            .bind(column(rows, |r| r.updated_at))
+            .bind(column(rows, |r| r.merchant_id))
+            .bind(column(rows, |r| r.key.as_str()))
+            .bind(column(rows, |r| r.lease_token))
+            .bind(column(rows, |r| r.response_status))
+            .bind(column(rows, |r| r.response_body.as_slice()))
+            .bind(column(rows, |r| r.response_location.as_deref()))
+            .bind(column(rows, |r| r.confirm_decline))
+            .bind(rows.len() as i64)
+    })
+}
+
+fn repeats(rows: &[&RepeatRow]) -> Result<Statement, StoreError> {
+    if let [r] = rows {
+        return Statement::of(FIND_BY_CHARGE_OR_RECORD_REPEAT, |q| {
+            q.bind(r.provider.as_str())
+                .bind(r.charge_id.as_str())
+                .bind(r.attempt_id)
+                .bind(r.event_id.as_str())
+                .bind(r.event_type.as_str())
+                .bind(&r.payload)
+                .bind(r.status)
+        });
+    }
+    Statement::of(FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY, |q| {
+        q.bind(column(rows, |r| r.provider.as_str()))
+            .bind(column(rows, |r| r.charge_id.as_str()))
+            .bind(column(rows, |r| r.attempt_id))
+            .bind(column(rows, |r| r.event_id.as_str()))
+            .bind(column(rows, |r| r.event_type.as_str()))
+            .bind(column(rows, |r| &r.payload))
+            .bind(column(rows, |r| r.status))
+            .bind(rows.len() as i64)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use crate::domain::order::OrderStatus;
@@ -725,8 +1189,10 @@ mod tests {
     #[test]
     fn the_claiming_statement_pays_exactly_the_payable_orders() {
         for status in OrderStatus::ALL {
-            let named = super::INSERT_CLAIMING.contains(&format!("status = '{}'", status.as_str()));
-            assert_eq!(named, status.is_payable(), "{status:?}");
+            for sql in [super::INSERT_CLAIMING, super::INSERT_CLAIMING_MANY] {
+                let named = sql.contains(&format!("status = '{}'", status.as_str()));
+                assert_eq!(named, status.is_payable(), "{status:?}");
+            }
         }
     }
 }

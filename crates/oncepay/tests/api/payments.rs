@@ -396,6 +396,136 @@ async fn concurrent_payments_of_one_order_under_different_keys_charge_once() {
     }
 }
 
+#[tokio::test]
+async fn writes_that_share_a_statement_each_get_their_own_outcome() {
+    // Payments of one kind taken together are rows of one statement. Each
+    // row is checked as it would be alone: a paid order's row writes
+    // nothing (409), a declined charge's settlement fails only its own
+    // attempt, and every other payment is made once.
+    let app = std::sync::Arc::new(spawn_app().await);
+    let paid = app.create_order().await;
+    let (status, _) = app.pay(&paid, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    let declined = app.create_order().await;
+    let mut payable = Vec::new();
+    for _ in 0..12 {
+        payable.push(app.create_order().await);
+    }
+    let rows = &app.ctx.metrics.group_commit_rows;
+    let (rows_before, statements_before) = (rows.get_sample_sum(), rows.get_sample_count());
+    let held = hold_inserts(&app, "payment_attempt").await;
+    let sent: Vec<(String, &str)> = payable
+        .iter()
+        .map(|o| (o.clone(), "tok_visa"))
+        .chain([
+            (paid.clone(), "tok_visa"),
+            (declined.clone(), "tok_declined"),
+        ])
+        .collect();
+    let mut requests = tokio::task::JoinSet::new();
+    for (order, token) in sent.clone() {
+        let app = app.clone();
+        let token = token.to_string();
+        requests.spawn(async move {
+            let body = json!({"order_id": order, "payment_method": token});
+            let key = format!("shared-{order}");
+            let r = app.post("/payments", &key, &body).await;
+            (order, r.status(), json_of(r).await)
+        });
+    }
+    // Every payment's first write is queued or taken (the paid order's
+    // claim may already have been answered: it inserts nothing).
+    until_grouped(&app, sent.len() as f64 - 1.0).await;
+    held.rollback().await.expect("release");
+    let mut answers = std::collections::BTreeMap::new();
+    while let Some(done) = requests.join_next().await {
+        let (order, status, body) = done.expect("request");
+        answers.insert(order, (status, body));
+    }
+    for order in &payable {
+        let (status, body) = &answers[order];
+        assert_eq!(*status, StatusCode::CREATED, "{body}");
+        assert_eq!(body["status"], "succeeded", "{body}");
+    }
+    let (status, body) = &answers[&paid];
+    assert_eq!(*status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "order_not_payable", "{body}");
+    let (status, body) = &answers[&declined];
+    assert_eq!(*status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["status"], "failed", "{body}");
+    assert_eq!(body["failure_code"], "card_declined", "{body}");
+
+    // The rows in the database: one attempt per payment, each order as
+    // its own payment left it, one event per change.
+    let count = |sql: String| {
+        let app = app.clone();
+        async move { app.count(&sql).await }
+    };
+    assert_eq!(
+        count("SELECT count(*) FROM payment_attempt WHERE status = 'succeeded'".into()).await,
+        13
+    );
+    assert_eq!(
+        count(format!(
+            "SELECT count(*) FROM payment_attempt WHERE order_id = '{paid}'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        count(format!(
+            "SELECT count(*) FROM payment_attempt WHERE order_id = '{declined}' AND status = 'failed'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        count(format!(
+            "SELECT count(*) FROM orders WHERE id = '{declined}' AND status = 'awaiting_payment'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM orders WHERE status = 'paid'".into()).await,
+        13
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM event WHERE type = 'payment.pending'".into()).await,
+        14
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM event WHERE type = 'payment.succeeded'".into()).await,
+        13
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM event WHERE type = 'payment.failed'".into()).await,
+        1
+    );
+    assert_eq!(
+        count("SELECT count(*) FROM event WHERE type = 'order.paid'".into()).await,
+        13
+    );
+    assert_eq!(
+        count(
+            "SELECT count(*) FROM idempotency_record
+              WHERE command = 'create_payment' AND state = 'completed'"
+                .into()
+        )
+        .await,
+        15
+    );
+    // And they were made by statements of several rows.
+    let (rows_made, statements) = (
+        rows.get_sample_sum() - rows_before,
+        rows.get_sample_count() - statements_before,
+    );
+    assert!(
+        rows_made > statements as f64,
+        "{rows_made} writes in {statements} statements: none shared one"
+    );
+}
+
 /// Waits until `n` statements reached the group commit: queued, or taken
 /// by a writer (and counted in the group-size histogram).
 async fn until_grouped(app: &TestApp, n: f64) {

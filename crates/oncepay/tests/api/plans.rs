@@ -168,3 +168,55 @@ async fn a_growing_tables_first_statistics_keep_key_lookups_on_their_indexes() {
         );
     }
 }
+
+/// The group commit's statements (`store::group_commit`) take their rows
+/// as arrays, which the planner guesses at ten rows, and join them to the
+/// tables by key. Planned on a new deployment's empty tables, a join of
+/// ten rows is cheaper as a hash over a scan of the table than as ten key
+/// lookups, and that plan stays with the connection as the table grows
+/// (until its first statistics): every payment then read whole tables.
+/// The statements of several rows (`_MANY`) say their rows are few
+/// (`LIMIT` by a parameter, guessed at a tenth), so every table is read by
+/// key from the first plan on; the statements of one row read by key.
+#[tokio::test]
+async fn the_group_commits_statements_read_tables_by_key_from_an_empty_start() {
+    let app = spawn_app().await;
+    let mut db = app.db.acquire().await.expect("connects").detach();
+    let (setting, value) = oncepay::store::GENERIC_PLANS;
+    db.execute(format!("SET {setting} = {value}").as_str())
+        .await
+        .expect("generic plans");
+    use oncepay::store::payments::*;
+    for (name, sql) in [
+        ("claim", INSERT_CLAIMING),
+        ("claim_many", INSERT_CLAIMING_MANY),
+        ("settle", SETTLE_COMPLETING),
+        ("settle_many", SETTLE_COMPLETING_MANY),
+        ("repeat", FIND_BY_CHARGE_OR_RECORD_REPEAT),
+        ("repeat_many", FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY),
+    ] {
+        db.execute(format!("PREPARE {name} AS {sql}").as_str())
+            .await
+            .expect("prepared");
+        let params = (1..)
+            .take_while(|i| sql.contains(&format!("${i}")))
+            .map(|_| "NULL")
+            .collect::<Vec<_>>()
+            .join(", ");
+        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN EXECUTE {name}({params})"))
+            .fetch_all(&mut db)
+            .await
+            .expect("explained")
+            .iter()
+            .map(|r| r.get::<String, _>(0))
+            .collect();
+        let plan = plan.join("\n");
+        for table in GROWING {
+            assert!(
+                !plan.contains(&format!("Seq Scan on {table} "))
+                    && !plan.ends_with(&format!("Seq Scan on {table}")),
+                "{name} reads {table} by key, not whole:\n{plan}"
+            );
+        }
+    }
+}

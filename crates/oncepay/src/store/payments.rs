@@ -29,6 +29,38 @@ macro_rules! payment_columns_p {
     };
 }
 
+/// The columns a payment's first step writes to its idempotency record,
+/// in [`INSERT_CLAIMING`]'s and [`INSERT_CLAIMING_MANY`]'s order.
+macro_rules! claimed_record_columns {
+    () => {
+        "(merchant_id, idempotency_key, fingerprint, command, request, state, recovery_point,
+          resource_id, lease_token, lease_expires_at, expires_at)"
+    };
+}
+
+/// The columns of a new attempt, in [`INSERT`]'s, [`INSERT_CLAIMING`]'s
+/// and [`INSERT_CLAIMING_MANY`]'s order.
+macro_rules! new_attempt_columns {
+    () => {
+        "(id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
+          payment_method, next_check_at, created_at, updated_at, request_fingerprint, return_url)"
+    };
+}
+
+/// A first step's events (`new_events_from_params`, as `n`), each object
+/// given its order's amount and currency (the order's row as `o`).
+macro_rules! priced_new_events {
+    () => {
+        concat!(
+            "SELECT n.id, n.type, n.object_type, n.object_id, n.order_id,
+               n.data || jsonb_build_object('amount', o.amount, 'currency', o.currency) AS data,
+               n.cause, n.request_id
+          FROM ",
+            super::events::new_events_from_params!()
+        )
+    };
+}
+
 fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
     let status: String = row.try_get("status")?;
     Ok(Payment {
@@ -103,10 +135,9 @@ pub enum InsertAttemptError {
 
 /// Inserts a pending attempt.
 pub const INSERT: &str = concat!(
-    "INSERT INTO payment_attempt
-            (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-             payment_method, next_check_at, created_at, updated_at, request_fingerprint,
-             return_url)
+    "INSERT INTO payment_attempt ",
+    new_attempt_columns!(),
+    "
          VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
                  now() + $10::bigint * interval '1 millisecond', $9, $9, $11, $12)
          RETURNING ",
@@ -164,9 +195,9 @@ pub const INSERT_CLAIMING: &str = concat!(
                             WHERE p.order_id = $9 AND p.status IN ('pending', 'succeeded'))
            FOR UPDATE),
      claim AS (
-        INSERT INTO idempotency_record
-               (merchant_id, idempotency_key, fingerprint, command, request, state,
-                recovery_point, resource_id, lease_token, lease_expires_at, expires_at)
+        INSERT INTO idempotency_record ",
+    claimed_record_columns!(),
+    "
         SELECT $10, $11, $12, $13, $14, 'executing', $15, $16, $17,
                now() + $18::bigint * interval '1 millisecond',
                now() + $19::bigint * interval '1 millisecond'
@@ -178,20 +209,16 @@ pub const INSERT_CLAIMING: &str = concat!(
         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
         RETURNING 1),
      att AS (
-        INSERT INTO payment_attempt
-               (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-                payment_method, next_check_at, created_at, updated_at, request_fingerprint,
-                return_url)
+        INSERT INTO payment_attempt ",
+    new_attempt_columns!(),
+    "
         SELECT $16, $10, o.id, $11, o.amount, o.currency, 'pending', $20, $21,
                now() + $23::bigint * interval '1 millisecond', $22, $22, $12, $24
           FROM o WHERE EXISTS (SELECT 1 FROM claim)
         RETURNING id),
      new_events AS (
-        SELECT n.id, n.type, n.object_type, n.object_id, n.order_id,
-               n.data || jsonb_build_object('amount', o.amount, 'currency', o.currency) AS data,
-               n.cause, n.request_id
-          FROM ",
-    super::events::new_events_from_params!(),
+        ",
+    priced_new_events!(),
     ", o WHERE EXISTS (SELECT 1 FROM att)),
      ",
     super::events::append_new_events!(),
@@ -234,9 +261,9 @@ pub const INSERT_CLAIMING_MANY: &str = concat!(
                                   AND p.status IN ('pending', 'succeeded'))
                FOR UPDATE) x),
      claim AS (
-        INSERT INTO idempotency_record
-               (merchant_id, idempotency_key, fingerprint, command, request, state,
-                recovery_point, resource_id, lease_token, lease_expires_at, expires_at)
+        INSERT INTO idempotency_record ",
+    claimed_record_columns!(),
+    "
         SELECT i.merchant_id, i.idempotency_key, i.fingerprint, i.command, i.request,
                'executing', i.recovery_point, i.attempt_id, i.lease_token,
                now() + i.lease_ms * interval '1 millisecond',
@@ -252,10 +279,9 @@ pub const INSERT_CLAIMING_MANY: &str = concat!(
         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
         RETURNING resource_id),
      att AS (
-        INSERT INTO payment_attempt
-               (id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-                payment_method, next_check_at, created_at, updated_at, request_fingerprint,
-                return_url)
+        INSERT INTO payment_attempt ",
+    new_attempt_columns!(),
+    "
         SELECT i.attempt_id, i.merchant_id, o.id, i.idempotency_key, o.amount, o.currency,
                'pending', i.provider, i.payment_method,
                now() + i.check_ms * interval '1 millisecond', i.created_at, i.created_at,
@@ -263,11 +289,8 @@ pub const INSERT_CLAIMING_MANY: &str = concat!(
           FROM i JOIN o USING (n) JOIN claim c ON c.resource_id = i.attempt_id
         RETURNING order_id),
      new_events AS (
-        SELECT n.id, n.type, n.object_type, n.object_id, n.order_id,
-               n.data || jsonb_build_object('amount', o.amount, 'currency', o.currency) AS data,
-               n.cause, n.request_id
-          FROM ",
-    super::events::new_events_from_params!(),
+        ",
+    priced_new_events!(),
     " JOIN o ON o.id = n.order_id
          WHERE n.order_id IN (SELECT order_id FROM att)),
      ",

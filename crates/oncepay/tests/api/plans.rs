@@ -139,23 +139,10 @@ async fn a_growing_tables_first_statistics_keep_key_lookups_on_their_indexes() {
         .await
         .expect("filled and analysed");
 
-    let (setting, value) = oncepay::store::GENERIC_PLANS;
-    db.execute(format!("SET {setting} = {value}").as_str())
-        .await
-        .expect("generic plans");
+    generic_plans(&mut db).await;
     for (name, sql, args) in LOOKUPS {
-        db.execute(format!("PREPARE {name} AS {sql}").as_str())
-            .await
-            .expect("prepared");
         let args = args.replace("{m}", &merchant.to_string());
-        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN EXECUTE {name}({args})"))
-            .fetch_all(&mut db)
-            .await
-            .expect("explained")
-            .iter()
-            .map(|r| r.get::<String, _>(0))
-            .collect();
-        let plan = plan.join("\n");
+        let plan = generic_plan(&mut db, name, sql, &args).await;
         assert!(
             plan.contains("Index") && !plan.contains("Seq Scan"),
             "{name} uses an index after the first automatic statistics ({n} rows):\n{plan}"
@@ -182,10 +169,7 @@ async fn a_growing_tables_first_statistics_keep_key_lookups_on_their_indexes() {
 async fn the_group_commits_statements_read_tables_by_key_from_an_empty_start() {
     let app = spawn_app().await;
     let mut db = app.db.acquire().await.expect("connects").detach();
-    let (setting, value) = oncepay::store::GENERIC_PLANS;
-    db.execute(format!("SET {setting} = {value}").as_str())
-        .await
-        .expect("generic plans");
+    generic_plans(&mut db).await;
     use oncepay::store::payments::*;
     for (name, sql) in [
         ("claim", INSERT_CLAIMING),
@@ -195,22 +179,12 @@ async fn the_group_commits_statements_read_tables_by_key_from_an_empty_start() {
         ("repeat", FIND_BY_CHARGE_OR_RECORD_REPEAT),
         ("repeat_many", FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY),
     ] {
-        db.execute(format!("PREPARE {name} AS {sql}").as_str())
-            .await
-            .expect("prepared");
         let params = (1..)
             .take_while(|i| sql.contains(&format!("${i}")))
             .map(|_| "NULL")
             .collect::<Vec<_>>()
             .join(", ");
-        let plan: Vec<String> = sqlx::query(&format!("EXPLAIN EXECUTE {name}({params})"))
-            .fetch_all(&mut db)
-            .await
-            .expect("explained")
-            .iter()
-            .map(|r| r.get::<String, _>(0))
-            .collect();
-        let plan = plan.join("\n");
+        let plan = generic_plan(&mut db, name, sql, &params).await;
         for table in GROWING {
             assert!(
                 !plan.contains(&format!("Seq Scan on {table} "))
@@ -219,4 +193,28 @@ async fn the_group_commits_statements_read_tables_by_key_from_an_empty_start() {
             );
         }
     }
+}
+
+/// Makes every statement prepared on `db` run on its generic plan, as the
+/// service's do.
+async fn generic_plans(db: &mut PgConnection) {
+    let (setting, value) = oncepay::store::GENERIC_PLANS;
+    db.execute(format!("SET {setting} = {value}").as_str())
+        .await
+        .expect("generic plans");
+}
+
+/// `sql`'s generic plan, prepared as `name` and explained with `args`.
+async fn generic_plan(db: &mut PgConnection, name: &str, sql: &str, args: &str) -> String {
+    db.execute(format!("PREPARE {name} AS {sql}").as_str())
+        .await
+        .expect("prepared");
+    let plan: Vec<String> = sqlx::query(&format!("EXPLAIN EXECUTE {name}({args})"))
+        .fetch_all(&mut *db)
+        .await
+        .expect("explained")
+        .iter()
+        .map(|r| r.get::<String, _>(0))
+        .collect();
+    plan.join("\n")
 }

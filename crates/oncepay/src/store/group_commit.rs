@@ -385,10 +385,14 @@ async fn alone<W: Write>(
     let mut all: Vec<Vec<PgRow>> = group.iter().map(|_| Vec::new()).collect();
     match run_statement(conn, group, positions, &mut all).await {
         Ok(()) => Ok(all),
-        // A lost connection leaves it unknown whether the statement
-        // committed; an error from the server, that it did not.
-        Err(e) if super::is_unavailable(&e) => Err(Failed::Unknown(e)),
-        Err(e) => Err(Failed::RolledBack(e)),
+        // An error from the server says the statement did not commit. Any
+        // other (a lost connection, or an answer that could not be read
+        // after it committed) leaves it unknown: running its writes again
+        // could make them twice.
+        Err(e @ sqlx::Error::Database(_)) if !super::is_unavailable(&e) => {
+            Err(Failed::RolledBack(e))
+        }
+        Err(e) => Err(Failed::Unknown(e)),
     }
 }
 

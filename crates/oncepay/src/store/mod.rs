@@ -127,6 +127,15 @@ impl Corrupt {
     }
 }
 
+/// One column of a multi-row statement's rows as an array parameter, in
+/// the rows' order (the statement `unnest`s the arrays back into rows).
+pub(crate) fn column<'r, R: 'r, T>(
+    rows: impl IntoIterator<Item = &'r R>,
+    f: impl Fn(&'r R) -> T,
+) -> Vec<T> {
+    rows.into_iter().map(f).collect()
+}
+
 /// Whether a database error means "unavailable for now; the same work may
 /// succeed later" rather than a fault of the request or the code.
 pub(crate) fn is_unavailable(e: &sqlx::Error) -> bool {

@@ -5,7 +5,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
-use super::{Corrupt, StoreError};
+use super::{column, Corrupt, StoreError};
 use crate::domain::order::{Order, OrderStatus};
 use crate::idempotency::persistence::{RecordId, StoredResponse};
 
@@ -220,10 +220,6 @@ pub(crate) async fn insert_claiming_many(
     db: impl PgExecutor<'_>,
     rows: &[ClaimingOrder],
 ) -> Result<Vec<bool>, StoreError> {
-    // One array per column, in the rows' order.
-    fn column<'r, T>(rows: &'r [ClaimingOrder], f: impl Fn(&'r ClaimingOrder) -> T) -> Vec<T> {
-        rows.iter().map(f).collect()
-    }
     let ids = column(rows, |r| r.order.id);
     let merchants = column(rows, |r| r.id.merchant_id);
     let customers = column(rows, |r| r.order.customer_id.as_str());

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::events::{EventRow, NewEvent};
 use super::group_commit::{GroupCommit, Statement};
-use super::{Corrupt, StoreError};
+use super::{column, Corrupt, StoreError};
 use crate::domain::order::Order;
 use crate::domain::origin::Origin;
 use crate::domain::payment::{NextAction, Payment, PaymentStatus};
@@ -1070,11 +1070,6 @@ fn of_kind<'r, R>(
                 "writes of different kinds in one statement".into(),
             ))
         })
-}
-
-/// One array per column, in the rows' order.
-fn column<'r, R, T>(rows: &[&'r R], f: impl Fn(&'r R) -> T) -> Vec<T> {
-    rows.iter().map(|r| f(r)).collect()
 }
 
 /// The events of all `rows`, as one batch.

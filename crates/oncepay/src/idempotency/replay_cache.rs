@@ -30,23 +30,44 @@ pub enum Cached {
     Unknown,
 }
 
-/// A bounded map of completed records.
+/// A bounded map of completed records, kept in two generations: new
+/// entries go into the current one; once it holds half the capacity it
+/// becomes the previous one and the old previous one is dropped whole.
+/// So the newest half of what was put is always kept, and making room
+/// costs one swap under the lock. The entries dropped (thousands of keys
+/// and bodies, milliseconds of freeing) are freed after the lock is let
+/// go: when the cache used to empty itself under its lock, every request
+/// of every worker waited for that (BENCHMARKS.md, twelfth round).
 pub struct ReplayCache {
-    entries: Mutex<HashMap<RecordId, Entry>>,
+    generations: Mutex<Generations>,
     capacity: usize,
 }
 
+#[derive(Default)]
+struct Generations {
+    current: HashMap<RecordId, Entry>,
+    previous: HashMap<RecordId, Entry>,
+}
+
+#[cfg(test)]
+impl Generations {
+    fn len(&self) -> usize {
+        self.current.len() + self.previous.len()
+    }
+}
+
 impl ReplayCache {
-    /// A cache of at most `capacity` records (0 disables it).
+    /// A cache of at most `capacity` records, rounded up to an even number
+    /// (0 disables it).
     pub fn new(capacity: usize) -> ReplayCache {
         ReplayCache {
-            entries: Mutex::new(HashMap::new()),
+            generations: Mutex::new(Generations::default()),
             capacity,
         }
     }
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<RecordId, Entry>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    fn generations(&self) -> std::sync::MutexGuard<'_, Generations> {
+        self.generations.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Looks a key up.
@@ -54,16 +75,23 @@ impl ReplayCache {
         if self.capacity == 0 {
             return Cached::Unknown;
         }
-        let mut entries = self.entries();
-        match entries.get(id) {
-            Some(e) if e.valid_until <= Instant::now() => {
-                entries.remove(id);
-                Cached::Unknown
-            }
-            Some(e) if e.fingerprint == *fingerprint => Cached::Replay(e.response.clone()),
-            Some(_) => Cached::Mismatch,
-            None => Cached::Unknown,
-        }
+        let mut generations = self.generations();
+        let g = &mut *generations;
+        let generation = if g.current.contains_key(id) {
+            &mut g.current
+        } else {
+            &mut g.previous
+        };
+        let answer = match generation.get(id) {
+            None => return Cached::Unknown,
+            Some(e) if e.valid_until <= Instant::now() => None,
+            Some(e) if e.fingerprint == *fingerprint => Some(Cached::Replay(e.response.clone())),
+            Some(_) => Some(Cached::Mismatch),
+        };
+        answer.unwrap_or_else(|| {
+            generation.remove(id);
+            Cached::Unknown
+        })
     }
 
     /// Remembers a completed record for `valid_for` (at most what is left
@@ -78,24 +106,24 @@ impl ReplayCache {
         if self.capacity == 0 || valid_for.is_zero() {
             return;
         }
-        let now = Instant::now();
-        let mut entries = self.entries();
-        if entries.len() >= self.capacity {
-            entries.retain(|_, e| e.valid_until > now);
-            if entries.len() >= self.capacity {
-                // Still full of live entries: start over rather than track
-                // recency; a miss only costs a database read.
-                entries.clear();
-            }
-        }
-        entries.insert(
-            id,
-            Entry {
-                fingerprint,
-                response,
-                valid_until: now + valid_for,
-            },
-        );
+        let entry = Entry {
+            fingerprint,
+            response,
+            valid_until: Instant::now() + valid_for,
+        };
+        let dropped = {
+            let mut g = self.generations();
+            let dropped = if g.current.len() >= self.capacity.div_ceil(2) {
+                let full = std::mem::take(&mut g.current);
+                std::mem::replace(&mut g.previous, full)
+            } else {
+                HashMap::new()
+            };
+            g.previous.remove(&id);
+            g.current.insert(id, entry);
+            dropped
+        };
+        drop(dropped);
     }
 }
 
@@ -138,8 +166,25 @@ mod tests {
         for k in ["a", "b", "c"] {
             cache.put(id(k), f, response(), Duration::from_secs(60));
         }
-        assert!(cache.entries().len() <= 2);
+        assert!(cache.generations().len() <= 2);
         assert_eq!(cache.get(&id("c"), &f), Cached::Replay(response()));
         assert_eq!(ReplayCache::new(0).get(&id("c"), &f), Cached::Unknown);
+    }
+
+    #[test]
+    fn a_full_cache_keeps_replaying_its_newest_half() {
+        let cache = ReplayCache::new(4);
+        let f = Fingerprint([1; 32]);
+        for k in ["a", "b", "c", "d", "e"] {
+            cache.put(id(k), f, response(), Duration::from_secs(60));
+        }
+        // Emptying itself when full (as it once did) would keep only "e".
+        for k in ["c", "d", "e"] {
+            assert_eq!(cache.get(&id(k), &f), Cached::Replay(response()), "{k}");
+        }
+        assert_eq!(cache.get(&id("a"), &f), Cached::Unknown);
+        // A key put again is held once.
+        cache.put(id("d"), f, response(), Duration::from_secs(60));
+        assert_eq!(cache.generations().len(), 3);
     }
 }

@@ -273,7 +273,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             auth_cache_ttl: self.duration("ONCEPAY_AUTH_CACHE_TTL", Duration::from_secs(30))?,
             provider_timeout: self.duration("ONCEPAY_PROVIDER_TIMEOUT", Duration::from_secs(5))?,
             db_pool_size: self.number("ONCEPAY_DB_POOL_SIZE", 8u32, 1, 1000)?,
-            order_batch_writers: self.number("ONCEPAY_ORDER_BATCH_WRITERS", 2usize, 1, 1000)?,
+            order_batch_writers: self.number("ONCEPAY_ORDER_BATCH_WRITERS", 1usize, 1, 1000)?,
             group_commit_writers: self.number("ONCEPAY_GROUP_COMMIT_WRITERS", 2usize, 1, 1000)?,
             db_start_timeout: self.duration("ONCEPAY_DB_START_TIMEOUT", Duration::from_secs(60))?,
             http_workers: self.number("ONCEPAY_HTTP_WORKERS", default_workers(), 1, 256)?,
@@ -746,12 +746,12 @@ mod tests {
             !err.to_string().contains("plain"),
             "a secret is never echoed"
         );
-        let err = env(&[("ONCEPAY_DB_POOL_SIZE", "4")])
+        let err = env(&[("ONCEPAY_DB_POOL_SIZE", "3")])
             .serve_config()
             .expect_err("a pool the writers would fill is refused");
         assert!(err.to_string().contains("ONCEPAY_DB_POOL_SIZE"), "{err}");
         env(&[
-            ("ONCEPAY_DB_POOL_SIZE", "4"),
+            ("ONCEPAY_DB_POOL_SIZE", "3"),
             ("ONCEPAY_GROUP_COMMIT_MAX", "1"),
         ])
         .serve_config()

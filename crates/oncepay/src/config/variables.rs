@@ -76,7 +76,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_AUTH_CACHE_TTL", "serve", "30s"),
     v("ONCEPAY_REPLAY_CACHE_ENTRIES", "serve", "10000"),
     v("ONCEPAY_ORDER_BATCH_MAX", "serve", "64"),
-    v("ONCEPAY_ORDER_BATCH_WRITERS", "serve", "2"),
+    v("ONCEPAY_ORDER_BATCH_WRITERS", "serve", "1"),
     v("ONCEPAY_GROUP_COMMIT_MAX", "serve", "16"),
     v("ONCEPAY_GROUP_COMMIT_WRITERS", "serve", "2"),
     v("ONCEPAY_HTTP_WORKERS", "serve", "number of CPUs"),

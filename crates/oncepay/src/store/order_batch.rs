@@ -6,11 +6,15 @@
 //! A writer takes whatever is queued when it becomes free, up to
 //! [`BatchConfig::max`]: a lone request goes at once, never waiting for a
 //! timer, and under load a batch grows to what arrived while the previous
-//! one was committing. A few writers run at once
-//! ([`BatchConfig::writers`], `ONCEPAY_ORDER_BATCH_WRITERS`, 2): at a light
-//! load each order finds a free writer and goes alone, as it would without
-//! batching, and one slow commit does not stall the queue; more writers
-//! than the database has cores only contend (BENCHMARKS.md, fifth round).
+//! one was committing. One writer by default ([`BatchConfig::writers`],
+//! `ONCEPAY_ORDER_BATCH_WRITERS`, 1): an order that finds it free goes
+//! alone at once, and one that arrives while it commits goes in its next
+//! batch. A second writer would take that order at once, alone, in a
+//! statement and a commit of its own: at a constant rate that halves the
+//! batches and costs the machine 20-30 % more CPU an order, and at 80 % of
+//! the closed loop it left the cores 1.6-1.7 busy where one writer left
+//! them 1.4 (BENCHMARKS.md, twelfth round). More writers than the
+//! database has cores only contend (fifth round).
 //! The guarantees stay the database's:
 //!
 //! - each request is answered only after the statement that holds its row

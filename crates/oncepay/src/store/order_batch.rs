@@ -10,11 +10,11 @@
 //! `ONCEPAY_ORDER_BATCH_WRITERS`, 1): an order that finds it free goes
 //! alone at once, and one that arrives while it commits goes in its next
 //! batch. A second writer would take that order at once, alone, in a
-//! statement and a commit of its own: at a constant rate that halves the
-//! batches and costs the machine 20-30 % more CPU an order, and at 80 % of
-//! the closed loop it left the cores 1.6-1.7 busy where one writer left
-//! them 1.4 (BENCHMARKS.md, twelfth round). More writers than the
-//! database has cores only contend (fifth round).
+//! statement and a commit of its own: at a constant rate that made the
+//! batches smaller and cost PostgreSQL 22-28 % more CPU an order, and at
+//! 80 % of the closed loop it left the cores 1.56-1.69 busy where one
+//! writer left them 1.34-1.58 (BENCHMARKS.md, twelfth round). More
+//! writers than the database has cores only contend (fifth round).
 //! The guarantees stay the database's:
 //!
 //! - each request is answered only after the statement that holds its row

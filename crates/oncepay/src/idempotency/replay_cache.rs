@@ -77,21 +77,20 @@ impl ReplayCache {
         }
         let mut generations = self.generations();
         let g = &mut *generations;
-        let generation = if g.current.contains_key(id) {
-            &mut g.current
-        } else {
-            &mut g.previous
-        };
-        let answer = match generation.get(id) {
-            None => return Cached::Unknown,
-            Some(e) if e.valid_until <= Instant::now() => None,
-            Some(e) if e.fingerprint == *fingerprint => Some(Cached::Replay(e.response.clone())),
-            Some(_) => Some(Cached::Mismatch),
-        };
-        answer.unwrap_or_else(|| {
-            generation.remove(id);
-            Cached::Unknown
-        })
+        for generation in [&mut g.current, &mut g.previous] {
+            let Some(e) = generation.get(id) else {
+                continue;
+            };
+            return if e.valid_until <= Instant::now() {
+                generation.remove(id);
+                Cached::Unknown
+            } else if e.fingerprint == *fingerprint {
+                Cached::Replay(e.response.clone())
+            } else {
+                Cached::Mismatch
+            };
+        }
+        Cached::Unknown
     }
 
     /// Remembers a completed record for `valid_for` (at most what is left

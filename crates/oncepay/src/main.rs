@@ -110,7 +110,7 @@ async fn api_key(env: &ProcessEnv, command: ApiKeyCommand) -> anyhow::Result<()>
             let url = env.database_url()?;
             let pool = oncepay::store::pool(&url, 1)?;
             let actor = oncepay::audit::Actor::cli();
-            match oncepay::store::merchants::revoke(&pool, None, id, &actor)
+            match oncepay::api_keys::revoke(&pool, None, id, &actor)
                 .await
                 .context("revoking the key")?
             {

@@ -12,6 +12,7 @@
 //! The driver also decides, once for all commands, what is kept, what frees
 //! the key and what waits.
 
+pub mod api_keys;
 pub mod checkout;
 pub mod gate;
 pub mod local_runs;
@@ -324,17 +325,20 @@ pub enum CommandKind {
     CreateCheckout,
     /// `POST /webhook_endpoints`.
     CreateWebhookEndpoint,
+    /// `POST /api_keys`.
+    CreateApiKey,
 }
 
 impl CommandKind {
     /// Every kind.
-    pub const ALL: [CommandKind; 6] = [
+    pub const ALL: [CommandKind; 7] = [
         CommandKind::CreateOrder,
         CommandKind::CancelOrder,
         CommandKind::CreatePayment,
         CommandKind::CreateRefund,
         CommandKind::CreateCheckout,
         CommandKind::CreateWebhookEndpoint,
+        CommandKind::CreateApiKey,
     ];
 
     /// The name stored in the record (never changed: stored records hold it).
@@ -346,6 +350,7 @@ impl CommandKind {
             CommandKind::CreateRefund => "create_refund",
             CommandKind::CreateCheckout => "create_checkout",
             CommandKind::CreateWebhookEndpoint => "create_webhook_endpoint",
+            CommandKind::CreateApiKey => "create_api_key",
         }
     }
 
@@ -650,6 +655,9 @@ pub async fn resume(ctx: &AppContext, id: RecordId, lease: Lease) -> Result<(), 
         }
         CommandKind::CreateWebhookEndpoint => {
             resume_as::<webhook_endpoints::CreateWebhookEndpoint>(ctx, &mut claim, &input).await
+        }
+        CommandKind::CreateApiKey => {
+            resume_as::<api_keys::CreateApiKey>(ctx, &mut claim, &input).await
         }
     };
     match outcome {

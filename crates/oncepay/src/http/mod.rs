@@ -9,8 +9,8 @@ mod body;
 mod checkout;
 pub mod checkout_text;
 mod events;
-mod lists;
-mod middleware;
+pub(crate) mod lists;
+pub(crate) mod middleware;
 mod ops;
 mod resources;
 mod webhook_endpoints;
@@ -323,6 +323,7 @@ async fn authenticate_caller(
     let caller = match state.keys.get(&hash) {
         Some(caller) => caller,
         None => {
+            let ticket = state.keys.ticket();
             let pool = state.ctx.pool.clone();
             let found = on_service_runtime(state, async move {
                 store::merchants::merchant_for_key(&pool, &hash)
@@ -331,7 +332,7 @@ async fn authenticate_caller(
             })
             .await?;
             let caller = crate::api_keys::Caller::from(found.ok_or_else(unauthorized)?);
-            state.keys.put(hash, caller);
+            state.keys.put(hash, caller, ticket);
             caller
         }
     };

@@ -6,6 +6,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
+use super::revocations::{self, Seq};
 use super::StoreError;
 use crate::audit::{Action, Actor};
 
@@ -219,9 +220,6 @@ pub async fn set_display_name(
     Ok(true)
 }
 
-/// The channel on which revocations are announced to every process.
-pub(crate) const REVOCATIONS: &str = "oncepay_api_keys";
-
 /// An API key as its merchant sees it (never the key itself).
 #[derive(Debug, Clone, Serialize)]
 pub struct ApiKeyInfo {
@@ -283,18 +281,43 @@ pub async fn list_keys_by_name(pool: &PgPool, name: &str) -> Result<Vec<ApiKeyIn
     rows.iter().map(key_from_row).collect()
 }
 
-/// Stores a new key for a merchant; with `expire`, the key `(hash, ms)`
-/// stops working that many milliseconds from now (rotation without
-/// downtime). One transaction, with the audit rows.
+/// The hash and scopes of key `key_id` of `merchant_id` (the key a
+/// request was made with), if it exists.
+pub(crate) async fn calling_key(
+    tx: &mut sqlx::PgConnection,
+    merchant_id: Uuid,
+    key_id: Uuid,
+) -> Result<Option<([u8; 32], crate::domain::scopes::Scopes)>, StoreError> {
+    let row =
+        sqlx::query("SELECT key_hash, scopes FROM api_key WHERE id = $1 AND merchant_id = $2")
+            .bind(key_id)
+            .bind(merchant_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(row) = row else { return Ok(None) };
+    let hash: Vec<u8> = row.try_get("key_hash")?;
+    let hash: [u8; 32] = hash.try_into().map_err(|_| super::Corrupt::OutOfRange {
+        what: "api key hash",
+    })?;
+    let scopes: Vec<String> = row.try_get("scopes")?;
+    let scopes = crate::domain::scopes::Scopes::parse(scopes.iter().map(String::as_str))
+        .map_err(|_| super::Corrupt::unknown("scopes", &scopes.join(",")))?;
+    Ok(Some((hash, scopes)))
+}
+
+/// Stores a new key for a merchant in `tx`; with `expire`, the key
+/// `(hash, ms)` stops working that many milliseconds from now (rotation
+/// without downtime), announced like a revocation (its number is
+/// returned). With the audit rows.
 pub(crate) async fn add_key_for(
-    pool: &PgPool,
+    tx: &mut sqlx::PgConnection,
     merchant_id: Uuid,
     key: &NewKey<'_>,
     expire: Option<(&[u8; 32], i64)>,
     actor: &Actor,
-) -> Result<ApiKeyInfo, StoreError> {
-    let mut tx = pool.begin().await?;
-    let info = insert_key(&mut tx, merchant_id, key, actor).await?;
+) -> Result<(ApiKeyInfo, Option<Seq>), StoreError> {
+    let info = insert_key(&mut *tx, merchant_id, key, actor).await?;
+    let mut announced = None;
     if let Some((old, after_ms)) = expire {
         let row = sqlx::query(
             "UPDATE api_key SET expires_at = LEAST(COALESCE(expires_at, 'infinity'),
@@ -311,7 +334,7 @@ pub(crate) async fn add_key_for(
             let expires_at: Option<DateTime<Utc>> = row.try_get("expires_at")?;
             let change = serde_json::json!({"expires_at": expires_at, "replaced_by": info.id});
             super::audit::record(
-                &mut tx,
+                &mut *tx,
                 merchant_id,
                 actor,
                 Action::ApiKeyRotated,
@@ -321,25 +344,21 @@ pub(crate) async fn add_key_for(
             .await?;
         }
         // Processes that cached the old key learn of its expiry at once.
-        sqlx::query("SELECT pg_notify($1, encode($2, 'hex'))")
-            .bind(REVOCATIONS)
-            .bind(&old[..])
-            .execute(&mut *tx)
-            .await?;
+        announced = Some(revocations::announce(&mut *tx, &old[..]).await?);
     }
-    tx.commit().await?;
-    Ok(info)
+    Ok((info, announced))
 }
 
-/// Revokes a key (of `merchant_id` if given), announcing it on
-/// [`REVOCATIONS`] in the same transaction. Returns the key and its hash;
-/// `None` if no such live key.
+/// Revokes a key (of `merchant_id` if given), announcing it to every
+/// process in the same transaction. Returns the key, its hash and the
+/// revocation's number (to wait for every process to apply it, see
+/// [`revocations::wait_until_applied`]); `None` if no such live key.
 pub async fn revoke(
     pool: &PgPool,
     merchant_id: Option<Uuid>,
     id: Uuid,
     actor: &Actor,
-) -> Result<Option<(ApiKeyInfo, [u8; 32])>, StoreError> {
+) -> Result<Option<(ApiKeyInfo, [u8; 32], Seq)>, StoreError> {
     let mut tx = pool.begin().await?;
     let row = sqlx::query(&format!(
         "UPDATE api_key SET revoked_at = now()
@@ -366,14 +385,10 @@ pub async fn revoke(
         change,
     )
     .await?;
-    sqlx::query("SELECT pg_notify($1, encode($2, 'hex'))")
-        .bind(REVOCATIONS)
-        .bind(&hash)
-        .execute(&mut *tx)
-        .await?;
+    let seq = revocations::announce(&mut tx, &hash).await?;
     tx.commit().await?;
     let hash: [u8; 32] = hash.try_into().map_err(|_| super::Corrupt::OutOfRange {
         what: "api key hash",
     })?;
-    Ok(Some((info, hash)))
+    Ok(Some((info, hash, seq)))
 }

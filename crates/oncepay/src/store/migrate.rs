@@ -71,6 +71,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "V14__lease_index_for_expired_leases_only",
         include_str!("../../migrations/V14__lease_index_for_expired_leases_only.sql"),
     ),
+    (
+        "V15__revocations_acknowledged",
+        include_str!("../../migrations/V15__revocations_acknowledged.sql"),
+    ),
 ];
 
 /// Arbitrary constant naming oncepay's migration lock among advisory locks.

@@ -31,6 +31,7 @@ pub mod pages;
 pub mod payments;
 pub mod queue;
 pub mod refunds;
+pub mod revocations;
 pub mod webhook_endpoints;
 pub mod webhooks;
 pub(crate) mod writers;

@@ -138,7 +138,7 @@ async fn a_key_gives_no_more_than_it_has_and_old_keys_keep_every_scope() {
             Method::POST,
             "/api_keys",
             &admin_only,
-            "-",
+            "key-1",
             &json!({"scopes": ["read", "admin"]}),
         )
         .await;
@@ -153,7 +153,7 @@ async fn a_key_gives_no_more_than_it_has_and_old_keys_keep_every_scope() {
     );
     // By default a new key has the creating key's scopes.
     let r = app
-        .call(Method::POST, "/api_keys", &admin_only, "-", &json!({}))
+        .call(Method::POST, "/api_keys", &admin_only, "key-2", &json!({}))
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     assert_eq!(json_of(r).await["scopes"], json!(["admin"]));
@@ -164,7 +164,7 @@ async fn a_key_gives_no_more_than_it_has_and_old_keys_keep_every_scope() {
             Method::POST,
             "/api_keys",
             &app.key,
-            "-",
+            "key-11",
             &json!({"scopes": ["read"]}),
         )
         .await;
@@ -185,7 +185,7 @@ async fn a_key_gives_no_more_than_it_has_and_old_keys_keep_every_scope() {
             Method::POST,
             "/api_keys",
             &app.key,
-            "-",
+            "key-12",
             &json!({"scopes": ["root"]}),
         )
         .await;
@@ -236,7 +236,7 @@ async fn administrative_actions_by_api_are_audited_per_merchant() {
             Method::POST,
             "/api_keys",
             &admin,
-            "-",
+            "key-3",
             &json!({"scopes": ["read"]}),
         )
         .await;
@@ -246,7 +246,7 @@ async fn administrative_actions_by_api_are_audited_per_merchant() {
             Method::POST,
             "/api_keys",
             &admin,
-            "-",
+            "key-4",
             &json!({"expire_current_in_seconds": 600}),
         )
         .await;

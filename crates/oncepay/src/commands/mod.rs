@@ -307,56 +307,81 @@ pub struct Run<'a> {
     pub fingerprint: &'a [u8],
 }
 
-/// Every command the engine runs, by the name stored in its idempotency
-/// record. [`resume`] matches on it exhaustively (tokio's mini-redis
-/// `enum Command`), and every [`Command`] names its kind: a new command
-/// cannot compile without a way to be resumed after a crash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CommandKind {
+/// Declares every command the engine runs, once: each kind's variant, the
+/// name stored in its idempotency record (never changed: stored records
+/// hold it) and the [`Command`] that runs it. [`CommandKind`], its `ALL`,
+/// its names and the dispatch of [`resume`] all come from this one list,
+/// so a new command cannot be left out of resume after a crash; a const
+/// check holds each command's own `KIND` to its line.
+macro_rules! command_kinds {
+    ($($(#[$meta:meta])* $variant:ident = $name:literal => $command:ty,)+) => {
+        /// Every command the engine runs, by the name stored in its
+        /// idempotency record (tokio's mini-redis `enum Command`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum CommandKind {
+            $($(#[$meta])* $variant,)+
+        }
+
+        impl CommandKind {
+            /// Every kind.
+            pub const ALL: &'static [CommandKind] = &[$(CommandKind::$variant,)+];
+
+            /// The name stored in the record.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(CommandKind::$variant => $name,)+
+                }
+            }
+
+            /// The name of the command [`resume`] runs for this kind
+            /// (its [`Command::NAME`]).
+            pub const fn resumed_as(self) -> &'static str {
+                match self {
+                    $(CommandKind::$variant => <$command as Command>::NAME,)+
+                }
+            }
+        }
+
+        $(const _: () = assert!(
+            matches!(<$command as Command>::KIND, CommandKind::$variant),
+            concat!("the command of ", stringify!($variant), " names another kind")
+        );)+
+
+        /// Runs a stored command of `kind` to its end.
+        async fn resume_kind(
+            kind: CommandKind,
+            ctx: &AppContext,
+            claim: &mut Claim,
+            input: &CommandInput,
+        ) -> Result<StoredResponse, Drive> {
+            match kind {
+                $(CommandKind::$variant => resume_as::<$command>(ctx, claim, input).await,)+
+            }
+        }
+    };
+}
+
+command_kinds! {
     /// `POST /orders`.
-    CreateOrder,
+    CreateOrder = "create_order" => orders::CreateOrder,
     /// `POST /orders/{id}/cancel`.
-    CancelOrder,
+    CancelOrder = "cancel_order" => orders::CancelOrder,
     /// `POST /payments` (and the checkout page's payments).
-    CreatePayment,
+    CreatePayment = "create_payment" => payments::CreatePayment,
     /// `POST /payments/{id}/refunds`.
-    CreateRefund,
+    CreateRefund = "create_refund" => refunds::CreateRefund,
     /// `POST /orders/{id}/checkout`.
-    CreateCheckout,
+    CreateCheckout = "create_checkout" => checkout::CreateCheckout,
     /// `POST /webhook_endpoints`.
-    CreateWebhookEndpoint,
+    CreateWebhookEndpoint = "create_webhook_endpoint" => webhook_endpoints::CreateWebhookEndpoint,
     /// `POST /api_keys`.
-    CreateApiKey,
+    CreateApiKey = "create_api_key" => api_keys::CreateApiKey,
 }
 
 impl CommandKind {
-    /// Every kind.
-    pub const ALL: [CommandKind; 7] = [
-        CommandKind::CreateOrder,
-        CommandKind::CancelOrder,
-        CommandKind::CreatePayment,
-        CommandKind::CreateRefund,
-        CommandKind::CreateCheckout,
-        CommandKind::CreateWebhookEndpoint,
-        CommandKind::CreateApiKey,
-    ];
-
-    /// The name stored in the record (never changed: stored records hold it).
-    pub const fn name(self) -> &'static str {
-        match self {
-            CommandKind::CreateOrder => "create_order",
-            CommandKind::CancelOrder => "cancel_order",
-            CommandKind::CreatePayment => "create_payment",
-            CommandKind::CreateRefund => "create_refund",
-            CommandKind::CreateCheckout => "create_checkout",
-            CommandKind::CreateWebhookEndpoint => "create_webhook_endpoint",
-            CommandKind::CreateApiKey => "create_api_key",
-        }
-    }
-
     /// The kind a stored name names, if any.
     pub fn parse(name: &str) -> Option<CommandKind> {
-        CommandKind::ALL.into_iter().find(|k| k.name() == name)
+        CommandKind::ALL.iter().copied().find(|k| k.name() == name)
     }
 }
 
@@ -641,25 +666,7 @@ pub async fn resume(ctx: &AppContext, id: RecordId, lease: Lease) -> Result<(), 
             claim.command()
         )));
     };
-    let outcome = match kind {
-        CommandKind::CreateOrder => resume_as::<orders::CreateOrder>(ctx, &mut claim, &input).await,
-        CommandKind::CancelOrder => resume_as::<orders::CancelOrder>(ctx, &mut claim, &input).await,
-        CommandKind::CreatePayment => {
-            resume_as::<payments::CreatePayment>(ctx, &mut claim, &input).await
-        }
-        CommandKind::CreateRefund => {
-            resume_as::<refunds::CreateRefund>(ctx, &mut claim, &input).await
-        }
-        CommandKind::CreateCheckout => {
-            resume_as::<checkout::CreateCheckout>(ctx, &mut claim, &input).await
-        }
-        CommandKind::CreateWebhookEndpoint => {
-            resume_as::<webhook_endpoints::CreateWebhookEndpoint>(ctx, &mut claim, &input).await
-        }
-        CommandKind::CreateApiKey => {
-            resume_as::<api_keys::CreateApiKey>(ctx, &mut claim, &input).await
-        }
-    };
+    let outcome = resume_kind(kind, ctx, &mut claim, &input).await;
     match outcome {
         Ok(_) | Err(Drive::LeaseLost) => Ok(()),
         Err(Drive::Failed(problem)) => Err(problem),
@@ -738,8 +745,10 @@ mod tests {
 
     #[test]
     fn every_command_kind_is_found_by_its_stored_name() {
-        for kind in CommandKind::ALL {
+        for &kind in CommandKind::ALL {
             assert_eq!(CommandKind::parse(kind.name()), Some(kind));
+            // Resume runs the command that stores this name.
+            assert_eq!(kind.resumed_as(), kind.name(), "{kind:?}");
         }
         // The names stored by every version so far: records in flight
         // across a deploy must still resume.

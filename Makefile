@@ -9,8 +9,19 @@ PGPORT ?= 5432
 PG_SERVER ?= postgres://postgres@$(PGHOST):$(PGPORT)
 DATABASE_URL ?= $(PG_SERVER)/oncepay
 export DATABASE_URL
-# The tests create one database per test on this server (oncepay_test_*).
+# The tests create one database per test on this server, named
+# oncepay_test_<run id>_<created>_<random> (crates/oncepay-testkit/src/test_db.rs).
 export TEST_DATABASE_SERVER ?= $(PG_SERVER)
+# Each make is a test run with an id of its own (the time and make's pid,
+# in hex), which its databases carry: test-dbs-drop drops this run's, never
+# another's. Give ONCEPAY_TEST_RUN_ID (1-16 of a-z0-9) to choose it.
+ifndef ONCEPAY_TEST_RUN_ID
+ONCEPAY_TEST_RUN_ID := $(shell printf '%x%x' "$$(date +%s)" "$$PPID")
+endif
+export ONCEPAY_TEST_RUN_ID
+# Other runs' test databases are dropped only once they are this old and
+# nobody is connected to them: a run that crashed left them.
+TEST_DB_STALE_HOURS ?= 6
 
 BIN := target/debug/oncepay
 # One release build for make bench, make chaos and make chaos-ha: built
@@ -20,10 +31,13 @@ BIN := target/debug/oncepay
 RELEASE_BUILD := cargo build --release -p oncepay -p oncepay-bench -p oncepay-chaos
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha chaos-restore ha-packages localstripe axe
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha chaos-restore ha-packages localstripe axe openapi-ts fuzz fuzz-campaign
 
+# The variables the targets' descriptions name, printed with their values.
+HELP_VARS := PGHOST PGPORT TEST_DB_STALE_HOURS
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-14s %s\n", $$1, $$2}' \
+	  | sed $(foreach v,$(HELP_VARS),-e 's|\$$($(v))|$($(v))|g')
 
 db: ## make sure PostgreSQL answers on $(PGHOST):$(PGPORT) (starts a private cluster under .pgdata/ if not)
 	@if pg_isready -q -h $(PGHOST) -p $(PGPORT) 2>/dev/null; then \
@@ -90,20 +104,23 @@ run: db build ## start the sandbox and oncepay with a dev API key; print a curl 
 	echo "    -H \"Idempotency-Key: order-\$$(date +%s%N)\" -H 'Content-Type: application/json' \\"; \
 	echo "    -d '{\"customer_id\":\"cus_1\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"book\",\"quantity\":2,\"unit_amount\":1250}]}' \\"; \
 	echo "    | sed -E 's/.*\"id\":\"([^\"]+)\".*/\\1/'); echo \"order \$$ORDER\""; \
-	echo "  curl -s -X POST $(RUN_URL)/payments -H \"Authorization: Bearer \$$KEY\" \\"; \
+	echo "  curl -si -w '\n' -X POST $(RUN_URL)/payments -H \"Authorization: Bearer \$$KEY\" \\"; \
 	echo "    -H \"Idempotency-Key: pay-\$$ORDER\" -H 'Content-Type: application/json' \\"; \
 	echo "    -d \"{\\\"order_id\\\":\\\"\$$ORDER\\\",\\\"payment_method\\\":\\\"tok_visa\\\"}\""; \
 	echo; \
-	echo "Send the payment again: the answer is the first one, replayed (Idempotent-Replayed: true),"; \
+	echo "Send the payment again: the answer is the first one, replayed (its headers include idempotent-replayed: true),"; \
 	echo "and the card is charged once; check the provider's books at $(RUN_SANDBOX_URL)/v1/ledger."; \
 	echo "Ctrl-C stops both."; \
 	echo; \
 	wait $$serve
 
-test: localstripe axe ## run every test (unit, properties, API, multi-process, schemathesis, a short chaos soak)
+test: localstripe axe openapi-ts ## run every test (unit, properties, API, multi-process, schemathesis, a generated TypeScript client, the fuzz corpus and a few seconds of fuzzing, a short chaos soak)
 	@command -v schemathesis >/dev/null || python3 -m pip install --quiet schemathesis
+	@echo "test run $$ONCEPAY_TEST_RUN_ID: its databases are oncepay_test_$${ONCEPAY_TEST_RUN_ID}_*"
 	@$(MAKE) --no-print-directory test-dbs-drop
 	@status=0; \
+	trap '$(MAKE) --no-print-directory test-dbs-drop; exit 130' INT TERM; \
+	fuzz/run.sh replay || status=$$?; \
 	if cargo nextest --version >/dev/null 2>&1; then \
 	  cargo test --workspace --doc --quiet || status=$$?; \
 	  cargo nextest run --workspace --no-fail-fast || status=$$?; \
@@ -129,6 +146,19 @@ axe: ## install axe-core (npm) into target/axe if missing (the checkout's access
 	  npm install --silent --no-audit --no-fund --prefix $(AXE_DIR) axe-core@$(AXE_VERSION); \
 	fi
 
+# openapi-typescript, openapi-fetch and TypeScript (npm): the API tests
+# generate a TypeScript client's types from openapi.yaml and type-check a
+# program calling every operation (crates/oncepay/tests/typescript/). Test
+# tools only, never shipped; reinstalled when the pins below change.
+OPENAPI_TS_DIR := target/openapi-ts
+OPENAPI_TS_PACKAGES := openapi-typescript@7.13.0 openapi-fetch@0.17.0 typescript@5.9.3
+openapi-ts: ## install openapi-typescript, openapi-fetch and typescript (npm) into target/openapi-ts if missing (the generated TypeScript client's test)
+	@if [ "$$(cat $(OPENAPI_TS_DIR)/.installed 2>/dev/null)" != "$(OPENAPI_TS_PACKAGES)" ] && command -v npm >/dev/null; then \
+	  echo "installing $(OPENAPI_TS_PACKAGES) into $(OPENAPI_TS_DIR) ..."; \
+	  npm install --silent --no-audit --no-fund --save-exact --prefix $(OPENAPI_TS_DIR) $(OPENAPI_TS_PACKAGES) && \
+	  echo "$(OPENAPI_TS_PACKAGES)" > $(OPENAPI_TS_DIR)/.installed; \
+	fi
+
 # localstripe (PyPI), the fake Stripe the Stripe tests run against: a test
 # tool only, in a virtual environment of its own, never shipped.
 LOCALSTRIPE_VENV := target/localstripe-venv
@@ -140,11 +170,33 @@ localstripe: ## install localstripe (a fake Stripe, for tests) into target/local
 	  $(LOCALSTRIPE_VENV)/bin/pip install --quiet localstripe==$(LOCALSTRIPE_VERSION); \
 	fi
 
-test-dbs-drop: ## drop the per-test databases (oncepay_test_*) left on the server
-	@if command -v psql >/dev/null; then \
+# This run's databases go WITH (FORCE): what is still connected is this
+# run's own. Another run's are dropped only when no one is connected and
+# the name says they are older than TEST_DB_STALE_HOURS, and without FORCE:
+# a connection that arrives between the look and the drop fails the drop
+# (quietly), never the connection. Names of another form (the
+# oncepay_test_<uuid> of older checkouts) are left alone.
+test-dbs-drop: ## drop this run's test databases (ONCEPAY_TEST_RUN_ID), and other runs' older than $(TEST_DB_STALE_HOURS) h that no one is connected to
+	@id="$$ONCEPAY_TEST_RUN_ID"; \
+	if [ $${#id} -lt 1 ] || [ $${#id} -gt 16 ] || [ "$$(printf '%s' "$$id" | LC_ALL=C tr -d 'a-z0-9' | wc -c)" -ne 0 ]; then \
+	  echo "make test-dbs-drop: ONCEPAY_TEST_RUN_ID=$$ONCEPAY_TEST_RUN_ID: expected 1 to 16 lowercase letters and digits"; exit 1; \
+	fi; \
+	if [ -z "$(TEST_DB_STALE_HOURS)" ] || [ "$$(printf '%s' '$(TEST_DB_STALE_HOURS)' | LC_ALL=C tr -d '0-9' | wc -c)" -ne 0 ]; then \
+	  echo "make test-dbs-drop: TEST_DB_STALE_HOURS=$(TEST_DB_STALE_HOURS): expected a whole number of hours"; exit 1; \
+	fi; \
+	if command -v psql >/dev/null; then \
 	  psql "$(TEST_DATABASE_SERVER)/postgres" -Atqc \
-	    "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE);', datname) FROM pg_database WHERE datname LIKE 'oncepay\_test\_%'" \
+	    "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE);', datname) FROM pg_database \
+	      WHERE datname LIKE 'oncepay\_test\_$${ONCEPAY_TEST_RUN_ID}\_%'" \
 	  | psql "$(TEST_DATABASE_SERVER)/postgres" -q >/dev/null; \
+	  psql "$(TEST_DATABASE_SERVER)/postgres" -Atqc \
+	    "SELECT format('DROP DATABASE IF EXISTS %I;', d.datname) FROM pg_database d \
+	      WHERE d.datname ~ '^oncepay_test_[a-z0-9]{1,16}_[0-9]{10}_[0-9a-f]{20}$$' \
+	        AND d.datname NOT LIKE 'oncepay\_test\_$${ONCEPAY_TEST_RUN_ID}\_%' \
+	        AND to_timestamp((regexp_match(d.datname, '_([0-9]{10})_[0-9a-f]{20}$$'))[1]::bigint) \
+	            < now() - interval '$(TEST_DB_STALE_HOURS) hours' \
+	        AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.datid = d.oid)" \
+	  | psql "$(TEST_DATABASE_SERVER)/postgres" -q >/dev/null 2>&1; \
 	fi
 
 lint: ## formatting and clippy, as CI runs them
@@ -182,3 +234,9 @@ ha-packages: ## install Debian's patroni, etcd-server and haproxy if missing (ma
 chaos-ha: ha-packages ## the fault soak on PostgreSQL under Patroni (3 nodes, synchronous_mode, etcd, HAProxy) through 12 failovers; CHAOS_ARGS="--async-replication" shows the misconfiguration
 	$(RELEASE_BUILD)
 	target/release/oncepay-chaos --ha $(CHAOS_ARGS)
+
+fuzz: ## replay each fuzz target's corpus, then fuzz it FUZZ_SECONDS (5) s (cargo fuzz; docs/fuzzing.md)
+	fuzz/run.sh replay
+
+fuzz-campaign: ## 10,000,000 executions per fuzz target; merges new inputs into fuzz/corpus/ and writes the figures into docs/fuzzing.md
+	fuzz/run.sh campaign

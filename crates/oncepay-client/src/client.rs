@@ -29,7 +29,8 @@ pub struct AttemptReport {
     pub request: String,
     /// 1-based.
     pub attempt: u32,
-    /// What came back: `201`, `202`, `timed out`, `503 (retrying)`, …
+    /// What came back: `201`, `202`, `201, Idempotent-Replayed: true` (the
+    /// first answer, replayed), `timed out`, `503 (retrying)`, …
     pub outcome: String,
 }
 
@@ -319,22 +320,45 @@ impl Client {
     }
 
     /// Sends one request until a final answer or the deadline: `Ok` for a
-    /// final answer (2xx or a final 4xx), `Err(last reason, request id)`
-    /// when none came in time.
+    /// final answer (2xx or a final 4xx), [`NoAnswer`] when none came in
+    /// time, or at once when the TLS handshake failed (a try that would
+    /// only fail the same way again).
     async fn exchange(
         &self,
         build: impl Fn() -> reqwest::RequestBuilder,
         label: &str,
         intent: (&str, &str),
         deadline: Instant,
-    ) -> Result<(Answer, Option<String>), (String, Option<String>)> {
+    ) -> Result<(Answer, Option<String>), NoAnswer> {
         let policy = self.inner.policy;
         let mut last = ("no try made".to_string(), None);
+        let mut maybe_sent = false;
         for n in 0u32.. {
             let sent = build().send().await;
+            let this_sent_nothing = sent.as_ref().err().is_some_and(reqwest::Error::is_connect);
             let (reason, after, request_id) = match sent {
-                Err(e) => (describe(&e), None, None),
+                Err(e) => {
+                    let failure = TryFailure::of(&e);
+                    maybe_sent |= !failure.not_sent;
+                    if failure.permanent {
+                        self.report(
+                            intent.0,
+                            intent.1,
+                            label,
+                            n + 1,
+                            format!("{} (nothing sent; not retried)", failure.reason),
+                        );
+                        return Err(NoAnswer {
+                            last: failure.reason,
+                            request_id: None,
+                            maybe_sent,
+                        });
+                    }
+                    (failure.reason, None, None)
+                }
                 Ok(response) => {
+                    // An answer came: the request was sent.
+                    maybe_sent = true;
                     let status = response.status().as_u16();
                     let request_id = response
                         .headers()
@@ -342,20 +366,23 @@ impl Client {
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_string);
                     let after = retry_after(response.headers());
+                    let replayed = response
+                        .headers()
+                        .get("idempotent-replayed")
+                        .is_some_and(|v| v.as_bytes() == b"true");
                     match response.bytes().await {
-                        Err(e) => (describe(&e), None, request_id),
+                        Err(e) => (TryFailure::of(&e).reason, None, request_id),
                         Ok(bytes) => {
                             let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
                             let code = body["code"].as_str();
                             match decide(status, code, after) {
                                 Decision::Final => {
-                                    self.report(
-                                        intent.0,
-                                        intent.1,
-                                        label,
-                                        n + 1,
-                                        status.to_string(),
-                                    );
+                                    let outcome = if replayed {
+                                        format!("{status}, Idempotent-Replayed: true")
+                                    } else {
+                                        status.to_string()
+                                    };
+                                    self.report(intent.0, intent.1, label, n + 1, outcome);
                                     return Ok((Answer { status, body }, request_id));
                                 }
                                 Decision::Retry { reason, after } => (reason, after, request_id),
@@ -369,7 +396,11 @@ impl Client {
                 intent.1,
                 label,
                 n + 1,
-                format!("{reason} (retrying, same key)"),
+                if this_sent_nothing {
+                    format!("{reason} (nothing sent; retrying, same key)")
+                } else {
+                    format!("{reason} (retrying, same key)")
+                },
             );
             last = (reason, request_id);
             let pause = policy.pause(n, after);
@@ -378,7 +409,11 @@ impl Client {
             }
             tokio::time::sleep(pause).await;
         }
-        Err(last)
+        Err(NoAnswer {
+            last: last.0,
+            request_id: last.1,
+            maybe_sent,
+        })
     }
 
     async fn remove(&self, path: &str) -> Result<(), Error> {
@@ -396,9 +431,9 @@ impl Client {
         {
             Ok((answer, request_id)) if answer.status >= 400 => Err(problem(&answer, request_id)),
             Ok(_) => Ok(()),
-            Err((last, _)) => Err(Error::Unavailable {
+            Err(none) => Err(Error::Unavailable {
                 path: path.into(),
-                last,
+                last: none.last,
             }),
         }
     }
@@ -412,22 +447,136 @@ impl Client {
             .await
         {
             Ok((answer, request_id)) => decode(answer, request_id),
-            Err((last, _)) => Err(Error::Unavailable {
+            Err(none) => Err(Error::Unavailable {
                 path: path.into(),
-                last,
+                last: none.last,
             }),
         }
     }
 }
 
-fn describe(e: &reqwest::Error) -> String {
-    if e.is_timeout() {
-        "timed out".into()
-    } else if e.is_connect() {
-        "could not connect".into()
-    } else {
-        "connection lost before the answer".into()
+/// No final answer from [`Client::exchange`].
+struct NoAnswer {
+    /// What the last try met.
+    last: String,
+    /// The `X-Request-Id` of the last answer, if one came.
+    request_id: Option<String>,
+    /// Some try may have sent the request (it got an answer, or failed
+    /// after connecting). False: every try failed before a byte of it left.
+    maybe_sent: bool,
+}
+
+/// What one failed try proves.
+#[derive(Debug)]
+struct TryFailure {
+    /// What it met, for the error and the observer.
+    reason: String,
+    /// It failed while connecting, TCP or the TLS handshake: the request is
+    /// written only on a connection that is up, so none of it was sent.
+    not_sent: bool,
+    /// The TLS handshake was refused (by the server's answer, or by our
+    /// check of its certificate): another try would meet the same.
+    permanent: bool,
+}
+
+impl TryFailure {
+    fn of(e: &reqwest::Error) -> TryFailure {
+        let causes = causes(e);
+        // The innermost cause says it best ("Connection refused",
+        // "received corrupt message of type InvalidContentType").
+        let detail = causes
+            .last()
+            .map(|c| c.to_string())
+            .unwrap_or_else(|| e.to_string());
+        let io_kind = |kind: std::io::ErrorKind| {
+            causes.iter().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == kind)
+            })
+        };
+        let https = e.url().is_some_and(|u| u.scheme() == "https");
+        let at = e
+            .url()
+            .map(|u| {
+                format!(
+                    "{}:{}",
+                    u.host_str().unwrap_or("?"),
+                    u.port_or_known_default().unwrap_or(443)
+                )
+            })
+            .unwrap_or_else(|| "the server".into());
+        if e.is_connect() {
+            // rustls reports a handshake it refuses as `InvalidData`; the
+            // TCP connection was up, but nothing of the request was sent.
+            if https && io_kind(std::io::ErrorKind::InvalidData) {
+                let not_tls = [
+                    "corrupt message",
+                    "InvalidContentType",
+                    "unexpected message",
+                ]
+                .iter()
+                .any(|m| detail.contains(m));
+                let reason = if not_tls {
+                    format!(
+                        "the TLS handshake with {at} failed: the server there does not speak TLS \
+                         ({detail}); is the URL meant to be http://?"
+                    )
+                } else {
+                    format!("the TLS handshake with {at} failed ({detail})")
+                };
+                return TryFailure {
+                    reason,
+                    not_sent: true,
+                    permanent: true,
+                };
+            }
+            let reason = if https && io_kind(std::io::ErrorKind::UnexpectedEof) {
+                format!("{at} closed the connection during the TLS handshake ({detail})")
+            } else if e.is_timeout() {
+                format!("timed out connecting to {at}")
+            } else {
+                format!("could not connect to {at} ({detail})")
+            };
+            return TryFailure {
+                reason,
+                not_sent: true,
+                permanent: false,
+            };
+        }
+        let reason = if e.is_timeout() {
+            "timed out".into()
+        } else {
+            "connection lost before the answer".into()
+        };
+        TryFailure {
+            reason,
+            not_sent: false,
+            permanent: false,
+        }
     }
+}
+
+/// `e` and its causes, outermost first. An `io::Error`'s `source` skips
+/// the error it wraps (TLS errors arrive wrapped so), so it is looked into.
+fn causes<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Vec<&'a (dyn std::error::Error + 'static)> {
+    let mut out: Vec<&'a (dyn std::error::Error + 'static)> = Vec::new();
+    let mut next = Some(e);
+    while let Some(error) = next {
+        out.push(error);
+        if out.len() > 32 {
+            break;
+        }
+        next = match error
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => error.source(),
+        };
+    }
+    out
 }
 
 fn problem(answer: &Answer, request_id: Option<String>) -> Error {
@@ -603,30 +752,37 @@ impl Intent {
     }
 
     /// The intent's record: made (with a new key) and stored before the
-    /// first send, or found.
-    fn record(&self, request: &StoredRequest) -> Result<IntentRecord, Error> {
+    /// first send, or found; and whether it was found (made earlier, so an
+    /// earlier call may have sent it).
+    fn record(&self, request: &StoredRequest) -> Result<(IntentRecord, bool), Error> {
         let store = &self.client.inner.store;
-        let record = match store.load(&self.name)? {
-            Some(record) => record,
-            None => store.insert_new(IntentRecord {
-                name: self.name.clone(),
-                key: Uuid::new_v4().to_string(),
-                created_at: now_unix(),
-                request: request.clone(),
-                closed: None,
-            })?,
+        let (record, opened_before) = match store.load(&self.name)? {
+            Some(record) => (record, true),
+            None => {
+                let key = Uuid::new_v4().to_string();
+                let stored = store.insert_new(IntentRecord {
+                    name: self.name.clone(),
+                    key: key.clone(),
+                    created_at: now_unix(),
+                    request: request.clone(),
+                    closed: None,
+                })?;
+                // Another caller's record won the insert: it may be sending.
+                let theirs = stored.key != key;
+                (stored, theirs)
+            }
         };
         if record.request != *request {
             return Err(Error::IntentReused(self.name.clone()));
         }
-        Ok(record)
+        Ok((record, opened_before))
     }
 
     /// Sends the intent's request until a final answer, follows a pending
     /// payment or refund until it settles or the deadline, closes the
     /// intent on a final answer, and returns the final body.
     async fn run(&self, request: StoredRequest) -> Result<Value, Error> {
-        let record = self.record(&request)?;
+        let (record, opened_before) = self.record(&request)?;
         let started = Instant::now();
         if let Some(closed) = &record.closed {
             let answer = Answer {
@@ -653,12 +809,21 @@ impl Intent {
             .await
         {
             Ok(answer) => answer,
-            Err((last, request_id)) => {
+            // Every try failed before a byte left: not sent, not unknown.
+            Err(none) if !none.maybe_sent => {
+                return Err(Error::NotSent {
+                    intent: self.name.clone(),
+                    key: record.key.clone(),
+                    reason: none.last,
+                    opened_before,
+                })
+            }
+            Err(none) => {
                 return Err(Error::OutcomeUnknown {
                     intent: self.name.clone(),
                     key: record.key.clone(),
-                    last,
-                    request_id,
+                    last: none.last,
+                    request_id: none.request_id,
                     elapsed: started.elapsed(),
                 })
             }

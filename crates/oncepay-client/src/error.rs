@@ -47,6 +47,27 @@ pub enum Error {
         /// How long the client tried.
         elapsed: Duration,
     },
+    /// Nothing of the request was sent by this call: every try failed
+    /// before a byte of it left this process (the connection was refused,
+    /// the TLS handshake failed: a server that does not speak TLS, a
+    /// certificate not trusted). A failed TLS handshake is not retried:
+    /// the same handshake would fail again. The intent stays open with its
+    /// key: send it again, as the same intent, once the cause is fixed
+    /// (never under a new intent while this one is open).
+    #[error("intent {intent:?} not sent: {reason}; no byte of its request left on this call, and the intent stays open: send it again with the same key")]
+    NotSent {
+        /// The intent's name.
+        intent: String,
+        /// Its idempotency key.
+        key: String,
+        /// Why nothing was sent.
+        reason: String,
+        /// The intent was already in the store when this call began: an
+        /// earlier call (this process's, or one before a restart) may have
+        /// sent it, so whether it took effect is known only once it is sent
+        /// again. False: it was never sent, so nothing happened.
+        opened_before: bool,
+    },
     /// A read (`GET`) got no answer before the deadline.
     #[error("{path}: no answer before the deadline (last: {last})")]
     Unavailable {
@@ -72,9 +93,24 @@ pub enum Error {
 
 impl Error {
     /// False only when the effect may or may not have happened
-    /// ([`Error::OutcomeUnknown`]).
+    /// ([`Error::OutcomeUnknown`], and [`Error::NotSent`] for an intent an
+    /// earlier call may have sent). A [`Error::NotSent`] intent sent for
+    /// the first time is known: nothing happened.
     pub fn outcome_known(&self) -> bool {
-        !matches!(self, Error::OutcomeUnknown { .. })
+        !matches!(
+            self,
+            Error::OutcomeUnknown { .. }
+                | Error::NotSent {
+                    opened_before: true,
+                    ..
+                }
+        )
+    }
+
+    /// True when this call sent nothing of the request ([`Error::NotSent`]):
+    /// the intent is open and safe to send again with the same key.
+    pub fn not_sent(&self) -> bool {
+        matches!(self, Error::NotSent { .. })
     }
 
     /// The problem `code`, for an API answer.

@@ -19,6 +19,13 @@
 //!   returned pending.
 //! - **Unknown is not failed.** No final answer by the deadline is
 //!   [`Error::OutcomeUnknown`]: the intent stays open; resume it later.
+//! - **Not sent is not unknown.** A try that failed while connecting (the
+//!   connection refused, the TLS handshake failed) sent nothing of the
+//!   request. When no try got further, the call ends in [`Error::NotSent`],
+//!   saying why: the intent stays open and is safe to send again with its
+//!   key. A failed TLS handshake (`https://` to a server that does not
+//!   speak TLS, a certificate not trusted) ends it at once: another try
+//!   would fail the same way.
 //!
 //! ```no_run
 //! use oncepay_client::{Client, FileStore, Error};
@@ -33,6 +40,7 @@
 //! match client.intent(&format!("pay order {order_id}")).pay(order_id, "tok_visa").await {
 //!     Ok(payment) => println!("{:?}", payment.status), // succeeded, failed (declined) or pending
 //!     Err(e) if !e.outcome_known() => println!("unknown: resume later ({e})"),
+//!     Err(e) if e.not_sent() => println!("not sent: fix the cause, send the intent again ({e})"),
 //!     Err(e) => println!("refused: {e}"),
 //! }
 //! # Ok(()) }

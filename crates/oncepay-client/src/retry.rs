@@ -4,7 +4,9 @@
 //! | answer | what the client does |
 //! |---|---|
 //! | `2xx` | final: the result (a `202 pending` payment or refund is then polled) |
-//! | connection error, timeout, a body cut short | retry, same key |
+//! | could not connect (refused, DNS, connect timeout) | retry, same key; nothing was sent |
+//! | TLS handshake failed | final, not retried: nothing was sent ([`crate::Error::NotSent`] for an intent) |
+//! | timeout, connection lost, a body cut short | retry, same key |
 //! | `5xx` | retry, same key |
 //! | `409 idempotency_key_in_flight` | retry, same key, after `Retry-After` |
 //! | `429` | retry, same key, after `Retry-After` |
@@ -12,7 +14,9 @@
 //!
 //! Pauses are exponential with full jitter (uniform in
 //! `[0, min(cap, base · 2^n)]`), or what `Retry-After` asks (capped too),
-//! and no try starts past the deadline: then the outcome is unknown.
+//! and no try starts past the deadline: then the outcome is unknown, or,
+//! when every try failed while connecting, the request was not sent
+//! ([`crate::Error::NotSent`]).
 
 use std::time::Duration;
 

@@ -25,9 +25,8 @@ struct Stack {
 }
 
 async fn stack(sandbox_env: &[(&'static str, &str)]) -> Stack {
-    let server = std::env::var("TEST_DATABASE_SERVER")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-    let db_url = format!("{server}/oncepay_test_{}", Uuid::new_v4().simple());
+    // Named after this test run: `make test-dbs-drop` drops it, and no other run's.
+    let db_url = oncepay_testkit::test_db::database_url();
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let sandbox = format!("http://{}", listener.local_addr().expect("addr"));
     let serve_vars: Vec<(&str, String)> = vec![
@@ -323,7 +322,10 @@ async fn a_pending_payment_is_polled_until_final_or_returned_pending() {
 
 #[tokio::test]
 async fn no_answer_by_the_deadline_is_unknown_and_the_intent_stays_open() {
-    let port = oncepay_testkit::ports::free_port().expect("port");
+    // A listener that takes connections (the kernel's backlog) and never
+    // answers: the request is sent, its outcome unknown.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
     let client = Client::builder(&format!("http://127.0.0.1:{port}"), "opk_x")
         .policy(RetryPolicy {
             deadline: Duration::from_millis(800),
@@ -337,7 +339,7 @@ async fn no_answer_by_the_deadline_is_unknown_and_the_intent_stays_open() {
         .await
         .expect_err("nobody answers");
     assert!(!err.outcome_known(), "{err}");
-    assert!(matches!(err, Error::OutcomeUnknown { .. }));
+    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
     let open = client.open_intents().expect("open");
     assert_eq!(open.len(), 1);
     // Another request under the same intent is refused locally.
@@ -347,6 +349,131 @@ async fn no_answer_by_the_deadline_is_unknown_and_the_intent_stays_open() {
         .await
         .expect_err("one intent, one request");
     assert!(matches!(reused, Error::IntentReused(_)));
+    drop(silent);
+}
+
+/// Issue 48: every try refused while connecting sent nothing: that is
+/// not an unknown outcome, and the intent is still safe to send.
+#[tokio::test]
+async fn a_connection_refused_to_the_deadline_is_not_sent_not_unknown() {
+    let port = oncepay_testkit::ports::free_port().expect("port");
+    let client = Client::builder(&format!("http://127.0.0.1:{port}"), "opk_x")
+        .policy(RetryPolicy {
+            deadline: Duration::from_millis(800),
+            ..quick()
+        })
+        .build()
+        .expect("client");
+    let err = client
+        .intent("pay nobody")
+        .pay(Uuid::now_v7(), "tok_visa")
+        .await
+        .expect_err("nobody listens");
+    assert!(
+        matches!(&err, Error::NotSent { opened_before: false, reason, .. } if reason.contains("could not connect")),
+        "{err}"
+    );
+    assert!(err.not_sent() && err.outcome_known(), "{err}");
+    assert!(!err.to_string().contains("outcome unknown"), "{err}");
+    assert_eq!(client.open_intents().expect("open").len(), 1, "still open");
+}
+
+/// Issue 48: `https://` on the plain-HTTP port. The TLS handshake fails
+/// before a byte of the request is sent: a clear error saying so, at once
+/// (not retried to the deadline, not "outcome unknown"), the intent open
+/// with its key; sent to `http://` afterwards, it pays once, with that key.
+#[tokio::test]
+async fn https_to_the_plain_port_is_not_sent_and_the_intent_then_pays_once_over_http() {
+    let stack = stack(&[]).await;
+    let order = stack.order(&stack.client(quick())).await;
+    let dir = std::env::temp_dir().join(format!("oncepay-client-tls-{}", Uuid::new_v4()));
+    let tries = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = tries.clone();
+    let tls = Client::builder(&stack.base.replacen("http://", "https://", 1), &stack.key)
+        .store(FileStore::open(&dir).expect("store"))
+        .policy(quick())
+        .on_attempt(move |a| seen.lock().expect("tries").push(a.outcome.clone()))
+        .build()
+        .expect("client");
+    let started = std::time::Instant::now();
+    let err = tls
+        .intent("pay over the wrong scheme")
+        .pay(order, "tok_visa")
+        .await
+        .expect_err("no TLS on that port");
+    assert!(
+        matches!(
+            &err,
+            Error::NotSent {
+                opened_before: false,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.not_sent(), "{err}");
+    assert!(
+        err.outcome_known(),
+        "never sent, so nothing happened: {err}"
+    );
+    let text = err.to_string();
+    for part in ["not sent", "TLS handshake", "does not speak TLS", "http://"] {
+        assert!(text.contains(part), "{part:?} in {text}");
+    }
+    assert!(!text.contains("outcome unknown"), "{text}");
+    assert!(
+        started.elapsed() < quick().deadline / 4,
+        "not retried to the deadline: {:?}",
+        started.elapsed()
+    );
+    {
+        let tries = tries.lock().expect("tries");
+        assert_eq!(tries.len(), 1, "one try, not retried: {tries:?}");
+        assert!(tries[0].contains("not retried"), "{tries:?}");
+    }
+    let open = tls.open_intents().expect("open");
+    assert_eq!(open.len(), 1, "the intent stays open");
+    let key = open[0].key.clone();
+    assert_eq!(stack.count("SELECT count(*) FROM payment_attempt").await, 0);
+    // Sent again over TLS: the same key, still nothing sent; the intent
+    // existed before this call, so its outcome is no longer "known".
+    let again = tls
+        .intent("pay over the wrong scheme")
+        .pay(order, "tok_visa")
+        .await
+        .expect_err("still no TLS");
+    assert!(
+        matches!(&again, Error::NotSent { opened_before: true, key: k, .. } if *k == key),
+        "{again}"
+    );
+    assert!(!again.outcome_known());
+    drop(tls);
+
+    // The same store, the right scheme: the same intent, the same key.
+    let plain = Client::builder(&stack.base, &stack.key)
+        .store(FileStore::open(&dir).expect("store"))
+        .policy(quick())
+        .build()
+        .expect("client");
+    let paid = plain
+        .intent("pay over the wrong scheme")
+        .pay(order, "tok_visa")
+        .await
+        .expect("paid over http");
+    assert_eq!(paid.status, Status::Succeeded);
+    assert!(plain.open_intents().expect("open").is_empty(), "closed");
+    assert_eq!(stack.count("SELECT count(*) FROM payment_attempt").await, 1);
+    assert_eq!(
+        stack
+            .count(&format!(
+                "SELECT count(*) FROM payment_attempt WHERE idempotency_key = '{key}'"
+            ))
+            .await,
+        1,
+        "sent with the intent's key"
+    );
+    assert_eq!(stack.charge(paid.id).await["charges"], 1, "one charge");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
@@ -519,4 +646,110 @@ async fn every_endpoint_family_is_typed_and_deliveries_verify() {
     let keys = client.list_api_keys().await.expect("keys");
     assert_eq!(keys.data.len(), 1);
     assert!(keys.data[0].prefix.starts_with("opk_"));
+}
+
+/// The CLI's demo, as docs/clients.md promises it: `checkout` loses the
+/// payment's first answer on its way back (oncepay paid, the client never
+/// heard), retries with the same key, is answered with the first answer
+/// replayed, and the order has one payment, charged once.
+#[tokio::test]
+async fn the_checkout_demo_loses_an_answer_and_its_retry_gets_the_replay() {
+    let stack = stack(&[]).await;
+    let dir = std::env::temp_dir().join(format!("oncepay-client-demo-{}", Uuid::new_v4()));
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay-client"))
+        .args(["--base", &stack.base, "--key", &stack.key])
+        .arg("--store")
+        .arg(&dir)
+        .args(["checkout", "--name", "demo"])
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("oncepay-client runs");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{stdout}{stderr}");
+    let tries: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("POST /payments try"))
+        .collect();
+    assert_eq!(tries.len(), 2, "{stderr}");
+    assert!(
+        tries[0].contains("try 1: ") && tries[0].contains("(retrying, same key)"),
+        "{stderr}"
+    );
+    assert!(
+        tries[1].contains("try 2: 201, Idempotent-Replayed: true"),
+        "{stderr}"
+    );
+    let key_of = |line: &str| {
+        line.split(" key ")
+            .nth(1)
+            .and_then(|rest| rest.split(']').next())
+            .map(str::to_string)
+    };
+    assert!(key_of(tries[0]).is_some(), "{stderr}");
+    assert_eq!(key_of(tries[0]), key_of(tries[1]), "one key: {stderr}");
+    assert!(
+        stdout.contains("answers lost on the way back: 1"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("has 1 payment(s)"), "{stdout}");
+    assert_eq!(stack.count("SELECT count(*) FROM payment_attempt").await, 1);
+    let payment: Uuid = sqlx::query_scalar("SELECT id FROM payment_attempt")
+        .fetch_one(&stack.db)
+        .await
+        .expect("the payment");
+    assert_eq!(stack.charge(payment).await["charges"], 1, "charged once");
+}
+
+/// docs/clients.md's table of endpoints names every route the service
+/// serves (`oncepay::http::ROUTES`), each as `METHOD /path`, and only
+/// calls the client has.
+#[test]
+fn the_docs_endpoint_table_is_every_route_and_real_calls() {
+    let docs = include_str!("../../../docs/clients.md");
+    let client = include_str!("../src/client.rs");
+    let start = docs
+        .find("### Endpoints and the client's calls")
+        .expect("the section");
+    let end = docs[start..]
+        .find("\n## ")
+        .map_or(docs.len(), |e| start + e);
+    let rows: Vec<&str> = docs[start..end]
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .collect();
+    let cell = |row: &str, n: usize| row.split(" | ").nth(n).unwrap_or_default().to_string();
+    let ticked = |text: &str| -> Vec<String> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let documented: Vec<String> = rows.iter().flat_map(|r| ticked(&cell(r, 0))).collect();
+    let mut served = Vec::new();
+    for (path, methods) in oncepay::http::ROUTES {
+        for method in methods.split(", ") {
+            served.push(format!("{method} {path}"));
+        }
+    }
+    let missing: Vec<_> = served.iter().filter(|r| !documented.contains(r)).collect();
+    let unknown: Vec<_> = documented.iter().filter(|r| !served.contains(r)).collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty(),
+        "not in docs/clients.md: {missing:?}; not served: {unknown:?}"
+    );
+    for row in &rows {
+        let calls = cell(row, 1);
+        for call in ticked(&calls) {
+            if call.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+                assert!(
+                    client.contains(&format!("pub async fn {call}(")),
+                    "docs/clients.md names `{call}`, which the client does not have"
+                );
+            }
+        }
+    }
 }

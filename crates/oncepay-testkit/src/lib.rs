@@ -15,7 +15,9 @@
 //! - [`receiver`]: a merchant's webhook receiver that records what it gets;
 //! - [`localstripe`]: a fake Stripe nobody here wrote, on loopback;
 //! - [`stripe_layer`]: Stripe's idempotency, declines and faults in front
-//!   of it.
+//!   of it;
+//! - [`test_db`]: the names of the tests' databases, which carry the test
+//!   run's id so that a run drops only its own.
 //!
 //! It depends on no oncepay crate: it drives the `oncepay` binary and HTTP.
 
@@ -35,4 +37,5 @@ pub mod processes;
 pub mod ready;
 pub mod receiver;
 pub mod stripe_layer;
+pub mod test_db;
 pub mod tls;

@@ -350,9 +350,9 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                     1_000_000,
                 )?,
             ),
+            writers_fitted: None,
         };
-        pool_outlasts_writers(&config)?;
-        Ok(config)
+        fit_writers_to_pool(config)
     }
 
     /// Everything `oncepay sandbox` needs.
@@ -408,26 +408,143 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     }
 }
 
+/// The pool's connections no writer may take: the revocation listener
+/// keeps one for the life of the process
+/// (`api_keys::listen_for_revocations`); the books reconciliation holds
+/// its lock on a second while it works on a third (`books::reconcile`);
+/// and requests, the reconciler, the sweeper and the deliveries need that
+/// third (and wait for it while the books run on it).
+pub const POOL_RESERVED: u32 = 3;
+
+/// The smallest `ONCEPAY_DB_POOL_SIZE` that works: [`POOL_RESERVED`], with
+/// no writer (new orders and a payment's writes then each go alone on
+/// their request's connection, as with `ONCEPAY_ORDER_BATCH_MAX=1` and
+/// `ONCEPAY_GROUP_COMMIT_MAX=1`).
+pub const MIN_DB_POOL_SIZE: u32 = POOL_RESERVED;
+
+/// Writers given up so that they fit `ONCEPAY_DB_POOL_SIZE`: what was
+/// asked and what runs (`serve` logs it once, as a warning, at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WritersFitted {
+    /// `ONCEPAY_DB_POOL_SIZE`.
+    pub pool: u32,
+    /// `ONCEPAY_ORDER_BATCH_WRITERS`: asked (0 with `ONCEPAY_ORDER_BATCH_MAX=1`), used.
+    pub order_batch_writers: (usize, usize),
+    /// `ONCEPAY_GROUP_COMMIT_WRITERS`: asked (0 with `ONCEPAY_GROUP_COMMIT_MAX=1`), used.
+    pub group_commit_writers: (usize, usize),
+}
+
+impl WritersFitted {
+    /// The warning `serve` logs: the variables, the values used, why, and
+    /// the pool size that would keep what was asked.
+    pub fn warning(&self) -> String {
+        let kinds = [
+            (
+                "ONCEPAY_ORDER_BATCH_WRITERS",
+                self.order_batch_writers,
+                "ONCEPAY_ORDER_BATCH_MAX",
+                "new orders are",
+            ),
+            (
+                "ONCEPAY_GROUP_COMMIT_WRITERS",
+                self.group_commit_writers,
+                "ONCEPAY_GROUP_COMMIT_MAX",
+                "a payment's writes are",
+            ),
+        ];
+        let used: Vec<String> = kinds
+            .iter()
+            .map(|(var, (asked, used), max, _)| match asked {
+                0 => format!("{var} unused ({max}=1)"),
+                _ => format!("{var}={used} (asked {asked})"),
+            })
+            .collect();
+        let mut text = format!(
+            "ONCEPAY_DB_POOL_SIZE={} leaves room for {} writer(s) beside the {POOL_RESERVED} \
+             connections the revocation listener, the books lock and the requests need: {}",
+            self.pool,
+            self.pool.saturating_sub(POOL_RESERVED),
+            used.join(", ")
+        );
+        for (_, (asked, used), max, what) in kinds {
+            if used == 0 && asked > 0 {
+                text += &format!("; {what} written each alone, as with {max}=1");
+            }
+        }
+        let keep =
+            POOL_RESERVED as usize + self.order_batch_writers.0 + self.group_commit_writers.0;
+        text += &format!("; ONCEPAY_DB_POOL_SIZE={keep} would keep every writer asked");
+        text
+    }
+}
+
+/// Which writers fit in `room` connections, given `order` batch writers
+/// and `group` group-commit writers asked: one of the more numerous kind
+/// is given up at a time, an order writer first when they are as many (a
+/// payment makes two or three group-commit writes, an order one batched
+/// write).
+pub fn writers_that_fit(room: usize, order: usize, group: usize) -> (usize, usize) {
+    let (mut order, mut group) = (order, group);
+    while order + group > room {
+        if group > order {
+            group -= 1;
+        } else {
+            order -= 1;
+        }
+    }
+    (order, group)
+}
+
 /// The writers of create-order's batches and of group commit each keep a
 /// pooled connection while they are busy
-/// (`store::writers::WriterConnection`): a pool no larger than all of them
-/// would leave every other statement waiting for one to idle, which under
-/// steady load never happens.
-fn pool_outlasts_writers(config: &ServeConfig) -> Result<(), ConfigError> {
-    let writers = |max: usize, writers: usize| if max > 1 { writers } else { 0 };
-    let held = writers(config.order_batch_max, config.order_batch_writers)
-        + writers(config.group_commit_max, config.group_commit_writers);
-    if config.db_pool_size as usize <= held {
+/// (`store::writers::WriterConnection`): a pool with no connection left
+/// beside them would leave every other statement waiting for one to idle,
+/// which under steady load never happens. So the writers are fitted to
+/// the pool, not the other way round (a pool behind PgBouncer or of a
+/// small managed database is small): beside [`POOL_RESERVED`] connections,
+/// as many as fit; a kind left with none writes each alone on its
+/// request's connection. Below [`MIN_DB_POOL_SIZE`] nothing works, and the
+/// pool is refused.
+fn fit_writers_to_pool(mut config: ServeConfig) -> Result<ServeConfig, ConfigError> {
+    if config.db_pool_size < MIN_DB_POOL_SIZE {
         return Err(ConfigError {
             var: "ONCEPAY_DB_POOL_SIZE",
             value: config.db_pool_size.to_string(),
             reason: format!(
-                "must exceed the writers that keep a connection while busy \
-                 (ONCEPAY_ORDER_BATCH_WRITERS + ONCEPAY_GROUP_COMMIT_WRITERS: {held})"
+                "must be at least {MIN_DB_POOL_SIZE}: the revocation listener keeps one \
+                 connection, the books reconciliation holds its lock on a second while it \
+                 works on a third, and requests need that third too (the writers of \
+                 ONCEPAY_ORDER_BATCH_WRITERS and ONCEPAY_GROUP_COMMIT_WRITERS take only what \
+                 is left)"
             ),
         });
     }
-    Ok(())
+    let asked = |max: usize, writers: usize| if max > 1 { writers } else { 0 };
+    let order = asked(config.order_batch_max, config.order_batch_writers);
+    let group = asked(config.group_commit_max, config.group_commit_writers);
+    let room = (config.db_pool_size - POOL_RESERVED) as usize;
+    let (order_used, group_used) = writers_that_fit(room, order, group);
+    if (order_used, group_used) == (order, group) {
+        return Ok(config);
+    }
+    if order_used < order {
+        config.order_batch_writers = order_used;
+        if order_used == 0 {
+            config.order_batch_max = 1;
+        }
+    }
+    if group_used < group {
+        config.group_commit_writers = group_used;
+        if group_used == 0 {
+            config.group_commit_max = 1;
+        }
+    }
+    config.writers_fitted = Some(WritersFitted {
+        pool: config.db_pool_size,
+        order_batch_writers: (order, order_used),
+        group_commit_writers: (group, group_used),
+    });
+    Ok(config)
 }
 
 fn default_workers() -> usize {
@@ -481,6 +598,10 @@ pub struct ServeConfig {
     pub provider_timeout: Duration,
     /// Largest number of database connections per process.
     pub db_pool_size: u32,
+    /// Writers given up to fit `db_pool_size` (then `order_batch_writers`
+    /// and `group_commit_writers` are what fits, and a kind left with none
+    /// has its `_max` at 1), for `serve` to say so at start.
+    pub writers_fitted: Option<WritersFitted>,
     /// How long `serve` waits at start for a writable database (a failover
     /// may be under way) before giving up.
     pub db_start_timeout: Duration,
@@ -746,22 +867,121 @@ mod tests {
             !err.to_string().contains("plain"),
             "a secret is never echoed"
         );
-        let err = env(&[("ONCEPAY_DB_POOL_SIZE", "3")])
+        let err = env(&[("ONCEPAY_DB_POOL_SIZE", "2")])
             .serve_config()
-            .expect_err("a pool the writers would fill is refused");
+            .expect_err("a pool too small to work at all is refused");
         assert!(err.to_string().contains("ONCEPAY_DB_POOL_SIZE"), "{err}");
-        env(&[
-            ("ONCEPAY_DB_POOL_SIZE", "3"),
-            ("ONCEPAY_GROUP_COMMIT_MAX", "1"),
-        ])
-        .serve_config()
-        .expect("without group commit its writers hold nothing");
+        assert!(err.to_string().contains("at least 3"), "{err}");
         for zero in ["ONCEPAY_IDEMPOTENCY_TTL", "ONCEPAY_IDEMPOTENCY_LEASE"] {
             let err = env(&[(zero, "0")])
                 .serve_config()
                 .expect_err("zero is refused");
             assert!(err.to_string().contains(zero), "{err}");
         }
+    }
+
+    /// A small pool (PgBouncer, a managed database with few connections)
+    /// is served with fewer writers, said once; the pool is never refused
+    /// for the writers' sake, only below what works at all.
+    #[test]
+    fn writers_shrink_to_fit_a_small_pool() {
+        let writers = |cfg: &ServeConfig| {
+            (
+                cfg.order_batch_writers,
+                cfg.order_batch_max,
+                cfg.group_commit_writers,
+                cfg.group_commit_max,
+            )
+        };
+        // The defaults (8 connections, 1 + 2 writers) fit as they are.
+        let cfg = env(&[]).serve_config().expect("defaults");
+        assert_eq!(writers(&cfg), (1, 64, 2, 16));
+        assert_eq!(cfg.writers_fitted, None);
+        let cfg = env(&[("ONCEPAY_DB_POOL_SIZE", "6")])
+            .serve_config()
+            .expect("3 + 3 writers");
+        assert_eq!(cfg.writers_fitted, None);
+        // 5: room for two writers, one of each kind.
+        let cfg = env(&[("ONCEPAY_DB_POOL_SIZE", "5")])
+            .serve_config()
+            .expect("fewer writers");
+        assert_eq!(writers(&cfg), (1, 64, 1, 16));
+        let fitted = cfg.writers_fitted.expect("said");
+        assert_eq!(fitted.group_commit_writers, (2, 1));
+        let warning = fitted.warning();
+        for said in [
+            "ONCEPAY_DB_POOL_SIZE=5",
+            "ONCEPAY_GROUP_COMMIT_WRITERS=1 (asked 2)",
+            "ONCEPAY_ORDER_BATCH_WRITERS=1 (asked 1)",
+            "ONCEPAY_DB_POOL_SIZE=6 would keep",
+        ] {
+            assert!(warning.contains(said), "{said}: {warning}");
+        }
+        // 4: room for one, the payments' group commit's.
+        let cfg = env(&[("ONCEPAY_DB_POOL_SIZE", "4")])
+            .serve_config()
+            .expect("fewer writers");
+        assert_eq!(writers(&cfg), (0, 1, 1, 16));
+        let warning = cfg.writers_fitted.expect("said").warning();
+        assert!(
+            warning.contains("ONCEPAY_ORDER_BATCH_WRITERS=0 (asked 1)"),
+            "{warning}"
+        );
+        assert!(
+            warning
+                .contains("new orders are written each alone, as with ONCEPAY_ORDER_BATCH_MAX=1"),
+            "{warning}"
+        );
+        // 3, the smallest that works: no writer, each write alone on its
+        // request's connection.
+        let cfg = env(&[("ONCEPAY_DB_POOL_SIZE", "3")])
+            .serve_config()
+            .expect("a pool of three works");
+        assert_eq!(writers(&cfg), (0, 1, 0, 1));
+        let warning = cfg.writers_fitted.expect("said").warning();
+        for said in [
+            "ONCEPAY_DB_POOL_SIZE=3 leaves room for 0 writer(s)",
+            "ONCEPAY_ORDER_BATCH_WRITERS=0 (asked 1)",
+            "ONCEPAY_GROUP_COMMIT_WRITERS=0 (asked 2)",
+            "ONCEPAY_GROUP_COMMIT_MAX=1",
+        ] {
+            assert!(warning.contains(said), "{said}: {warning}");
+        }
+        // A kind turned off asks for no connection.
+        let cfg = env(&[
+            ("ONCEPAY_DB_POOL_SIZE", "4"),
+            ("ONCEPAY_ORDER_BATCH_MAX", "1"),
+            ("ONCEPAY_GROUP_COMMIT_WRITERS", "1"),
+        ])
+        .serve_config()
+        .expect("one writer, one connection for it");
+        assert_eq!(cfg.writers_fitted, None);
+        // What was asked is kept when the pool has room for it.
+        let cfg = env(&[
+            ("ONCEPAY_DB_POOL_SIZE", "20"),
+            ("ONCEPAY_ORDER_BATCH_WRITERS", "4"),
+            ("ONCEPAY_GROUP_COMMIT_WRITERS", "8"),
+        ])
+        .serve_config()
+        .expect("room for all");
+        assert_eq!(writers(&cfg), (4, 64, 8, 16));
+        for small in ["0", "1", "2"] {
+            let err = env(&[("ONCEPAY_DB_POOL_SIZE", small)])
+                .serve_config()
+                .expect_err("below what works");
+            assert!(err.to_string().contains("ONCEPAY_DB_POOL_SIZE"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_writers_that_fit_give_up_the_more_numerous_kind_first() {
+        assert_eq!(writers_that_fit(5, 1, 2), (1, 2));
+        assert_eq!(writers_that_fit(2, 1, 2), (1, 1));
+        assert_eq!(writers_that_fit(1, 1, 2), (0, 1));
+        assert_eq!(writers_that_fit(0, 1, 2), (0, 0));
+        assert_eq!(writers_that_fit(3, 4, 4), (1, 2));
+        assert_eq!(writers_that_fit(3, 0, 8), (0, 3));
+        assert_eq!(writers_that_fit(0, 0, 0), (0, 0));
     }
 
     #[test]

@@ -196,7 +196,7 @@ pub(crate) async fn apply(
 
 /// The path of the first string or key holding U+0000, which PostgreSQL
 /// cannot store (`text`, `jsonb`).
-fn nul_at(value: &Value, path: &mut String) -> Option<String> {
+pub(crate) fn nul_at(value: &Value, path: &mut String) -> Option<String> {
     match value {
         Value::String(s) if s.contains('\0') => Some(path.clone()),
         Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| {
@@ -226,7 +226,7 @@ fn nul_at(value: &Value, path: &mut String) -> Option<String> {
 
 /// Every U+0000 written as the six characters `\u0000`, so the value can
 /// be stored and a person reads where it was.
-fn without_nul(value: &Value) -> Value {
+pub(crate) fn without_nul(value: &Value) -> Value {
     let clean = |s: &str| s.replace('\0', "\\u0000");
     match value {
         Value::String(s) => Value::String(clean(s)),

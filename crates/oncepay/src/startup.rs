@@ -285,6 +285,15 @@ impl Application {
     /// Migrates, binds `config.bind` (port 0 picks a free port) and starts
     /// the background workers.
     pub async fn build(config: ServeConfig) -> Result<Application, StartError> {
+        if let Some(fitted) = &config.writers_fitted {
+            tracing::warn!(
+                db_pool_size = fitted.pool,
+                order_batch_writers = fitted.order_batch_writers.1,
+                group_commit_writers = fitted.group_commit_writers.1,
+                "{}",
+                fitted.warning()
+            );
+        }
         let applied =
             store::prepare_database_patiently(&config.database_url, config.db_start_timeout)
                 .await?;

@@ -574,9 +574,8 @@ mod tests {
     /// script fails here, not in the middle of a bench.
     #[tokio::test]
     async fn every_script_the_bench_generates_runs_once() {
-        let server = std::env::var("TEST_DATABASE_SERVER")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into());
-        let db_url = format!("{server}/oncepay_test_{}", uuid::Uuid::new_v4().simple());
+        // Named after this test run: `make test-dbs-drop` drops it, and no other run's.
+        let db_url = oncepay_testkit::test_db::database_url();
         oncepay::store::prepare_database(&db_url)
             .await
             .expect("migrate");

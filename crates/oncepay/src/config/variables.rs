@@ -130,6 +130,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
         "tests",
         "postgres://postgres@127.0.0.1:5432",
     ),
+    v("ONCEPAY_TEST_RUN_ID", "tests", "generated"),
 ];
 
 /// The table as `oncepay serve --help` prints it.

@@ -48,7 +48,8 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Bytes from lower-case hex; `None` if it is not hex.
 pub(crate) fn unhex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
+    // from_str_radix alone would take a leading `+` as part of a digit pair.
+    if !text.len().is_multiple_of(2) || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     (0..text.len())

@@ -25,7 +25,7 @@ type Reply = Result<HttpResponse, Problem>;
 pub(crate) const MAX_LIMIT: i64 = 100;
 
 /// What one list accepts beyond the common parameters.
-pub(super) struct ListSpec {
+pub(crate) struct ListSpec {
     /// The values `status` may take; empty: no `status` parameter.
     pub statuses: &'static [&'static str],
     /// Exact-match parameters, each naming a column and how to read it.
@@ -33,7 +33,7 @@ pub(super) struct ListSpec {
 }
 
 /// How an exact-match parameter is read.
-pub(super) enum FilterKind {
+pub(crate) enum FilterKind {
     /// An object id.
     Id,
     /// One of these values.
@@ -41,7 +41,7 @@ pub(super) enum FilterKind {
 }
 
 /// Reads the query string into a page request.
-pub(super) fn page_request(
+pub(crate) fn page_request(
     query: &HashMap<String, String>,
     spec: &ListSpec,
 ) -> Result<PageRequest, Problem> {
@@ -220,13 +220,13 @@ const ATTEMPT_STATUSES: &[&str] = &["pending", "succeeded", "failed"];
 
 /// `GET /payments` also filters by order: the paged form of
 /// `GET /orders/{id}/payments`.
-const PAYMENT_SPEC: ListSpec = ListSpec {
+pub(crate) const PAYMENT_SPEC: ListSpec = ListSpec {
     statuses: ATTEMPT_STATUSES,
     filters: &[("order_id", FilterKind::Id)],
 };
 
 /// `GET /refunds` also filters by the payment refunded.
-const REFUND_SPEC: ListSpec = ListSpec {
+pub(crate) const REFUND_SPEC: ListSpec = ListSpec {
     statuses: ATTEMPT_STATUSES,
     filters: &[("payment_id", FilterKind::Id)],
 };

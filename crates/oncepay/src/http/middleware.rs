@@ -47,17 +47,41 @@ fn method_label(method: &actix_web::http::Method) -> &'static str {
 /// decodes to U+0000, which no endpoint accepts and PostgreSQL cannot
 /// store. A raw NUL cannot reach here (the HTTP parser refuses it), so
 /// `%00` is the only way to send one.
-fn nul_in_query(query: &str) -> Option<crate::problem::Problem> {
-    let pair = query.split('&').find(|pair| pair.contains("%00"))?;
-    let name = pair
-        .split('=')
-        .next()
-        .unwrap_or_default()
-        .replace("%00", "\\u0000");
-    Some(crate::problem::Problem::invalid_field(
-        format!("query parameter {name}"),
-        "must not contain the character U+0000 (NUL)",
-    ))
+///
+/// `field` is the parameter's name as decoded, the name the endpoint reads
+/// (a NUL in the name itself written as the six characters `\u0000`, as
+/// for a body key); `detail` says it is a query parameter.
+pub(crate) fn nul_in_query(query: &str) -> Option<crate::problem::Problem> {
+    if !query.contains("%00") {
+        return None;
+    }
+    // Decoded as the handlers' extractor decodes it (`+` a space, lossy
+    // UTF-8), so the name is the one every other problem of it carries.
+    let decoded = actix_web::web::Query::<Vec<(String, String)>>::from_query(query)
+        .map(actix_web::web::Query::into_inner)
+        .unwrap_or_default();
+    let name = match decoded
+        .into_iter()
+        .find(|(name, value)| name.contains('\0') || value.contains('\0'))
+    {
+        Some((name, _)) => name,
+        // Not decodable as pairs: the raw name of the first pair holding it.
+        None => query
+            .split('&')
+            .find(|pair| pair.contains("%00"))?
+            .split('=')
+            .next()
+            .unwrap_or_default()
+            .replace("%00", "\\u0000"),
+    };
+    let name = name.replace('\0', "\\u0000");
+    Some(
+        crate::problem::Problem::new(
+            crate::problem::ProblemCode::InvalidField,
+            format!("query parameter {name}: must not contain the character U+0000 (NUL)"),
+        )
+        .with_field(name),
+    )
 }
 
 /// The middleware function; see the module docs.
@@ -154,5 +178,38 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nul_in_query;
+
+    /// Issue 48: `field` is the parameter's bare name, as every other
+    /// problem's is; `detail` says it is a query parameter.
+    #[test]
+    fn a_nul_in_the_query_names_the_parameter_by_its_bare_name() {
+        for (query, field) in [
+            ("limit=%00", "limit"),
+            ("limit=5&status=pa%00id", "status"),
+            ("starting_after=%00&limit=%00", "starting_after"),
+            ("%6C%69%6D%69%74=%00", "limit"),
+            ("created+gte=%00", "created gte"),
+            ("customer_id%00=x", "customer_id\\u0000"),
+            ("%00", "\\u0000"),
+        ] {
+            let problem = nul_in_query(query).unwrap_or_else(|| panic!("{query}: refused"));
+            assert_eq!(problem.field.as_deref(), Some(field), "{query}");
+            assert_eq!(problem.code, "invalid_field", "{query}");
+            assert_eq!(problem.status, 400, "{query}");
+            assert_eq!(
+                problem.detail,
+                format!("query parameter {field}: must not contain the character U+0000 (NUL)"),
+                "{query}"
+            );
+        }
+        for query in ["", "limit=5", "customer_id=%2500", "a=%0", "a=%01"] {
+            assert!(nul_in_query(query).is_none(), "{query}");
+        }
     }
 }

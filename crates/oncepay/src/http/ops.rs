@@ -44,8 +44,11 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
         .body(state.ctx.metrics.render())
 }
 
+/// `text/yaml`, not RFC 9512's `application/yaml`: client generators
+/// (openapi-python-client) read a `text/` type as text and warn on the
+/// other, and a browser shows it instead of downloading it.
 pub async fn openapi() -> HttpResponse {
     HttpResponse::Ok()
-        .content_type("application/yaml")
+        .content_type("text/yaml; charset=utf-8")
         .body(OPENAPI)
 }

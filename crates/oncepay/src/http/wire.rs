@@ -22,6 +22,15 @@
 //! not acknowledged (so nothing it thinks written is lost if it gives up);
 //! once it is, everything after is dropped (the parser's `408` can be
 //! written twice).
+//!
+//! A connection that opens with a TLS record (`0x16 0x03`: a client
+//! sending `https://` to this plain-HTTP port) never reaches the parser,
+//! which would refuse it and have actix-http log the refusal at `ERROR`:
+//! [`ProblemIo`] answers it itself with a `400` problem document saying
+//! so, logs one `INFO` line, discards the rest of the record and ends the
+//! stream for the dispatcher, which then closes the connection quietly.
+//! The client's TLS stack reads the answer as a server that does not speak
+//! TLS, and gives up before any of its request was sent.
 
 use std::io::{self, Write as _};
 use std::net::SocketAddr;
@@ -53,11 +62,33 @@ enum Out {
     Passthrough,
 }
 
+/// Where the stream of requests is.
+enum In {
+    /// Nothing read yet.
+    Start,
+    /// HTTP (or what the parser makes of it): every byte passes through.
+    Http,
+    /// A TLS handshake on this plain-HTTP port: our answer is written,
+    /// then the rest of the client's record is read and dropped (`read`
+    /// bytes of it so far, the first up to 5 of them, its header, kept to
+    /// learn its length), so that closing does not reset the connection
+    /// under the answer.
+    Tls {
+        answer: Vec<u8>,
+        sent: usize,
+        header: Vec<u8>,
+        read: usize,
+    },
+    /// The end of the stream, as far as the dispatcher is told.
+    Ended,
+}
+
 /// A connection's stream, with the parser's bare answers made problem
 /// documents (see the module docs).
 pub struct ProblemIo<IO> {
     io: IO,
     out: Out,
+    input: In,
     peer: Option<SocketAddr>,
     metrics: Arc<Metrics>,
 }
@@ -68,19 +99,103 @@ impl<IO> ProblemIo<IO> {
         ProblemIo {
             io,
             out: Out::Head,
+            input: In::Start,
             peer,
             metrics,
         }
     }
 }
 
-impl<IO: AsyncRead + Unpin> AsyncRead for ProblemIo<IO> {
+/// The length of the TLS record `bytes` start with (its 5-byte header
+/// included), if they start with one of the handshake: content type 22
+/// (`0x16`, which no HTTP method can start with), protocol major version 3.
+/// With fewer than 5 bytes, the record's length is not known yet: its
+/// header's.
+pub(crate) fn tls_handshake_record(bytes: &[u8]) -> Option<usize> {
+    match bytes {
+        [0x16] | [0x16, 0x03, ..] => {}
+        _ => return None,
+    }
+    match bytes {
+        [_, _, _, high, low, ..] => Some(5 + usize::from(u16::from_be_bytes([*high, *low]))),
+        _ => Some(5),
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for ProblemIo<IO> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        loop {
+            match &mut this.input {
+                In::Http => return Pin::new(&mut this.io).poll_read(cx, buf),
+                In::Ended => return Poll::Ready(Ok(())),
+                In::Start => {
+                    let before = buf.filled().len();
+                    ready!(Pin::new(&mut this.io).poll_read(cx, buf))?;
+                    let read = &buf.filled()[before..];
+                    if read.is_empty() {
+                        return Poll::Ready(Ok(()));
+                    }
+                    if tls_handshake_record(read).is_none() {
+                        this.input = In::Http;
+                        return Poll::Ready(Ok(()));
+                    }
+                    let (header, read) = (read[..read.len().min(5)].to_vec(), read.len());
+                    // The parser never sees it, and nothing the dispatcher
+                    // might write follows our answer.
+                    buf.set_filled(before);
+                    let (answer, id) = tls_answer();
+                    tracing::info!(request_id = %id, peer = ?this.peer,
+                        "a TLS handshake reached the plain-HTTP port (a client using https:// here); answered 400 malformed_request");
+                    this.metrics
+                        .http_requests
+                        .with_label_values(&["unparsed", "other", "400"])
+                        .inc();
+                    this.out = Out::Closed;
+                    this.input = In::Tls {
+                        answer,
+                        sent: 0,
+                        header,
+                        read,
+                    };
+                }
+                In::Tls {
+                    answer,
+                    sent,
+                    header,
+                    read,
+                } => {
+                    while *sent < answer.len() {
+                        match ready!(Pin::new(&mut this.io).poll_write(cx, &answer[*sent..]))? {
+                            0 => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                            n => *sent += n,
+                        }
+                    }
+                    let record = tls_handshake_record(header.as_slice()).unwrap_or(0);
+                    if *read < record {
+                        let mut scratch = [0u8; 4096];
+                        let take = (record - *read).min(scratch.len());
+                        let mut rest = ReadBuf::new(&mut scratch[..take]);
+                        ready!(Pin::new(&mut this.io).poll_read(cx, &mut rest))?;
+                        let got = rest.filled();
+                        if got.is_empty() {
+                            // The client gave up first: nothing more to drop.
+                            this.input = In::Ended;
+                            continue;
+                        }
+                        let missing = 5usize.saturating_sub(header.len()).min(got.len());
+                        header.extend_from_slice(&got[..missing]);
+                        *read += got.len();
+                        continue;
+                    }
+                    this.input = In::Ended;
+                }
+            }
+        }
     }
 }
 
@@ -161,7 +276,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for ProblemIo<IO> {
 
 /// What a response head at the start of `buf` is.
 #[derive(Debug, PartialEq, Eq)]
-enum Head {
+pub(crate) enum Head {
     /// An answer to pass through: head and body, this many bytes.
     Forward(u64),
     /// The parser's own bare answer, `head_len` bytes.
@@ -174,7 +289,7 @@ enum Head {
     Unknown,
 }
 
-fn classify(buf: &[u8]) -> Head {
+pub(crate) fn classify(buf: &[u8]) -> Head {
     let mut headers = [httparse::EMPTY_HEADER; 64];
     let mut response = httparse::Response::new(&mut headers);
     let head_len = match response.parse(buf) {
@@ -213,7 +328,22 @@ fn classify(buf: &[u8]) -> Head {
     } else {
         length.unwrap_or(0)
     };
-    Head::Forward(head_len as u64 + body)
+    // A length no answer of ours can have is not one to count down.
+    match (head_len as u64).checked_add(body) {
+        Some(total) => Head::Forward(total),
+        None => Head::Unknown,
+    }
+}
+
+/// The answer to a TLS handshake on this plain-HTTP port, and its request
+/// id. A TLS client reads it as a server that does not speak TLS; a person
+/// looking at the bytes reads why.
+fn tls_answer() -> (Vec<u8>, String) {
+    let problem = Problem::new(
+        ProblemCode::MalformedRequest,
+        "a TLS handshake reached this port, which speaks plain HTTP: use http://, or put TLS in front of it",
+    );
+    framed(&problem, 400, "Bad Request", false)
 }
 
 /// The problem document for a parser's answer, and its request id.
@@ -242,6 +372,12 @@ fn problem_answer(status: u16, http10: bool) -> (Vec<u8>, String) {
         ),
         _ => (Problem::internal(), "Internal Server Error"),
     };
+    framed(&problem, status, reason, http10)
+}
+
+/// `problem` as a whole HTTP/1 answer that closes the connection, and its
+/// request id.
+fn framed(problem: &Problem, status: u16, reason: &str, http10: bool) -> (Vec<u8>, String) {
     let body = problem.body();
     let id = uuid::Uuid::now_v7().to_string();
     let mut out = Vec::with_capacity(300 + body.len());
@@ -270,6 +406,9 @@ mod tests {
         ));
         let ours = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nx-request-id: 1\r\n\r\n";
         assert_eq!(classify(ours), Head::Forward(ours.len() as u64));
+        // Found by the wire fuzz target: a length past u64 overflowed.
+        let huge = b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551615\r\n\r\n";
+        assert_eq!(classify(huge), Head::Unknown);
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nx-request-id: 1\r\n\r\nhello";
         assert_eq!(classify(ok), Head::Forward(ok.len() as u64));
         let empty = b"HTTP/1.1 204 No Content\r\ncontent-length: 0\r\n\r\n";
@@ -277,6 +416,102 @@ mod tests {
         let chunked = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
         assert_eq!(classify(chunked), Head::Unknown);
         assert_eq!(classify(b"HTTP/1.1 200 O"), Head::Unknown);
+    }
+
+    #[test]
+    fn a_tls_handshake_record_is_told_from_http() {
+        // A ClientHello's record header: handshake, TLS 1.0 record version, 512 bytes.
+        assert_eq!(
+            tls_handshake_record(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]),
+            Some(517)
+        );
+        assert_eq!(
+            tls_handshake_record(&[0x16, 0x03, 0x03, 0x00, 0x05]),
+            Some(10)
+        );
+        // Too short to know the length yet: the header's, at least.
+        assert_eq!(tls_handshake_record(&[0x16]), Some(5));
+        assert_eq!(tls_handshake_record(&[0x16, 0x03, 0x01]), Some(5));
+        for http in [
+            &b"GET / HTTP/1.1\r\n"[..],
+            b"POST",
+            b"\x16\x04",
+            b"\x15\x03\x01",
+            b"",
+        ] {
+            assert_eq!(tls_handshake_record(http), None, "{http:?}");
+        }
+    }
+
+    /// A ClientHello as a TLS client sends it first: a record header and
+    /// `len` bytes of handshake.
+    fn client_hello(len: u16) -> Vec<u8> {
+        let mut hello = vec![0x16, 0x03, 0x01];
+        hello.extend_from_slice(&len.to_be_bytes());
+        hello.push(0x01);
+        hello.resize(5 + usize::from(len), 0x42);
+        hello
+    }
+
+    #[tokio::test]
+    async fn a_tls_handshake_is_answered_here_and_never_reaches_the_parser() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Whole, and in pieces: the rest of the record arriving later, even
+        // the rest of its header (a first piece of 2 bytes).
+        for pieces in [1, 3, 303] {
+            let (mut client, server) = tokio::io::duplex(64 * 1024);
+            let mut io = ProblemIo::new(server, None, Arc::new(Metrics::new()));
+            let hello = client_hello(600);
+            let mut chunks = hello.chunks(hello.len().div_ceil(pieces));
+            client
+                .write_all(chunks.next().expect("a first piece"))
+                .await
+                .expect("sent");
+            let rest: Vec<u8> = chunks.flatten().copied().collect();
+            let sender = tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                client.write_all(&rest).await.expect("the rest");
+                let mut answer = Vec::new();
+                client.read_to_end(&mut answer).await.expect("answer");
+                String::from_utf8(answer).expect("text")
+            });
+            // What the parser reads: nothing, then the end of the stream.
+            let mut parser = Vec::new();
+            io.read_to_end(&mut parser).await.expect("read");
+            assert!(parser.is_empty(), "{pieces}: the parser saw {parser:?}");
+            // Whatever the dispatcher might still write is dropped.
+            io.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .expect("swallowed");
+            io.shutdown().await.expect("shutdown");
+            drop(io);
+            let answer = sender.await.expect("client");
+            assert!(
+                answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+                "{answer}"
+            );
+            assert!(
+                answer.contains("content-type: application/problem+json"),
+                "{answer}"
+            );
+            assert!(answer.contains("x-request-id: "), "{answer}");
+            assert!(answer.contains("connection: close"), "{answer}");
+            assert!(
+                answer.contains("\"code\":\"malformed_request\""),
+                "{answer}"
+            );
+            assert!(answer.contains("TLS handshake"), "{answer}");
+            assert_eq!(answer.matches("HTTP/1.1").count(), 1, "{answer}");
+        }
+        // A request passes through untouched.
+        let (mut client, server) = tokio::io::duplex(1024);
+        let mut io = ProblemIo::new(server, None, Arc::new(Metrics::new()));
+        let request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+        client.write_all(request).await.expect("sent");
+        drop(client);
+        let mut parser = Vec::new();
+        io.read_to_end(&mut parser).await.expect("read");
+        assert_eq!(parser, request);
     }
 
     /// A writer that takes at most `step` bytes a call and says `Pending`

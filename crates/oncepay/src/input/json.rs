@@ -246,7 +246,7 @@ pub(crate) fn exact_integer(literal: &str) -> Option<Option<Number>> {
         None => (false, literal),
     };
     let (mantissa, exponent) = match rest.find(['e', 'E']) {
-        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        Some(at) => (&rest[..at], exponent(&rest[at + 1..])?),
         None => (rest, 0),
     };
     let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
@@ -295,9 +295,48 @@ pub(crate) fn exact_integer(literal: &str) -> Option<Option<Number>> {
     Some(Some(number))
 }
 
+/// A number literal's exponent (`+12`, `-3`, `7`). One past `i64` is
+/// still a valid literal (`0e99999999999999999999` is 0): it saturates at
+/// a magnitude no scale arithmetic below can overflow, which is as good
+/// as infinite for every rule that reads it.
+fn exponent(text: &str) -> Option<i64> {
+    const HUGE: i64 = i64::MAX / 4;
+    let (negative, digits) = match text.as_bytes().first()? {
+        b'-' => (true, &text[1..]),
+        b'+' => (false, &text[1..]),
+        _ => (false, text),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let magnitude = digits.parse::<i64>().unwrap_or(HUGE).min(HUGE);
+    Some(if negative { -magnitude } else { magnitude })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exponents_past_i64_are_still_numbers() {
+        // Found by the json_reader fuzz target's property (serde_json reads
+        // these; we answered 400 malformed_json).
+        assert_eq!(
+            exact_integer("0e99999999999999999999"),
+            Some(Some(Number::from(0u64)))
+        );
+        assert_eq!(exact_integer("1e-99999999999999999999"), Some(None));
+        assert_eq!(
+            exact_integer("1e99999999999999999999"),
+            Some(Number::from_f64(f64::MAX))
+        );
+        assert_eq!(
+            exact_integer("-1E+99999999999999999999"),
+            Some(Number::from_f64(f64::MIN))
+        );
+        assert_eq!(exact_integer("1e"), None);
+        assert_eq!(exact_integer("1e+-2"), None);
+    }
     use serde_json::json;
 
     #[test]

@@ -19,8 +19,7 @@ use uuid::Uuid;
 
 /// Server URL of the test PostgreSQL (without a database name).
 pub fn pg_server() -> String {
-    std::env::var("TEST_DATABASE_SERVER")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+    oncepay_testkit::test_db::server()
 }
 
 /// A new database, migrated, with merchant A and a key of theirs: for
@@ -38,9 +37,11 @@ pub async fn migrated_database_with_key() -> (String, PgPool, String) {
     (db_url, db, key)
 }
 
-/// A URL of a new, unique database (created by the first process that migrates).
+/// A URL of a new, unique database (created by the first process that
+/// migrates), named after this test run (`oncepay_testkit::test_db`), so
+/// that `make test-dbs-drop` drops it and no other run's.
 pub fn fresh_database_url() -> String {
-    format!("{}/oncepay_test_{}", pg_server(), Uuid::new_v4().simple())
+    oncepay_testkit::test_db::database_url()
 }
 
 /// Knobs a test may turn.

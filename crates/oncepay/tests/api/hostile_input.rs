@@ -470,6 +470,165 @@ fn nul_in_any_string_of_any_endpoint_is_refused_never_a_500() {
     );
 }
 
+/// Values a query parameter's schema rules out (besides U+0000), read
+/// from the schema: out of range, not an integer, not an id, not a time,
+/// not one of the values, too short, too long.
+fn bad_values(doc: &Value, schema: &Value) -> Vec<String> {
+    let schema = resolve(doc, schema);
+    let mut out = Vec::new();
+    if let Some(values) = schema.get("enum").and_then(Value::as_array) {
+        let bad = "not_one_of_them".to_string();
+        assert!(!values.contains(&json!(bad)));
+        out.push(bad);
+    }
+    if schema["type"] == "integer" {
+        if let Some(min) = schema.get("minimum").and_then(Value::as_i64) {
+            out.push((min - 1).to_string());
+        }
+        if let Some(max) = schema.get("maximum").and_then(Value::as_i64) {
+            out.push((max + 1).to_string());
+        }
+        out.extend(["ten", "1.5", "", "-"].map(String::from));
+    }
+    match schema.get("format").and_then(Value::as_str) {
+        Some("uuid") => out.extend(["nope", "", "0190a1b2"].map(String::from)),
+        Some("date-time") => {
+            out.extend(["yesterday", "2024-13-01T00:00:00Z", ""].map(String::from))
+        }
+        _ => {}
+    }
+    if schema.get("minLength").and_then(Value::as_u64) == Some(1) {
+        out.push(String::new());
+    }
+    if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
+        out.push("x".repeat(max as usize + 1));
+    }
+    out
+}
+
+/// Every byte of `text` percent-encoded: the same name as a client that
+/// encodes everything spells it.
+fn percent_all(text: &str) -> String {
+    text.bytes().map(|b| format!("%{b:02X}")).collect()
+}
+
+/// Issue 48: the `field` of a query parameter's problem is the parameter's
+/// name, as bare as every other problem's (it used to be `"query parameter
+/// limit"` for a NUL); `detail` is where the prose says it is a query
+/// parameter. Every query parameter of every `GET` in `openapi.yaml`, with
+/// U+0000 in its value, in its name, after another parameter, under a name
+/// spelled in percent-escapes, and, on the lists, with each value its
+/// schema rules out.
+#[tokio::test]
+async fn a_query_parameters_problem_names_it_by_its_bare_name() {
+    let app = spawn_app().await;
+    let doc = openapi(&app).await;
+    let (mut nul_probes, mut bad_probes, mut lists) = (0, 0, 0);
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        let Some(op) = item.get("get") else {
+            continue;
+        };
+        let params: Vec<&Value> = op
+            .get("parameters")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|p| resolve(&doc, p))
+            .filter(|p| p["in"] == "query")
+            .collect();
+        if params.is_empty() {
+            continue;
+        }
+        let names: Vec<&str> = params
+            .iter()
+            .map(|p| p["name"].as_str().expect("name"))
+            .collect();
+        // A list reads `limit`; the answer to a NUL comes before routing,
+        // so any id fills a path parameter.
+        let list = names.contains(&"limit");
+        lists += usize::from(list);
+        let mut route = path.clone();
+        while let Some(start) = route.find('{') {
+            let end = start + route[start..].find('}').expect("a closed {");
+            route.replace_range(start..=end, &Uuid::now_v7().to_string());
+        }
+        let authenticated = op.get("security") != Some(&json!([]));
+        let get = |query: String| {
+            let (app, route) = (&app, route.clone());
+            async move {
+                let mut req = app.http.get(format!("{}{route}?{query}", app.base));
+                if authenticated {
+                    req = req.bearer_auth(&app.key);
+                }
+                let r = req.send().await.expect("sent");
+                let status = r.status();
+                let text = r.text().await.unwrap_or_default();
+                let what = format!("GET {route}?{query}: {status} {text}");
+                assert_eq!(status, StatusCode::BAD_REQUEST, "{what}");
+                let problem: Value = serde_json::from_str(&text).expect("problem json");
+                assert_eq!(problem["code"], "invalid_field", "{what}");
+                (problem, what)
+            }
+        };
+        for p in &params {
+            let name = p["name"].as_str().expect("name");
+            // Another parameter first, so the one at fault is not merely
+            // the first.
+            let before = if list && name != "limit" {
+                "limit=5&"
+            } else {
+                ""
+            };
+            let cases = [
+                (format!("{name}=a%00b"), name.to_string()),
+                (format!("{name}=%00"), name.to_string()),
+                (format!("{before}{name}=x%00"), name.to_string()),
+                (format!("{}=a%00b", percent_all(name)), name.to_string()),
+                (format!("{before}{name}%00=1"), format!("{name}\\u0000")),
+            ];
+            for (query, field) in cases {
+                let (problem, what) = get(query).await;
+                assert_eq!(problem["field"], json!(field), "{what}");
+                let detail = problem["detail"].as_str().unwrap_or_default();
+                assert!(
+                    detail.contains(&format!("query parameter {field}")),
+                    "{what}: the detail says it is a query parameter"
+                );
+                assert!(detail.contains("U+0000"), "{what}");
+                nul_probes += 1;
+            }
+            if !list {
+                continue;
+            }
+            for bad in bad_values(&doc, &p["schema"]) {
+                for query in [
+                    format!("{name}={}", percent(&bad)),
+                    format!("{before}{name}={}", percent(&bad)),
+                    format!("{}={}", percent_all(name), percent(&bad)),
+                ] {
+                    let (problem, what) = get(query).await;
+                    assert_eq!(problem["field"], json!(name), "{what}");
+                    bad_probes += 1;
+                }
+            }
+        }
+        if list {
+            // A parameter the list does not read is named as sent.
+            let (problem, what) = get(format!("{}=1", percent_all("colour"))).await;
+            assert_eq!(problem["field"], "colour", "{what}");
+        }
+    }
+    println!(
+        "{nul_probes} probes with U+0000, {bad_probes} with other values ruled out, {lists} lists"
+    );
+    assert!(lists >= 5, "the five lists: {lists}");
+    assert!(
+        nul_probes >= 5 * 30,
+        "every query parameter of every list, five ways: {nul_probes}"
+    );
+    assert!(bad_probes > 0);
+}
+
 #[tokio::test]
 async fn a_signed_provider_event_holding_nul_is_recorded_as_rejected_once() {
     let app = spawn_app().await;
@@ -826,6 +985,97 @@ async fn a_head_the_parser_refuses_is_answered_with_a_problem_and_a_request_id()
         StatusCode::OK,
         "after a HEAD on the same pool"
     );
+}
+
+/// Issue 48: a client pointed at `https://` on this plain-HTTP port sends
+/// a TLS handshake. It is answered with a problem document its TLS stack
+/// reads as "not TLS", and the server logs it once, at `INFO`: it used to
+/// be refused by the HTTP parser, which actix-http logs at `ERROR`
+/// (`stream error: request parse error`), once per try of the client.
+#[tokio::test]
+async fn a_tls_handshake_on_the_plain_port_is_answered_and_logged_once_not_as_an_error() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncBufReadExt;
+    let (db_url, _db, _key) = migrated_database_with_key().await;
+    let sandbox = spawn_binary("sandbox", "ONCEPAY_SANDBOX_BIND", &[]).await;
+    let port = free_port();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"));
+    cmd.arg("serve")
+        .env("ONCEPAY_LOG", "info")
+        .env("ONCEPAY_BIND", format!("127.0.0.1:{port}"))
+        // Nothing else to say while the test listens.
+        .env("ONCEPAY_RECONCILE_INTERVAL", "1h")
+        .env("ONCEPAY_SWEEP_INTERVAL", "1h")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in serve_env(&db_url, &sandbox.base) {
+        cmd.env(k, v);
+    }
+    let mut serve = cmd.spawn().expect("spawn oncepay serve");
+    let lines = Arc::new(Mutex::new(Vec::<String>::new()));
+    let mut stderr = tokio::io::BufReader::new(serve.stderr.take().expect("stderr")).lines();
+    let kept = lines.clone();
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            kept.lock().expect("lines").push(line);
+        }
+    });
+    let base = format!("http://127.0.0.1:{port}");
+    oncepay_testkit::ready::until_ready(&format!("{base}/readyz"), Duration::from_secs(20))
+        .await
+        .expect("serve starts");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = lines.lock().expect("lines").len();
+
+    // A real TLS client (rustls, through reqwest), once.
+    let tls = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let err = tls
+        .get(format!("https://127.0.0.1:{port}/healthz"))
+        .send()
+        .await
+        .expect_err("no TLS on this port");
+    assert!(err.is_connect(), "failed in the handshake: {err:?}");
+    // The bytes of a ClientHello's start, by hand: what comes back.
+    let mut hello = vec![0x16, 0x03, 0x01, 0x00, 0x40, 0x01];
+    hello.resize(5 + 0x40, 0);
+    let (_, answer) = raw_exchange(&base, &hello, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 400 "), "{answer}");
+    assert!(
+        answer.contains("content-type: application/problem+json"),
+        "{answer}"
+    );
+    assert!(answer.contains("x-request-id: "), "{answer}");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    let problem: Value = serde_json::from_str(body).unwrap_or_else(|_| panic!("{answer}"));
+    assert_eq!(problem["code"], "malformed_request");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("TLS handshake") && d.contains("http://")),
+        "{problem}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let said: Vec<String> = lines.lock().expect("lines")[before..].to_vec();
+    assert!(
+        said.iter().all(|l| !l.contains("ERROR")),
+        "nothing at ERROR: {said:#?}"
+    );
+    assert_eq!(said.len(), 2, "one line a handshake: {said:#?}");
+    for line in &said {
+        assert!(line.contains(" INFO "), "{line}");
+        assert!(line.contains("TLS handshake"), "{line}");
+        assert!(line.contains("request_id="), "{line}");
+    }
+    // The port still serves HTTP.
+    let ok = reqwest::get(format!("{base}/healthz")).await.expect("get");
+    assert_eq!(ok.status(), StatusCode::OK);
+    serve.start_kill().expect("SIGKILL");
+    let _ = serve.wait().await;
+    let _ = reader.await;
 }
 
 /// `oncepay serve` in a mount namespace of its own whose `/etc/hosts` is

@@ -26,7 +26,7 @@ async fn health_readiness_metrics_and_openapi_are_served() {
     assert!(metrics.contains("oncepay_idempotency_total{outcome=\"executed\"} 1"));
     assert!(metrics.contains("oncepay_idempotency_total{outcome=\"replayed\"} 1"));
     let doc = app.get("/openapi.yaml").await;
-    assert_eq!(doc.headers()["content-type"], "application/yaml");
+    assert_eq!(doc.headers()["content-type"], "text/yaml; charset=utf-8");
     let text = doc.text().await.expect("text");
     assert!(text.starts_with("openapi: 3.1"));
     for needle in [

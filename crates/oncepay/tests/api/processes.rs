@@ -473,3 +473,113 @@ async fn a_sigkill_mid_batch_leaves_each_order_done_or_free_to_retry() {
         keys.len() as i64
     );
 }
+
+/// A pool of three connections, as behind PgBouncer or on a managed
+/// database with few: `serve` starts with no writers instead of refusing
+/// the pool, says so once naming the variables and the values it uses,
+/// never holds more than three connections for effects, and pays orders
+/// that arrive together.
+#[tokio::test]
+async fn a_pool_of_three_starts_with_fewer_writers_and_pays() {
+    use tokio::io::AsyncReadExt;
+    let cluster = Cluster::new().await;
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"));
+    cmd.arg("serve")
+        .env("ONCEPAY_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in serve_env(&cluster.db_url, &cluster.sandbox) {
+        cmd.env(k, v);
+    }
+    cmd.env("ONCEPAY_BIND", format!("127.0.0.1:{port}"))
+        .env("ONCEPAY_DB_POOL_SIZE", "3");
+    let mut serve = cmd.spawn().expect("spawn oncepay serve");
+    oncepay_testkit::ready::until_ready(&format!("{base}/readyz"), Duration::from_secs(10))
+        .await
+        .expect("serve starts with a pool of three");
+    // The process's effect connections (the claims' pool is apart), at
+    // their most while the orders are created and paid.
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    let db = cluster.db.clone();
+    let sampler = tokio::spawn(async move {
+        let mut most = 0i64;
+        loop {
+            let now: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE datname = current_database() AND application_name = 'oncepay'",
+            )
+            .fetch_one(&db)
+            .await
+            .expect("pg_stat_activity");
+            most = most.max(now);
+            tokio::select! {
+                _ = &mut stopped => return most,
+                () = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+        }
+    });
+    let post = |path: &str, idem: String, body: &Value| {
+        cluster
+            .http
+            .post(format!("{base}{path}"))
+            .bearer_auth(&cluster.key)
+            .header("Idempotency-Key", idem)
+            .json(body)
+            .send()
+    };
+    let n = 8;
+    let mut orders = tokio::task::JoinSet::new();
+    for i in 0..n {
+        let sent = post("/orders", format!("small-pool-order-{i}"), &order_body());
+        orders.spawn(async move { json_of(sent.await.expect("order")).await });
+    }
+    let mut payments = tokio::task::JoinSet::new();
+    while let Some(order) = orders.join_next().await {
+        let order = order.expect("task");
+        assert!(order["id"].is_string(), "{order}");
+        let body = json!({"order_id": order["id"], "payment_method": "tok_visa"});
+        let idem = format!("pay-{}", order["id"].as_str().unwrap_or_default());
+        let sent = post("/payments", idem, &body);
+        payments.spawn(async move {
+            let r = sent.await.expect("payment");
+            (r.status(), json_of(r).await)
+        });
+    }
+    while let Some(paid) = payments.join_next().await {
+        let (status, payment) = paid.expect("task");
+        assert_eq!(status, StatusCode::CREATED, "{payment}");
+        assert_eq!(payment["status"], "succeeded", "{payment}");
+    }
+    cluster.wait_for_ledger("charges", n).await;
+    stop.send(()).expect("the sampler runs");
+    let most = sampler.await.expect("sampler");
+    assert!(
+        (1..=3).contains(&most),
+        "{most} connections of the process's pool were open at once"
+    );
+    serve.start_kill().expect("SIGKILL");
+    let mut log = String::new();
+    serve
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut log)
+        .await
+        .expect("the log");
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("leaves room for"))
+        .collect();
+    assert_eq!(said.len(), 1, "one warning: {log}");
+    for part in [
+        "WARN",
+        "ONCEPAY_DB_POOL_SIZE=3",
+        "ONCEPAY_ORDER_BATCH_WRITERS=0 (asked 1)",
+        "ONCEPAY_GROUP_COMMIT_WRITERS=0 (asked 2)",
+    ] {
+        assert!(said[0].contains(part), "{part}: {}", said[0]);
+    }
+}

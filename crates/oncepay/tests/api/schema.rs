@@ -41,3 +41,115 @@ async fn the_served_document_holds_under_schemathesis() {
         "every operation was exercised:\n{report}"
     );
 }
+
+/// The operations `openapi.yaml` documents, as (path, METHOD): its paths
+/// section keeps paths at two spaces and methods at four (as the route
+/// table's test in `http` reads it).
+fn documented_operations(document: &str) -> Vec<(String, String)> {
+    let (mut out, mut in_paths, mut path) = (Vec::new(), false, String::new());
+    for line in document.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            in_paths = line == "paths:";
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("  /") {
+            path = format!("/{}", p.trim_end_matches(':'));
+        } else if let Some(m) = line.strip_prefix("    ") {
+            let method = m.trim_end_matches(':');
+            if ["get", "post", "put", "patch", "delete"].contains(&method) {
+                out.push((path.clone(), method.to_uppercase()));
+            }
+        }
+    }
+    out
+}
+
+/// A TypeScript client as a shop would generate it: openapi-typescript
+/// (npm) makes the types of `openapi.yaml`, and `tsc --strict` checks
+/// `tests/typescript/client.ts` against them: every operation called with
+/// openapi-fetch, and the fields generated clients tripped on (an audit
+/// event's `change`, a checkout attempt's `next_action`, path ids, the
+/// `500`s, a replay's missing `currency`) typed exactly. `make openapi-ts`
+/// installs the three packages under target/openapi-ts; without them the
+/// test is skipped, loudly, unless `ONCEPAY_REQUIRE_OPENAPI_TS` is set (as
+/// `.ci/run` sets it).
+#[test]
+fn a_generated_typescript_client_calls_every_operation_and_type_checks() {
+    let crate_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let repo = crate_dir.join("../..");
+    let tools = repo.join("target/openapi-ts");
+    let bin = |name: &str| tools.join("node_modules/.bin").join(name);
+    let installed = bin("openapi-typescript").exists()
+        && bin("tsc").exists()
+        && tools
+            .join("node_modules/openapi-fetch/package.json")
+            .exists();
+    if !installed {
+        assert!(
+            std::env::var_os("ONCEPAY_REQUIRE_OPENAPI_TS").is_none(),
+            "ONCEPAY_REQUIRE_OPENAPI_TS is set but openapi-typescript, openapi-fetch or typescript is missing (make openapi-ts)"
+        );
+        eprintln!("SKIPPED: no openapi-typescript, openapi-fetch and typescript (make openapi-ts installs them)");
+        return;
+    }
+    let document = std::fs::read_to_string(repo.join("openapi.yaml")).expect("openapi.yaml");
+    let client_ts = crate_dir.join("tests/typescript/client.ts");
+    let program = std::fs::read_to_string(&client_ts).expect("client.ts");
+    let operations = documented_operations(&document);
+    assert!(operations.len() > 30, "{operations:?}");
+    let uncalled: Vec<String> = operations
+        .iter()
+        .filter(|(path, method)| !program.contains(&format!("client.{method}(\"{path}\"")))
+        .map(|(path, method)| format!("{method} {path}"))
+        .collect();
+    assert!(
+        uncalled.is_empty(),
+        "tests/typescript/client.ts calls no {uncalled:?}"
+    );
+    // Under target/openapi-ts, whose node_modules resolves `openapi-fetch`;
+    // one directory per test process.
+    let dir = tools.join(format!("check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a directory for the check");
+    std::fs::copy(client_ts, dir.join("client.ts")).expect("client.ts copied");
+    let run = |command: &mut std::process::Command, what: &str| {
+        let out = command
+            .current_dir(&dir)
+            .output()
+            .unwrap_or_else(|e| panic!("{what} runs (node on the PATH): {e}"));
+        assert!(
+            out.status.success(),
+            "{what} failed (in {}):\n{}{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(
+        std::process::Command::new(bin("openapi-typescript"))
+            .arg(repo.join("openapi.yaml"))
+            .args(["--output", "oncepay.ts"]),
+        "openapi-typescript",
+    );
+    run(
+        std::process::Command::new(bin("tsc")).args([
+            "--strict",
+            "--noEmit",
+            "--target",
+            "es2022",
+            "--lib",
+            "es2022,dom",
+            "--module",
+            "esnext",
+            "--moduleResolution",
+            "bundler",
+            "--esModuleInterop",
+            "client.ts",
+        ]),
+        "tsc --strict",
+    );
+    std::fs::remove_dir_all(dir).expect("the check's directory removed");
+}

@@ -179,14 +179,30 @@ impl Trail {
     }
 }
 
-/// The route of a trail: `GET /orders/{id}/events` (the order's history,
-/// its payments' and refunds' included, oldest first),
-/// `GET /payments/{id}/events` and `GET /refunds/{id}/events` (every
-/// transition, in sequence).
-pub(super) fn trail_route(kind: Trail) -> actix_web::Route {
-    web::get().to(
-        move |state: web::Data<AppState>, req: HttpRequest, path: web::Path<String>| async move {
-            trail(&state, &req, &path, kind).await
-        },
-    )
+/// `GET /orders/{id}/events`: the order's history, its payments' and
+/// refunds' included, oldest first.
+pub(super) async fn order_trail(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    trail(&state, &req, &path, Trail::Order).await
+}
+
+/// `GET /payments/{id}/events`: every transition, in sequence.
+pub(super) async fn payment_trail(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    trail(&state, &req, &path, Trail::Payment).await
+}
+
+/// `GET /refunds/{id}/events`: every transition, in sequence.
+pub(super) async fn refund_trail(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    trail(&state, &req, &path, Trail::Refund).await
 }

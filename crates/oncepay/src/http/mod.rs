@@ -13,6 +13,7 @@ pub(crate) mod lists;
 pub(crate) mod middleware;
 mod ops;
 mod resources;
+pub mod routes;
 mod webhook_endpoints;
 mod webhooks;
 pub mod wire;
@@ -25,8 +26,10 @@ use uuid::Uuid;
 pub use body::BodyLimits;
 pub use checkout::CheckoutLimits;
 pub(crate) use middleware::observe;
+pub use ops::documented_operations;
 #[cfg(test)]
 pub(crate) use ops::OPENAPI;
+pub use routes::ROUTES;
 
 use crate::commands::{Answer, AppContext};
 use crate::idempotency::IdempotencyKey;
@@ -96,128 +99,36 @@ where
     }
 }
 
-/// Every route of the API and the methods it answers: what [`routes`]
-/// registers (each registration is checked against this table when the
-/// server starts) and what `openapi.yaml` documents (a test compares the
-/// two), so the hostile-input suite, generated from the document, reaches
-/// every route, and no route can be added without its documentation.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("/orders", "GET, POST"),
-    ("/orders/{id}", "GET"),
-    ("/orders/{id}/cancel", "POST"),
-    ("/orders/{id}/payments", "GET"),
-    ("/orders/{id}/checkout", "POST"),
-    ("/checkout/assets/checkout.js", "GET"),
-    ("/checkout/assets/checkout.css", "GET"),
-    ("/checkout/{token}", "GET"),
-    ("/checkout/{token}/status", "GET"),
-    ("/checkout/{token}/payments", "POST"),
-    ("/payments", "GET, POST"),
-    ("/refunds", "GET"),
-    ("/payments/{id}", "GET"),
-    ("/payments/{id}/refunds", "POST"),
-    ("/refunds/{id}", "GET"),
-    ("/orders/{id}/events", "GET"),
-    ("/payments/{id}/events", "GET"),
-    ("/refunds/{id}/events", "GET"),
-    ("/events", "GET"),
-    ("/events/{id}", "GET"),
-    ("/events/{id}/redeliver", "POST"),
-    ("/webhook_endpoints", "GET, POST"),
-    ("/webhook_endpoints/{id}", "DELETE"),
-    ("/webhooks/{provider}", "POST"),
-    ("/api_keys", "GET, POST"),
-    ("/api_keys/{id}", "DELETE"),
-    ("/audit_events", "GET"),
-    ("/healthz", "GET"),
-    ("/readyz", "GET"),
-    ("/metrics", "GET"),
-    ("/openapi.yaml", "GET"),
-];
-
-/// Every route of the API.
+/// Every route of the API, from the one table ([`routes::ROUTES`]): each
+/// path a resource whose other methods get `405` with the `Allow` header
+/// RFC 9110 asks for.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(
-        resource("/orders", "GET, POST")
-            .route(web::post().to(resources::create_order))
-            .route(web::get().to(lists::orders)),
-    )
-    .service(resource("/orders/{id}", "GET").route(web::get().to(resources::get_order)))
-    .service(resource("/orders/{id}/cancel", "POST").route(web::post().to(resources::cancel_order)))
-    .service(
-        resource("/orders/{id}/payments", "GET").route(web::get().to(resources::list_payments)),
-    )
-    .service(resource("/orders/{id}/checkout", "POST").route(web::post().to(checkout::create)))
-    .service(resource("/checkout/assets/checkout.js", "GET").route(web::get().to(checkout::script)))
-    .service(
-        resource("/checkout/assets/checkout.css", "GET").route(web::get().to(checkout::stylesheet)),
-    )
-    .service(resource("/checkout/{token}", "GET").route(web::get().to(checkout::show)))
-    .service(resource("/checkout/{token}/status", "GET").route(web::get().to(checkout::status)))
-    .service(resource("/checkout/{token}/payments", "POST").route(web::post().to(checkout::pay)))
-    .service(
-        resource("/payments", "GET, POST")
-            .route(web::post().to(resources::create_payment))
-            .route(web::get().to(lists::payments)),
-    )
-    .service(resource("/refunds", "GET").route(web::get().to(lists::refunds)))
-    .service(resource("/payments/{id}", "GET").route(web::get().to(resources::get_payment)))
-    .service(
-        resource("/payments/{id}/refunds", "POST").route(web::post().to(resources::create_refund)),
-    )
-    .service(resource("/refunds/{id}", "GET").route(web::get().to(resources::get_refund)))
-    .service(
-        resource("/orders/{id}/events", "GET").route(events::trail_route(events::Trail::Order)),
-    )
-    .service(
-        resource("/payments/{id}/events", "GET").route(events::trail_route(events::Trail::Payment)),
-    )
-    .service(
-        resource("/refunds/{id}/events", "GET").route(events::trail_route(events::Trail::Refund)),
-    )
-    .service(resource("/events", "GET").route(web::get().to(events::list_events)))
-    .service(resource("/events/{id}", "GET").route(web::get().to(events::get_event)))
-    .service(resource("/events/{id}/redeliver", "POST").route(web::post().to(events::redeliver)))
-    .service(
-        resource("/webhook_endpoints", "GET, POST")
-            .route(web::get().to(webhook_endpoints::list))
-            .route(web::post().to(webhook_endpoints::create)),
-    )
-    .service(
-        resource("/webhook_endpoints/{id}", "DELETE")
-            .route(web::delete().to(webhook_endpoints::delete)),
-    )
-    .service(resource("/webhooks/{provider}", "POST").route(web::post().to(webhooks::receive)))
-    .service(
-        resource("/api_keys", "GET, POST")
-            .route(web::get().to(api_keys::list))
-            .route(web::post().to(api_keys::create)),
-    )
-    .service(resource("/api_keys/{id}", "DELETE").route(web::delete().to(api_keys::revoke)))
-    .service(resource("/audit_events", "GET").route(web::get().to(api_keys::audit_events)))
-    .service(resource("/healthz", "GET").route(web::get().to(ops::healthz)))
-    .service(resource("/readyz", "GET").route(web::get().to(ops::readyz)))
-    .service(resource("/metrics", "GET").route(web::get().to(ops::metrics)))
-    .service(resource("/openapi.yaml", "GET").route(web::get().to(ops::openapi)))
-    .default_service(web::to(not_found));
+    for path in routes::paths() {
+        let mut resource = resource(path, &routes::allow(path));
+        for route in ROUTES.iter().filter(|r| r.path == path) {
+            let method = actix_web::http::Method::from_bytes(route.method.as_bytes())
+                .expect("the route table's methods are GET, POST and DELETE");
+            resource = resource.route((route.handler)(web::method(method)));
+        }
+        cfg.service(resource);
+    }
+    cfg.default_service(web::to(not_found));
 }
 
-/// A resource whose other methods get `405` with the `Allow` header RFC 9110 asks for.
-fn resource(path: &str, allow: &'static str) -> actix_web::Resource {
-    assert!(
-        ROUTES.contains(&(path, allow)),
-        "{path} ({allow}) is registered but not in http::ROUTES (and so perhaps not in openapi.yaml)"
-    );
-    web::resource(path).default_service(web::to(move || async move {
-        let mut response = Problem::new(
-            ProblemCode::MethodNotAllowed,
-            "this endpoint does not take that method",
-        )
-        .error_response();
-        response
-            .headers_mut()
-            .insert(header::ALLOW, HeaderValue::from_static(allow));
-        response
+/// A resource whose other methods get `405` with `Allow: {allow}`.
+fn resource(path: &str, allow: &str) -> actix_web::Resource {
+    let allow = HeaderValue::from_str(allow).expect("methods are header-safe");
+    web::resource(path).default_service(web::to(move || {
+        let allow = allow.clone();
+        async move {
+            let mut response = Problem::new(
+                ProblemCode::MethodNotAllowed,
+                "this endpoint does not take that method",
+            )
+            .error_response();
+            response.headers_mut().insert(header::ALLOW, allow);
+            response
+        }
     }))
 }
 
@@ -402,41 +313,13 @@ fn path_uuid(raw: &str, code: ProblemCode, what: &str) -> Result<Uuid, Problem> 
 
 #[cfg(test)]
 mod tests {
-    /// The operations `openapi.yaml` documents, as (path, METHOD).
-    fn documented() -> std::collections::BTreeSet<(String, String)> {
-        let mut out = std::collections::BTreeSet::new();
-        let (mut in_paths, mut path) = (false, String::new());
-        for line in super::OPENAPI.lines() {
-            if !line.starts_with(' ') && !line.is_empty() {
-                in_paths = line == "paths:";
-                continue;
-            }
-            if !in_paths {
-                continue;
-            }
-            if let Some(p) = line.strip_prefix("  /") {
-                path = format!("/{}", p.trim_end_matches(':'));
-            } else if let Some(m) = line.strip_prefix("    ") {
-                let method = m.trim_end_matches(':');
-                if ["get", "post", "put", "patch", "delete"].contains(&method) {
-                    out.insert((path.clone(), method.to_uppercase()));
-                }
-            }
-        }
-        out
-    }
-
     #[test]
     fn every_route_is_documented_and_every_documented_operation_is_routed() {
         let routed: std::collections::BTreeSet<(String, String)> = super::ROUTES
             .iter()
-            .flat_map(|(path, allow)| {
-                allow
-                    .split(", ")
-                    .map(move |m| (path.to_string(), m.to_string()))
-            })
+            .map(|r| (r.path.to_string(), r.method.to_string()))
             .collect();
-        assert_eq!(routed, documented());
+        assert_eq!(routed, super::documented_operations(super::OPENAPI));
         assert_eq!(routed.len(), 35);
     }
 }

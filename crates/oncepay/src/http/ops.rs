@@ -9,6 +9,32 @@ use crate::problem::Problem;
 /// always the one this binary implements.
 pub(crate) const OPENAPI: &str = include_str!("../../../../openapi.yaml");
 
+/// The operations an OpenAPI document in this repository's layout (paths
+/// at two spaces, methods at four) documents, as (path, METHOD): what the
+/// route table's test and the generated client's test hold against.
+pub fn documented_operations(document: &str) -> std::collections::BTreeSet<(String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    let (mut in_paths, mut path) = (false, String::new());
+    for line in document.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            in_paths = line == "paths:";
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("  /") {
+            path = format!("/{}", p.trim_end_matches(':'));
+        } else if let Some(m) = line.strip_prefix("    ") {
+            let method = m.trim_end_matches(':');
+            if ["get", "post", "put", "patch", "delete"].contains(&method) {
+                out.insert((path.clone(), method.to_uppercase()));
+            }
+        }
+    }
+    out
+}
+
 pub async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(serde_json::json!({"status": "ok"}))
 }

@@ -48,6 +48,16 @@ async fn openapi(app: &TestApp) -> Value {
 }
 
 /// Follows a local `$ref`.
+/// An operation's parameters, each `$ref` resolved.
+fn parameters<'a>(doc: &'a Value, op: &'a Value) -> Vec<&'a Value> {
+    op.get("parameters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| resolve(doc, p))
+        .collect()
+}
+
 fn resolve<'a>(doc: &'a Value, v: &'a Value) -> &'a Value {
     match v.get("$ref").and_then(Value::as_str) {
         Some(r) => {
@@ -282,13 +292,7 @@ fn probes(doc: &Value, fx: &Fixtures) -> Vec<Probe> {
             let Ok(method) = method.to_uppercase().parse::<Method>() else {
                 continue;
             };
-            let params: Vec<&Value> = op
-                .get("parameters")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|p| resolve(doc, p))
-                .collect();
+            let params = parameters(doc, op);
             let authenticated = op.get("security") != Some(&json!([]));
             let body = op
                 .pointer("/requestBody/content/application~1json/schema")
@@ -460,10 +464,7 @@ fn nul_in_any_string_of_any_endpoint_is_refused_never_a_500() {
             .filter(|k| methods.contains(&k.as_str()))
             .count()
     });
-    let routed: usize = oncepay::http::ROUTES
-        .iter()
-        .map(|(_, allow)| allow.split(", ").count())
-        .sum();
+    let routed = oncepay::http::ROUTES.len();
     assert_eq!(
         operations, routed,
         "every route of the route table is in the document"
@@ -528,12 +529,8 @@ async fn a_query_parameters_problem_names_it_by_its_bare_name() {
         let Some(op) = item.get("get") else {
             continue;
         };
-        let params: Vec<&Value> = op
-            .get("parameters")
-            .and_then(Value::as_array)
+        let params: Vec<&Value> = parameters(&doc, op)
             .into_iter()
-            .flatten()
-            .map(|p| resolve(&doc, p))
             .filter(|p| p["in"] == "query")
             .collect();
         if params.is_empty() {

@@ -42,31 +42,6 @@ async fn the_served_document_holds_under_schemathesis() {
     );
 }
 
-/// The operations `openapi.yaml` documents, as (path, METHOD): its paths
-/// section keeps paths at two spaces and methods at four (as the route
-/// table's test in `http` reads it).
-fn documented_operations(document: &str) -> Vec<(String, String)> {
-    let (mut out, mut in_paths, mut path) = (Vec::new(), false, String::new());
-    for line in document.lines() {
-        if !line.starts_with(' ') && !line.is_empty() {
-            in_paths = line == "paths:";
-            continue;
-        }
-        if !in_paths {
-            continue;
-        }
-        if let Some(p) = line.strip_prefix("  /") {
-            path = format!("/{}", p.trim_end_matches(':'));
-        } else if let Some(m) = line.strip_prefix("    ") {
-            let method = m.trim_end_matches(':');
-            if ["get", "post", "put", "patch", "delete"].contains(&method) {
-                out.push((path.clone(), method.to_uppercase()));
-            }
-        }
-    }
-    out
-}
-
 /// A TypeScript client as a shop would generate it: openapi-typescript
 /// (npm) makes the types of `openapi.yaml`, and `tsc --strict` checks
 /// `tests/typescript/client.ts` against them: every operation called with
@@ -98,7 +73,7 @@ fn a_generated_typescript_client_calls_every_operation_and_type_checks() {
     let document = std::fs::read_to_string(repo.join("openapi.yaml")).expect("openapi.yaml");
     let client_ts = crate_dir.join("tests/typescript/client.ts");
     let program = std::fs::read_to_string(&client_ts).expect("client.ts");
-    let operations = documented_operations(&document);
+    let operations = oncepay::http::documented_operations(&document);
     assert!(operations.len() > 30, "{operations:?}");
     let uncalled: Vec<String> = operations
         .iter()

@@ -1,0 +1,257 @@
+//! Every route of the API, declared once: its path, method, handler, who
+//! may call it and whether it takes an `Idempotency-Key`. The router
+//! ([`super::routes`]), the access check ([`super::access::required`]) and
+//! the tests that hold the table to `openapi.yaml` and to the service's
+//! behaviour all read [`ROUTES`]: a route cannot be added without saying
+//! who may call it, and one documented but not routed (or routed but not
+//! documented) fails `every_route_is_documented_and_every_documented_operation_is_routed`.
+
+use super::access::Access::{self, Needs, Public};
+use super::{api_keys, checkout, events, lists, ops, resources, webhook_endpoints, webhooks};
+use crate::api_keys::Scope::{Admin, Read, Write};
+
+/// Whether a route takes an `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    /// Required (`400 idempotency_key_missing` without one): every `POST`
+    /// that creates or changes something.
+    Required,
+    /// A `POST` that needs none, and why.
+    Exempt(&'static str),
+    /// None: a read, or a `DELETE` (repeating it changes nothing more).
+    Unused,
+}
+
+use Key::{Exempt, Required, Unused};
+
+/// One route and method.
+#[derive(Clone, Copy)]
+pub struct Route {
+    /// The path pattern, as `openapi.yaml` writes it.
+    pub path: &'static str,
+    /// `GET`, `POST` or `DELETE`.
+    pub method: &'static str,
+    /// Who may call it.
+    pub access: Access,
+    /// Whether it takes an `Idempotency-Key`.
+    pub key: Key,
+    /// Binds the handler to the method's route.
+    pub(super) handler: fn(actix_web::Route) -> actix_web::Route,
+}
+
+impl std::fmt::Debug for Route {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.method, self.path)
+    }
+}
+
+const fn route(
+    method: &'static str,
+    path: &'static str,
+    access: Access,
+    key: Key,
+    handler: fn(actix_web::Route) -> actix_web::Route,
+) -> Route {
+    Route {
+        path,
+        method,
+        access,
+        key,
+        handler,
+    }
+}
+
+const DEDUPLICATED_DELIVERY: &str =
+    "its only effect is a delivery that receivers deduplicate by the event's id";
+const SIGNED_EVENT: &str = "signed by the provider and deduplicated by the provider's event id";
+
+/// Every route of the API, in the order they are registered.
+pub const ROUTES: &[Route] = &[
+    route("GET", "/orders", Needs(Read), Unused, |r| {
+        r.to(lists::orders)
+    }),
+    route("POST", "/orders", Needs(Write), Required, |r| {
+        r.to(resources::create_order)
+    }),
+    route("GET", "/orders/{id}", Needs(Read), Unused, |r| {
+        r.to(resources::get_order)
+    }),
+    route("POST", "/orders/{id}/cancel", Needs(Write), Required, |r| {
+        r.to(resources::cancel_order)
+    }),
+    route("GET", "/orders/{id}/payments", Needs(Read), Unused, |r| {
+        r.to(resources::list_payments)
+    }),
+    route(
+        "POST",
+        "/orders/{id}/checkout",
+        Needs(Write),
+        Required,
+        |r| r.to(checkout::create),
+    ),
+    route("GET", "/checkout/assets/checkout.js", Public, Unused, |r| {
+        r.to(checkout::script)
+    }),
+    route(
+        "GET",
+        "/checkout/assets/checkout.css",
+        Public,
+        Unused,
+        |r| r.to(checkout::stylesheet),
+    ),
+    route("GET", "/checkout/{token}", Public, Unused, |r| {
+        r.to(checkout::show)
+    }),
+    route("GET", "/checkout/{token}/status", Public, Unused, |r| {
+        r.to(checkout::status)
+    }),
+    route(
+        "POST",
+        "/checkout/{token}/payments",
+        Public,
+        Required,
+        |r| r.to(checkout::pay),
+    ),
+    route("GET", "/payments", Needs(Read), Unused, |r| {
+        r.to(lists::payments)
+    }),
+    route("POST", "/payments", Needs(Write), Required, |r| {
+        r.to(resources::create_payment)
+    }),
+    route("GET", "/refunds", Needs(Read), Unused, |r| {
+        r.to(lists::refunds)
+    }),
+    route("GET", "/payments/{id}", Needs(Read), Unused, |r| {
+        r.to(resources::get_payment)
+    }),
+    route(
+        "POST",
+        "/payments/{id}/refunds",
+        Needs(Write),
+        Required,
+        |r| r.to(resources::create_refund),
+    ),
+    route("GET", "/refunds/{id}", Needs(Read), Unused, |r| {
+        r.to(resources::get_refund)
+    }),
+    route("GET", "/orders/{id}/events", Needs(Read), Unused, |r| {
+        r.to(events::order_trail)
+    }),
+    route("GET", "/payments/{id}/events", Needs(Read), Unused, |r| {
+        r.to(events::payment_trail)
+    }),
+    route("GET", "/refunds/{id}/events", Needs(Read), Unused, |r| {
+        r.to(events::refund_trail)
+    }),
+    route("GET", "/events", Needs(Read), Unused, |r| {
+        r.to(events::list_events)
+    }),
+    route("GET", "/events/{id}", Needs(Read), Unused, |r| {
+        r.to(events::get_event)
+    }),
+    route(
+        "POST",
+        "/events/{id}/redeliver",
+        Needs(Admin),
+        Exempt(DEDUPLICATED_DELIVERY),
+        |r| r.to(events::redeliver),
+    ),
+    route("GET", "/webhook_endpoints", Needs(Admin), Unused, |r| {
+        r.to(webhook_endpoints::list)
+    }),
+    route("POST", "/webhook_endpoints", Needs(Admin), Required, |r| {
+        r.to(webhook_endpoints::create)
+    }),
+    route(
+        "DELETE",
+        "/webhook_endpoints/{id}",
+        Needs(Admin),
+        Unused,
+        |r| r.to(webhook_endpoints::delete),
+    ),
+    route(
+        "POST",
+        "/webhooks/{provider}",
+        Public,
+        Exempt(SIGNED_EVENT),
+        |r| r.to(webhooks::receive),
+    ),
+    route("GET", "/api_keys", Needs(Admin), Unused, |r| {
+        r.to(api_keys::list)
+    }),
+    route("POST", "/api_keys", Needs(Admin), Required, |r| {
+        r.to(api_keys::create)
+    }),
+    route("DELETE", "/api_keys/{id}", Needs(Admin), Unused, |r| {
+        r.to(api_keys::revoke)
+    }),
+    route("GET", "/audit_events", Needs(Admin), Unused, |r| {
+        r.to(api_keys::audit_events)
+    }),
+    route("GET", "/healthz", Public, Unused, |r| r.to(ops::healthz)),
+    route("GET", "/readyz", Public, Unused, |r| r.to(ops::readyz)),
+    route("GET", "/metrics", Public, Unused, |r| r.to(ops::metrics)),
+    route("GET", "/openapi.yaml", Public, Unused, |r| {
+        r.to(ops::openapi)
+    }),
+];
+
+/// The route of `pattern` (as actix matched it) and `method` (`HEAD` as
+/// `GET`).
+pub fn find(pattern: &str, method: &str) -> Option<&'static Route> {
+    let method = if method == "HEAD" { "GET" } else { method };
+    ROUTES
+        .iter()
+        .find(|r| r.path == pattern && r.method == method)
+}
+
+/// The paths of [`ROUTES`], each once, in order.
+pub fn paths() -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for route in ROUTES {
+        if !out.contains(&route.path) {
+            out.push(route.path);
+        }
+    }
+    out
+}
+
+/// The methods `path` answers, as an `Allow` header lists them.
+pub fn allow(path: &str) -> String {
+    ROUTES
+        .iter()
+        .filter(|r| r.path == path)
+        .map(|r| r.method)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_and_method_is_declared_once() {
+        let mut seen = std::collections::BTreeSet::new();
+        for route in ROUTES {
+            assert!(seen.insert((route.path, route.method)), "{route:?} twice");
+            assert!(
+                ["GET", "POST", "DELETE"].contains(&route.method),
+                "{route:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_post_takes_a_key_or_says_why_not_and_nothing_else_takes_one() {
+        for route in ROUTES {
+            match (route.method, route.key) {
+                ("POST", Required) => {}
+                ("POST", Exempt(why)) => assert!(!why.is_empty(), "{route:?}"),
+                ("POST", Unused) => panic!("{route:?}: a POST must take a key or say why not"),
+                (_, Unused) => {}
+                (_, key) => panic!("{route:?} is not a POST but says {key:?}"),
+            }
+        }
+    }
+}

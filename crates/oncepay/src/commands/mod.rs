@@ -761,6 +761,7 @@ mod tests {
             webhook_endpoints::CreateWebhookEndpoint::NAME,
             "create_webhook_endpoint"
         );
+        assert_eq!(api_keys::CreateApiKey::NAME, "create_api_key");
         assert_eq!(CommandKind::parse("refund_everything"), None);
     }
 

@@ -3,7 +3,6 @@
 //! problems and stored responses into HTTP). Handlers stay thin: parse,
 //! call a command or a store read, answer.
 
-pub mod access;
 mod api_keys;
 mod body;
 mod checkout;
@@ -209,7 +208,7 @@ async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Probl
 
 /// The caller behind `Authorization: Bearer <key>` (`401` otherwise),
 /// allowed by its key's scopes to call this route (`403
-/// insufficient_scope` otherwise, see [`access`]) and admitted by its rate
+/// insufficient_scope` otherwise, see [`routes::required`]) and admitted by its rate
 /// limit (`429` otherwise), before anything else is read or written, so a
 /// refused request is effect-free.
 async fn authenticate_caller(
@@ -248,7 +247,7 @@ async fn authenticate_caller(
         }
     };
     let pattern = req.match_pattern().unwrap_or_default();
-    if let Some(scope) = access::required(&pattern, req.method().as_str()) {
+    if let Some(scope) = routes::required(&pattern, req.method().as_str()) {
         if !caller.scopes.has(scope) {
             return Err(Problem::new(
                 ProblemCode::InsufficientScope,

@@ -1,14 +1,27 @@
 //! Every route of the API, declared once: its path, method, handler, who
 //! may call it and whether it takes an `Idempotency-Key`. The router
-//! ([`super::routes`]), the access check ([`super::access::required`]) and
+//! ([`super::routes`]), the access check ([`required`]) and
 //! the tests that hold the table to `openapi.yaml` and to the service's
 //! behaviour all read [`ROUTES`]: a route cannot be added without saying
 //! who may call it, and one documented but not routed (or routed but not
 //! documented) fails `every_route_is_documented_and_every_documented_operation_is_routed`.
 
-use super::access::Access::{self, Needs, Public};
 use super::{api_keys, checkout, events, lists, ops, resources, webhook_endpoints, webhooks};
-use crate::api_keys::Scope::{Admin, Read, Write};
+use crate::api_keys::Scope::{self, Admin, Read, Write};
+
+/// Who may call a route. Checked in `authenticate`, before anything is
+/// read or written and before the `Idempotency-Key` is looked at: a
+/// refused request consumes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// No API key (checkout pages, provider webhooks, health, metrics, the
+    /// OpenAPI document): they authenticate otherwise, or not at all.
+    Public,
+    /// A key with this scope.
+    Needs(Scope),
+}
+
+use Access::{Needs, Public};
 
 /// Whether a route takes an `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,6 +216,17 @@ pub fn find(pattern: &str, method: &str) -> Option<&'static Route> {
     ROUTES
         .iter()
         .find(|r| r.path == pattern && r.method == method)
+}
+
+/// The scope a request to `pattern` with `method` needs (`HEAD` as `GET`);
+/// `None` for a public route. A route missing from the table (none is
+/// routed) needs `admin`: the safe side.
+pub fn required(pattern: &str, method: &str) -> Option<Scope> {
+    match find(pattern, method).map(|r| r.access) {
+        Some(Public) => None,
+        Some(Needs(scope)) => Some(scope),
+        None => Some(Admin),
+    }
 }
 
 /// The paths of [`ROUTES`], each once, in order.

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::helpers::*;
 use oncepay::api_keys::{Scope, Scopes};
-use oncepay::http::access::Access;
+use oncepay::http::routes::Access;
 
 impl TestApp {
     /// A key of merchant A with these scopes.

@@ -1,5 +1,5 @@
 //! Provider event bodies, as `POST /webhooks/{provider}` reads them once
-//! their signature is verified (`provider_events::apply` up to its first
+//! their signature is verified (`inbound::apply` up to its first
 //! database access): serde_json, the search for U+0000 (an event holding
 //! one is stored with it written out, `rejected`), then each adapter's
 //! `parse_event` (sandbox, Stripe); and Stripe's reading of an object

@@ -1,4 +1,4 @@
-//! The Standard Webhooks headers (`webhooks::WebhookSecret::verify`), as
+//! The Standard Webhooks headers (`standard_webhooks::WebhookSecret::verify`), as
 //! the sandbox adapter checks its inbound events (`webhook-id`,
 //! `webhook-timestamp`, `webhook-signature`), and the `whsec_` secret
 //! parser.
@@ -26,7 +26,7 @@ use base64::Engine;
 use hmac::{Hmac, Mac};
 use libfuzzer_sys::fuzz_target;
 use oncepay::fuzzing::STANDARD_WEBHOOKS_TOLERANCE_SECS;
-use oncepay::webhooks::{SignatureError, WebhookSecret};
+use oncepay::standard_webhooks::{SignatureError, WebhookSecret};
 use sha2::Sha256;
 
 /// The clock (the seeds' timestamps are near it).

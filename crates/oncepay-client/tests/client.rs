@@ -64,7 +64,7 @@ async fn stack(sandbox_env: &[(&'static str, &str)]) -> Stack {
     let sandbox_config = lookup(sandbox_vars)
         .sandbox_config()
         .expect("sandbox config");
-    tokio::spawn(oncepay::sandbox::start(sandbox_config, listener).expect("sandbox"));
+    tokio::spawn(oncepay::sandbox_server::start(sandbox_config, listener).expect("sandbox"));
     tokio::spawn(app.run_until_stopped());
     let db = sqlx::PgPool::connect(&db_url).await.expect("pool");
     let key = oncepay::api_keys::create(&db, "client-tests")

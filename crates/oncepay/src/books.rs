@@ -529,7 +529,7 @@ async fn adopt_charge(
         }
         Err(InsertAttemptError::Store(e)) => return Err(e.into()),
     };
-    crate::outbox::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Reconciler).await?;
+    crate::events::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Reconciler).await?;
     let (payment, _) = settle::payment(
         &mut tx,
         &ctx.metrics,
@@ -794,7 +794,7 @@ async fn adopt_refund(
         Err(InsertRefundError::KeyUsed) => return Ok(Counts::default()),
         Err(InsertRefundError::Store(e)) => return Err(e.into()),
     };
-    crate::outbox::refund_changed(
+    crate::events::refund_changed(
         &mut tx,
         &ctx.metrics,
         &refund,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::provider::stripe::SecretKey as StripeSecretKey;
 pub use crate::provider::stripe::StripeConfig;
-pub use crate::webhooks::DEV_WEBHOOK_SECRET;
+pub use crate::standard_webhooks::DEV_WEBHOOK_SECRET;
 
 /// Why a configuration value was refused, naming the variable.
 #[derive(Debug, thiserror::Error)]
@@ -194,11 +194,11 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
     }
 
     /// `ONCEPAY_WEBHOOK_SECRET`, checked to be `whsec_` + base64.
-    pub fn webhook_secret(&self) -> Result<crate::webhooks::WebhookSecret, ConfigError> {
+    pub fn webhook_secret(&self) -> Result<crate::standard_webhooks::WebhookSecret, ConfigError> {
         self.get(
             "ONCEPAY_WEBHOOK_SECRET",
-            crate::webhooks::WebhookSecret::dev(),
-            |v| crate::webhooks::WebhookSecret::parse(v).map_err(|e| e.to_string()),
+            crate::standard_webhooks::WebhookSecret::dev(),
+            |v| crate::standard_webhooks::WebhookSecret::parse(v).map_err(|e| e.to_string()),
         )
     }
 
@@ -209,7 +209,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         &self,
         bind: SocketAddr,
         bind_var: &'static str,
-    ) -> Result<crate::webhooks::WebhookSecret, ConfigError> {
+    ) -> Result<crate::standard_webhooks::WebhookSecret, ConfigError> {
         let secret = self.webhook_secret()?;
         if secret.is_development() && !bind.ip().is_loopback() {
             return Err(ConfigError {
@@ -572,7 +572,7 @@ pub struct ServeConfig {
     /// bank page) (`ONCEPAY_PROVIDER_PUBLIC_URL`); `None`: `provider_url`.
     pub provider_public_url: Option<String>,
     /// Verifies inbound webhooks.
-    pub webhook_secret: crate::webhooks::WebhookSecret,
+    pub webhook_secret: crate::standard_webhooks::WebhookSecret,
     /// How long idempotency records are kept.
     pub idempotency_ttl: Duration,
     /// How long a duplicate waits for the first request before `409 in_flight`.
@@ -630,7 +630,7 @@ pub struct ServeConfig {
     /// the provider first (`ONCEPAY_ACTION_TIMEOUT`, 1 h).
     pub action_timeout: Duration,
     /// How long a provider event that would settle a charge waits for the
-    /// command still executing on it (see `provider_events`).
+    /// command still executing on it (see `inbound`).
     pub webhook_command_wait: Duration,
     /// How long a checkout page's token works.
     pub checkout_ttl: Duration,
@@ -701,7 +701,7 @@ pub struct SandboxConfig {
     /// Where signed webhooks are posted.
     pub webhook_url: String,
     /// Signs outbound webhooks.
-    pub webhook_secret: crate::webhooks::WebhookSecret,
+    pub webhook_secret: crate::standard_webhooks::WebhookSecret,
     /// Off: no webhook is sent (the reconciler must settle everything).
     pub webhooks_enabled: bool,
     /// How long a `tok_async` charge stays pending.

@@ -7,10 +7,13 @@
 //! - [`domain`] — business rules and state machines, free of I/O;
 //! - [`store`] — all SQL;
 //! - [`provider`] — the payment provider trait and its HTTP client;
-//! - [`sandbox`] — the stand-alone sandbox provider;
+//! - [`sandbox_server`] — the stand-alone sandbox provider (the server;
+//!   its adapter is [`provider::sandbox`]);
 //! - [`workers`] — the reconciler and the sweeper;
-//! - [`outbox`] — events written with the changes they report, for merchants;
-//! - [`provider_events`] — inbound provider webhook events;
+//! - [`events`] — outbound: events written with the changes they report
+//!   (the outbox) and their delivery to merchants' endpoints;
+//! - [`inbound`] — inbound: provider webhook events, verified and applied;
+//! - [`standard_webhooks`] — the signing scheme both directions use;
 //! - [`books`] — reconciliation against the providers' books, and the
 //!   restore guard.
 
@@ -24,22 +27,21 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod domain;
+pub mod events;
 pub mod http;
 pub mod idempotency;
+pub mod inbound;
 pub mod input;
 pub mod metrics;
-pub mod outbound;
-pub mod outbox;
 pub mod problem;
 pub mod process_metrics;
 pub mod provider;
-pub mod provider_events;
 pub mod rate_limit;
-pub mod sandbox;
+pub mod sandbox_server;
+pub mod standard_webhooks;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
-pub mod webhooks;
 pub mod workers;
 
 /// Entry points for the fuzz targets in `fuzz/` (`cargo fuzz`, see
@@ -61,7 +63,8 @@ pub mod fuzzing {
     /// The longest `Idempotency-Key`, in characters.
     pub const IDEMPOTENCY_KEY_MAX_LEN: usize = crate::idempotency::key::MAX_KEY_LEN;
     /// How far a Standard Webhooks timestamp may be from our clock.
-    pub const STANDARD_WEBHOOKS_TOLERANCE_SECS: i64 = crate::webhooks::TIMESTAMP_TOLERANCE_SECS;
+    pub const STANDARD_WEBHOOKS_TOLERANCE_SECS: i64 =
+        crate::standard_webhooks::TIMESTAMP_TOLERANCE_SECS;
 
     /// The middleware's check of the raw query string for `%00`.
     pub fn query_nul(query: &str) -> Option<Problem> {
@@ -164,12 +167,12 @@ pub mod fuzzing {
     /// The path of the first string or key of an inbound event holding
     /// U+0000 (such an event is recorded `rejected`).
     pub fn event_nul_at(payload: &Value) -> Option<String> {
-        crate::provider_events::nul_at(payload, &mut String::new())
+        crate::inbound::nul_at(payload, &mut String::new())
     }
 
     /// The event as it is stored when it holds U+0000.
     pub fn event_without_nul(payload: &Value) -> Value {
-        crate::provider_events::without_nul(payload)
+        crate::inbound::without_nul(payload)
     }
 
     /// The sandbox adapter's reading of a verified event.

@@ -53,7 +53,7 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::Sandbox => {
             let config = env.sandbox_config()?;
-            oncepay::sandbox::run(config)
+            oncepay::sandbox_server::run(config)
                 .await
                 .context("running the sandbox")?;
         }

@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use crate::commands::AppContext;
 use crate::config::ServeConfig;
+use crate::events;
 use crate::http::wire::ProblemIo;
 use crate::http::{self, AppState};
 use crate::idempotency::{Engine, EngineConfig};
@@ -187,7 +188,7 @@ fn spawn_workers(
 ) -> Result<Vec<JoinHandle<()>>, StartError> {
     let (guard, books) = (guard_settings(config), config.books);
     let webhooks = &config.merchant_webhooks;
-    let deliverer = Arc::new(workers::deliveries::Deliverer::new(
+    let deliverer = Arc::new(events::deliveries::Deliverer::new(
         webhooks.schedule.clone(),
         webhooks.timeout,
         webhooks.allow_private,
@@ -202,7 +203,7 @@ fn spawn_workers(
             move |ctx| {
                 let deliverer = deliverer.clone();
                 async move {
-                    if let Err(e) = workers::deliveries::pass(&ctx, &deliverer).await {
+                    if let Err(e) = events::deliveries::pass(&ctx, &deliverer).await {
                         tracing::warn!(error = %e, "delivery pass failed; retrying next interval");
                     }
                 }
@@ -214,7 +215,7 @@ fn spawn_workers(
             stopped.clone(),
             ctx,
             |ctx| async move {
-                if let Err(e) = workers::deliveries::measure(&ctx).await {
+                if let Err(e) = events::deliveries::measure(&ctx).await {
                     tracing::debug!(error = %e, "could not measure undelivered events");
                 }
             },

@@ -4,7 +4,7 @@
 use oncepay::domain::payment::{PaymentStatus, Transition};
 use oncepay::idempotency::fingerprint::canonical_json;
 use oncepay::idempotency::{Fingerprint, IdempotencyKey};
-use oncepay::webhooks::{SignatureError, WebhookSecret};
+use oncepay::standard_webhooks::{SignatureError, WebhookSecret};
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 

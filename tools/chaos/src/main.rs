@@ -389,7 +389,7 @@ async fn soak(
         .await?;
     let secret = endpoint["secret"]
         .as_str()
-        .and_then(|s| oncepay::webhooks::WebhookSecret::parse(s).ok())
+        .and_then(|s| oncepay::standard_webhooks::WebhookSecret::parse(s).ok())
         .ok_or_else(|| format!("registering the webhook endpoint: {status} {endpoint}"))?;
     // In HA mode a probe writes all along, to measure each failover's window.
     let successes: ha::Successes = Default::default();

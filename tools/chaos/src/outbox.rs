@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use oncepay::webhooks::WebhookSecret;
+use oncepay::standard_webhooks::WebhookSecret;
 use oncepay_testkit::receiver::Received;
 use serde_json::Value;
 use sqlx::{PgPool, Row};

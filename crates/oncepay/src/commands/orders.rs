@@ -208,7 +208,7 @@ impl CancelOrder {
                     crate::domain::order::OrderStatus::Cancelled,
                 )
                 .await?;
-                crate::outbox::order_changed(
+                crate::events::order_changed(
                     &mut tx,
                     &ctx.metrics,
                     &order,

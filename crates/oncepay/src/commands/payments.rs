@@ -156,7 +156,7 @@ impl Command for CreatePayment {
             now,
         );
         let event =
-            crate::outbox::of_payment(&draft, Cause::Command)?.without(&["amount", "currency"]);
+            crate::events::of_payment(&draft, Cause::Command)?.without(&["amount", "currency"]);
         let (group, metrics) = (ctx.group_commit.clone(), ctx.metrics.clone());
         let (order_id, check_after) = (self.order_id, ctx.reconcile_after);
         let payment_method = self.payment_method.clone();
@@ -183,7 +183,7 @@ impl Command for CreatePayment {
                         return Ok(None);
                     };
                     count_pending(&metrics);
-                    crate::outbox::count(&metrics, std::slice::from_ref(&event));
+                    crate::events::count(&metrics, std::slice::from_ref(&event));
                     let mut attempt = Payment::pending(
                         attempt_id,
                         (order.id, order.amount, &order.currency),
@@ -390,7 +390,7 @@ impl CreatePayment {
             }
             Err(InsertAttemptError::Store(e)) => return Err(e.into()),
         };
-        crate::outbox::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Command).await?;
+        crate::events::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Command).await?;
         count_pending(&ctx.metrics);
         Ok(Step::Record {
             tx,

@@ -74,10 +74,10 @@ pub async fn payment(
             if decline_to_confirm(status, cause) {
                 store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
             }
-            crate::outbox::payment_changed(tx, metrics, &p, cause).await?;
+            crate::events::payment_changed(tx, metrics, &p, cause).await?;
             if let Some(next) = next {
                 let order = store::orders::set_status(tx, order_id, next).await?;
-                crate::outbox::order_changed(tx, metrics, &order, cause).await?;
+                crate::events::order_changed(tx, metrics, &order, cause).await?;
             }
             metrics
                 .payment_transitions
@@ -96,7 +96,7 @@ pub async fn payment(
             store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?;
             match store::payments::require_action(tx, attempt_id, url).await? {
                 Some(p) => {
-                    crate::outbox::payment_requires_action(tx, metrics, &p, cause).await?;
+                    crate::events::payment_requires_action(tx, metrics, &p, cause).await?;
                     p
                 }
                 None => current,
@@ -176,7 +176,7 @@ pub struct Known {
     order: (Order, Order),
     attempt: Payment,
     status: PaymentStatus,
-    events: Vec<crate::outbox::Pending>,
+    events: Vec<crate::events::Pending>,
 }
 
 impl Known {
@@ -222,7 +222,7 @@ impl Known {
             observed.failure_message.as_deref(),
             now,
         );
-        let mut events = vec![crate::outbox::of_payment(&after, Cause::Command)?];
+        let mut events = vec![crate::events::of_payment(&after, Cause::Command)?];
         let order_after = match next {
             None => order.clone(),
             Some(next) => {
@@ -231,7 +231,7 @@ impl Known {
                     updated_at: now,
                     ..order.clone()
                 };
-                events.extend(crate::outbox::of_order(&moved, Cause::Command)?);
+                events.extend(crate::events::of_order(&moved, Cause::Command)?);
                 moved
             }
         };
@@ -276,7 +276,7 @@ impl Known {
                         .payment_transitions
                         .with_label_values(&[self.status.as_str(), Cause::Command.label()])
                         .inc();
-                    crate::outbox::count(&metrics, &self.events);
+                    crate::events::count(&metrics, &self.events);
                 }
                 Ok(written)
             })
@@ -316,7 +316,7 @@ pub async fn refund(
                 observed.failure_code.as_deref(),
             )
             .await?;
-            crate::outbox::refund_changed(tx, metrics, &r, order_id, cause).await?;
+            crate::events::refund_changed(tx, metrics, &r, order_id, cause).await?;
             if decline_to_confirm(status, cause) {
                 store::queue::confirm_decline_later::<crate::domain::payment::Refund>(
                     tx, refund_id,
@@ -338,7 +338,7 @@ pub async fn refund(
                 };
                 if next != order.status {
                     let order = store::orders::set_status(tx, order_id, next).await?;
-                    crate::outbox::order_changed(tx, metrics, &order, cause).await?;
+                    crate::events::order_changed(tx, metrics, &order, cause).await?;
                 }
             }
             metrics

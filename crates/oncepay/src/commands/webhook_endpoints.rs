@@ -13,8 +13,8 @@ use crate::domain::event::EventType;
 use crate::domain::RuleViolation;
 use crate::input::Obj;
 use crate::problem::Problem;
+use crate::standard_webhooks::WebhookSecret;
 use crate::store;
-use crate::webhooks::WebhookSecret;
 
 /// The most endpoints' worth of types one endpoint may list (every type,
 /// once, or `*`).
@@ -40,7 +40,7 @@ impl Command for CreateWebhookEndpoint {
         // Stored (and listed) as the URL the deliveries will call: the
         // parser's normal form (lower-case scheme and host, dot segments
         // resolved), not the text as sent.
-        let url = crate::outbound::parse_url(&body.string("url")?)
+        let url = crate::events::outbound::parse_url(&body.string("url")?)
             .map_err(|e| Problem::rule(RuleViolation::new("url", e.to_string())))?
             .to_string();
         let mut events = body.strings("events")?;

@@ -8,13 +8,13 @@ mod body;
 mod checkout;
 pub mod checkout_text;
 mod events;
+mod inbound;
 pub(crate) mod lists;
 pub(crate) mod middleware;
 mod ops;
 mod resources;
 pub mod routes;
 mod webhook_endpoints;
-mod webhooks;
 pub mod wire;
 
 use actix_web::http::header::{self, HeaderValue};

@@ -6,7 +6,7 @@
 //! who may call it, and one documented but not routed (or routed but not
 //! documented) fails `every_route_is_documented_and_every_documented_operation_is_routed`.
 
-use super::{api_keys, checkout, events, lists, ops, resources, webhook_endpoints, webhooks};
+use super::{api_keys, checkout, events, inbound, lists, ops, resources, webhook_endpoints};
 use crate::api_keys::Scope::{self, Admin, Read, Write};
 
 /// Who may call a route. Checked in `authenticate`, before anything is
@@ -187,7 +187,7 @@ pub const ROUTES: &[Route] = &[
         "/webhooks/{provider}",
         Public,
         Exempt(SIGNED_EVENT),
-        |r| r.to(webhooks::receive),
+        |r| r.to(inbound::receive),
     ),
     route("GET", "/api_keys", Needs(Admin), Unused, |r| {
         r.to(api_keys::list)

@@ -33,7 +33,7 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
         actor: Some(actor_of(&caller)),
     };
     let command = CreateWebhookEndpoint::parse(&input)?;
-    crate::outbound::check_url(&command.url, state.webhook_allow_private)
+    crate::events::outbound::check_url(&command.url, state.webhook_allow_private)
         .await
         .map_err(|e| Problem::rule(RuleViolation::new("url", e.to_string())))?;
     let id = RecordId::merchant(merchant_id, &key);

@@ -125,7 +125,7 @@ pub enum SubjectKind {
 }
 
 /// What an event says about a charge or refund: a hint, never applied as
-/// it is (see `provider_events`).
+/// it is (see `inbound`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Subject {
     /// A charge or a refund.

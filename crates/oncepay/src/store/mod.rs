@@ -22,6 +22,7 @@ pub mod checkout;
 pub mod deliveries;
 pub mod events;
 pub mod group_commit;
+pub mod inbound;
 pub mod incidents;
 pub mod merchants;
 pub mod migrate;
@@ -33,7 +34,6 @@ pub mod queue;
 pub mod refunds;
 pub mod revocations;
 pub mod webhook_endpoints;
-pub mod webhooks;
 pub(crate) mod writers;
 
 use std::str::FromStr;

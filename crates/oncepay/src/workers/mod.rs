@@ -1,8 +1,7 @@
-//! Background work of `oncepay serve`: the reconciler, the sweeper and the
-//! delivery of events to merchants. Each claims its rows in the database
+//! Background work of `oncepay serve`: the reconciler and the sweeper (the
+//! merchant events' delivery lives in `events::deliveries`). Each claims its rows in the database
 //! (`SKIP LOCKED`, leases), so any number of processes can run them at once.
 
-pub mod deliveries;
 pub mod reconciler;
 pub mod sweeper;
 

@@ -246,7 +246,7 @@ pub async fn spawn_app_with(options: Options) -> TestApp {
         .sandbox_config()
         .expect("sandbox config");
     let sandbox_server =
-        oncepay::sandbox::start(sandbox_config, sandbox_listener).expect("sandbox starts");
+        oncepay::sandbox_server::start(sandbox_config, sandbox_listener).expect("sandbox starts");
     tokio::spawn(sandbox_server);
     tokio::spawn(app.run_until_stopped());
     if let Some(stack) = &stripe {
@@ -567,7 +567,8 @@ pub async fn post_webhook(
 pub async fn post_signed_webhook(app: &TestApp, event: &Value) -> reqwest::Response {
     let id = event["id"].as_str().unwrap_or("evt_x");
     let ts = chrono::Utc::now().timestamp();
-    let sig = oncepay::webhooks::WebhookSecret::dev().sign(id, ts, event.to_string().as_bytes());
+    let sig =
+        oncepay::standard_webhooks::WebhookSecret::dev().sign(id, ts, event.to_string().as_bytes());
     post_webhook(app, event, Some(sig), ts).await
 }
 

@@ -650,7 +650,8 @@ async fn a_signed_provider_event_holding_nul_is_recorded_as_rejected_once() {
                 chrono::Utc::now().timestamp(),
                 event.to_string(),
             );
-            let signature = oncepay::webhooks::WebhookSecret::dev().sign(&id, ts, body.as_bytes());
+            let signature =
+                oncepay::standard_webhooks::WebhookSecret::dev().sign(&id, ts, body.as_bytes());
             let r = app
                 .http
                 .post(format!("{}/webhooks/sandbox", app.base))

@@ -21,7 +21,7 @@ fn start_sandbox() -> String {
         .sandbox_config()
         .expect("config");
     config.webhooks_enabled = false;
-    tokio::spawn(oncepay::sandbox::start(config, listener).expect("sandbox"));
+    tokio::spawn(oncepay::sandbox_server::start(config, listener).expect("sandbox"));
     base
 }
 

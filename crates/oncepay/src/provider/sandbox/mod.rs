@@ -22,7 +22,7 @@ use super::{
     Headers, Health, Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
-use crate::webhooks::WebhookSecret;
+use crate::standard_webhooks::WebhookSecret;
 
 /// The name stored on attempts and used in `/webhooks/sandbox`.
 pub const NAME: &str = "sandbox";

@@ -1,12 +1,16 @@
-//! The transactional outbox: every state change a merchant cares about
+//! Outbound: the events oncepay sends to merchants. This module is the
+//! transactional outbox; every state change a merchant cares about
 //! writes one event, in the transaction of the change itself. So an event
 //! exists exactly when its change committed: a rollback leaves neither, a
 //! replayed request or a repeated observation (which change nothing) write
-//! nothing. The delivery workers (`workers::deliveries`) send what is here.
+//! nothing. The delivery workers (`events::deliveries`) send what is here.
 //!
 //! Called from the few places that change a status: a payment attempt's
 //! creation, settlement (`commands::settle`, shared by commands, webhooks
 //! and the reconciler) and the cancel of an unpaid order.
+
+pub mod deliveries;
+pub mod outbound;
 
 use serde::Serialize;
 use sqlx::PgConnection;

@@ -26,6 +26,10 @@
 //! with its outcome in one statement. Duplicates, stale events and events
 //! that change nothing cost no provider read.
 
+mod payload;
+
+pub(crate) use payload::{nul_at, without_nul};
+
 use std::time::Duration;
 
 use serde_json::Value;
@@ -194,52 +198,6 @@ pub(crate) async fn apply(
     }
 }
 
-/// The path of the first string or key holding U+0000, which PostgreSQL
-/// cannot store (`text`, `jsonb`).
-pub(crate) fn nul_at(value: &Value, path: &mut String) -> Option<String> {
-    match value {
-        Value::String(s) if s.contains('\0') => Some(path.clone()),
-        Value::Array(items) => items.iter().enumerate().find_map(|(i, v)| {
-            let len = path.len();
-            path.push_str(&format!("[{i}]"));
-            let found = nul_at(v, path);
-            path.truncate(len);
-            found
-        }),
-        Value::Object(map) => map.iter().find_map(|(k, v)| {
-            let len = path.len();
-            if !path.is_empty() {
-                path.push('.');
-            }
-            path.push_str(k);
-            let found = if k.contains('\0') {
-                Some(path.clone())
-            } else {
-                nul_at(v, path)
-            };
-            path.truncate(len);
-            found
-        }),
-        _ => None,
-    }
-}
-
-/// Every U+0000 written as the six characters `\u0000`, so the value can
-/// be stored and a person reads where it was.
-pub(crate) fn without_nul(value: &Value) -> Value {
-    let clean = |s: &str| s.replace('\0', "\\u0000");
-    match value {
-        Value::String(s) => Value::String(clean(s)),
-        Value::Array(items) => Value::Array(items.iter().map(without_nul).collect()),
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| (clean(k), without_nul(v)))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
 /// A signed event holding U+0000 cannot be stored as it came, and a
 /// provider retries an event until it is accepted: it is recorded as
 /// `rejected` (its NULs written out), counted, logged, and answered `200`,
@@ -266,7 +224,7 @@ async fn reject_unstorable(
     let field = if path.is_empty() { "the event" } else { &path };
     let detail = format!("{field} holds U+0000, which cannot be stored; nothing was applied");
     tracing::error!(event_id, %detail, "provider event rejected");
-    let done = store::webhooks::Done {
+    let done = store::inbound::Done {
         provider,
         event_id: &event_id,
         event_type,
@@ -275,7 +233,7 @@ async fn reject_unstorable(
         confirmed: false,
         detail: Some(&detail),
     };
-    let recorded = store::webhooks::record_done(&ctx.pool, &done)
+    let recorded = store::inbound::record_done(&ctx.pool, &done)
         .await
         .map_err(store_problem)?;
     Ok(if recorded {
@@ -324,7 +282,7 @@ async fn apply_parsed(
     if let (Some(target), Some(event)) = (&target, object) {
         if target.needs_confirmation(event) {
             let mut conn = ctx.pool.acquire().await?;
-            if store::webhooks::exists(&mut conn, provider, event_id).await? {
+            if store::inbound::exists(&mut conn, provider, event_id).await? {
                 return Ok(Applied::Done(EventOutcome::Duplicate));
             }
         }
@@ -343,7 +301,7 @@ async fn apply_parsed(
             .map(Applied::Done),
         // Nothing to apply: the event and its outcome in one statement.
         _ => {
-            let done = store::webhooks::Done {
+            let done = store::inbound::Done {
                 provider,
                 event_id,
                 event_type: &envelope.event_type,
@@ -352,7 +310,7 @@ async fn apply_parsed(
                 confirmed: outcome.confirmed,
                 detail: outcome.detail.as_deref(),
             };
-            if !store::webhooks::record_done(&ctx.pool, &done).await? {
+            if !store::inbound::record_done(&ctx.pool, &done).await? {
                 return Ok(Applied::Done(EventOutcome::Duplicate));
             }
             log_unapplied(envelope, event_id, object, &outcome);
@@ -455,7 +413,7 @@ async fn settle_by_event(
         payload,
     } = received;
     let mut tx = ctx.pool.begin().await?;
-    if !store::webhooks::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
+    if !store::inbound::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
         tx.commit().await?;
         return Ok(EventOutcome::Duplicate);
     }
@@ -476,7 +434,7 @@ async fn settle_by_event(
             label(t)
         }
     };
-    store::webhooks::set_outcome(
+    store::inbound::set_outcome(
         &mut tx,
         provider,
         event_id,

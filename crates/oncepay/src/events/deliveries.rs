@@ -17,10 +17,10 @@ use tokio::task::JoinSet;
 
 use crate::commands::AppContext;
 use crate::domain::event::{RetrySchedule, Verdict};
-use crate::outbound;
+use crate::events::outbound;
+use crate::standard_webhooks::WebhookSecret;
 use crate::store::deliveries::{AttemptResult, Claimed, Next};
 use crate::store::{self, StoreError};
-use crate::webhooks::WebhookSecret;
 
 /// Deliveries claimed (and sent concurrently) per round.
 pub(crate) const BATCH: i64 = 32;

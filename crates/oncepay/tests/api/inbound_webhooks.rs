@@ -5,7 +5,7 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::helpers::*;
-use oncepay::webhooks::WebhookSecret;
+use oncepay::standard_webhooks::WebhookSecret;
 
 fn now() -> i64 {
     chrono::Utc::now().timestamp()

@@ -42,7 +42,7 @@ pub(crate) async fn receive(
     };
     let (ctx, event_id) = (state.ctx.clone(), delivery_id);
     let outcome = super::on_service_runtime(&state, async move {
-        crate::provider_events::apply(&ctx, &provider, event_id.as_deref(), &body).await
+        crate::inbound::apply(&ctx, &provider, event_id.as_deref(), &body).await
     })
     .await?;
     state

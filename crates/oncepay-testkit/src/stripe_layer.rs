@@ -31,6 +31,12 @@
 //!   `decline`) that calls localstripe's `_authenticate` and sends the
 //!   customer back to the `return_url` with Stripe's query parameters.
 //!
+//! - **Refunds Stripe refuses**: localstripe refunds a charge past its
+//!   amount; Stripe refuses, `400 invalid_request_error` with
+//!   `charge_already_refunded` (nothing left, e.g. after a refund from
+//!   the Dashboard) or `amount_too_large` (more than is left), saved under
+//!   the key and replayed like any answer.
+//!
 //! What passes through is counted per kind, so a test can prove how many
 //! calls reached the provider.
 
@@ -121,6 +127,8 @@ struct State {
     faulted: HashMap<Call, u64>,
     replayed: u64,
     stalled: u64,
+    /// Calls Stripe's own rules refused (a refund past what is left).
+    refused: HashMap<Call, u64>,
     /// The `return_url` given at each PaymentIntent's confirm.
     return_urls: HashMap<String, String>,
 }
@@ -461,6 +469,18 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             }
         }
     }
+    if call == Call::Refund {
+        if let Some((status, bytes)) = refund_refusal(&shared, &req, &body).await {
+            // Stripe refused the refund while executing it: the refusal is
+            // saved under the key and replayed, as Stripe does.
+            let mut state = shared.state();
+            *state.refused.entry(call).or_insert(0) += 1;
+            if let Some(saved) = key.as_ref().and_then(|k| state.keys.get_mut(k)) {
+                saved.answer = Some((status, bytes.clone()));
+            }
+            return relay(status, bytes, false);
+        }
+    }
     if fault == Some(StripeFault::Stall) {
         // Registered before it is counted, so a release that follows the
         // count is never missed.
@@ -511,6 +531,74 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             }
             dropped()
         }
+    }
+}
+
+/// The JSON localstripe answers a `GET` of `path` with (`None`: `404`).
+async fn upstream_json(shared: &Shared, req: &HttpRequest, path: &str) -> Option<Value> {
+    let mut get = shared.http.get(format!("{}{path}", shared.upstream));
+    if let Some(auth) = req.headers().get("authorization") {
+        get = get.header("authorization", auth.as_bytes());
+    }
+    let answer = get.send().await.ok()?;
+    if !answer.status().is_success() {
+        return None;
+    }
+    answer.json().await.ok()
+}
+
+/// Stripe's refusals of a refund, which localstripe does not make (it
+/// refunds a charge past its amount): Stripe's API reference, "Create a
+/// refund" and the error codes `charge_already_refunded` ("The charge
+/// you're attempting to refund has already been refunded") and
+/// `amount_too_large` ("The specified amount is greater than the maximum
+/// amount allowed"), and `resource_missing` for an unknown PaymentIntent;
+/// each a `400 invalid_request_error`. `None`: Stripe would make it.
+async fn refund_refusal(shared: &Shared, req: &HttpRequest, body: &Bytes) -> Option<(u16, Bytes)> {
+    let form: HashMap<String, String> = serde_urlencoded::from_bytes(body).ok()?;
+    let intent = form.get("payment_intent")?;
+    let refusal = |code: &str, message: String, param: Option<&str>| {
+        let mut error = json!({"type": "invalid_request_error", "code": code, "message": message});
+        if let Some(param) = param {
+            error["param"] = json!(param);
+        }
+        Some((400, Bytes::from(json!({ "error": error }).to_string())))
+    };
+    let Some(pi) = upstream_json(shared, req, &format!("/v1/payment_intents/{intent}")).await
+    else {
+        return refusal(
+            "resource_missing",
+            format!("No such payment_intent: '{intent}'"),
+            Some("payment_intent"),
+        );
+    };
+    let charge_id = match &pi["latest_charge"] {
+        Value::String(id) => id.clone(),
+        Value::Object(charge) => charge.get("id")?.as_str()?.to_string(),
+        _ => return None,
+    };
+    let charge = upstream_json(shared, req, &format!("/v1/charges/{charge_id}")).await?;
+    let amount = charge["amount"].as_i64()?;
+    let refunded = charge["amount_refunded"].as_i64().unwrap_or(0);
+    let left = amount - refunded;
+    let asked = match form.get("amount") {
+        Some(a) => a.parse::<i64>().ok()?,
+        None => left,
+    };
+    if left <= 0 {
+        refusal(
+            "charge_already_refunded",
+            format!("Charge {charge_id} has already been refunded."),
+            None,
+        )
+    } else if asked > left {
+        refusal(
+            "amount_too_large",
+            format!("Refund amount ({asked}) is greater than unrefunded amount on charge ({left})"),
+            Some("amount"),
+        )
+    } else {
+        None
     }
 }
 
@@ -615,7 +703,12 @@ impl StripeLayer {
         self.shared.state().faulted.get(&call).copied().unwrap_or(0)
     }
 
-    /// Repeats answered from a saved answer.
+    /// Calls of this kind that Stripe's own rules refused.
+    pub fn refused(&self, call: Call) -> u64 {
+        self.shared.state().refused.get(&call).copied().unwrap_or(0)
+    }
+
+    /// How many repeats got a saved answer.
     pub fn replayed(&self) -> u64 {
         self.shared.state().replayed
     }

@@ -213,6 +213,9 @@ pub struct Refund {
     pub currency: String,
     /// Same one-way state machine as payments.
     pub status: PaymentStatus,
+    /// Why the provider did not make it (its own code, e.g. Stripe's
+    /// `charge_already_refunded`); `None` unless `failed`.
+    pub failure_code: Option<String>,
     /// The merchant's reason, if given.
     pub reason: Option<String>,
     /// When it was created.

@@ -14,14 +14,14 @@ use crate::domain::payment::{PaymentStatus, Refund};
 /// The columns every read of a refund returns, in `from_row`'s order.
 macro_rules! refund_columns {
     () => {
-        "id, payment_id, amount, status, reason, created_at, updated_at, provider_refund_id, cancels_order, incident, idempotency_key, request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = refund.payment_id) AS currency"
+        "id, payment_id, amount, status, failure_code, reason, created_at, updated_at, provider_refund_id, cancels_order, incident, idempotency_key, request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = refund.payment_id) AS currency"
     };
 }
 
 /// The same columns qualified with the alias `r`, for joins and updates.
 macro_rules! refund_columns_r {
     () => {
-        "r.id, r.payment_id, r.amount, r.status, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident, r.idempotency_key, r.request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = r.payment_id) AS currency"
+        "r.id, r.payment_id, r.amount, r.status, r.failure_code, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident, r.idempotency_key, r.request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = r.payment_id) AS currency"
     };
 }
 
@@ -34,6 +34,7 @@ fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
         currency: row.try_get("currency")?,
         status: PaymentStatus::parse(&status)
             .ok_or_else(|| Corrupt::unknown("refund status", &status))?,
+        failure_code: row.try_get("failure_code")?,
         reason: row.try_get("reason")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,

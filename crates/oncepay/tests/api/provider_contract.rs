@@ -143,6 +143,32 @@ impl TestApp {
             .sum()
     }
 
+    /// Refunds `amount` of `payment`'s charge at the provider itself, past
+    /// oncepay (a refund from the provider's dashboard).
+    async fn refund_at_provider(&self, payment: &Value, amount: i64) {
+        let charge = payment["provider_charge_id"].as_str().expect("charge id");
+        let answer = match &self.stripe {
+            None => {
+                self.http
+                    .post(format!("{}/v1/refunds", self.sandbox))
+                    .header("Idempotency-Key", uuid::Uuid::new_v4().to_string())
+                    .json(&json!({"charge": charge, "amount": amount}))
+                    .send()
+                    .await
+            }
+            Some(stack) => {
+                reqwest::Client::new()
+                    .post(format!("{}/v1/refunds", stack.localstripe.url()))
+                    .bearer_auth(STRIPE_KEY)
+                    .form(&[("payment_intent", charge), ("amount", &amount.to_string())])
+                    .send()
+                    .await
+            }
+        }
+        .expect("the provider answers");
+        assert!(answer.status().is_success(), "{}", answer.status());
+    }
+
     /// Posts a provider-shaped event, signed as the provider signs, saying
     /// `payment`'s charge is `status` (`succeeded` or `failed`); returns
     /// the recorded outcome.
@@ -470,6 +496,58 @@ async fn refunds_twice_at_once(app: TestApp) {
     );
 }
 
+/// A refund the provider refuses (here: more than what a refund made at
+/// the provider's dashboard left) fails at once with the provider's
+/// reason, and its amount is free again: the rest can be refunded.
+async fn refund_refused_by_the_provider(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let elsewhere = amount * 6 / 10;
+    app.refund_at_provider(&paid, elsewhere).await;
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app
+        .post(
+            &path,
+            "too-much",
+            &json!({"amount": amount - elsewhere + 1}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refused = json_of(r).await;
+    assert_eq!(refused["status"], "failed", "{refused}");
+    let reason = match app.under() {
+        Provider::Sandbox => "amount_exceeds_charge",
+        Provider::Stripe => "amount_too_large",
+    };
+    assert_eq!(refused["failure_code"], reason, "{refused}");
+    // The key replays the refusal; the provider is not asked again.
+    let again = app
+        .post(
+            &path,
+            "too-much",
+            &json!({"amount": amount - elsewhere + 1}),
+        )
+        .await;
+    assert_eq!(json_of(again).await["id"], refused["id"]);
+    assert_eq!(payment(&app, &paid["id"]).await["refunded_amount"], 0);
+    // Nothing is held by the failed refund: what is left can be refunded.
+    let rest = app
+        .post(&path, "the-rest", &json!({"amount": amount - elsewhere}))
+        .await;
+    assert_eq!(rest.status(), StatusCode::CREATED);
+    assert_eq!(json_of(rest).await["status"], "succeeded");
+    assert_eq!(app.refunded_at_provider(&paid).await, amount);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    if let Some(stack) = &app.stripe {
+        // Now nothing is left: Stripe's charge_already_refunded.
+        let r = app.post(&path, "nothing-left", &json!({"amount": 1})).await;
+        let refund = json_of(r).await;
+        assert_eq!(refund["status"], "failed", "{refund}");
+        assert_eq!(refund["failure_code"], "charge_already_refunded");
+        assert_eq!(stack.layer.refused(Call::Refund), 2);
+    }
+}
+
 async fn cancels_a_paid_order(app: TestApp) {
     let (order, paid) = paid(&app).await;
     let r = app
@@ -593,6 +671,7 @@ contract!(
     refunds_part,
     refunds_all,
     refunds_twice_at_once,
+    refund_refused_by_the_provider,
     cancels_a_paid_order,
     takes_a_duplicate_event_once,
     ignores_an_event_out_of_order,

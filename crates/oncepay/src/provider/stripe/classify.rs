@@ -14,6 +14,11 @@
 //! | `401`, `403` (a credential outage) | unknown | unknown, never a decline |
 //! | anything else | unknown | unknown |
 //!
+//! A refund's create differs in one row ([`refund_creation`]): any other
+//! `4xx` carrying Stripe's error object is Stripe refusing the refund
+//! (nothing was created, and Stripe replays the refusal for the key), so
+//! the refund fails with Stripe's `code`.
+//!
 //! "Unknown" settles nothing: the attempt stays `pending` and the
 //! reconciler reads the intent by id later.
 
@@ -240,6 +245,45 @@ pub fn creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict
                 failure_message: Some(
                     e.message
                         .unwrap_or_else(|| "Stripe refused the payment".into()),
+                ),
+                next_action: None,
+            }));
+        }
+    }
+    classify(CallKind::Write, status, should_retry, body)
+}
+
+/// The answer to creating a Refund. Stripe answers a refund it will not
+/// make (`charge_already_refunded` after a refund from the Dashboard,
+/// `charge_disputed`, `amount_too_large`, `refund_disputed_payment`, a
+/// `404 resource_missing` charge) with a `4xx` before it creates anything,
+/// and replays that answer for the same key: left unknown, the refund
+/// would stay `pending` for ever, holding its amount. So a Stripe error
+/// body with a `4xx` is a fact, the refund fails with Stripe's `code` —
+/// except where it is not Stripe's word on the refund:
+/// - `400 idempotency_error`: our bug (the key with other parameters);
+/// - `409` and `429`: a lock or a rate limit, retried with the same key;
+/// - `401` and `403`: a credential outage of ours; Stripe saves nothing
+///   for a request it did not authenticate, so the reconciler's resend
+///   with the same key makes the refund once the key works again;
+/// - a body that is not Stripe's error object (a proxy's page): unknown.
+pub fn refund_creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
+    let refused = (400..500).contains(&status)
+        && !matches!(status, 401 | 403 | 409 | 429)
+        && should_retry != Some(true);
+    if refused {
+        let e = serde_json::from_slice::<ErrorBody>(body)
+            .unwrap_or_default()
+            .error;
+        if let Some(kind) = e.kind.as_deref().filter(|k| *k != "idempotency_error") {
+            let code = e.code.clone().unwrap_or_else(|| kind.to_string());
+            return Verdict::Done(CallOutcome::Known(ProviderObject {
+                id: String::new(),
+                status: PaymentStatus::Failed,
+                failure_code: Some(code),
+                failure_message: Some(
+                    e.message
+                        .unwrap_or_else(|| "Stripe refused the refund".into()),
                 ),
                 next_action: None,
             }));
@@ -622,5 +666,82 @@ mod tests {
             "unknown"
         );
         assert_eq!(outcome(Write, 302, None, ""), "unknown");
+    }
+
+    #[test]
+    fn a_refund_stripe_refuses_fails_and_the_rest_stays_the_table() {
+        let err = |kind: &str, code: &str| {
+            format!(r#"{{"error":{{"type":"{kind}","code":"{code}","message":"m"}}}}"#)
+        };
+        let of = |status, retry, body: &str| match refund_creation(status, retry, body.as_bytes()) {
+            Verdict::Done(CallOutcome::Known(o)) => {
+                format!(
+                    "{}:{}",
+                    o.status.as_str(),
+                    o.failure_code.unwrap_or_default()
+                )
+            }
+            Verdict::Done(CallOutcome::Unknown(_)) => "unknown".into(),
+            Verdict::Done(CallOutcome::NotFound) => "not_found".into(),
+            Verdict::Retry(_) => "retry".into(),
+            Verdict::Bug(_) => "bug".into(),
+        };
+        for code in [
+            "charge_already_refunded",
+            "charge_disputed",
+            "amount_too_large",
+            "refund_disputed_payment",
+        ] {
+            assert_eq!(
+                of(400, None, &err("invalid_request_error", code)),
+                format!("failed:{code}")
+            );
+        }
+        assert_eq!(
+            of(404, None, &err("invalid_request_error", "resource_missing")),
+            "failed:resource_missing"
+        );
+        assert_eq!(
+            of(
+                400,
+                None,
+                r#"{"error":{"type":"invalid_request_error","message":"m"}}"#
+            ),
+            "failed:invalid_request_error"
+        );
+        assert_eq!(
+            of(
+                400,
+                None,
+                r#"{"error":{"type":"idempotency_error","message":"m"}}"#
+            ),
+            "bug"
+        );
+        assert_eq!(
+            of(
+                409,
+                None,
+                &err("invalid_request_error", "idempotency_key_in_use")
+            ),
+            "retry"
+        );
+        assert_eq!(
+            of(429, None, &err("invalid_request_error", "lock_timeout")),
+            "retry"
+        );
+        for status in [401, 403] {
+            assert_eq!(
+                of(status, None, &err("authentication_error", "")),
+                "unknown"
+            );
+        }
+        // Stripe's own "retry" wins; a page that is not Stripe's proves nothing.
+        assert_eq!(
+            of(400, Some(true), &err("invalid_request_error", "x")),
+            "retry"
+        );
+        assert_eq!(of(403, None, "<html>blocked</html>"), "unknown");
+        assert_eq!(of(400, None, "<html>bad</html>"), "unknown");
+        assert_eq!(of(500, None, &err("api_error", "")), "retry");
     }
 }

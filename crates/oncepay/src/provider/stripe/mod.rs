@@ -430,7 +430,7 @@ impl PaymentProvider for Stripe {
                 "/v1/refunds".into(),
                 key(r.idempotency_key, "refund"),
                 form,
-                |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
+                classify::refund_creation,
             )
             .await
         })

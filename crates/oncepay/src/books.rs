@@ -653,6 +653,7 @@ async fn orphan(
         idempotency_key: refund_id,
         charge_id: entry.state.id.clone(),
         amount: left,
+        currency: entry.currency.clone(),
         trace: Trace {
             refund_id: Some(refund_id),
             reason: Some("oncepay: orphan charge".into()),

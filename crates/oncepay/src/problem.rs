@@ -69,6 +69,7 @@ problem_codes! {
     PaymentInProgress = "payment_in_progress", 409, "A payment for this order is in progress";
     PaymentNotRefundable = "payment_not_refundable", 409, "Payment is not refundable";
     RefundExceedsPayment = "refund_exceeds_payment", 422, "Refund exceeds what is left of the payment";
+    AmountNotSupportedByProvider = "amount_not_supported_by_provider", 422, "The provider cannot take this amount";
     RefundInProgress = "refund_in_progress", 409, "A refund for this payment is in progress";
     CheckoutNotFound = "checkout_not_found", 404, "Checkout not found";
     ApiKeyNotFound = "api_key_not_found", 404, "API key not found";
@@ -102,6 +103,10 @@ pub struct Problem {
     /// middleware logs it once, with the request's id (`http::middleware`).
     /// (Boxed: a `Problem` travels in every `Result` of the request path.)
     pub cause: Option<Box<String>>,
+    /// RFC 9457 extension members a client acts on (the currency a
+    /// provider cannot take, the amount that was available), after the
+    /// standard ones.
+    pub members: Vec<(&'static str, serde_json::Value)>,
 }
 
 impl Serialize for Problem {
@@ -118,6 +123,9 @@ impl Serialize for Problem {
         if let Some(field) = &self.field {
             map.serialize_entry("field", field)?;
         }
+        for (name, value) in &self.members {
+            map.serialize_entry(name, value)?;
+        }
         map.end()
     }
 }
@@ -133,7 +141,14 @@ impl Problem {
             field: None,
             retry_after: None,
             cause: None,
+            members: Vec::new(),
         }
+    }
+
+    /// Adds the extension member `name` (RFC 9457 section 3.2).
+    pub fn with_member(mut self, name: &'static str, value: serde_json::Value) -> Self {
+        self.members.push((name, value));
+        self
     }
 
     /// Keeps what caused it (logged once, never answered).

@@ -224,3 +224,29 @@ proptest! {
         prop_assert!(changes <= 1);
     }
 }
+
+proptest! {
+    /// Every currency oncepay accepts, any amount it accepts: Stripe's unit
+    /// either holds it exactly (and gives it back) or refuses it, never a
+    /// rounded amount.
+    #[test]
+    fn stripe_units_round_trip_exactly_or_refuse(
+        index in 0usize..200,
+        amount in 1i64..=1_000_000_000_000,
+        small in 1i64..=100_000,
+    ) {
+        use oncepay::domain::money::Currency;
+        use oncepay::provider::stripe::units::{from_stripe, refund_to_stripe, to_stripe};
+        let all: Vec<Currency> = Currency::all().collect();
+        let currency = all[index % all.len()];
+        for amount in [amount, small] {
+            if let Ok(at_stripe) = to_stripe(amount, &currency) {
+                prop_assert!((1..=99_999_999).contains(&at_stripe));
+                prop_assert_eq!(from_stripe(at_stripe, &currency), Some(amount));
+            }
+            if let Ok(at_stripe) = refund_to_stripe(amount, &currency) {
+                prop_assert_eq!(from_stripe(at_stripe, &currency), Some(amount));
+            }
+        }
+    }
+}

@@ -126,6 +126,14 @@ impl Command for CreateCheckout {
         let mut tx = ctx.pool.begin().await?;
         let order = super::lock_order(&mut tx, run.merchant_id, self.order_id).await?;
         super::ensure_payable(&order, "gets a checkout page")?;
+        // A page whose Pay could only fail is not made.
+        super::payments::provider_takes(
+            ctx.providers.current().as_ref(),
+            order.amount,
+            &order.currency,
+            super::payments::Movement::Charge,
+        )
+        .map_err(CommandError::Reject)?;
         let (id, token) = (Uuid::now_v7(), new_token());
         let ttl_ms = i64::try_from(ctx.checkout.ttl.as_millis()).unwrap_or(i64::MAX);
         let expires_at = store::checkout::insert(

@@ -214,6 +214,13 @@ pub async fn start(
             Problem::new(ProblemCode::RefundExceedsPayment, e.to_string()).with_field("amount"),
         )
     })?;
+    super::payments::provider_takes(
+        ctx.providers.named(&payment.provider).as_ref(),
+        amount,
+        &payment.currency,
+        super::payments::Movement::Refund,
+    )
+    .map_err(CommandError::Reject)?;
     let new = NewRefund {
         id: Uuid::now_v7(),
         merchant_id: run.merchant_id,
@@ -268,6 +275,7 @@ pub(crate) fn refund_request(
         idempotency_key: refund.id,
         charge_id,
         amount: refund.amount,
+        currency: payment.currency.clone(),
         trace: Trace::of_refund(payment, refund),
     })
 }

@@ -70,6 +70,11 @@ const ISO_4217: &[&str] = &[
 ];
 
 impl Currency {
+    /// Every currency oncepay accepts.
+    pub fn all() -> impl Iterator<Item = Currency> {
+        ISO_4217.iter().filter_map(|c| Currency::try_from(*c).ok())
+    }
+
     /// The three-letter code.
     pub fn as_str(&self) -> &str {
         // Only ASCII codes from ISO_4217 are ever constructed.

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::domain::money::Currency;
 use crate::domain::payment::PaymentStatus;
 
 /// A boxed future, so the trait can be used as `dyn PaymentProvider`.
@@ -64,6 +65,8 @@ pub struct RefundRequest {
     pub charge_id: String,
     /// Minor units.
     pub amount: i64,
+    /// The payment's ISO 4217 code (the unit of `amount`).
+    pub currency: String,
     /// Where it came from, written into the provider's metadata.
     pub trace: trace::Trace,
 }
@@ -269,6 +272,24 @@ pub trait PaymentProvider: Send + Sync {
     /// Whether `payment_method` has this provider's form; the error says
     /// which form is expected.
     fn check_payment_method(&self, payment_method: &str) -> Result<(), &'static str>;
+    /// Whether the provider can charge `amount` minor units of `currency`
+    /// exactly and within its limits; the error names the currency and
+    /// the rule. Asked before any attempt row is written.
+    fn check_amount(&self, _amount: i64, _currency: &Currency) -> Result<(), String> {
+        Ok(())
+    }
+    /// True when [`PaymentProvider::check_amount`] refuses some amounts: a
+    /// payment then takes the engine's full protocol, whose first step
+    /// reads the order before it writes (the one-statement fast path
+    /// takes the amount from the order's row as it inserts).
+    fn restricts_amounts(&self) -> bool {
+        false
+    }
+    /// [`PaymentProvider::check_amount`] for a refund of `amount` (no
+    /// minimum applies to a refund, the unit rules do).
+    fn check_refund_amount(&self, _amount: i64, _currency: &Currency) -> Result<(), String> {
+        Ok(())
+    }
     /// A test-mode payment method that succeeds, offered on the checkout
     /// page behind "Use a test token" (test mode only).
     fn example_payment_method(&self) -> &'static str;

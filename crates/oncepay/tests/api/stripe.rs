@@ -610,3 +610,137 @@ async fn an_abandoned_stripe_authentication_expires_and_a_late_approval_is_refun
         "the late approval was refunded"
     );
 }
+
+impl TestApp {
+    /// An order of `total` minor units of `currency`, as one item.
+    async fn order_in(&self, currency: &str, total: i64) -> String {
+        let body = json!({
+            "customer_id": "cus_units",
+            "currency": currency,
+            "items": [{"sku": "one", "quantity": 1, "unit_amount": total}],
+        });
+        let r = self
+            .post("/orders", &Uuid::new_v4().to_string(), &body)
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        json_of(r).await["id"].as_str().expect("id").to_string()
+    }
+}
+
+/// oncepay counts in ISO 4217 minor units, Stripe in its own: ISK is
+/// two-decimal at Stripe (100 = 1 króna), MGA zero-decimal, three-decimal
+/// amounts end in 0. Each amount goes out and comes back converted, and
+/// one Stripe cannot take exactly is refused before anything is written
+/// or sent.
+#[tokio::test]
+async fn stripe_is_charged_and_refunded_in_its_own_units() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    for (currency, ours, at_stripe) in [
+        ("ISK", 5000, 500_000),
+        ("JPY", 1000, 1000),
+        ("MGA", 500_000, 5000),
+        ("KWD", 12_300, 12_300),
+    ] {
+        let order = app.order_in(currency, ours).await;
+        let (status, paid) = app.pay(&order, "pm_card_visa").await;
+        assert_eq!(status, StatusCode::CREATED, "{currency}: {paid}");
+        assert_eq!(paid["status"], "succeeded");
+        assert_eq!(paid["amount"], ours);
+        let intent = &stripe_list(
+            app.stripe.as_ref().expect("stripe"),
+            "/v1/payment_intents?limit=100",
+        )
+        .await
+        .into_iter()
+        .find(|pi| pi["metadata"]["oncepay_order_id"] == order.as_str())
+        .expect("its PaymentIntent")["amount"]
+            .clone();
+        assert_eq!(intent, at_stripe, "{currency} at Stripe");
+        // A tenth of it back, in each unit.
+        let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+        let r = app
+            .post(
+                &path,
+                &format!("r-{currency}"),
+                &json!({"amount": ours / 10}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let refund = json_of(r).await;
+        assert_eq!(refund["status"], "succeeded", "{currency}: {refund}");
+        let refunds = stripe_list(
+            app.stripe.as_ref().expect("stripe"),
+            &format!(
+                "/v1/refunds?payment_intent={}",
+                paid["provider_charge_id"].as_str().expect("pi")
+            ),
+        )
+        .await;
+        assert_eq!(
+            refunds[0]["amount"],
+            at_stripe / 10,
+            "{currency} refund at Stripe"
+        );
+        assert_eq!(
+            payment(&app, &paid["id"]).await["refunded_amount"],
+            ours / 10
+        );
+    }
+
+    // What Stripe cannot take exactly, or below its minimum: 422 before
+    // any attempt row or call.
+    let intents_before = app.layer().forwarded(Call::CreateIntent);
+    let attempts_before = app.count("SELECT count(*) FROM payment_attempt").await;
+    for (currency, amount, rule) in [
+        ("MGA", 500_050, "multiple of 100"),
+        ("KWD", 1234, "last digit 0"),
+        ("EUR", 49, "minimum"),
+        ("EUR", 100_000_000, "at most"),
+    ] {
+        let order = app.order_in(currency, amount).await;
+        let (status, problem) = app.pay(&order, "pm_card_visa").await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{currency} {amount}: {problem}"
+        );
+        assert_eq!(problem["code"], "amount_not_supported_by_provider");
+        assert_eq!(problem["currency"], currency);
+        assert_eq!(problem["field"], "order_id");
+        let detail = problem["detail"].as_str().expect("detail");
+        assert!(
+            detail.contains(currency) && detail.contains(rule),
+            "{detail}"
+        );
+        // The hosted page is refused too: its Pay could only fail.
+        let r = app
+            .post(
+                &format!("/orders/{order}/checkout"),
+                &Uuid::new_v4().to_string(),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(json_of(r).await["code"], "amount_not_supported_by_provider");
+        // Nothing was held: the order is as it was.
+        assert_eq!(app.status_of(&format!("/orders/{order}")).await, "awaiting_payment");
+    }
+    assert_eq!(app.layer().forwarded(Call::CreateIntent), intents_before);
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_attempt").await,
+        attempts_before
+    );
+
+    // A refund in a unit Stripe cannot take: refused before the refund row.
+    let order = app.order_in("KWD", 12_340).await;
+    let (_, paid) = app.pay(&order, "pm_card_visa").await;
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app.post(&path, "kwd-odd", &json!({"amount": 1001})).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let problem = json_of(r).await;
+    assert_eq!(problem["code"], "amount_not_supported_by_provider");
+    assert_eq!(problem["field"], "amount");
+    assert_eq!(app.count("SELECT count(*) FROM refund").await, 4);
+}

@@ -401,15 +401,17 @@ impl ListPage {
                     .get("metadata")
                     .and_then(|m| serde_json::from_value(m.clone()).ok())
                     .unwrap_or_default();
+                let currency = o
+                    .get("currency")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or_default()
+                    .to_ascii_uppercase();
+                // Stripe's units, as oncepay's (ISO 4217).
+                let ours = |amount: i64| super::units::from_stripe_code(amount, &currency);
                 Some(BookEntry {
                     kind,
                     state,
-                    amount: o.get("amount")?.as_i64()?,
-                    currency: o
-                        .get("currency")
-                        .and_then(serde_json::Value::as_str)
-                        .unwrap_or_default()
-                        .to_ascii_uppercase(),
+                    amount: ours(o.get("amount")?.as_i64()?)?,
                     created: created(o)?,
                     charge: match kind {
                         SubjectKind::Refund => o
@@ -422,7 +424,9 @@ impl ListPage {
                     refunded: o
                         .pointer("/latest_charge/amount_refunded")
                         .and_then(serde_json::Value::as_i64)
+                        .and_then(ours)
                         .unwrap_or(0),
+                    currency,
                     trace: crate::provider::trace::Trace::read(&metadata),
                 })
             })
@@ -478,7 +482,16 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
                 .pointer(&format!("/metadata/{key}"))
                 .and_then(|v| v.as_str())
                 .and_then(|v| Uuid::parse_str(v).ok()),
-            amount: o.get("amount").and_then(serde_json::Value::as_i64),
+            amount: o
+                .get("amount")
+                .and_then(serde_json::Value::as_i64)
+                .and_then(|a| {
+                    let code = o
+                        .get("currency")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or_default();
+                    super::units::from_stripe_code(a, code)
+                }),
             currency: o
                 .get("currency")
                 .and_then(|v| v.as_str())

@@ -26,6 +26,7 @@
 
 pub mod classify;
 pub mod signature;
+pub mod units;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,7 @@ use super::{
     BooksPage, BoxFuture, CallOutcome, CardForm, ChargeRequest, Event, Headers, Health, Opened,
     PaymentProvider, RefundRequest, SubjectKind,
 };
+use crate::domain::money::Currency;
 use crate::metrics::Metrics;
 
 /// The name stored on attempts and used in `/webhooks/stripe`.
@@ -334,10 +336,32 @@ impl PaymentProvider for Stripe {
         }
     }
 
+    fn check_amount(&self, amount: i64, currency: &Currency) -> Result<(), String> {
+        units::to_stripe(amount, currency)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn restricts_amounts(&self) -> bool {
+        true
+    }
+
+    fn check_refund_amount(&self, amount: i64, currency: &Currency) -> Result<(), String> {
+        units::refund_to_stripe(amount, currency)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     fn open_charge<'a>(&'a self, r: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async move {
+            let amount = match units::of_request(&r.currency, r.amount, units::to_stripe) {
+                Ok(amount) => amount,
+                // Refused before the attempt was written, unless it was
+                // written before this rule existed: nothing was created.
+                Err(refused) => return Opened::Settled(refused),
+            };
             let form: Vec<(String, String)> = [
-                ("amount".to_string(), r.amount.to_string()),
+                ("amount".to_string(), amount.to_string()),
                 ("currency".into(), r.currency.to_ascii_lowercase()),
                 ("payment_method".into(), r.payment_method.clone()),
                 ("payment_method_types[]".into(), "card".into()),
@@ -418,9 +442,13 @@ impl PaymentProvider for Stripe {
 
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move {
+            let amount = match units::of_request(&r.currency, r.amount, units::refund_to_stripe) {
+                Ok(amount) => amount,
+                Err(refused) => return refused,
+            };
             let form: Vec<(String, String)> = [
                 ("payment_intent".to_string(), r.charge_id.clone()),
-                ("amount".into(), r.amount.to_string()),
+                ("amount".into(), amount.to_string()),
             ]
             .into_iter()
             .chain(metadata(&r.trace))

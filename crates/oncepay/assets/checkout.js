@@ -1,10 +1,10 @@
 // oncepay hosted checkout: one payment intent per order, one key per intent.
 //
 // The rules (the design notes' UI patterns):
-// - the card goes to the provider, never to oncepay: posted to its
-//   tokenization (data-card="tokenize"), or typed into Stripe Elements'
-//   frame (data-card="stripe", Stripe.js loaded from Stripe); oncepay gets
-//   the token or PaymentMethod id only;
+// - the card goes to the provider, never to oncepay: the provider's card
+//   form (its own script, card_<provider>.js, loaded before this one; see
+//   "the card form" below) collects it and gives this page the payment
+//   method id, which is all oncepay gets;
 // - the key is made at the first click and written to sessionStorage
 //   (per order) BEFORE the payment request leaves;
 // - until a final status, the button stays busy (aria-busy, focusable, its
@@ -39,17 +39,26 @@
   var token = form.dataset.token;
   var base = "/checkout/" + encodeURIComponent(token);
   var storageKey = "oncepay-checkout:" + form.dataset.order;
-  var tokenizeUrl = form.dataset.tokenize || "";
   var successUrl = form.dataset.successUrl || "";
-  var cardNumber = document.getElementById("card-number");
-  var cardExp = document.getElementById("card-exp");
-  var cardCvc = document.getElementById("card-cvc");
-  var cardElement = document.getElementById("card-element");
   var tokenInput = document.getElementById("payment_method");
   var testToken = document.getElementById("test-token");
-  var inputs = [cardNumber, cardExp, cardCvc, cardElement, tokenInput].filter(Boolean);
-  var stripe = null;
-  var stripeCard = null;
+  // ---- the card form: the provider's script set window.oncepayCard to a
+  // function that takes what this page shares and returns
+  // {fields, check(), token(checked)} (null where its fields are not here).
+  // check() reads the fields: null, with their errors shown, if one is
+  // wrong; token() sends the card to the provider and resolves to the
+  // payment method id, or rejects with an Error whose message is shown.
+  // The page says whether it has a card form, so a card script that did
+  // not load is never taken for "no card form"; one that fails leaves the
+  // rest of the page (a stored intent's outcome above all) working.
+  var hasCardForm = !!form.dataset.card && form.dataset.card !== "none";
+  var card = null;
+  if (hasCardForm && typeof window.oncepayCard === "function") {
+    try {
+      card = window.oncepayCard({ form: form, T: T, lang: lang, fieldError: fieldError, timed: timed });
+    } catch (e) { card = null; }
+  }
+  var inputs = ((card && card.fields) || []).concat([tokenInput]).filter(Boolean);
   var busy = false;
 
   // Amounts in the customer's language and the order's currency.
@@ -287,141 +296,8 @@
     return firstPause ? sleep(firstPause).then(ask) : ask();
   }
 
-  // ---- the card: formatted as typed, checked here, tokenized by the provider.
-
-  function digits(text) { return (text || "").replace(/\D/g, ""); }
-  function brandOf(number) {
-    if (/^4/.test(number)) return "visa";
-    if (/^(5[1-5]|2(2[2-9]|[3-6]|7[01]|720))/.test(number)) return "mastercard";
-    if (/^3[47]/.test(number)) return "amex";
-    if (/^(6011|65)/.test(number)) return "discover";
-    if (/^35(2[89]|[3-8])/.test(number)) return "jcb";
-    if (/^62/.test(number)) return "unionpay";
-    return "";
-  }
-  function luhn(number) {
-    var sum = 0;
-    for (var i = 0; i < number.length; i++) {
-      var d = parseInt(number.charAt(number.length - 1 - i), 10);
-      if (i % 2 === 1) { d *= 2; if (d > 9) d -= 9; }
-      sum += d;
-    }
-    return number.length >= 12 && number.length <= 19 && sum % 10 === 0;
-  }
-  function grouped(number) {
-    if (brandOf(number) === "amex") {
-      return [number.slice(0, 4), number.slice(4, 10), number.slice(10, 15)].filter(Boolean).join(" ");
-    }
-    return number.replace(/(\d{4})(?=\d)/g, "$1 ");
-  }
-  if (cardNumber) {
-    var brandLabel = document.createElement("span");
-    brandLabel.id = "card-brand";
-    brandLabel.className = "brand";
-    cardNumber.parentNode.insertBefore(brandLabel, cardNumber.nextSibling);
-    cardNumber.addEventListener("input", function () {
-      var number = digits(cardNumber.value).slice(0, 19);
-      cardNumber.value = grouped(number);
-      brandLabel.textContent = brandOf(number);
-      cardNumber.dataset.brand = brandOf(number);
-    });
-  }
-  if (cardExp) {
-    cardExp.addEventListener("input", function () {
-      var d = digits(cardExp.value).slice(0, 4);
-      cardExp.value = d.length > 2 ? d.slice(0, 2) + "/" + d.slice(2) : d;
-    });
-  }
-  if (cardCvc) {
-    cardCvc.addEventListener("input", function () { cardCvc.value = digits(cardCvc.value).slice(0, 4); });
-  }
-
-  // The card's fields, checked; null (with errors shown) if one is wrong.
-  function readCard() {
-    var number = digits(cardNumber.value);
-    var exp = digits(cardExp.value);
-    var cvc = digits(cardCvc.value);
-    var month = parseInt(exp.slice(0, 2), 10);
-    var year = 2000 + parseInt(exp.slice(2, 4), 10);
-    var now = new Date();
-    var ok = true;
-    if (!luhn(number)) { fieldError(cardNumber, T.err_number); ok = false; }
-    if (exp.length !== 4 || !(month >= 1 && month <= 12)) {
-      fieldError(cardExp, T.err_expiry); ok = false;
-    } else if (year < now.getFullYear() || (year === now.getFullYear() && month < now.getMonth() + 1)) {
-      fieldError(cardExp, T.err_expired); ok = false;
-    }
-    if (cvc.length !== (brandOf(number) === "amex" ? 4 : 3)) { fieldError(cardCvc, T.err_cvc); ok = false; }
-    if (!ok) {
-      var first = inputs.filter(function (i) { return i.getAttribute("aria-invalid") === "true"; })[0];
-      if (first) first.focus();
-      return null;
-    }
-    return { number: number, month: String(month), year: String(year), cvc: cvc };
-  }
-
-  // The card to the provider, the token back; the number never goes to
-  // oncepay.
-  function tokenize(card) {
-    var body = new URLSearchParams();
-    body.set("card[number]", card.number);
-    body.set("card[exp_month]", card.month);
-    body.set("card[exp_year]", card.year);
-    body.set("card[cvc]", card.cvc);
-    return timed(tokenizeUrl, { method: "POST", body: body, credentials: "omit" }, 10000).then(function (r) {
-      return r.json().catch(function () { return {}; }).then(function (answer) {
-        if (r.ok && answer.id) return answer.id;
-        var param = answer.error && answer.error.param;
-        var target = param === "card[number]" ? cardNumber
-          : (param === "card[cvc]" ? cardCvc : (param ? cardExp : null));
-        var message = param === "card[number]" ? T.err_number
-          : param === "card[cvc]" ? T.err_cvc
-          : (answer.error && answer.error.code === "expired_card") ? T.err_expired
-          : param ? T.err_expiry : T.err_tokenize;
-        if (target) { fieldError(target, message); target.focus(); }
-        throw new Error(message);
-      });
-    });
-  }
-
-  // ---- Stripe Elements: Stripe.js from Stripe's origin, loaded without
-  // holding up the page (where it cannot load, the page says so and, in
-  // test mode, the test field still pays).
-  function elementsUnavailable() {
-    stripeCard = null;
-    cardElement.dataset.state = "unavailable";
-    fieldError(cardElement, T.err_card_form);
-  }
-  if (cardElement && form.dataset.stripeKey && form.dataset.stripeJs) {
-    var stripeJs = document.createElement("script");
-    stripeJs.src = form.dataset.stripeJs;
-    stripeJs.async = true;
-    stripeJs.onload = function () {
-      try {
-        stripe = window.Stripe(form.dataset.stripeKey, { locale: lang });
-        stripeCard = stripe.elements({ locale: lang }).create("card");
-        stripeCard.mount(cardElement);
-        stripeCard.on("change", function (e) { fieldError(cardElement, e.error ? e.error.message : ""); });
-        cardElement.dataset.state = "ready";
-      } catch (e) { elementsUnavailable(); }
-    };
-    stripeJs.onerror = elementsUnavailable;
-    document.head.appendChild(stripeJs);
-  }
-
-  // The card to Stripe, a PaymentMethod id back.
-  function stripePaymentMethod() {
-    return stripe.createPaymentMethod({ type: "card", card: stripeCard }).then(function (result) {
-      if (result.error) {
-        fieldError(cardElement, result.error.message);
-        throw new Error(result.error.message);
-      }
-      return result.paymentMethod.id;
-    });
-  }
-
   function usesTestToken() {
-    return tokenInput && ((!cardNumber && !cardElement) || (testToken && testToken.open));
+    return tokenInput && (!hasCardForm || (testToken && testToken.open));
   }
 
   function pay(method) {
@@ -441,24 +317,15 @@
       if (!method) { fieldError(tokenInput, T.err_token); tokenInput.focus(); return; }
       return pay(method);
     }
-    var made;
-    if (cardElement) {
-      if (!stripeCard) { fieldError(cardElement, T.err_card_form); return; }
-      setBusy(T.processing_busy || "Processing payment…");
-      show("processing", T.processing || "Processing the payment…");
-      made = stripePaymentMethod();
-    } else {
-      var card = readCard();
-      if (!card) return;
-      setBusy(T.processing_busy || "Processing payment…");
-      show("processing", T.processing || "Processing the payment…");
-      made = tokenize(card).then(function (tok) {
-        cardNumber.value = "";       // the number is not kept on the page
-        cardCvc.value = "";
-        return tok;
-      });
+    if (!card) {
+      if (hasCardForm) show("failed", T.err_card_form);
+      return;
     }
-    made.then(pay, function (e) {
+    var checked = card.check();
+    if (!checked) return;
+    setBusy(T.processing_busy || "Processing payment…");
+    show("processing", T.processing || "Processing the payment…");
+    card.token(checked).then(pay, function (e) {
       setIdle();
       show("failed", (e && e.message) || T.err_tokenize);
     });
@@ -482,9 +349,9 @@
   }
   var pending = saved();
   if (pending && pending.key) {
-    if (tokenInput && pending.method && pending.method.indexOf("tok_") === 0 && !cardNumber) {
-      tokenInput.value = pending.method;
-    }
+    // The lone test field shows what the stored intent pays, as it did
+    // before the reload.
+    if (tokenInput && !hasCardForm && pending.method) tokenInput.value = pending.method;
     poll(pending);
   }
 })();

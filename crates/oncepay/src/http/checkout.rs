@@ -3,8 +3,9 @@
 //! order and nothing else, and no merchant key ever reaches the browser.
 //!
 //! - `GET /checkout/{token}`: the page (server-rendered HTML, one script and
-//!   one stylesheet of its own, a Content-Security-Policy allowing only its
-//!   own origin);
+//!   one stylesheet of its own and the provider's card form with its script,
+//!   a Content-Security-Policy allowing only its own origin and what the
+//!   card form needs);
 //! - `POST /checkout/{token}/payments`: pays the order with an
 //!   `Idempotency-Key` the script made, through the same payment command and
 //!   engine as `POST /payments` (the key is scoped to the session, so it can
@@ -31,31 +32,21 @@ use crate::domain::payment::Payment;
 use crate::idempotency::{store_problem, Fingerprint, IdempotencyKey, RecordId};
 use crate::input::{parse_body, Obj};
 use crate::problem::{Problem, ProblemCode};
-use crate::provider::CardForm;
+use crate::provider::card_form::{escape, CardForm, CspSources};
 use crate::rate_limit::{Limit, RateLimits};
 use crate::store::{self, checkout::Session};
 
 type Reply = Result<HttpResponse, Problem>;
 
-/// Only the page's own origin, but for what the card form needs: the
-/// provider's tokenization (`connect`), where the card goes, or Stripe
-/// Elements' script, frames and API. No plugins, no framing of the page.
-fn csp(card: CardForm<'_>) -> String {
-    let (script, frame, connect) = match card {
-        CardForm::Tokenize { url } => {
-            let origin = reqwest::Url::parse(url)
-                .ok()
-                .map(|u| u.origin().ascii_serialization())
-                .filter(|o| o != "null")
-                .unwrap_or_default();
-            (String::new(), String::new(), origin)
-        }
-        CardForm::StripeElements { .. } => {
-            let e = crate::provider::stripe::ELEMENTS_CSP;
-            (e.script.into(), e.frame.into(), e.connect.into())
-        }
-        CardForm::None => Default::default(),
-    };
+/// Only the page's own origin, but for what the provider's card form says
+/// it needs (where the card goes; a provider's script and frames). No
+/// plugins, no framing of the page.
+fn csp(card: Option<&dyn CardForm>) -> String {
+    let CspSources {
+        script,
+        frame,
+        connect,
+    } = card.map(|c| c.csp()).unwrap_or_default();
     let more = |sources: &str| {
         if sources.is_empty() {
             String::new()
@@ -71,8 +62,8 @@ fn csp(card: CardForm<'_>) -> String {
     format!(
         "default-src 'none'; script-src 'self'{}; style-src 'self'; img-src 'self'; {frame}\
          connect-src 'self'{}; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-        more(&script),
-        more(&connect),
+        more(script),
+        more(connect),
     )
 }
 
@@ -232,21 +223,6 @@ fn html(status: actix_web::http::StatusCode, body: String, csp: &str) -> HttpRes
     response.body(body)
 }
 
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 fn page(lang: Lang, title: &str, main: &str) -> String {
     format!(
         "<!doctype html>\n<html lang=\"{}\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -303,7 +279,7 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
     } else {
         String::new()
     };
-    let card = card_fields(card_form, t);
+    let card = card_fields(provider.name(), card_form, t);
     let token = test_token_field(card_form, test_mode, provider.example_payment_method(), t);
     let success_url = session
         .success_url
@@ -323,14 +299,13 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
          <table class=\"items\">\n<thead><tr><th scope=\"col\">{item}</th><th scope=\"col\" class=\"qty\">{qty}</th><th scope=\"col\" class=\"money\">{amount}</th></tr></thead>\n\
          <tbody>\n{rows}</tbody>\n<tfoot><tr><th scope=\"row\" colspan=\"2\">{total_word}</th><td class=\"money\">{total}</td></tr></tfoot>\n</table>\n\
          <form id=\"checkout\" data-token=\"{token_path}\" data-order=\"{order_id}\" data-initial=\"{initial}\" data-paid-by=\"{paid_by}\" \
-         data-lang=\"{lang}\" data-card=\"{card_kind}\" data-tokenize=\"{tokenize}\" \
-         data-stripe-key=\"{stripe_key}\" data-stripe-js=\"{stripe_js}\" data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
+         data-lang=\"{lang}\" data-card=\"{card_kind}\"{card_data} data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
          {fields}{token}<button id=\"pay\" type=\"submit\">{pay} {total}</button>\n{cancel}</form>\n\
          <div id=\"status\" role=\"status\" aria-live=\"polite\" data-status=\"idle\">{ready}</div>\n\
          <p id=\"bank\" hidden><a id=\"continue\" href=\"#\">{continue_at_bank}</a></p>\n\
          <section id=\"receipt\" hidden>\n<h2>{received}</h2>\n<p>{thank_you} <span id=\"receipt-amount\">{total}</span></p>\n\
          <p class=\"ref\">{payment_ref} <span id=\"receipt-id\"></span></p>\n</section>\n\
-         <script src=\"/checkout/assets/checkout.js\" defer></script>",
+         {card_script}<script src=\"/checkout/assets/checkout.js\" defer></script>",
         merchant = escape(&session.merchant_name),
         pay = escape(t.pay),
         order_word = escape(t.order),
@@ -342,13 +317,8 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         token_path = escape(&path),
         lang = lang.tag(),
         card_kind = card.kind,
-        tokenize = escape(card.tokenize),
-        stripe_key = escape(card.stripe_key),
-        stripe_js = if card.stripe_key.is_empty() {
-            ""
-        } else {
-            crate::provider::stripe::STRIPE_JS
-        },
+        card_data = card.data,
+        card_script = card.script,
         fields = card.html,
         success = escape(&success_url),
         text = escape(&text),
@@ -382,7 +352,7 @@ fn closed_page(closed: Closed, accept: Option<&str>) -> HttpResponse {
     let main = format!(
         "<h1>{title}</h1>\n<p class=\"notice\" id=\"closed\" data-status=\"closed\">{text}</p>"
     );
-    html(status, page(lang, title, &main), &csp(CardForm::None))
+    html(status, page(lang, title, &main), &csp(None))
 }
 
 /// An amount as the server formats it, with what the script needs to
@@ -412,79 +382,61 @@ fn item_rows(order: &Order, currency: Currency) -> String {
         .collect()
 }
 
-/// The card form as the page renders it, and what its script is told.
-struct CardFields<'a> {
+/// The provider's card form as the page renders it.
+struct CardFields {
     html: String,
-    /// `tokenize`, `stripe` or `none`: which way the script sends the card.
+    /// `data-card`: the form's kind, or `none`.
     kind: &'static str,
-    /// The provider's tokenization URL (the sandbox's), where the card goes.
-    tokenize: &'a str,
-    /// Stripe's publishable key, for Elements.
-    stripe_key: &'a str,
+    /// The form's `data-*` attributes, each with its leading space.
+    data: String,
+    /// Its script's element, loaded before the page's own script, which
+    /// finds the form's `window.oncepayCard` set.
+    script: String,
 }
 
-/// The page's own card fields, posted to the provider's tokenization (the
-/// sandbox), or the place Stripe Elements mounts its frame in; no fields
-/// where the provider has no card form.
-fn card_fields<'a>(card_form: CardForm<'a>, t: &Text) -> CardFields<'a> {
-    let field = |id: &str, label: &str, attrs: &str| {
-        format!(
-            "<div class=\"field\"><label for=\"{id}\">{}</label>\n<input id=\"{id}\" {attrs} aria-describedby=\"{id}-error\">\n\
-             <p class=\"field-error\" id=\"{id}-error\" hidden></p></div>\n",
-            escape(label)
-        )
-    };
-    match card_form {
-        CardForm::Tokenize { url } => CardFields {
-            html: format!(
-                "{}<div class=\"row\">{}{}</div>\n",
-                field(
-                    "card-number",
-                    t.card_number,
-                    "name=\"cardnumber\" inputmode=\"numeric\" autocomplete=\"cc-number\" placeholder=\"1234 1234 1234 1234\" maxlength=\"23\""
-                ),
-                field(
-                    "card-exp",
-                    &format!("{} ({})", t.expiry, t.expiry_hint),
-                    "name=\"exp-date\" inputmode=\"numeric\" autocomplete=\"cc-exp\" placeholder=\"MM/YY\" maxlength=\"7\""
-                ),
-                field(
-                    "card-cvc",
-                    t.cvc,
-                    "name=\"cvc\" inputmode=\"numeric\" autocomplete=\"cc-csc\" maxlength=\"4\""
-                ),
-            ),
-            kind: "tokenize",
-            tokenize: url,
-            stripe_key: "",
-        },
-        // Stripe's frame carries the autocomplete attributes of its own
-        // inputs; the page holds only the place it mounts in.
-        CardForm::StripeElements { publishable_key } => CardFields {
-            html: format!(
-                "<div class=\"field\"><p class=\"label\" id=\"card-element-label\">{}</p>\n\
-                 <div id=\"card-element\" class=\"card-element\" role=\"group\" aria-labelledby=\"card-element-label\" \
-                 aria-describedby=\"card-element-error\"></div>\n\
-                 <p class=\"field-error\" id=\"card-element-error\" hidden></p></div>\n",
-                escape(t.card)
-            ),
-            kind: "stripe",
-            tokenize: "",
-            stripe_key: publishable_key,
-        },
-        CardForm::None => CardFields {
+/// The provider's card form, in the page's words; no fields where the
+/// provider has none.
+fn card_fields(provider: &str, card_form: Option<&dyn CardForm>, t: &Text) -> CardFields {
+    let Some(form) = card_form else {
+        return CardFields {
             html: String::new(),
             kind: "none",
-            tokenize: "",
-            stripe_key: "",
-        },
+            data: String::new(),
+            script: String::new(),
+        };
+    };
+    let data = form
+        .data()
+        .into_iter()
+        .map(|(name, value)| {
+            debug_assert!(
+                !name.is_empty() && name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+                "data-{name}"
+            );
+            format!(" data-{name}=\"{}\"", escape(value))
+        })
+        .collect();
+    CardFields {
+        html: form.fields(&t.card_form),
+        kind: form.kind(),
+        data,
+        // By the provider's name, as `card_script` looks it up.
+        script: format!(
+            "<script src=\"/checkout/assets/card_{}.js\" defer></script>\n",
+            escape(provider)
+        ),
     }
 }
 
 /// The raw payment-method field, only in test mode: behind a disclosure
 /// beside a card form, alone where there is none. With live keys it does
 /// not exist.
-fn test_token_field(card_form: CardForm<'_>, test_mode: bool, example: &str, t: &Text) -> String {
+fn test_token_field(
+    card_form: Option<&dyn CardForm>,
+    test_mode: bool,
+    example: &str,
+    t: &Text,
+) -> String {
     if !test_mode {
         return String::new();
     }
@@ -496,8 +448,8 @@ fn test_token_field(card_form: CardForm<'_>, test_mode: bool, example: &str, t: 
         escape(example)
     );
     match card_form {
-        CardForm::None => input,
-        _ => format!(
+        None => input,
+        Some(_) => format!(
             "<details id=\"test-token\"><summary>{}</summary>\n{input}</details>\n",
             escape(t.use_test_token)
         ),
@@ -609,7 +561,86 @@ pub async fn script() -> HttpResponse {
     asset("text/javascript; charset=utf-8", SCRIPT)
 }
 
+/// `GET /checkout/assets/card_{provider}.js`: the script of a configured
+/// provider's card form. Any configured provider's, not only the current
+/// one's: a page rendered by a process whose `ONCEPAY_PROVIDER` differs (a
+/// rolling change) still finds its own where this process knows it.
+pub(crate) async fn card_script(
+    state: web::Data<AppState>,
+    provider: web::Path<String>,
+) -> Result<HttpResponse, Problem> {
+    let providers = &state.ctx.providers;
+    let script = providers
+        .all()
+        .iter()
+        .find(|p| p.name() == provider.as_str())
+        .and_then(|p| p.card_form().map(|form| form.script()))
+        .ok_or_else(|| {
+            Problem::new(
+                ProblemCode::NotFound,
+                "no provider with a card form of that name here",
+            )
+        })?;
+    Ok(asset("text/javascript; charset=utf-8", script))
+}
+
 /// `GET /checkout/assets/checkout.css`.
 pub(crate) async fn stylesheet() -> HttpResponse {
     asset("text/css; charset=utf-8", STYLESHEET)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::card_form::CardWords;
+
+    /// A card form that needs these origins.
+    struct Needs(CspSources<'static>);
+
+    impl CardForm for Needs {
+        fn kind(&self) -> &'static str {
+            "test"
+        }
+        fn fields(&self, _: &CardWords) -> String {
+            String::new()
+        }
+        fn data(&self) -> Vec<(&'static str, &str)> {
+            Vec::new()
+        }
+        fn script(&self) -> &'static str {
+            ""
+        }
+        fn csp(&self) -> CspSources<'_> {
+            self.0
+        }
+    }
+
+    #[test]
+    fn the_policy_adds_only_what_the_card_form_needs() {
+        assert_eq!(
+            csp(None),
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        );
+        let tokenize = Needs(CspSources {
+            connect: "http://127.0.0.1:4010",
+            ..CspSources::default()
+        });
+        assert_eq!(
+            csp(Some(&tokenize)),
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self' http://127.0.0.1:4010; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        );
+        let elements = Needs(CspSources {
+            script: "https://js.stripe.com",
+            frame: "https://js.stripe.com https://hooks.stripe.com",
+            connect: "https://api.stripe.com",
+        });
+        assert_eq!(
+            csp(Some(&elements)),
+            "default-src 'none'; script-src 'self' https://js.stripe.com; style-src 'self'; img-src 'self'; \
+             frame-src https://js.stripe.com https://hooks.stripe.com; connect-src 'self' https://api.stripe.com; \
+             form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        );
+    }
 }

@@ -5,6 +5,8 @@
 
 use serde::Serialize;
 
+use crate::provider::card_form::CardWords;
+
 /// A language the page speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lang {
@@ -78,12 +80,10 @@ pub struct Text {
     pub qty: &'static str,
     pub amount: &'static str,
     pub total: &'static str,
-    pub card_number: &'static str,
-    /// The label of Stripe Elements' card field.
-    pub card: &'static str,
-    pub expiry: &'static str,
-    pub expiry_hint: &'static str,
-    pub cvc: &'static str,
+    /// The words of the provider's card form; flattened, so the script
+    /// finds them beside the others.
+    #[serde(flatten)]
+    pub card_form: CardWords,
     pub use_test_token: &'static str,
     pub test_token: &'static str,
     pub cancel: &'static str,
@@ -116,7 +116,7 @@ pub struct Text {
     pub err_cvc: &'static str,
     pub err_token: &'static str,
     pub err_tokenize: &'static str,
-    /// The provider's card form (Stripe.js) did not load.
+    /// The provider's card form (its script, or Stripe.js) did not load.
     pub err_card_form: &'static str,
     pub not_found_title: &'static str,
     pub not_found: &'static str,
@@ -133,11 +133,13 @@ const EN: Text = Text {
     qty: "Qty",
     amount: "Amount",
     total: "Total",
-    card_number: "Card number",
-    expiry: "Expiry date",
-    expiry_hint: "MM/YY",
-    cvc: "Security code (CVC)",
-    card: "Card",
+    card_form: CardWords {
+        card_number: "Card number",
+        card: "Card",
+        expiry: "Expiry date",
+        expiry_hint: "MM/YY",
+        cvc: "Security code (CVC)",
+    },
     use_test_token: "Use a test token",
     test_token: "Test token",
     cancel: "Cancel and return to the shop",
@@ -186,11 +188,13 @@ const RU: Text = Text {
     qty: "Кол-во",
     amount: "Сумма",
     total: "Итого",
-    card_number: "Номер карты",
-    expiry: "Срок действия",
-    expiry_hint: "ММ/ГГ",
-    cvc: "Код безопасности (CVC)",
-    card: "Карта",
+    card_form: CardWords {
+        card_number: "Номер карты",
+        card: "Карта",
+        expiry: "Срок действия",
+        expiry_hint: "ММ/ГГ",
+        cvc: "Код безопасности (CVC)",
+    },
     use_test_token: "Использовать тестовый токен",
     test_token: "Тестовый токен",
     cancel: "Отменить и вернуться в магазин",
@@ -239,11 +243,13 @@ const ZH: Text = Text {
     qty: "数量",
     amount: "金额",
     total: "合计",
-    card_number: "卡号",
-    expiry: "有效期",
-    expiry_hint: "月/年",
-    cvc: "安全码 (CVC)",
-    card: "银行卡",
+    card_form: CardWords {
+        card_number: "卡号",
+        card: "银行卡",
+        expiry: "有效期",
+        expiry_hint: "月/年",
+        cvc: "安全码 (CVC)",
+    },
     use_test_token: "使用测试令牌",
     test_token: "测试令牌",
     cancel: "取消并返回商店",
@@ -297,5 +303,18 @@ mod tests {
         assert_eq!(Lang::choose(None, Some("en;q=0.3, ru;q=0.9")), Lang::Ru);
         assert_eq!(Lang::choose(None, Some("fr")), Lang::En);
         assert_eq!(Lang::choose(None, None), Lang::En);
+    }
+
+    #[test]
+    fn the_scripts_get_the_card_forms_words_among_the_others() {
+        let text = serde_json::to_string(Lang::En.text()).expect("json");
+        assert!(
+            text.contains(
+                "\"total\":\"Total\",\"card_number\":\"Card number\",\"card\":\"Card\",\
+                 \"expiry\":\"Expiry date\",\"expiry_hint\":\"MM/YY\",\"cvc\":\"Security code (CVC)\",\
+                 \"use_test_token\""
+            ),
+            "{text}"
+        );
     }
 }

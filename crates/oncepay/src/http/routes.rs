@@ -112,6 +112,13 @@ pub const ROUTES: &[Route] = &[
         Unused,
         |r| r.to(checkout::stylesheet),
     ),
+    route(
+        "GET",
+        "/checkout/assets/card_{provider}.js",
+        Public,
+        Unused,
+        |r| r.to(checkout::card_script),
+    ),
     route("GET", "/checkout/{token}", Public, Unused, |r| {
         r.to(checkout::show)
     }),

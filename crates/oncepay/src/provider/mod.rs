@@ -1,9 +1,10 @@
 //! Payment providers. Each provider is one adapter module that owns its
 //! protocol: how requests are encoded, what every answer proves (its own
 //! table, under the rules of [`classify`]), how its statuses map to ours,
-//! which payment methods it takes, how its webhooks are signed and what
-//! its events say. The commands, the reconciler and the webhook path speak
-//! only the vocabulary of this module.
+//! which payment methods it takes, how its webhooks are signed, what its
+//! events say and how the checkout page takes its cards ([`card_form`]).
+//! The commands, the reconciler, the webhook path and the checkout page
+//! speak only the vocabulary of this module.
 //!
 //! - [`sandbox`]: oncepay's own test provider (`oncepay sandbox`).
 //! - [`stripe`]: Stripe's PaymentIntents API.
@@ -19,6 +20,7 @@
 //! with [`CallOutcome::Unknown`]: it is never taken for a failure.
 
 pub mod call;
+pub mod card_form;
 pub mod classify;
 pub mod sandbox;
 pub mod stripe;
@@ -31,6 +33,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use uuid::Uuid;
 
+use self::card_form::CardForm;
 use crate::domain::money::Currency;
 use crate::domain::payment::PaymentStatus;
 
@@ -232,37 +235,6 @@ pub struct BooksPage {
 /// A webhook's headers, by lower-case name.
 pub type Headers<'a> = &'a dyn Fn(&str) -> Option<String>;
 
-/// How the checkout page takes a card (see [`PaymentProvider::card_form`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CardForm<'a> {
-    /// The page's own card fields, posted by the browser to this
-    /// tokenization URL (the sandbox's `POST /v1/tokens`).
-    Tokenize {
-        /// Where the card goes.
-        url: &'a str,
-    },
-    /// Stripe Elements: Stripe.js mounts the card field in Stripe's frame
-    /// and makes the PaymentMethod.
-    StripeElements {
-        /// The account's publishable key.
-        publishable_key: &'a str,
-    },
-    /// No card form: the page takes a payment-method id (test mode only).
-    None,
-}
-
-/// Origins a card form needs in the checkout page's Content-Security-Policy,
-/// beyond the page's own.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CspSources {
-    /// `script-src`.
-    pub script: &'static str,
-    /// `frame-src`.
-    pub frame: &'static str,
-    /// `connect-src`.
-    pub connect: &'static str,
-}
-
 /// A payment provider's adapter.
 pub trait PaymentProvider: Send + Sync {
     /// The provider's name, stored on attempts and used in webhook paths.
@@ -297,8 +269,9 @@ pub trait PaymentProvider: Send + Sync {
     /// checkout page says so.
     fn test_mode(&self) -> bool;
     /// How a checkout page takes a card so that its number goes to the
-    /// provider from the customer's browser, never to oncepay.
-    fn card_form(&self) -> CardForm<'_>;
+    /// provider from the customer's browser, never to oncepay; `None`: no
+    /// card form, the page takes a payment-method id (test mode only).
+    fn card_form(&self) -> Option<&dyn CardForm>;
     /// The first phase of a charge, for providers that create before they
     /// charge; [`Opened::NotNeeded`] (without a call) for the others.
     fn open_charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, Opened>;
@@ -461,8 +434,8 @@ impl PaymentProvider for Unconfigured {
     fn test_mode(&self) -> bool {
         false
     }
-    fn card_form(&self) -> CardForm<'_> {
-        CardForm::None
+    fn card_form(&self) -> Option<&dyn CardForm> {
+        None
     }
     fn list_books<'a>(
         &'a self,

@@ -134,6 +134,68 @@ async fn unknown_and_expired_tokens_show_a_clear_page_and_pay_nothing() {
     assert_eq!(app.count("SELECT count(*) FROM payment_attempt").await, 0);
 }
 
+/// The card form is the provider's: the page names it, loads its script
+/// before its own (which finds `window.oncepayCard` set) and lets the card
+/// go to the provider's tokenization; both scripts are served as the
+/// page's assets are. A provider without a card form here has no script.
+#[tokio::test]
+async fn the_page_loads_its_providers_card_form_before_its_own_script() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let url = app.checkout_url(&order_id).await;
+    let page = app.http.get(&url).send().await.expect("get");
+    let policy = page.headers()["content-security-policy"]
+        .to_str()
+        .expect("csp")
+        .to_string();
+    assert!(
+        policy.contains("script-src 'self'; ")
+            && policy.contains("connect-src 'self' http://127.0.0.1:")
+            && !policy.contains("frame-src"),
+        "the card goes to the sandbox's origin, and nothing else is allowed: {policy}"
+    );
+    let html = page.text().await.expect("html");
+    assert!(
+        html.contains("data-card=\"tokenize\" data-tokenize=\"http://127.0.0.1:"),
+        "{html}"
+    );
+    let card = html
+        .find("<script src=\"/checkout/assets/card_sandbox.js\" defer></script>")
+        .expect("the sandbox's card script");
+    let own = html
+        .find("<script src=\"/checkout/assets/checkout.js\" defer></script>")
+        .expect("the page's script");
+    assert!(card < own, "the card form's script runs first");
+    for (asset, says) in [
+        ("card_sandbox.js", "window.oncepayCard ="),
+        ("checkout.js", "window.oncepayCard("),
+    ] {
+        let r = app
+            .http
+            .get(format!("{}/checkout/assets/{asset}", app.base))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), StatusCode::OK, "{asset}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "text/javascript; charset=utf-8",
+            "{asset}"
+        );
+        assert_eq!(r.headers()["cache-control"], "no-cache", "{asset}");
+        assert!(r.text().await.expect("script").contains(says), "{asset}");
+    }
+    // Stripe is not configured here.
+    let r = app
+        .http
+        .get(format!("{}/checkout/assets/card_stripe.js", app.base))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    assert_eq!(json_of(r).await["code"], "not_found");
+}
+
 #[tokio::test]
 async fn a_token_answers_for_its_own_order_only() {
     let app = spawn_app().await;

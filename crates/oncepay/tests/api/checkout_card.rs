@@ -591,13 +591,14 @@ async fn with_stripe_the_page_is_elements_and_three_d_secure_returns_to_the_shop
         "id=\"card-element\"",
         "data-stripe-key=\"pk_test_oncepay\"",
         "data-stripe-js=\"https://js.stripe.com/v3/\"",
+        "<script src=\"/checkout/assets/card_stripe.js\" defer></script>",
         "id=\"test-token\"",
         "id=\"test-mode\"",
     ] {
         assert!(html.contains(part), "{part} in {html}");
     }
     assert!(
-        !html.contains("card-number"),
+        !html.contains("card-number") && !html.contains("card_sandbox.js"),
         "no card field of oncepay's own"
     );
 

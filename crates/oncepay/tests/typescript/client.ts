@@ -73,6 +73,7 @@ expectTrue<
     Lacking500,
     | "GET /checkout/assets/checkout.js"
     | "GET /checkout/assets/checkout.css"
+    | "GET /checkout/assets/card_{provider}.js"
     | "GET /healthz"
     | "GET /readyz"
     | "GET /metrics"
@@ -142,6 +143,7 @@ async function everyOperation(key: string): Promise<void> {
   }
   await client.GET("/checkout/assets/checkout.js", { parseAs: "text" });
   await client.GET("/checkout/assets/checkout.css", { parseAs: "text" });
+  await client.GET("/checkout/assets/card_{provider}.js", { params: { path: { provider: "sandbox" } }, parseAs: "text" });
 
   // Payments.
   await client.GET("/payments", { ...auth, params: { query: { order_id: orderId, status: "pending" } } });

@@ -4,6 +4,7 @@
 //! such charge" can be trusted: nothing it holds escapes the lookup), takes
 //! `tok_…` payment methods and signs webhooks with Standard Webhooks.
 
+mod card;
 pub mod classify;
 
 use std::sync::Arc;
@@ -13,13 +14,15 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use self::card::TokenizedCard;
 use self::classify::{classify, Object};
 use super::call::{BuildError, Caller};
+use super::card_form::CardForm;
 use super::classify::CallKind;
 use super::trace::Trace;
 use super::{
-    BookEntry, BooksPage, BoxFuture, CallOutcome, CardForm, ChargeRequest, Envelope, Event,
-    Headers, Health, Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
+    BookEntry, BooksPage, BoxFuture, CallOutcome, ChargeRequest, Envelope, Event, Headers, Health,
+    Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::standard_webhooks::WebhookSecret;
@@ -32,8 +35,9 @@ pub struct Sandbox {
     caller: Caller,
     base_url: String,
     webhook_secret: WebhookSecret,
-    /// `POST /v1/tokens` as customers' browsers reach it.
-    tokens_url: String,
+    /// The checkout's card form, posting to `POST /v1/tokens` as
+    /// customers' browsers reach it.
+    card: TokenizedCard,
 }
 
 impl Sandbox {
@@ -49,7 +53,7 @@ impl Sandbox {
             caller: Caller::new(NAME, timeout, metrics)?,
             base_url: base_url.trim_end_matches('/').to_string(),
             webhook_secret,
-            tokens_url: format!("{}/v1/tokens", public_url.trim_end_matches('/')),
+            card: TokenizedCard::new(format!("{}/v1/tokens", public_url.trim_end_matches('/'))),
         })
     }
 
@@ -140,10 +144,8 @@ impl PaymentProvider for Sandbox {
         true
     }
 
-    fn card_form(&self) -> CardForm<'_> {
-        CardForm::Tokenize {
-            url: &self.tokens_url,
-        }
+    fn card_form(&self) -> Option<&dyn CardForm> {
+        Some(&self.card)
     }
 
     fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {

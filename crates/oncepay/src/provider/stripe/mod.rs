@@ -24,6 +24,7 @@
 //! and are looked up in the PaymentIntent's list of refunds, so a refund
 //! whose key expired is found before it could be sent twice.
 
+mod card;
 pub mod classify;
 pub mod signature;
 pub mod units;
@@ -35,11 +36,13 @@ use reqwest::header::HeaderMap;
 use serde_json::Value;
 use uuid::Uuid;
 
+use self::card::Elements;
 use self::classify::{CallKind, ListPage, Verdict};
 use super::call::{BuildError, Caller};
+use super::card_form::CardForm;
 use super::trace::Trace;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, CardForm, ChargeRequest, Event, Headers, Health, Opened,
+    BooksPage, BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened,
     PaymentProvider, RefundRequest, SubjectKind,
 };
 use crate::domain::money::Currency;
@@ -145,23 +148,12 @@ impl PublishableKey {
     }
 }
 
-/// Stripe.js, from Stripe's own origin (never bundled: Stripe requires it
-/// be loaded from there, which keeps the card fields in Stripe's frames).
-pub(crate) const STRIPE_JS: &str = "https://js.stripe.com/v3/";
-
-/// What the checkout page's Content-Security-Policy allows for Stripe
-/// Elements, per Stripe's CSP guide: its script, its frames (the card
-/// fields, 3-D Secure), and its API (where the card goes).
-pub(crate) const ELEMENTS_CSP: crate::provider::CspSources = crate::provider::CspSources {
-    script: "https://js.stripe.com",
-    frame: "https://js.stripe.com https://hooks.stripe.com",
-    connect: "https://api.stripe.com",
-};
-
 /// The Stripe adapter.
 pub struct Stripe {
     caller: Caller,
     config: StripeConfig,
+    /// The checkout's card form, where a publishable key is configured.
+    elements: Option<Elements>,
 }
 
 fn should_retry(headers: &HeaderMap) -> Option<bool> {
@@ -195,6 +187,7 @@ impl Stripe {
     ) -> Result<Self, BuildError> {
         Ok(Stripe {
             caller: Caller::new(NAME, timeout, metrics)?,
+            elements: config.publishable_key.clone().map(Elements::new),
             config,
         })
     }
@@ -327,13 +320,8 @@ impl PaymentProvider for Stripe {
         key.starts_with("sk_test_") || key.starts_with("rk_test_")
     }
 
-    fn card_form(&self) -> CardForm<'_> {
-        match &self.config.publishable_key {
-            Some(key) => CardForm::StripeElements {
-                publishable_key: &key.0,
-            },
-            None => CardForm::None,
-        }
+    fn card_form(&self) -> Option<&dyn CardForm> {
+        self.elements.as_ref().map(|e| e as &dyn CardForm)
     }
 
     fn check_amount(&self, amount: i64, currency: &Currency) -> Result<(), String> {

@@ -105,8 +105,8 @@ pub struct Problem {
     pub cause: Option<Box<String>>,
     /// RFC 9457 extension members a client acts on (the currency a
     /// provider cannot take, the amount that was available), after the
-    /// standard ones.
-    pub members: Vec<(&'static str, serde_json::Value)>,
+    /// standard ones. (Boxed, like `cause`.)
+    pub members: Option<Box<Vec<(&'static str, serde_json::Value)>>>,
 }
 
 impl Serialize for Problem {
@@ -123,7 +123,7 @@ impl Serialize for Problem {
         if let Some(field) = &self.field {
             map.serialize_entry("field", field)?;
         }
-        for (name, value) in &self.members {
+        for (name, value) in self.members.iter().flat_map(|m| m.iter()) {
             map.serialize_entry(name, value)?;
         }
         map.end()
@@ -141,13 +141,15 @@ impl Problem {
             field: None,
             retry_after: None,
             cause: None,
-            members: Vec::new(),
+            members: None,
         }
     }
 
     /// Adds the extension member `name` (RFC 9457 section 3.2).
     pub fn with_member(mut self, name: &'static str, value: serde_json::Value) -> Self {
-        self.members.push((name, value));
+        self.members
+            .get_or_insert_with(Default::default)
+            .push((name, value));
         self
     }
 

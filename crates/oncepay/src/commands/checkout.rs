@@ -127,11 +127,11 @@ impl Command for CreateCheckout {
         let order = super::lock_order(&mut tx, run.merchant_id, self.order_id).await?;
         super::ensure_payable(&order, "gets a checkout page")?;
         // A page whose Pay could only fail is not made.
-        super::payments::provider_takes(
+        super::provider_amounts::provider_takes(
             ctx.providers.current().as_ref(),
             order.amount,
             &order.currency,
-            super::payments::Movement::Charge,
+            super::provider_amounts::Movement::Charge,
         )
         .map_err(CommandError::Reject)?;
         let (id, token) = (Uuid::now_v7(), new_token());

@@ -18,6 +18,7 @@ pub mod gate;
 pub mod local_runs;
 pub mod orders;
 pub mod payments;
+pub mod provider_amounts;
 pub mod refunds;
 pub mod settle;
 pub mod webhook_endpoints;

@@ -369,11 +369,11 @@ impl CreatePayment {
         }
         super::ensure_payable(&order, "can be paid")?;
         let provider = ctx.providers.current();
-        provider_takes(
+        super::provider_amounts::provider_takes(
             provider.as_ref(),
             order.amount,
             &order.currency,
-            Movement::Charge,
+            super::provider_amounts::Movement::Charge,
         )
         .map_err(CommandError::Reject)?;
         let new = NewAttempt {
@@ -412,50 +412,6 @@ impl CreatePayment {
             memo: PaymentMemo::Created { attempt, order },
         })
     }
-}
-
-/// Whether `provider` can move `amount` of `currency` exactly (its own
-/// units, its limits; a refund has no minimum): `422
-/// amount_not_supported_by_provider` naming the currency and the rule, for
-/// a payment, a checkout and a refund alike, before anything is written.
-pub(crate) fn provider_takes(
-    provider: &dyn crate::provider::PaymentProvider,
-    amount: i64,
-    currency: &str,
-    movement: Movement,
-) -> Result<(), Problem> {
-    let Ok(currency) = crate::domain::money::Currency::try_from(currency) else {
-        return Ok(());
-    };
-    let verdict = match movement {
-        Movement::Charge => provider.check_amount(amount, &currency),
-        Movement::Refund => provider.check_refund_amount(amount, &currency),
-    };
-    verdict.map_err(|rule| {
-        let problem = Problem::new(
-            ProblemCode::AmountNotSupportedByProvider,
-            format!(
-                "{} cannot take {}: {rule}",
-                provider.name(),
-                currency.format(amount)
-            ),
-        )
-        .with_member("currency", serde_json::json!(currency.as_str()))
-        .with_member("provider", serde_json::json!(provider.name()));
-        match movement {
-            Movement::Charge => problem.with_field("order_id"),
-            Movement::Refund => problem.with_field("amount"),
-        }
-    })
-}
-
-/// Which way money moves, for [`provider_takes`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Movement {
-    /// A charge: every rule, minimum included.
-    Charge,
-    /// A refund: the unit rules only.
-    Refund,
 }
 
 /// `409 payment_in_progress`: the order has a pending attempt, whose

@@ -214,11 +214,11 @@ pub async fn start(
             Problem::new(ProblemCode::RefundExceedsPayment, e.to_string()).with_field("amount"),
         )
     })?;
-    super::payments::provider_takes(
+    super::provider_amounts::provider_takes(
         ctx.providers.named(&payment.provider).as_ref(),
         amount,
         &payment.currency,
-        super::payments::Movement::Refund,
+        super::provider_amounts::Movement::Refund,
     )
     .map_err(CommandError::Reject)?;
     let new = NewRefund {

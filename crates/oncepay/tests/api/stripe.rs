@@ -725,7 +725,10 @@ async fn stripe_is_charged_and_refunded_in_its_own_units() {
         assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(json_of(r).await["code"], "amount_not_supported_by_provider");
         // Nothing was held: the order is as it was.
-        assert_eq!(app.status_of(&format!("/orders/{order}")).await, "awaiting_payment");
+        assert_eq!(
+            app.status_of(&format!("/orders/{order}")).await,
+            "awaiting_payment"
+        );
     }
     assert_eq!(app.layer().forwarded(Call::CreateIntent), intents_before);
     assert_eq!(

@@ -1,5 +1,6 @@
 //! The stack under test: a fresh database, the sandbox and `oncepay serve`,
-//! started from the release binaries next to this one.
+//! started from the release binaries next to this one; and the database
+//! dropped when the run is over.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use oncepay_testkit::ports::free_port;
 use oncepay_testkit::processes::sibling_binary;
 use oncepay_testkit::ready::until_ready;
+use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
 /// A running sandbox and service on a fresh database.
@@ -153,4 +155,14 @@ fn log_to(database: &str, name: &str) -> Stdio {
 
 fn logged() -> bool {
     std::env::var_os("BENCH_LOG_DIR").is_some_and(|d| !d.is_empty())
+}
+
+/// Drops a bench database (they are disposable; runs must not pile up).
+pub async fn drop_database(pg_server: &str, database: &str) {
+    if let Ok(admin) = PgPool::connect(&format!("{pg_server}/postgres")).await {
+        let _ = sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+            .execute(&admin)
+            .await;
+        admin.close().await;
+    }
 }

@@ -258,7 +258,7 @@ async fn measure(
                 .fetch_one(&db)
                 .await
                 .map_err(|e| e.to_string())?;
-        let orders = crate::prepare_orders(&db, merchant, n + WARM_UP).await?;
+        let orders = crate::pay::prepare_orders(&db, merchant, n + WARM_UP).await?;
         let client = reqwest::Client::new();
         let pay = |order: uuid::Uuid| {
             client
@@ -303,7 +303,7 @@ async fn measure(
     .await;
     db.close().await;
     drop(stack);
-    crate::drop_database(pg_server, &database).await;
+    crate::stack::drop_database(pg_server, &database).await;
     result
 }
 

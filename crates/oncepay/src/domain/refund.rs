@@ -1,6 +1,8 @@
-//! The refund rule, in one place for the refund command and for cancelling
-//! a paid order: how much may still be refunded, and what a request for an
-//! amount (or for "the rest") becomes.
+//! The refund rule, in one place for the refund command, for cancelling a
+//! paid order and for the books (a refund we have no row for is adopted
+//! only within it; an orphan charge's refund is "the rest"): how much may
+//! still be refunded, and what a request for an amount (or for "the rest")
+//! becomes.
 
 /// Why a refund cannot be made (answered `422 refund_exceeds_payment`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

@@ -37,6 +37,10 @@
 //!   the Dashboard) or `amount_too_large` (more than is left), saved under
 //!   the key and replayed like any answer.
 //!
+//! - **Lists filtered by `created`** (`created[gte]`, `[gt]`, `[lt]`,
+//!   `[lte]`), which localstripe refuses: answered from localstripe's whole
+//!   list, filtered and paged as Stripe pages.
+//!
 //! What passes through is counted per kind, so a test can prove how many
 //! calls reached the provider.
 
@@ -129,6 +133,8 @@ struct State {
     stalled: u64,
     /// Calls Stripe's own rules refused (a refund past what is left).
     refused: HashMap<Call, u64>,
+    /// Lists answered with a `created` filter.
+    filtered: u64,
     /// The `return_url` given at each PaymentIntent's confirm.
     return_urls: HashMap<String, String>,
 }
@@ -345,6 +351,9 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         return bank(&shared, &req).await;
     }
     let call = Call::of(req.method(), req.path());
+    if call == Call::Read && req.query_string().contains("created") {
+        return created_filtered(&shared, &req).await;
+    }
     let fault = {
         let mut state = shared.state();
         let fault = state
@@ -534,6 +543,94 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
     }
 }
 
+/// A list filtered by `created[gte]`, `created[gt]`, `created[lt]`,
+/// `created[lte]` (Stripe's list parameters: "A filter on the list, based
+/// on the object `created` field"), which localstripe refuses for
+/// PaymentIntents and Refunds. Answered as Stripe does: the objects
+/// matching, newest first, `limit` of them from after `starting_after`,
+/// and `has_more` when more match. The layer walks localstripe's whole
+/// list to find them; tests' lists are small.
+async fn created_filtered(shared: &Shared, req: &HttpRequest) -> HttpResponse {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(req.query_string()).unwrap_or_default();
+    let bound = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| v.parse::<i64>().ok())
+    };
+    let (gte, gt, lt, lte) = (
+        bound("created[gte]"),
+        bound("created[gt]"),
+        bound("created[lt]"),
+        bound("created[lte]"),
+    );
+    let limit = bound("limit").unwrap_or(10).clamp(1, 100) as usize;
+    let after = pairs
+        .iter()
+        .find(|(k, _)| k == "starting_after")
+        .map(|(_, v)| v.clone());
+    let rest: Vec<(String, String)> = pairs
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("created") && k != "starting_after" && k != "limit")
+        .collect();
+    shared.state().filtered += 1;
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query = rest.clone();
+        query.push(("limit".into(), "100".into()));
+        if let Some(c) = &cursor {
+            query.push(("starting_after".into(), c.clone()));
+        }
+        let path = format!(
+            "{}?{}",
+            req.path(),
+            serde_urlencoded::to_string(&query).unwrap_or_default()
+        );
+        let Some(page) = upstream_json(shared, req, &path).await else {
+            return stripe_error(
+                502,
+                "api_error",
+                None,
+                "localstripe did not answer the list",
+            );
+        };
+        let data = page["data"].as_array().cloned().unwrap_or_default();
+        cursor = data
+            .last()
+            .and_then(|o| o["id"].as_str())
+            .map(str::to_string);
+        all.extend(data);
+        if page["has_more"] != true || cursor.is_none() {
+            break;
+        }
+    }
+    let matching: Vec<Value> = all
+        .into_iter()
+        .filter(|o| {
+            let c = o["created"].as_i64().unwrap_or(0);
+            gte.is_none_or(|b| c >= b)
+                && gt.is_none_or(|b| c > b)
+                && lt.is_none_or(|b| c < b)
+                && lte.is_none_or(|b| c <= b)
+        })
+        .collect();
+    let start = match &after {
+        Some(id) => match matching.iter().position(|o| o["id"] == id.as_str()) {
+            Some(i) => i + 1,
+            None => matching.len(),
+        },
+        None => 0,
+    };
+    let page: Vec<Value> = matching.iter().skip(start).take(limit).cloned().collect();
+    let has_more = matching.len() > start + page.len();
+    HttpResponse::Ok().content_type("application/json").body(
+        json!({"object": "list", "url": req.path(), "data": page, "has_more": has_more})
+            .to_string(),
+    )
+}
+
 /// The JSON localstripe answers a `GET` of `path` with (`None`: `404`).
 async fn upstream_json(shared: &Shared, req: &HttpRequest, path: &str) -> Option<Value> {
     let mut get = shared.http.get(format!("{}{path}", shared.upstream));
@@ -701,6 +798,11 @@ impl StripeLayer {
     /// `set_times` or `spell`).
     pub fn faulted(&self, call: Call) -> u64 {
         self.shared.state().faulted.get(&call).copied().unwrap_or(0)
+    }
+
+    /// How many lists were asked with a `created` filter.
+    pub fn filtered_lists(&self) -> u64 {
+        self.shared.state().filtered
     }
 
     /// Calls of this kind that Stripe's own rules refused.

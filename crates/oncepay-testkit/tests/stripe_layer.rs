@@ -238,3 +238,65 @@ async fn stripe_should_retry_is_sent_both_ways() {
         );
     }
 }
+
+#[tokio::test]
+async fn lists_are_filtered_by_created_and_paged_as_stripe_pages_them() {
+    let Some((_stripe, layer)) = stack().await else {
+        return;
+    };
+    for key in ["c1", "c2", "c3"] {
+        let (status, _, _) = post(layer.url(), "/v1/payment_intents", Some(key), INTENT)
+            .await
+            .expect("created");
+        assert_eq!(status, 200);
+    }
+    let list = |query: String| {
+        let url = format!("{}/v1/payment_intents?{query}", layer.url());
+        async move {
+            reqwest::Client::new()
+                .get(url)
+                .bearer_auth(KEY)
+                .send()
+                .await
+                .expect("list")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64;
+    let ids = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|o| o["id"].as_str().expect("id").to_string())
+            .collect()
+    };
+    // A window that holds them all, two at a time.
+    let first = list(format!(
+        "limit=2&created[gte]={}&created[lt]={}",
+        now - 60,
+        now + 60
+    ))
+    .await;
+    assert_eq!(ids(&first).len(), 2);
+    assert_eq!(first["has_more"], true);
+    let after = ids(&first)[1].clone();
+    let second = list(format!(
+        "limit=2&created[gte]={}&created[lt]={}&starting_after={after}",
+        now - 60,
+        now + 60
+    ))
+    .await;
+    assert_eq!(ids(&second).len(), 1);
+    assert_eq!(second["has_more"], false);
+    // A window before them: nothing.
+    let before = list(format!("limit=100&created[lt]={}", now - 3600)).await;
+    assert!(ids(&before).is_empty());
+    assert_eq!(before["has_more"], false);
+    assert_eq!(layer.filtered_lists(), 3);
+}

@@ -170,6 +170,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             secret_key,
             publishable_key,
             api_base: self.url("ONCEPAY_STRIPE_API_BASE", "https://api.stripe.com")?,
+            timeout: self.duration("ONCEPAY_STRIPE_TIMEOUT", Duration::from_secs(30))?,
             webhook_secrets: self.get("ONCEPAY_STRIPE_WEBHOOK_SECRET", None, |v| {
                 crate::provider::stripe::WebhookSecrets::parse(v)
                     .map(Some)

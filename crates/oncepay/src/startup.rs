@@ -80,11 +80,7 @@ fn providers(config: &ServeConfig, metrics: &Arc<Metrics>) -> Result<Providers, 
         if stripe.webhook_secrets.is_none() {
             tracing::warn!("ONCEPAY_STRIPE_WEBHOOK_SECRET is not set: Stripe webhooks are refused, and Stripe payments settle by the reconciler alone");
         }
-        all.push(Arc::new(Stripe::new(
-            stripe.clone(),
-            config.provider_timeout,
-            metrics.clone(),
-        )?));
+        all.push(Arc::new(Stripe::new(stripe.clone(), metrics.clone())?));
     }
     Providers::new(all, &config.provider).ok_or_else(|| {
         StartError::Config(format!(

@@ -307,6 +307,7 @@ async fn soak(
                     ("ONCEPAY_BIND", format!("127.0.0.1:{port}")),
                     ("ONCEPAY_PROVIDER_URL", proxy.url().to_string()),
                     ("ONCEPAY_PROVIDER_TIMEOUT", "1s".into()),
+                    ("ONCEPAY_STRIPE_TIMEOUT", "1s".into()),
                     ("ONCEPAY_IDEMPOTENCY_LEASE", "3s".into()),
                     ("ONCEPAY_RECONCILE_INTERVAL", "500ms".into()),
                     ("ONCEPAY_RECONCILE_AFTER", "2s".into()),

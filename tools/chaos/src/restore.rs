@@ -167,6 +167,7 @@ async fn drive(
                     ("ONCEPAY_BIND", format!("127.0.0.1:{port}")),
                     ("ONCEPAY_PROVIDER_URL", sandbox_base.clone()),
                     ("ONCEPAY_PROVIDER_TIMEOUT", "1s".into()),
+                    ("ONCEPAY_STRIPE_TIMEOUT", "1s".into()),
                     ("ONCEPAY_IDEMPOTENCY_LEASE", "3s".into()),
                     ("ONCEPAY_RECONCILE_INTERVAL", "500ms".into()),
                     ("ONCEPAY_RECONCILE_AFTER", "2s".into()),

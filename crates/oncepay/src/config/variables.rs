@@ -35,6 +35,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_PROVIDER_URL", "serve", "http://127.0.0.1:8081"),
     v("ONCEPAY_STRIPE_SECRET_KEY", "serve", "none (Stripe off)"),
     v("ONCEPAY_STRIPE_API_BASE", "serve", "https://api.stripe.com"),
+    v("ONCEPAY_STRIPE_TIMEOUT", "serve", "30s"),
     v(
         "ONCEPAY_STRIPE_WEBHOOK_SECRET",
         "serve",

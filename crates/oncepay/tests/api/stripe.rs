@@ -422,6 +422,12 @@ async fn a_stripe_charge_and_refund_whose_rows_were_lost_are_adopted_from_stripe
         (2, 0, 0, 0),
         "{report}"
     );
+    // Stripe was asked for the window only (`created[gte]`, `created[lt]`),
+    // answered by the layer as Stripe filters.
+    assert!(
+        app.layer().filtered_lists() >= 2,
+        "both lists were filtered"
+    );
 
     let r = app.post("/payments", "stripe-pay-1", &body).await;
     assert_eq!(r.status(), StatusCode::CREATED);

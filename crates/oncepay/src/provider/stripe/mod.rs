@@ -123,6 +123,11 @@ pub struct StripeConfig {
     /// `ONCEPAY_STRIPE_PUBLISHABLE_KEY`: the checkout page's Stripe
     /// Elements; none (test keys only): the page takes a `pm_` id.
     pub publishable_key: Option<PublishableKey>,
+    /// `ONCEPAY_STRIPE_TIMEOUT`: how long one request to Stripe may take.
+    /// Longer than the sandbox's: a confirm waits for the card's issuer
+    /// (Stripe's own SDKs wait 80 s), and a confirm cut short is an
+    /// unknown outcome the reconciler must settle later.
+    pub timeout: Duration,
 }
 
 /// A publishable key (`pk_test_…`, `pk_live_…`): public by design, it is
@@ -180,13 +185,9 @@ fn key(id: Uuid, call: &str) -> String {
 
 impl Stripe {
     /// The adapter.
-    pub fn new(
-        config: StripeConfig,
-        timeout: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Result<Self, BuildError> {
+    pub fn new(config: StripeConfig, metrics: Arc<Metrics>) -> Result<Self, BuildError> {
         Ok(Stripe {
-            caller: Caller::new(NAME, timeout, metrics)?,
+            caller: Caller::new(NAME, config.timeout, metrics)?,
             elements: config.publishable_key.clone().map(Elements::new),
             config,
         })
@@ -521,14 +522,18 @@ impl PaymentProvider for Stripe {
         window: (i64, i64),
         after: Option<&'a str>,
     ) -> BoxFuture<'a, Result<BooksPage, String>> {
-        // No `created` filter: localstripe refuses it (real Stripe takes
-        // it); the page filters by creation itself (`ListPage::books`).
+        // Stripe filters by creation (`created[gte]`, `created[lt]`), so a
+        // pass reads only its window, not every newer object; the page
+        // checks the window again (`ListPage::books`).
         let what = match kind {
             // Each with its charge, which says how much is refunded.
             SubjectKind::Charge => "payment_intents?limit=100&expand[]=data.latest_charge",
             SubjectKind::Refund => "refunds?limit=100",
         };
-        let mut url = self.url(&format!("/v1/{what}"));
+        let (from, until) = window;
+        let mut url = self.url(&format!(
+            "/v1/{what}&created[gte]={from}&created[lt]={until}"
+        ));
         if let Some(after) = after {
             url.push_str(&format!("&starting_after={after}"));
         }

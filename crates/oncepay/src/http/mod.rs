@@ -319,6 +319,5 @@ mod tests {
             .map(|r| (r.path.to_string(), r.method.to_string()))
             .collect();
         assert_eq!(routed, super::documented_operations(super::OPENAPI));
-        assert_eq!(routed.len(), 36);
     }
 }

@@ -37,6 +37,9 @@
 //!   the Dashboard) or `amount_too_large` (more than is left), saved under
 //!   the key and replayed like any answer.
 //!
+//! - **Refunds that fail after they succeeded** ([`StripeLayer::fail_refund`]):
+//!   every read shows the refund `failed` with its `failure_reason`, as
+//!   Stripe does for a card closed or expired after the refund.
 //! - **Lists filtered by `created`** (`created[gte]`, `[gt]`, `[lt]`,
 //!   `[lte]`), which localstripe refuses: answered from localstripe's whole
 //!   list, filtered and paged as Stripe pages.
@@ -135,6 +138,9 @@ struct State {
     refused: HashMap<Call, u64>,
     /// Lists answered with a `created` filter.
     filtered: u64,
+    /// Refunds that failed after they succeeded, with Stripe's
+    /// `failure_reason`.
+    failed_refunds: HashMap<String, String>,
     /// The `return_url` given at each PaymentIntent's confirm.
     return_urls: HashMap<String, String>,
 }
@@ -509,9 +515,10 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         }
         _ => body,
     };
-    let forwarded = forward(&shared, &req, body)
-        .await
-        .map(|(status, bytes)| (status, with_redirects(&shared, bytes)));
+    let forwarded = forward(&shared, &req, body).await.map(|(status, bytes)| {
+        let bytes = with_redirects(&shared, bytes);
+        (status, with_failed_refunds(&shared, bytes))
+    });
     let mut state = shared.state();
     match forwarded {
         Ok((status, bytes)) => {
@@ -623,12 +630,60 @@ async fn created_filtered(shared: &Shared, req: &HttpRequest) -> HttpResponse {
         },
         None => 0,
     };
-    let page: Vec<Value> = matching.iter().skip(start).take(limit).cloned().collect();
+    let page: Vec<Value> = matching
+        .iter()
+        .skip(start)
+        .take(limit)
+        .map(|o| {
+            let bytes = with_failed_refunds(shared, Bytes::from(o.to_string()));
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| o.clone())
+        })
+        .collect();
     let has_more = matching.len() > start + page.len();
     HttpResponse::Ok().content_type("application/json").body(
         json!({"object": "list", "url": req.path(), "data": page, "has_more": has_more})
             .to_string(),
     )
+}
+
+/// Every Refund in `body` (one, or a list's) that the test made fail
+/// after it succeeded, as Stripe shows one: `status: failed` and its
+/// `failure_reason` (Refunds API: "`failed`... `failure_reason`:
+/// `expired_or_canceled_card`, `lost_or_stolen_card`, `unknown`").
+fn with_failed_refunds(shared: &Shared, body: Bytes) -> Bytes {
+    let failed = shared.state().failed_refunds.clone();
+    if failed.is_empty() {
+        return body;
+    }
+    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    fn mark(value: &mut Value, failed: &HashMap<String, String>) -> bool {
+        match value {
+            Value::Array(items) => items.iter_mut().fold(false, |m, v| mark(v, failed) || m),
+            Value::Object(map) => {
+                let mut changed = false;
+                if map.get("object") == Some(&json!("refund")) {
+                    if let Some(reason) = map
+                        .get("id")
+                        .and_then(Value::as_str)
+                        .and_then(|id| failed.get(id))
+                    {
+                        map.insert("status".into(), json!("failed"));
+                        map.insert("failure_reason".into(), json!(reason));
+                        changed = true;
+                    }
+                }
+                map.values_mut().fold(changed, |m, v| mark(v, failed) || m)
+            }
+            _ => false,
+        }
+    }
+    if mark(&mut value, &failed) {
+        Bytes::from(value.to_string())
+    } else {
+        body
+    }
 }
 
 /// The JSON localstripe answers a `GET` of `path` with (`None`: `404`).
@@ -676,7 +731,24 @@ async fn refund_refusal(shared: &Shared, req: &HttpRequest, body: &Bytes) -> Opt
     };
     let charge = upstream_json(shared, req, &format!("/v1/charges/{charge_id}")).await?;
     let amount = charge["amount"].as_i64()?;
-    let refunded = charge["amount_refunded"].as_i64().unwrap_or(0);
+    // What its refunds hold, but those that failed after succeeding: their
+    // money is back in the balance and refundable again, as at Stripe.
+    let failed = shared.state().failed_refunds.clone();
+    let refunds = upstream_json(
+        shared,
+        req,
+        &format!("/v1/refunds?payment_intent={intent}&limit=100"),
+    )
+    .await?;
+    let refunded: i64 = refunds["data"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .filter(|r| !r["id"].as_str().is_some_and(|id| failed.contains_key(id)))
+                .filter_map(|r| r["amount"].as_i64())
+                .sum()
+        })
+        .unwrap_or(0);
     let left = amount - refunded;
     let asked = match form.get("amount") {
         Some(a) => a.parse::<i64>().ok()?,
@@ -798,6 +870,16 @@ impl StripeLayer {
     /// `set_times` or `spell`).
     pub fn faulted(&self, call: Call) -> u64 {
         self.shared.state().faulted.get(&call).copied().unwrap_or(0)
+    }
+
+    /// Makes refund `id` fail after it succeeded, as Stripe's card refunds
+    /// do when the card was closed or expired: every later read shows it
+    /// `failed` with `failure_reason` (the event is the test's to send).
+    pub fn fail_refund(&self, id: &str, reason: &str) {
+        self.shared
+            .state()
+            .failed_refunds
+            .insert(id.to_string(), reason.to_string());
     }
 
     /// How many lists were asked with a `created` filter.

@@ -103,6 +103,7 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
             "orphan_charge",
             "books_mismatch",
             "missing_at_provider",
+            "refund_failed_after_success",
         ]],
     ),
     (

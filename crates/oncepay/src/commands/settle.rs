@@ -304,7 +304,7 @@ pub async fn refund(
     let current = store::refunds::lock(tx, refund_id)
         .await?
         .ok_or_else(|| missing("refund", refund_id))?;
-    let transition = current.status.transition(observed.status);
+    let transition = crate::domain::refund::transition(current.status, observed.status);
     let provider_id = non_empty(&observed.id);
     let updated = match transition {
         Transition::Advance(status) => {
@@ -367,6 +367,51 @@ pub async fn refund(
                 );
             }
             current
+        }
+        Transition::Reversed => {
+            let r = store::refunds::set_status(
+                tx,
+                refund_id,
+                PaymentStatus::Failed,
+                provider_id,
+                observed.failure_code.as_deref(),
+            )
+            .await?;
+            crate::events::refund_changed(tx, metrics, &r, order_id, cause).await?;
+            store::payments::add_refunded(tx, payment_id, -r.amount).await?;
+            if !r.incident {
+                let next = order.status.after_refund_reversed(r.cancels_order);
+                if next != order.status {
+                    let order = store::orders::set_status(tx, order_id, next).await?;
+                    crate::events::order_changed(tx, metrics, &order, cause).await?;
+                }
+            }
+            if store::incidents::refund_failed_after_success(
+                tx,
+                refund_id,
+                provider_id,
+                cause.label(),
+            )
+            .await?
+            {
+                metrics
+                    .incidents
+                    .with_label_values(&["refund_failed_after_success"])
+                    .inc();
+                tracing::error!(
+                    %refund_id,
+                    %payment_id,
+                    %order_id,
+                    failure_code = observed.failure_code.as_deref().unwrap_or_default(),
+                    cause = cause.label(),
+                    "INCIDENT: a refund the provider paid failed afterwards; its amount is refundable again"
+                );
+            }
+            metrics
+                .refund_transitions
+                .with_label_values(&["failed", cause.label()])
+                .inc();
+            r
         }
         Transition::Unchanged | Transition::Ignored => current,
     };

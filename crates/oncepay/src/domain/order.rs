@@ -290,6 +290,17 @@ impl OrderStatus {
         }
     }
 
+    /// After a refund that had succeeded failed at the provider: the
+    /// money is the merchant's again, so an order that refund had
+    /// refunded or cancelled is `paid` again (refundable, cancellable).
+    pub fn after_refund_reversed(self, cancels_order: bool) -> Self {
+        match self {
+            OrderStatus::Refunded => OrderStatus::Paid,
+            OrderStatus::Cancelled if cancels_order => OrderStatus::Paid,
+            other => other,
+        }
+    }
+
     /// How a cancel request is carried out.
     pub fn cancel_plan(self) -> CancelPlan {
         match self {

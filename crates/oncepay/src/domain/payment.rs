@@ -27,6 +27,11 @@ pub enum Transition {
     /// moved that our books do not account for. Never ignored: the caller
     /// records an incident (and, for a charge, returns the money).
     Contradicted,
+    /// The provider reports `failed` for a refund we hold as `succeeded`:
+    /// it paid the refund out and it came back (Stripe: the card was
+    /// closed or expired). For refunds only ([`crate::domain::refund::transition`]):
+    /// a fact, which reopens the refunded amount.
+    Reversed,
 }
 
 impl PaymentStatus {

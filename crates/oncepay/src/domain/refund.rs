@@ -4,6 +4,20 @@
 //! still be refunded, and what a request for an amount (or for "the rest")
 //! becomes.
 
+use crate::domain::payment::{PaymentStatus, Transition};
+
+/// What a provider's report of a refund does to the refund we hold: the
+/// payments' one-way rule, but for one move a refund can make and a charge
+/// cannot: `succeeded` then `failed` (Stripe refunds do, when the card
+/// was closed or expired; the money returns to the merchant's balance).
+/// Payment attempts keep [`PaymentStatus::transition`].
+pub fn transition(held: PaymentStatus, observed: PaymentStatus) -> Transition {
+    match (held, observed) {
+        (PaymentStatus::Succeeded, PaymentStatus::Failed) => Transition::Reversed,
+        _ => held.transition(observed),
+    }
+}
+
 /// Why a refund cannot be made (answered `422 refund_exceeds_payment`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RefundRejection {
@@ -37,6 +51,21 @@ pub fn plan(amount: i64, committed: i64, requested: Option<i64>) -> Result<i64, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refund_may_fail_after_it_succeeded_and_nothing_else_moves_back() {
+        use PaymentStatus::*;
+        assert_eq!(transition(Succeeded, Failed), Transition::Reversed);
+        assert_eq!(
+            transition(Pending, Succeeded),
+            Transition::Advance(Succeeded)
+        );
+        assert_eq!(transition(Failed, Succeeded), Transition::Contradicted);
+        assert_eq!(transition(Succeeded, Pending), Transition::Ignored);
+        assert_eq!(transition(Failed, Pending), Transition::Ignored);
+        // A charge never does.
+        assert_eq!(Succeeded.transition(Failed), Transition::Ignored);
+    }
 
     #[test]
     fn the_rest_by_default_and_never_more_than_is_left() {

@@ -65,7 +65,8 @@ pub fn decide(attempt: &Payment, order: OrderStatus, report: &Report<'_>) -> Set
             Settlement::LearnChargeId
         }
         Transition::Contradicted => Settlement::Contradicted,
-        Transition::Unchanged | Transition::Ignored => Settlement::Nothing,
+        // Only refunds are reversed (`refund::transition`).
+        Transition::Unchanged | Transition::Ignored | Transition::Reversed => Settlement::Nothing,
     }
 }
 

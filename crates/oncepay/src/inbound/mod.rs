@@ -109,9 +109,13 @@ impl Target {
     /// Whether the event would move what we hold (so it must be confirmed
     /// by the provider before anything is applied).
     fn needs_confirmation(&self, event: &Subject) -> bool {
+        let transition = match self {
+            Target::Charge(p) => p.status.transition(event.state.status),
+            Target::Refund(r) => crate::domain::refund::transition(r.status, event.state.status),
+        };
         matches!(
-            self.status().transition(event.state.status),
-            Transition::Advance(_) | Transition::Contradicted
+            transition,
+            Transition::Advance(_) | Transition::Contradicted | Transition::Reversed
         )
     }
 
@@ -568,9 +572,10 @@ fn confirmation(ctx: &AppContext, label: EventOutcome, detail: String) -> Judged
 
 fn label(t: Transition) -> EventOutcome {
     match t {
-        Transition::Advance(_) | Transition::Unchanged | Transition::Contradicted => {
-            EventOutcome::Processed
-        }
+        Transition::Advance(_)
+        | Transition::Unchanged
+        | Transition::Contradicted
+        | Transition::Reversed => EventOutcome::Processed,
         Transition::Ignored => EventOutcome::Ignored,
     }
 }

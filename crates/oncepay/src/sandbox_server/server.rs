@@ -3,7 +3,8 @@
 //! `POST /v1/charges` and `POST /v1/refunds` (header `Idempotency-Key`),
 //! `GET /v1/charges/{id}`, `GET /v1/charges?idempotency_key=K`, the list
 //! `GET /v1/charges?created[gte]=…&created[lt]=…&limit=…&starting_after=…`,
-//! the same for refunds, `GET /v1/ledger`, `GET /v1/ledger/totals`,
+//! the same for refunds, `POST /v1/refunds/{id}/fail` (a refund that
+//! fails after it succeeded), `GET /v1/ledger`, `GET /v1/ledger/totals`,
 //! `GET /healthz`.
 
 use std::net::TcpListener;
@@ -629,6 +630,64 @@ async fn get_refund(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
     }
 }
 
+#[derive(Deserialize, Default)]
+struct FailLater {
+    #[serde(default)]
+    failure_code: Option<String>,
+}
+
+/// `POST /v1/refunds/{id}/fail`: a refund that succeeded fails afterwards,
+/// as card refunds do when the card was closed or expired (Stripe:
+/// `failure_reason` `expired_or_canceled_card`, the money back in the
+/// merchant's balance). Its amount is the charge's again, and
+/// `refund.failed` is sent. `409` unless it had succeeded.
+async fn fail_refund(
+    sandbox: Shared,
+    path: web::Path<String>,
+    body: Option<web::Json<FailLater>>,
+) -> HttpResponse {
+    let code = body
+        .and_then(|b| b.into_inner().failure_code)
+        .unwrap_or_else(|| "expired_or_canceled_card".into());
+    let (refund, events) = {
+        let mut books = sandbox.books();
+        let Some(key) = books.refund_keys.get(path.as_str()).cloned() else {
+            return error(404, "refund_not_found", "no such refund");
+        };
+        let Some(refund) = books.refunds.get_mut(&key) else {
+            return error(404, "refund_not_found", "no such refund");
+        };
+        if refund.status != "succeeded" {
+            return error(
+                409,
+                "refund_not_succeeded",
+                "only a refund that succeeded can fail later",
+            );
+        }
+        refund.status = "failed";
+        refund.failure_code = Some(code);
+        let refund = refund.clone();
+        if let Some(charge_key) = books.charge_keys.get(&refund.charge).cloned() {
+            if let Some(charge) = books.charges.get_mut(&charge_key) {
+                charge.amount_refunded -= refund.amount;
+            }
+        }
+        let event = json!({
+            "id": new_id("evt"),
+            "type": "refund.failed",
+            "created": now_unix(),
+            "data": {"object": refund},
+        });
+        (refund, vec![event])
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
+    HttpResponse::Ok().json(refund)
+}
+
 /// The sandbox's bank: the page a 3-D Secure charge's `next_action`
 /// sends the customer to, with *Approve* and *Decline*.
 async fn bank_page(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
@@ -838,6 +897,7 @@ pub fn start(
             .route("/v1/refunds", web::post().to(create_refund))
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))
+            .route("/v1/refunds/{id}/fail", web::post().to(fail_refund))
             .route("/v1/authenticate/{id}", web::get().to(bank_page))
             .route(
                 "/v1/authenticate/{id}/{choice}",

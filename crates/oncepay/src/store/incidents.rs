@@ -60,10 +60,29 @@ pub async fn charge_on_failed_attempt(
     .transpose()
 }
 
-/// Records a refund the provider paid out that we hold as failed. Returns
-/// whether it is new.
-pub async fn refund_on_failed_refund(
+/// Records a refund the provider paid and then failed (its amount is
+/// refundable again), once per refund; `true` if this call recorded it.
+pub async fn refund_failed_after_success(
     tx: &mut PgConnection,
+    refund_id: Uuid,
+    provider_refund_id: Option<&str>,
+    detected_by: &str,
+) -> Result<bool, StoreError> {
+    refund_incident(
+        tx,
+        "refund_failed_after_success",
+        refund_id,
+        provider_refund_id,
+        detected_by,
+    )
+    .await
+}
+
+/// Records a refund incident of `kind` once per refund; `true` if this
+/// call recorded it.
+async fn refund_incident(
+    tx: &mut PgConnection,
+    kind: &str,
     refund_id: Uuid,
     provider_refund_id: Option<&str>,
     detected_by: &str,
@@ -71,17 +90,35 @@ pub async fn refund_on_failed_refund(
     let done = sqlx::query(
         "INSERT INTO incident (id, kind, merchant_id, payment_id, refund_id, provider_object_id,
                                amount, detected_by)
-         SELECT $1, 'refund_on_failed_refund', r.merchant_id, r.payment_id, r.id, $3, r.amount, $4
+         SELECT $1, $5, r.merchant_id, r.payment_id, r.id, $3, r.amount, $4
            FROM refund r
           WHERE r.id = $2
-            AND NOT EXISTS (SELECT 1 FROM incident
-                             WHERE kind = 'refund_on_failed_refund' AND refund_id = $2)",
+            AND NOT EXISTS (SELECT 1 FROM incident WHERE kind = $5 AND refund_id = $2)",
     )
     .bind(Uuid::now_v7())
     .bind(refund_id)
     .bind(provider_refund_id)
     .bind(detected_by)
+    .bind(kind)
     .execute(tx)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// A refund the provider paid out that we hold as failed, recorded once;
+/// `true` if this call recorded it.
+pub async fn refund_on_failed_refund(
+    tx: &mut PgConnection,
+    refund_id: Uuid,
+    provider_refund_id: Option<&str>,
+    detected_by: &str,
+) -> Result<bool, StoreError> {
+    refund_incident(
+        tx,
+        "refund_on_failed_refund",
+        refund_id,
+        provider_refund_id,
+        detected_by,
+    )
+    .await
 }

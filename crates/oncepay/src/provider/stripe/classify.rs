@@ -458,6 +458,10 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
     let (kind, object, key) = match envelope.event_type.split('.').next() {
         Some("payment_intent") => (SubjectKind::Charge, Some(object), ATTEMPT_KEY),
         Some("refund") => (SubjectKind::Refund, Some(object), REFUND_KEY),
+        // The charge's own word on one of its refunds: the Refund itself.
+        Some("charge") if envelope.event_type == "charge.refund.updated" => {
+            (SubjectKind::Refund, Some(object), REFUND_KEY)
+        }
         Some("charge") if envelope.event_type == "charge.refunded" => {
             let ours = object
                 .pointer("/refunds/data")

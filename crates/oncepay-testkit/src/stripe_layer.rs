@@ -660,7 +660,13 @@ fn with_failed_refunds(shared: &Shared, body: Bytes) -> Bytes {
     };
     fn mark(value: &mut Value, failed: &HashMap<String, String>) -> bool {
         match value {
-            Value::Array(items) => items.iter_mut().fold(false, |m, v| mark(v, failed) || m),
+            Value::Array(items) => {
+                let mut changed = false;
+                for item in items {
+                    changed |= mark(item, failed);
+                }
+                changed
+            }
             Value::Object(map) => {
                 let mut changed = false;
                 if map.get("object") == Some(&json!("refund")) {
@@ -674,7 +680,10 @@ fn with_failed_refunds(shared: &Shared, body: Bytes) -> Bytes {
                         changed = true;
                     }
                 }
-                map.values_mut().fold(changed, |m, v| mark(v, failed) || m)
+                for v in map.values_mut() {
+                    changed |= mark(v, failed);
+                }
+                changed
             }
             _ => false,
         }

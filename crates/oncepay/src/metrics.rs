@@ -565,6 +565,14 @@ impl Metrics {
         self.idempotency.with_label_values(&[outcome]).inc();
     }
 
+    /// Counts a payment attempt reaching `status` (created `pending`,
+    /// settled), by what moved it.
+    pub fn payment_transition(&self, status: &str, cause: &str) {
+        self.payment_transitions
+            .with_label_values(&[status, cause])
+            .inc();
+    }
+
     /// The Prometheus text exposition of every metric, and of the
     /// process's own (`process_*`, read from `/proc` at each scrape).
     pub fn render(&self) -> String {

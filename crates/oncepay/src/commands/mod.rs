@@ -14,6 +14,7 @@
 
 pub mod api_keys;
 pub mod checkout;
+pub mod fast_path;
 pub mod gate;
 pub mod local_runs;
 pub mod orders;
@@ -34,7 +35,8 @@ use uuid::Uuid;
 
 use crate::idempotency::persistence::{Lease, RecordId, StoredResponse};
 use crate::idempotency::{
-    store_problem, Claim, Completed, Engine, FencedWrite, IdempotentRequest, NextAction, STARTED,
+    store_problem, BoxedWrite, Claim, Claiming, ClaimingCompleted, Completed, Completing, Engine,
+    IdempotentRequest, NextAction, STARTED,
 };
 use crate::metrics::Metrics;
 use crate::problem::Problem;
@@ -272,8 +274,8 @@ pub enum Step<P, M> {
     CompleteInOne {
         /// The answer to store and send.
         response: StoredResponse,
-        /// The statement.
-        write: FencedWrite,
+        /// The statement (see `fast_path`).
+        write: BoxedWrite<Completing, ()>,
         /// If the statement may find the rows it was computed from moved
         /// (and then writes nothing): the memo the driver asks for this
         /// step again with. `None`: writing nothing means the lease is lost.
@@ -292,8 +294,8 @@ pub struct ClaimingStep<P, M> {
     pub point: P,
     /// The resource the step creates.
     pub resource: Uuid,
-    /// The statement; it returns what the step hands on.
-    pub write: crate::idempotency::ClaimingWrite<M>,
+    /// The statement (see `fast_path`); it hands on what the step does.
+    pub write: BoxedWrite<Claiming, M>,
 }
 
 /// What a step may know of the execution it belongs to: whose it is and
@@ -417,7 +419,10 @@ pub trait Command: Sized + Send + Sync {
     /// command that makes one write and calls nobody (see
     /// [`Engine::execute_in_one`](crate::idempotency::Engine::execute_in_one)):
     /// the response and the statement. `None` (the default): steps only.
-    fn in_one(&self, _ctx: &AppContext) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
+    fn in_one(
+        &self,
+        _ctx: &AppContext,
+    ) -> Option<(StoredResponse, BoxedWrite<ClaimingCompleted, ()>)> {
         None
     }
 
@@ -635,7 +640,7 @@ async fn steps<C: Command>(
                 response,
                 write,
                 otherwise,
-            } => match claim.complete_fenced(&ctx.pool, response, write).await? {
+            } => match claim.complete_fenced(response, write).await? {
                 Some(done) => return Ok(done),
                 None => match otherwise {
                     Some(next) => {

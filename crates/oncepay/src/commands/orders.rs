@@ -3,6 +3,7 @@
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
+use super::fast_path::InsertOrder;
 use super::refunds;
 use super::{
     json_response, recovery_points, AppContext, At, Command, CommandError, CommandInput,
@@ -10,7 +11,7 @@ use super::{
 };
 use crate::domain::order::{CancelPlan, NewOrder, Order, RawLineItem};
 use crate::domain::payment::PaymentStatus;
-use crate::idempotency::{FencedWrite, StoredResponse};
+use crate::idempotency::{BoxedWrite, ClaimingCompleted, StoredResponse};
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::store::{self, Corrupt, StoreError};
@@ -45,43 +46,26 @@ impl Command for CreateOrder {
             .map_err(Problem::rule)
     }
 
-    fn in_one(&self, ctx: &AppContext) -> Option<(StoredResponse, crate::idempotency::OneShot)> {
+    fn in_one(
+        &self,
+        ctx: &AppContext,
+    ) -> Option<(StoredResponse, BoxedWrite<ClaimingCompleted, ()>)> {
         let (order, response) = self.prepare().ok()?;
-        let batcher = ctx.order_batcher.clone();
-        let write: crate::idempotency::OneShot = Box::new(move |_pool, record, response| {
-            Box::pin(async move {
-                let row = store::orders::ClaimingOrder {
-                    id: record.id.clone(),
-                    fingerprint: record.fingerprint.to_vec(),
-                    command: record.command.to_string(),
-                    request: record.request.clone(),
-                    ttl: record.ttl,
-                    order,
-                    response: response.clone(),
-                };
-                batcher.insert_claiming(row).await
-            })
-        });
-        Some((response, write))
+        Some((response, Box::new(InsertOrder::claiming(ctx, order))))
     }
 
     async fn step(
         &self,
-        _ctx: &AppContext,
+        ctx: &AppContext,
         _run: Run<'_>,
         _at: At<NoRecoveryPoint, ()>,
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         let (order, response) = self.prepare()?;
         // One statement inserts the order and completes the record: a crash
         // leaves both or neither, and the create costs one round trip.
-        let write: FencedWrite = Box::new(move |pool, record, token, response| {
-            Box::pin(async move {
-                store::orders::insert_completing(pool, record, token, &order, response).await
-            })
-        });
         Ok(Step::CompleteInOne {
             response,
-            write,
+            write: Box::new(InsertOrder::completing(ctx, order)),
             otherwise: None,
         })
     }

@@ -24,6 +24,7 @@
 use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
+use super::fast_path::ClaimAttempt;
 use super::settle::{self, Cause};
 use super::{
     json_response, recovery_points, AppContext, At, ClaimingStep, Command, CommandError,
@@ -31,12 +32,12 @@ use super::{
 };
 use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus};
-use crate::idempotency::{ClaimingWrite, StoredResponse};
+use crate::idempotency::StoredResponse;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
-use crate::provider::trace::{Origin, Trace};
+use crate::provider::trace::Trace;
 use crate::provider::{CallOutcome, ChargeRequest, Opened, ProviderObject};
-use crate::store::payments::{ClaimingAttempt, InsertAttemptError, NewAttempt};
+use crate::store::payments::{InsertAttemptError, NewAttempt};
 use crate::store::{self, Corrupt, StoreError};
 
 recovery_points! {
@@ -149,63 +150,29 @@ impl Command for CreatePayment {
         // The database keeps microseconds: the memo and a later read must
         // show the same timestamps.
         let now = Utc::now().trunc_subsecs(6);
-        let provider = ctx.providers.current().name().to_string();
         // The event's object is the attempt as stored, but for the order's
         // amount and currency, which the statement takes from the order's
         // locked row (the order is not read before).
-        let draft = Payment::pending(
-            attempt_id,
-            (self.order_id, 0, ""),
-            &provider,
-            &self.payment_method,
-            now,
-        );
+        let draft = Payment {
+            return_url: self.return_url.clone(),
+            ..Payment::pending(
+                attempt_id,
+                (self.order_id, 0, ""),
+                ctx.providers.current().name(),
+                &self.payment_method,
+                now,
+            )
+        };
         let event =
             crate::events::of_payment(&draft, Cause::Command)?.without(&["amount", "currency"]);
-        let (group, metrics) = (ctx.group_commit.clone(), ctx.metrics.clone());
-        let (order_id, check_after) = (self.order_id, ctx.reconcile_after);
-        let payment_method = self.payment_method.clone();
-        let return_url = self.return_url.clone();
-        let write: ClaimingWrite<PaymentMemo> =
-            Box::new(move |record, lease_token, recovery_point| {
-                Box::pin(async move {
-                    let events = [event.as_new()];
-                    let claiming = ClaimingAttempt {
-                        record,
-                        lease_token,
-                        recovery_point,
-                        order_id,
-                        attempt_id,
-                        provider: &provider,
-                        payment_method: &payment_method,
-                        now,
-                        check_after,
-                        events: &events,
-                        return_url: return_url.as_deref(),
-                    };
-                    let Some(order) = store::payments::insert_claiming(&group, &claiming).await?
-                    else {
-                        return Ok(None);
-                    };
-                    count_pending(&metrics);
-                    crate::events::count(&metrics, std::slice::from_ref(&event));
-                    let mut attempt = Payment::pending(
-                        attempt_id,
-                        (order.id, order.amount, &order.currency),
-                        &provider,
-                        &payment_method,
-                        now,
-                    );
-                    attempt.merchant_id = record.id.merchant_id;
-                    attempt.origin = Origin::of(Some(&record.id.key), Some(record.fingerprint));
-                    attempt.return_url = return_url;
-                    Ok(Some(PaymentMemo::Created { attempt, order }))
-                })
-            });
+        let write = ClaimAttempt::new(ctx, draft, event, |attempt, order| PaymentMemo::Created {
+            attempt,
+            order,
+        });
         Ok(Some(ClaimingStep {
             point: PaymentPoint::AttemptCreated,
             resource: attempt_id,
-            write,
+            write: Box::new(write),
         }))
     }
 
@@ -278,7 +245,7 @@ impl Command for CreatePayment {
                 let response = payment_response(known.attempt())?;
                 return Ok(Step::CompleteInOne {
                     response,
-                    write: known.into_write(ctx),
+                    write: Box::new(known.into_write(ctx)),
                     otherwise: Some(PaymentMemo::Charged { attempt, observed }),
                 });
             }
@@ -334,16 +301,6 @@ async fn as_it_is(
 pub(crate) fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
     let status = if payment.status.is_final() { 201 } else { 202 };
     json_response(status, payment, Some(format!("/payments/{}", payment.id)))
-}
-
-/// Counts a new pending attempt. Counted before the driver commits: a
-/// commit that then fails overcounts one pending, which the next
-/// transition corrects.
-fn count_pending(metrics: &crate::metrics::Metrics) {
-    metrics
-        .payment_transitions
-        .with_label_values(&["pending", "command"])
-        .inc();
 }
 
 impl CreatePayment {
@@ -404,7 +361,10 @@ impl CreatePayment {
             Err(InsertAttemptError::Store(e)) => return Err(e.into()),
         };
         crate::events::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Command).await?;
-        count_pending(&ctx.metrics);
+        // Counted before the driver commits: a commit that then fails
+        // overcounts one pending, which the next transition corrects.
+        ctx.metrics
+            .payment_transition(PaymentStatus::Pending.as_str(), Cause::Command.label());
         Ok(Step::Record {
             tx,
             point: PaymentPoint::AttemptCreated,

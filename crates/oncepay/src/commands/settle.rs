@@ -7,11 +7,11 @@ use chrono::{SubsecRound, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+use super::fast_path::SettleKnown;
 use super::AppContext;
 use crate::domain::order::Order;
 use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
 use crate::domain::settlement::{self, Report, Settlement};
-use crate::idempotency::FencedWrite;
 use crate::metrics::Metrics;
 use crate::provider::ProviderObject;
 use crate::store::{self, StoreError};
@@ -79,10 +79,7 @@ pub async fn payment(
                 let order = store::orders::set_status(tx, order_id, next).await?;
                 crate::events::order_changed(tx, metrics, &order, cause).await?;
             }
-            metrics
-                .payment_transitions
-                .with_label_values(&[status.as_str(), cause.label()])
-                .inc();
+            metrics.payment_transition(status.as_str(), cause.label());
             p
         }
         // Where to send the customer, once, with its event.
@@ -250,37 +247,9 @@ impl Known {
 
     /// The statement that writes it with the command's completion, for
     /// the driver to run under the claim's fence.
-    pub fn into_write(self, ctx: &AppContext) -> FencedWrite {
-        let (group, metrics) = (ctx.group_commit.clone(), ctx.metrics.clone());
-        // The engine's pool is not used: the statement goes through the
-        // group commit.
-        Box::new(move |_pool, record, token, response| {
-            Box::pin(async move {
-                let events: Vec<_> = self.events.iter().map(|e| e.as_new()).collect();
-                let settlement = store::payments::KnownSettlement {
-                    order: (&self.order.0, &self.order.1),
-                    attempt: &self.attempt,
-                    events: &events,
-                    confirm_decline: decline_to_confirm(self.status, Cause::Command),
-                };
-                let written = store::payments::settle_completing(
-                    &group,
-                    &settlement,
-                    record,
-                    token,
-                    response,
-                )
-                .await?;
-                if written {
-                    metrics
-                        .payment_transitions
-                        .with_label_values(&[self.status.as_str(), Cause::Command.label()])
-                        .inc();
-                    crate::events::count(&metrics, &self.events);
-                }
-                Ok(written)
-            })
-        })
+    pub fn into_write(self, ctx: &AppContext) -> SettleKnown {
+        let confirm_decline = decline_to_confirm(self.status, Cause::Command);
+        SettleKnown::new(ctx, self.order, self.attempt, self.events, confirm_decline)
     }
 }
 

@@ -15,11 +15,14 @@
 //!    with [`Claim::record_step`] in the same transaction as the step's
 //!    writes, and stores the response with [`Claim::complete`] (or
 //!    [`Claim::complete_fenced`]) with the last writes. Only these make a
-//!    [`Completed`]; commands never hold the claim.
+//!    [`Completed`]; commands never hold the claim. The one-statement
+//!    forms take a [`FastWrite`], which the engine hands a fence only it
+//!    makes ([`fast_write`]).
 //! 3. If the process dies, the lease expires and the next retry (or the
 //!    reconciler) takes the claim over and resumes from the last recorded
 //!    step: a step recorded as finished is never run again.
 
+pub mod fast_write;
 pub mod fingerprint;
 pub mod key;
 pub mod persistence;
@@ -33,6 +36,9 @@ use sqlx::{PgConnection, PgPool};
 use tokio::time::Instant;
 use uuid::Uuid;
 
+pub use fast_write::{
+    BoxedWrite, Claiming, ClaimingCompleted, Completing, FastWrite, Fence, Intent, Written,
+};
 pub use fingerprint::Fingerprint;
 pub use key::IdempotencyKey;
 
@@ -113,52 +119,6 @@ impl Completed {
     }
 }
 
-/// Writes that complete a record in the same statement as the command's
-/// own effect (one round trip, one commit), given the record and its fencing
-/// token: the statement must update the record only under that token, and
-/// write all or nothing. `Ok(false)`: it wrote nothing (the lease is lost,
-/// or the rows the statement was computed from have moved).
-pub type FencedWrite = Box<
-    dyn for<'a> FnOnce(
-            &'a PgPool,
-            &'a RecordId,
-            Uuid,
-            &'a StoredResponse,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<bool, StoreError>> + Send + 'a>,
-        > + Send,
->;
-
-/// A command's first step written with the claim of its key, in one
-/// statement (see [`Engine::claim_with_step`]): given the new record, our
-/// lease's fencing token and the recovery point the record starts at, it
-/// writes the claim and the step's effect together and returns what the
-/// step hands on (`T`), or writes nothing (`Ok(None)`: the key has a
-/// record, or the step's preconditions do not hold).
-pub type ClaimingWrite<T> = Box<
-    dyn for<'a> FnOnce(
-            &'a NewRecord<'a>,
-            Uuid,
-            &'a str,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<Option<T>, StoreError>> + Send + 'a>,
-        > + Send,
->;
-
-/// A command's whole execution in one statement that also claims its key
-/// (see [`Engine::execute_in_one`]): given the new record and the response
-/// to store, it writes both with the effect, or nothing if the key is
-/// already taken (`Ok(false)`).
-pub type OneShot = Box<
-    dyn for<'a> FnOnce(
-            &'a PgPool,
-            &'a NewRecord<'a>,
-            &'a StoredResponse,
-        ) -> std::pin::Pin<
-            Box<dyn std::future::Future<Output = Result<bool, StoreError>> + Send + 'a>,
-        > + Send,
->;
-
 impl Claim {
     /// A claim taken over by the reconciler.
     pub fn resumed(id: RecordId, lease: Lease) -> Claim {
@@ -219,15 +179,26 @@ impl Claim {
 
     /// Completes the claim with `write`, a statement that makes the
     /// command's effect and stores `response` together under the fence.
-    /// `None`: the statement wrote nothing (see [`FencedWrite`]).
+    /// `None`: the statement wrote nothing (see [`FastWrite::write`]).
     pub async fn complete_fenced(
         &self,
-        pool: &PgPool,
         response: StoredResponse,
-        write: FencedWrite,
+        write: BoxedWrite<Completing, ()>,
     ) -> Result<Option<Completed>, StoreError> {
-        let written = write(pool, &self.id, self.lease.token, &response).await?;
-        Ok(written.then_some(Completed(response)))
+        let fence = Completing {
+            fence: self.fence(),
+            response: response.clone(),
+        };
+        let written = write.write(fence).await?;
+        Ok(written.map(|()| Completed(response)))
+    }
+
+    /// Our lease on the record, for a statement to write under.
+    fn fence(&self) -> Fence {
+        Fence {
+            id: self.id.clone(),
+            token: self.lease.token,
+        }
     }
 
     /// Records that a step finished, inside the step's own transaction.
@@ -314,6 +285,16 @@ impl Engine {
         }
     }
 
+    /// What a record the request's statement inserts keeps of it.
+    fn intent(&self, request: &IdempotentRequest) -> Intent {
+        Intent {
+            fingerprint: request.fingerprint,
+            command: request.command,
+            input: request.input.clone(),
+            ttl: self.config.ttl,
+        }
+    }
+
     /// The fast path of a command that makes one write and calls nobody
     /// (create-order): claim, effect and stored response in one statement,
     /// one round trip and one synchronous commit, if the key is new.
@@ -324,14 +305,15 @@ impl Engine {
         &self,
         request: &IdempotentRequest,
         response: StoredResponse,
-        write: OneShot,
+        write: BoxedWrite<ClaimingCompleted, ()>,
     ) -> Result<Option<StoredResponse>, Problem> {
-        let new = self.new_record(request);
+        let fence = ClaimingCompleted {
+            id: request.id.clone(),
+            intent: self.intent(request),
+            response: response.clone(),
+        };
         let since = Instant::now();
-        if !write(&self.pool, &new, &response)
-            .await
-            .map_err(store_problem)?
-        {
+        if write.write(fence).await.map_err(store_problem)?.is_none() {
             return Ok(None);
         }
         self.metrics.idempotency("executed");
@@ -357,14 +339,22 @@ impl Engine {
     pub async fn claim_with_step<T>(
         &self,
         request: &IdempotentRequest,
-        point: &str,
+        point: &'static str,
         resource: Uuid,
-        write: ClaimingWrite<T>,
+        write: BoxedWrite<Claiming, T>,
     ) -> Result<Option<(Claim, T)>, Problem> {
-        let new = self.new_record(request);
         let token = Uuid::new_v4();
+        let fence = Claiming {
+            fence: Fence {
+                id: request.id.clone(),
+                token,
+            },
+            intent: self.intent(request),
+            lease: self.config.lease,
+            point,
+        };
         let claimed_at = Instant::now();
-        let Some(handed_on) = write(&new, token, point).await.map_err(store_problem)? else {
+        let Some(handed_on) = write.write(fence).await.map_err(store_problem)? else {
             return Ok(None);
         };
         self.metrics.idempotency("executed");

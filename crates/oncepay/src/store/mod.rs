@@ -15,6 +15,78 @@ macro_rules! next_check_after_claim {
     };
 }
 
+/// The rows of a statement written once for one row and for many: the
+/// CTE `i` its body reads them from (each column as `i.<name>`, each row's
+/// position from 1 as `i.n`), in the form `one` or `many`, from the list
+/// of its columns, each its parameter with its type, and its name.
+/// [`Columns`] binds them for either form.
+///
+/// `one` takes each column as a parameter of its own, in a one-row
+/// subquery that PostgreSQL folds into the body (`NOT MATERIALIZED`), so
+/// that a lone write runs as if written with its parameters: a lone write
+/// in the form `many` cost more (BENCHMARKS.md, the group commit's
+/// statements). `many` takes each column as an array, `unnest`ed back into
+/// rows, limited by the count of rows (`$count`): a generic plan guesses
+/// that count at a tenth of the ten rows it guesses for the arrays, so
+/// that every table is read by key (tests/api/plans.rs).
+macro_rules! rows {
+    (one, $count:literal; $p0:literal $c0:ident $(, $p:literal $c:ident)* $(,)?) => {
+        concat!(
+            "i AS NOT MATERIALIZED (SELECT ", $p0, " AS ", stringify!($c0),
+            $(", ", $p, " AS ", stringify!($c),)*
+            ", 1::bigint AS n)"
+        )
+    };
+    (many, $count:literal; $p0:literal $c0:ident $(, $p:literal $c:ident)* $(,)?) => {
+        concat!(
+            "i AS (SELECT * FROM unnest(", $p0, "[]", $(", ", $p, "[]",)*
+            ") WITH ORDINALITY AS i (", stringify!($c0), $(", ", stringify!($c),)*
+            ", n) LIMIT ", $count, ")"
+        )
+    };
+}
+
+/// Declares a statement written once over its rows ([`rows!`]): two
+/// constants, the first its form of one row (what a lone write runs), the
+/// second its form of many (what writes that arrive together share), whose
+/// parameter after the columns is the count of rows; and the function that
+/// binds the rows' columns for either form ([`Columns`]). Each column is
+/// declared once: its parameter with its type, its name in the rows `i`,
+/// and its value in a row. Then the rest of the statement after its
+/// `WITH i AS (..)`.
+macro_rules! row_statement {
+    (
+        $(#[$doc:meta])*
+        $one:ident, $many:ident, $count:literal;
+        fn $bind:ident($r:ident: &$row:ty) {
+            $($p:literal $c:ident = $v:expr),+ $(,)?
+        }
+        $($body:tt)*
+    ) => {
+        $(#[$doc])*
+        pub const $one: &str = concat!("WITH ", rows!(one, $count; $($p $c),+), $($body)*);
+
+        #[doc = concat!(
+            "[`", stringify!($one), "`] of several rows at once, each column an array, ",
+            "then the count of rows (`", $count, "`)."
+        )]
+        pub const $many: &str = concat!("WITH ", rows!(many, $count; $($p $c),+), $($body)*);
+
+        #[doc = concat!(
+            "Binds the columns of `rows` after what `query`, the form of [`",
+            stringify!($one), "`] that fits them ([`form`](crate::store::form)), has."
+        )]
+        fn $bind<'q>(
+            rows: &[&'q $row],
+            query: $crate::store::PgQuery<'q>,
+        ) -> $crate::store::PgQuery<'q> {
+            $crate::store::Columns::new(query, rows)
+                $(.bind(|$r: &'q $row| $v))+
+                .query()
+        }
+    };
+}
+
 pub mod alarms;
 pub mod audit;
 pub mod books;
@@ -128,13 +200,58 @@ impl Corrupt {
     }
 }
 
-/// One column of a multi-row statement's rows as an array parameter, in
-/// the rows' order (the statement `unnest`s the arrays back into rows).
-pub(crate) fn column<'r, R: 'r, T>(
-    rows: impl IntoIterator<Item = &'r R>,
-    f: impl Fn(&'r R) -> T,
-) -> Vec<T> {
-    rows.into_iter().map(f).collect()
+/// Which form of a statement written with [`rows!`], `(one, many)`, is
+/// the one for `rows`.
+pub(crate) fn form<R>(rows: &[R], (one, many): (&'static str, &'static str)) -> &'static str {
+    if rows.len() == 1 {
+        one
+    } else {
+        many
+    }
+}
+
+/// A statement with its parameters bound so far.
+pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// The parameters of a statement's rows ([`rows!`]), bound once for both
+/// of its forms: for one row each column is its value, for several an
+/// array of the rows' values (`unnest`ed back into rows, in their order),
+/// and the count of rows follows the columns.
+pub(crate) struct Columns<'q, 'r, R> {
+    query: PgQuery<'q>,
+    rows: &'r [&'q R],
+}
+
+impl<'q, 'r, R> Columns<'q, 'r, R> {
+    /// The columns of `rows`, to bind after what `query` has (parameters
+    /// that are arrays in both forms: the rows' events). `query` is the
+    /// statement's form that fits `rows` ([`form`]).
+    pub(crate) fn new(query: PgQuery<'q>, rows: &'r [&'q R]) -> Self {
+        Columns { query, rows }
+    }
+
+    /// Binds the next column: `value` of each row.
+    pub(crate) fn bind<T>(self, value: impl Fn(&'q R) -> T) -> Self
+    where
+        T: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+        Vec<T>: 'q + sqlx::Encode<'q, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+    {
+        let query = match self.rows {
+            [row] => self.query.bind(value(*row)),
+            rows => self
+                .query
+                .bind(rows.iter().map(|&r| value(r)).collect::<Vec<T>>()),
+        };
+        Columns { query, ..self }
+    }
+
+    /// The statement, bound: the form `many` takes the count of rows last.
+    pub(crate) fn query(self) -> PgQuery<'q> {
+        match self.rows {
+            [_] => self.query,
+            rows => self.query.bind(rows.len() as i64),
+        }
+    }
 }
 
 /// Whether a database error means "unavailable for now; the same work may

@@ -146,18 +146,17 @@ async fn write(conn: &mut PgConnection, mut batch: Vec<Job>) -> bool {
         return fit;
     }
     batch.sort_by(|a, b| {
-        a.row
-            .id
-            .merchant_id
-            .cmp(&b.row.id.merchant_id)
-            .then_with(|| a.row.id.key.cmp(&b.row.id.key))
+        let (a, b) = (a.row.record(), b.row.record());
+        a.merchant_id
+            .cmp(&b.merchant_id)
+            .then_with(|| a.key.cmp(&b.key))
     });
     let mut unique: Vec<Job> = Vec::with_capacity(batch.len());
     for job in batch {
         match unique.last() {
             // Its key is in this batch already: taken, as the engine will
             // find once the batch commits.
-            Some(last) if last.row.id == job.row.id => {
+            Some(last) if last.row.record() == job.row.record() => {
                 let _ = job.answer.send(Ok(false));
             }
             _ => unique.push(job),
@@ -165,7 +164,8 @@ async fn write(conn: &mut PgConnection, mut batch: Vec<Job>) -> bool {
     }
     let (rows, answers): (Vec<ClaimingOrder>, Vec<_>) =
         unique.into_iter().map(|job| (job.row, job.answer)).unzip();
-    match orders::insert_claiming_many(&mut *conn, &rows).await {
+    let refs: Vec<&ClaimingOrder> = rows.iter().collect();
+    match orders::insert_claiming(&mut *conn, &refs).await {
         Ok(inserted) => {
             for (answer, inserted) in answers.into_iter().zip(inserted) {
                 let _ = answer.send(Ok(inserted));

@@ -5,9 +5,10 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
-use super::{column, Corrupt, StoreError};
+use super::{form, Corrupt, StoreError};
 use crate::domain::order::{Order, OrderStatus};
-use crate::idempotency::persistence::{RecordId, StoredResponse};
+use crate::idempotency::persistence::{millis, RecordId};
+use crate::idempotency::{ClaimingCompleted, Completing};
 
 /// The columns every read of a order returns, in `from_row`'s order.
 macro_rules! order_columns {
@@ -36,11 +37,20 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
     })
 }
 
+/// The columns of a new order, in [`INSERT_COMPLETING`]'s and
+/// [`INSERT_CLAIMING`]'s order.
+macro_rules! new_order_columns {
+    () => {
+        "(id, merchant_id, customer_id, items, amount, currency, status, metadata, created_at,
+          updated_at)"
+    };
+}
+
 /// Inserts an order and completes its idempotency record in one statement,
 /// which PostgreSQL runs atomically: the order exists exactly when the record
 /// holds its response, and only if the lease was still ours. One round trip
 /// where a transaction would take four (BEGIN, INSERT, UPDATE, COMMIT). The
-/// record names its order, as a batched create's does ([`INSERT_CLAIMING`]).
+/// record names its order, as a claiming create's does ([`INSERT_CLAIMING`]).
 pub(crate) const INSERT_COMPLETING: &str = concat!(
     "WITH done AS (
         UPDATE idempotency_record SET resource_id = $1, ",
@@ -48,222 +58,158 @@ pub(crate) const INSERT_COMPLETING: &str = concat!(
     " WHERE merchant_id = $2 AND idempotency_key = $12 AND lease_token = $13
            AND state = 'executing'
         RETURNING 1)
-     INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
-                         metadata, created_at, updated_at)
+     INSERT INTO orders ",
+    new_order_columns!(),
+    "
      SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM done)"
 );
 
-/// Binds `$1`..`$11` of the two order inserts: the order's columns, then
-/// the stored response's status, body and location.
-fn bind_order<'q>(
-    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    merchant_id: Uuid,
-    order: &'q Order,
-    response: &'q StoredResponse,
-) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError> {
-    let items = serde_json::to_value(&order.items).map_err(Corrupt::json("order items"))?;
-    let metadata =
-        serde_json::to_value(&order.metadata).map_err(Corrupt::json("order metadata"))?;
-    let status = crate::store::Corrupt::status_column(response.status)?;
-    Ok(query
-        .bind(order.id)
-        .bind(merchant_id)
-        .bind(&order.customer_id)
-        .bind(items)
-        .bind(order.amount)
-        .bind(&order.currency)
-        .bind(metadata)
-        .bind(order.created_at)
-        .bind(status)
-        .bind(&response.body)
-        .bind(&response.location))
-}
-
-/// See [`INSERT_COMPLETING`]. `false` (and nothing written) if another
-/// process took the command over.
+/// See [`INSERT_COMPLETING`]: the order, with the completion of the record
+/// held under `completion`. `false` (and nothing written) if another process
+/// took the command over.
 pub(crate) async fn insert_completing(
     pool: &PgPool,
-    record: &RecordId,
-    lease_token: Uuid,
+    completion: &Completing,
     order: &Order,
-    response: &StoredResponse,
 ) -> Result<bool, StoreError> {
-    let done = bind_order(
-        sqlx::query(INSERT_COMPLETING),
-        record.merchant_id,
-        order,
-        response,
-    )?
-    .bind(&record.key)
-    .bind(lease_token)
-    .execute(pool)
-    .await?;
+    let record = completion.fence().record();
+    let response = completion.response();
+    let done = sqlx::query(INSERT_COMPLETING)
+        .bind(order.id)
+        .bind(record.merchant_id)
+        .bind(&order.customer_id)
+        .bind(items_of(order)?)
+        .bind(order.amount)
+        .bind(&order.currency)
+        .bind(metadata_of(order)?)
+        .bind(order.created_at)
+        .bind(Corrupt::status_column(response.status)?)
+        .bind(&response.body)
+        .bind(&response.location)
+        .bind(&record.key)
+        .bind(completion.fence().token())
+        .execute(pool)
+        .await?;
     Ok(done.rows_affected() == 1)
 }
 
-/// The whole of a create-order in one statement, when its key is new: the
-/// idempotency record inserted already completed with the response, and
-/// the order, inserted only if the record was (`ON CONFLICT DO NOTHING`:
-/// a concurrent duplicate waits on the unique index until this commits,
-/// then finds the key taken). One round trip, one synchronous commit.
-pub const INSERT_CLAIMING: &str = "WITH claim AS (
-        INSERT INTO idempotency_record
-               (merchant_id, idempotency_key, fingerprint, command, request, state,
-                recovery_point, resource_id, response_status, response_body, response_location,
-                expires_at)
-        VALUES ($2, $12, $13, $14, $15, 'completed', 'finished', $1, $9, $10, $11,
-                now() + $16::bigint * interval '1 millisecond')
-        ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
-        RETURNING 1)
-     INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
-                         metadata, created_at, updated_at)
-     SELECT $1, $2, $3, $4, $5, $6, 'awaiting_payment', $7, $8, $8 WHERE EXISTS (SELECT 1 FROM claim)";
-
-/// [`insert_claiming`] of one request of a batch (see [`ClaimingOrder`]).
-pub(crate) async fn insert_claiming_one(
-    db: impl PgExecutor<'_>,
-    row: &ClaimingOrder,
-) -> Result<bool, StoreError> {
-    let record = crate::idempotency::persistence::NewRecord {
-        id: &row.id,
-        fingerprint: &row.fingerprint,
-        command: &row.command,
-        request: &row.request,
-        // Completed at once: no lease.
-        lease: std::time::Duration::ZERO,
-        ttl: row.ttl,
-    };
-    insert_claiming(db, &record, &row.order, &row.response).await
+/// The order's items as their column holds them.
+fn items_of(order: &Order) -> Result<serde_json::Value, StoreError> {
+    serde_json::to_value(&order.items).map_err(Corrupt::json("order items"))
 }
 
-/// See [`INSERT_CLAIMING`]. `false`: the key already has a record (live,
-/// expired, or another request's), nothing was written, and the caller
-/// goes through the engine's full protocol.
-pub(crate) async fn insert_claiming(
-    db: impl PgExecutor<'_>,
-    record: &crate::idempotency::persistence::NewRecord<'_>,
-    order: &Order,
-    response: &StoredResponse,
-) -> Result<bool, StoreError> {
-    let done = bind_order(
-        sqlx::query(INSERT_CLAIMING),
-        record.id.merchant_id,
-        order,
-        response,
-    )?
-    .bind(&record.id.key)
-    .bind(record.fingerprint)
-    .bind(record.command)
-    .bind(record.request)
-    .bind(crate::idempotency::persistence::millis(record.ttl))
-    .execute(db)
-    .await?;
-    Ok(done.rows_affected() == 1)
+/// The order's metadata as its column holds it.
+fn metadata_of(order: &Order) -> Result<serde_json::Value, StoreError> {
+    serde_json::to_value(&order.metadata).map_err(Corrupt::json("order metadata"))
 }
 
-/// [`INSERT_CLAIMING`] for many requests at once (natural batching, see
-/// `store::order_batch`): each row claims its key and, where the claim
-/// took, inserts its order; all of it one statement and one commit. Rows
-/// come sorted by key, so two batches lock keys in the same order and
-/// cannot deadlock; keys are unique within a batch. Returns the ids of the
-/// orders inserted: a request whose order is missing found its key taken.
-pub(crate) const INSERT_CLAIMING_MANY: &str = "WITH input AS (
-        SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::jsonb[], $5::bigint[],
-                             $6::text[], $7::jsonb[], $8::timestamptz[], $9::smallint[],
-                             $10::bytea[], $11::text[], $12::text[], $13::bytea[], $14::text[],
-                             $15::jsonb[], $16::bigint[])
-               WITH ORDINALITY AS i (id, merchant_id, customer_id, items, amount, currency,
-                                     metadata, created_at, response_status, response_body,
-                                     response_location, idempotency_key, fingerprint, command,
-                                     request, ttl_ms, n)),
+row_statement! {
+    /// The whole of a create-order in one statement, when its key is new, for
+    /// each row ([`ClaimingOrder`]; `$1`..`$16`, the count of rows `$17`):
+    /// the idempotency record inserted already completed with the response,
+    /// and the order, inserted only if the record was (`ON CONFLICT DO
+    /// NOTHING`: a concurrent duplicate waits on the unique index until this
+    /// commits, then finds the key taken). One round trip, one synchronous
+    /// commit, for any number of rows (natural batching, see
+    /// `store::order_batch`). Rows come sorted by key, so two batches lock
+    /// keys in the same order and cannot deadlock; keys are unique within a
+    /// batch. Returns the ids of the orders inserted: a row whose order is
+    /// missing found its key taken.
+    INSERT_CLAIMING, INSERT_CLAIMING_MANY, "$17";
+    fn claiming_columns(r: &ClaimingOrder) {
+        "$1::uuid" id = r.order.id,
+        "$2::uuid" merchant_id = r.claim.record().merchant_id,
+        "$3::text" customer_id = r.order.customer_id.as_str(),
+        "$4::jsonb" items = &r.items,
+        "$5::bigint" amount = r.order.amount,
+        "$6::text" currency = r.order.currency.as_str(),
+        "$7::jsonb" metadata = &r.metadata,
+        "$8::timestamptz" created_at = r.order.created_at,
+        "$9::smallint" response_status = r.response_status,
+        "$10::bytea" response_body = r.claim.response().body.as_slice(),
+        "$11::text" response_location = r.claim.response().location.as_deref(),
+        "$12::text" idempotency_key = r.claim.record().key.as_str(),
+        "$13::bytea" fingerprint = r.claim.intent().fingerprint(),
+        "$14::text" command = r.claim.intent().command(),
+        "$15::jsonb" request = r.claim.intent().input(),
+        "$16::bigint" ttl_ms = millis(r.claim.intent().ttl()),
+    }
+    ",
      claim AS (
         INSERT INTO idempotency_record
                (merchant_id, idempotency_key, fingerprint, command, request, state,
                 recovery_point, resource_id, response_status, response_body, response_location,
                 expires_at)
-        SELECT merchant_id, idempotency_key, fingerprint, command, request, 'completed',
-               'finished', id, response_status, response_body, response_location,
-               now() + ttl_ms * interval '1 millisecond'
-          FROM input ORDER BY n
+        SELECT i.merchant_id, i.idempotency_key, i.fingerprint, i.command, i.request,
+               'completed', 'finished', i.id, i.response_status, i.response_body,
+               i.response_location, now() + i.ttl_ms * interval '1 millisecond'
+          FROM i ORDER BY i.n
         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
         RETURNING merchant_id, idempotency_key),
      created AS (
-        INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
-                            metadata, created_at, updated_at)
+        INSERT INTO orders ",
+    new_order_columns!(),
+    "
         SELECT i.id, i.merchant_id, i.customer_id, i.items, i.amount, i.currency,
                'awaiting_payment', i.metadata, i.created_at, i.created_at
-          FROM input i JOIN claim c USING (merchant_id, idempotency_key)
+          FROM i JOIN claim c USING (merchant_id, idempotency_key)
         RETURNING id)
-     SELECT id FROM created";
-
-/// One request of a batch: what [`insert_claiming`] takes, owned.
-pub struct ClaimingOrder {
-    /// The key and its scope.
-    pub id: RecordId,
-    /// SHA-256 of the request.
-    pub fingerprint: Vec<u8>,
-    /// Command name, for resumption.
-    pub command: String,
-    /// Command input, for resumption.
-    pub request: serde_json::Value,
-    /// The record's lifetime.
-    pub ttl: std::time::Duration,
-    /// The order to insert.
-    pub order: Order,
-    /// Its answer, stored with the record.
-    pub response: StoredResponse,
+     SELECT id FROM created"
 }
 
-/// See [`INSERT_CLAIMING_MANY`]. For each row, in order: whether its order
-/// was inserted (`false`: its key was taken, nothing of it was written).
-pub(crate) async fn insert_claiming_many(
+/// One create-order of [`INSERT_CLAIMING`]: the order, and the fence of
+/// the record it claims.
+pub struct ClaimingOrder {
+    claim: ClaimingCompleted,
+    order: Order,
+    items: serde_json::Value,
+    metadata: serde_json::Value,
+    response_status: i16,
+}
+
+impl ClaimingOrder {
+    /// `order`, to insert with the record `claim` says.
+    pub fn new(claim: ClaimingCompleted, order: Order) -> Result<Self, StoreError> {
+        Ok(ClaimingOrder {
+            items: items_of(&order)?,
+            metadata: metadata_of(&order)?,
+            response_status: Corrupt::status_column(claim.response().status)?,
+            claim,
+            order,
+        })
+    }
+
+    /// The record it claims.
+    pub fn record(&self) -> &RecordId {
+        self.claim.record()
+    }
+}
+
+/// [`insert_claiming`] of one row: whether its order was inserted.
+pub(crate) async fn insert_claiming_one(
     db: impl PgExecutor<'_>,
-    rows: &[ClaimingOrder],
+    row: &ClaimingOrder,
+) -> Result<bool, StoreError> {
+    Ok(insert_claiming(db, &[row]).await?.contains(&true))
+}
+
+/// See [`INSERT_CLAIMING`]. For each row, in order: whether its order
+/// was inserted (`false`: its key was taken, nothing of it was written).
+pub(crate) async fn insert_claiming(
+    db: impl PgExecutor<'_>,
+    rows: &[&ClaimingOrder],
 ) -> Result<Vec<bool>, StoreError> {
-    let ids = column(rows, |r| r.order.id);
-    let merchants = column(rows, |r| r.id.merchant_id);
-    let customers = column(rows, |r| r.order.customer_id.as_str());
-    let amounts = column(rows, |r| r.order.amount);
-    let currencies = column(rows, |r| r.order.currency.as_str());
-    let created = column(rows, |r| r.order.created_at);
-    let bodies = column(rows, |r| r.response.body.as_slice());
-    let locations = column(rows, |r| r.response.location.as_deref());
-    let keys = column(rows, |r| r.id.key.as_str());
-    let fingerprints = column(rows, |r| r.fingerprint.as_slice());
-    let commands = column(rows, |r| r.command.as_str());
-    let requests = column(rows, |r| &r.request);
-    let ttls = column(rows, |r| crate::idempotency::persistence::millis(r.ttl));
-    let items = column(rows, |r| serde_json::to_value(&r.order.items))
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(Corrupt::json("order items"))?;
-    let metadata = column(rows, |r| serde_json::to_value(&r.order.metadata))
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(Corrupt::json("order metadata"))?;
-    let statuses = column(rows, |r| Corrupt::status_column(r.response.status))
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
-    let inserted: Vec<Uuid> = sqlx::query_scalar(INSERT_CLAIMING_MANY)
-        .bind(&ids)
-        .bind(&merchants)
-        .bind(&customers)
-        .bind(&items)
-        .bind(&amounts)
-        .bind(&currencies)
-        .bind(&metadata)
-        .bind(&created)
-        .bind(&statuses)
-        .bind(&bodies)
-        .bind(&locations)
-        .bind(&keys)
-        .bind(&fingerprints)
-        .bind(&commands)
-        .bind(&requests)
-        .bind(&ttls)
+    let sql = form(rows, (INSERT_CLAIMING, INSERT_CLAIMING_MANY));
+    let inserted: Vec<Uuid> = claiming_columns(rows, sqlx::query(sql))
         .fetch_all(db)
-        .await?;
-    Ok(ids.iter().map(|id| inserted.contains(id)).collect())
+        .await?
+        .iter()
+        .map(|row| row.try_get("id"))
+        .collect::<Result<_, _>>()?;
+    Ok(rows
+        .iter()
+        .map(|r| inserted.contains(&r.order.id))
+        .collect())
 }
 
 /// Reads one of the merchant's orders.

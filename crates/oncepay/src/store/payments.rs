@@ -8,12 +8,14 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
-use super::events::{EventRow, NewEvent};
+use super::events::{bind_events, EventRow, NewEvent};
 use super::group_commit::{GroupCommit, Statement};
-use super::{column, Corrupt, StoreError};
+use super::{form, Corrupt, PgQuery, StoreError};
 use crate::domain::order::Order;
 use crate::domain::origin::Origin;
 use crate::domain::payment::{NextAction, Payment, PaymentStatus};
+use crate::idempotency::persistence::millis;
+use crate::idempotency::{Claiming, Completing};
 
 /// The columns every read of a payment attempt returns, in `from_row`'s order.
 macro_rules! payment_columns {
@@ -29,17 +31,8 @@ macro_rules! payment_columns_p {
     };
 }
 
-/// The columns a payment's first step writes to its idempotency record,
-/// in [`INSERT_CLAIMING`]'s and [`INSERT_CLAIMING_MANY`]'s order.
-macro_rules! claimed_record_columns {
-    () => {
-        "(merchant_id, idempotency_key, fingerprint, command, request, state, recovery_point,
-          resource_id, lease_token, lease_expires_at, expires_at)"
-    };
-}
-
-/// The columns of a new attempt, in [`INSERT`]'s, [`INSERT_CLAIMING`]'s
-/// and [`INSERT_CLAIMING_MANY`]'s order.
+/// The columns of a new attempt, in [`INSERT`]'s and
+/// [`INSERT_CLAIMING`]'s order.
 macro_rules! new_attempt_columns {
     () => {
         "(id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
@@ -174,96 +167,79 @@ pub async fn insert(
     }
 }
 
-/// A payment's first step and the claim of its key in one statement (one
-/// round trip, one synchronous commit), when the key is new: the order,
-/// locked, if it awaits payment with no live attempt; the idempotency
-/// record, claimed under our lease and already at the step's recovery
-/// point; the pending attempt, with the order's amount and currency; its
-/// event, whose object gets the same amount and currency from the order's
-/// row. Each part is written only if the one before was, so the statement
-/// writes all or nothing: nothing when the key has a record (`ON CONFLICT
-/// DO NOTHING`) or the order is not payable, and an error, mapped to
-/// nothing, when the attempt's constraints refuse it (a live attempt that
-/// committed meanwhile, the key used). Returns the order as locked.
-pub const INSERT_CLAIMING: &str = concat!(
-    "WITH o AS (
-        SELECT ",
-    super::orders::order_columns!(),
-    " FROM orders
-         WHERE id = $9 AND merchant_id = $10 AND status = 'awaiting_payment'
-           AND NOT EXISTS (SELECT 1 FROM payment_attempt p
-                            WHERE p.order_id = $9 AND p.status IN ('pending', 'succeeded'))
-           FOR UPDATE),
-     claim AS (
-        INSERT INTO idempotency_record ",
-    claimed_record_columns!(),
-    "
-        SELECT $10, $11, $12, $13, $14, 'executing', $15, $16, $17,
-               now() + $18::bigint * interval '1 millisecond',
-               now() + $19::bigint * interval '1 millisecond'
-          FROM o
-         WHERE NOT EXISTS (SELECT 1 FROM idempotency_record
-                            WHERE merchant_id = $10 AND idempotency_key = ",
-    crate::idempotency::persistence::adopted_key!("$11"),
-    ")
-        ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
-        RETURNING 1),
-     att AS (
-        INSERT INTO payment_attempt ",
-    new_attempt_columns!(),
-    "
-        SELECT $16, $10, o.id, $11, o.amount, o.currency, 'pending', $20, $21,
-               now() + $23::bigint * interval '1 millisecond', $22, $22, $12, $24
-          FROM o WHERE EXISTS (SELECT 1 FROM claim)
-        RETURNING id),
-     new_events AS (
-        ",
-    priced_new_events!(),
-    ", o WHERE EXISTS (SELECT 1 FROM att)),
-     ",
-    super::events::append_new_events!(),
-    "
-     SELECT o.* FROM o WHERE EXISTS (SELECT 1 FROM att)"
+/// The order's live attempts as the rows of `payment_attempt p`, for the
+/// order in the SQL expression `$order`: the one definition of "a live
+/// attempt" (pending or succeeded). An order has at most one
+/// (`payment_attempt_one_live_per_order`, whose predicate this is, so
+/// that it is read through that index) and is paid only while it has none.
+macro_rules! live_attempts_of {
+    ($order:literal) => {
+        concat!(
+            "payment_attempt p WHERE p.order_id = ",
+            $order,
+            " AND p.status IN ('pending', 'succeeded')"
+        )
+    };
+}
+
+/// The order's live attempt (see [`live_attempts_of`]).
+pub const LIVE_ATTEMPT: &str = concat!(
+    "SELECT ",
+    payment_columns_p!(),
+    " FROM ",
+    live_attempts_of!("$1")
 );
 
-/// [`INSERT_CLAIMING`] for the writes of several requests at once
-/// (`store::group_commit`), one row each (`$9`..`$25`: one array per column,
-/// then the count of rows; the rows' events are `$1`..`$8`, each naming
-/// its row's order). Each part of a row is written only if the part
-/// before it of the same row was, so each row is written whole or not at
-/// all, as alone. Rows name different orders and keys
-/// ([`PaymentWrite::shares_with`]), so no row needs to see another's
-/// writes. Returns each order written as locked, with its row's position
-/// `n`.
-pub const INSERT_CLAIMING_MANY: &str = concat!(
-    "WITH i AS (
-        SELECT * FROM unnest($9::uuid[], $10::uuid[], $11::text[], $12::bytea[], $13::text[],
-                             $14::jsonb[], $15::text[], $16::uuid[], $17::uuid[], $18::bigint[],
-                             $19::bigint[], $20::text[], $21::text[], $22::timestamptz[],
-                             $23::bigint[], $24::text[])
-               WITH ORDINALITY AS i (order_id, merchant_id, idempotency_key, fingerprint,
-                                     command, request, recovery_point, attempt_id, lease_token,
-                                     lease_ms, ttl_ms, provider, payment_method, created_at,
-                                     check_ms, return_url, n)
-",
-    // The count of rows as a LIMIT: a generic plan guesses it at a tenth of
-    // the ten rows it guesses for the arrays, so that every table is read
-    // by key (tests/api/plans.rs).
-    "         LIMIT $25),
+row_statement! {
+    /// A payment's first step and the claim of its key in one statement (one
+    /// round trip, one synchronous commit), when the key is new, for each row
+    /// ([`ClaimingAttempt`]; `$9`..`$24`, the count of rows `$25`, the rows'
+    /// events `$1`..`$8`, each naming its row's order): the order, locked, if
+    /// it awaits payment with no live attempt; the idempotency record,
+    /// claimed under our lease and already at the step's recovery point; the
+    /// pending attempt, with the order's amount and currency; its event, whose
+    /// object gets the same amount and currency from the order's row. Each
+    /// part of a row is written only if the part before it was, so each row
+    /// is written whole or not at all: not when the key has a record (`ON
+    /// CONFLICT DO NOTHING`) or the order is not payable, and an error, mapped
+    /// to nothing, when the attempt's constraints refuse it (a live attempt
+    /// that committed meanwhile, the key used). Rows name different orders and
+    /// keys ([`PaymentWrite::shares_with`]), so no row needs to see another's
+    /// writes. Returns each order written as locked, with its row's `n`.
+    INSERT_CLAIMING, INSERT_CLAIMING_MANY, "$25";
+    fn claiming_columns(r: &ClaimingAttempt) {
+        "$9::uuid" order_id = r.order_id,
+        "$10::uuid" merchant_id = r.claim.fence().record().merchant_id,
+        "$11::text" idempotency_key = r.claim.fence().record().key.as_str(),
+        "$12::bytea" fingerprint = r.claim.intent().fingerprint(),
+        "$13::text" command = r.claim.intent().command(),
+        "$14::jsonb" request = r.claim.intent().input(),
+        "$15::text" recovery_point = r.claim.point(),
+        "$16::uuid" attempt_id = r.attempt_id,
+        "$17::uuid" lease_token = r.claim.fence().token(),
+        "$18::bigint" lease_ms = millis(r.claim.lease()),
+        "$19::bigint" ttl_ms = millis(r.claim.intent().ttl()),
+        "$20::text" provider = r.provider.as_str(),
+        "$21::text" payment_method = r.payment_method.as_str(),
+        "$22::timestamptz" created_at = r.now,
+        "$23::bigint" check_ms = millis(r.check_after),
+        "$24::text" return_url = r.return_url.as_deref(),
+    }
+    ",
      o AS (
         SELECT i.n, x.* FROM i CROSS JOIN LATERAL (
             SELECT ",
     super::orders::order_columns!(),
     " FROM orders
              WHERE id = i.order_id AND merchant_id = i.merchant_id AND status = 'awaiting_payment'
-               AND NOT EXISTS (SELECT 1 FROM payment_attempt p
-                                WHERE p.order_id = i.order_id
-                                  AND p.status IN ('pending', 'succeeded'))
+               AND NOT EXISTS (SELECT 1 FROM ",
+    live_attempts_of!("i.order_id"),
+    ")
                FOR UPDATE) x),
      claim AS (
-        INSERT INTO idempotency_record ",
-    claimed_record_columns!(),
-    "
+        INSERT INTO idempotency_record
+               (merchant_id, idempotency_key, fingerprint, command, request, state,
+                recovery_point, resource_id, lease_token, lease_expires_at, expires_at)
         SELECT i.merchant_id, i.idempotency_key, i.fingerprint, i.command, i.request,
                'executing', i.recovery_point, i.attempt_id, i.lease_token,
                now() + i.lease_ms * interval '1 millisecond',
@@ -272,8 +248,9 @@ pub const INSERT_CLAIMING_MANY: &str = concat!(
          WHERE NOT EXISTS (SELECT 1 FROM idempotency_record r
                             WHERE r.merchant_id = i.merchant_id AND r.idempotency_key = ",
     crate::idempotency::persistence::adopted_key!("i.idempotency_key"),
-    // OFFSET 0 keeps this a lookup by key for each row: as an anti-join it
-    // was planned as a hash over a scan of the whole table.
+    // OFFSET 0 keeps this a lookup by key for each row: as an
+    // anti-join it was planned as a hash over a scan of the whole
+    // table.
     " OFFSET 0)
          ORDER BY i.n
         ON CONFLICT (merchant_id, idempotency_key) DO NOTHING
@@ -297,61 +274,41 @@ pub const INSERT_CLAIMING_MANY: &str = concat!(
     super::events::append_new_events!(),
     "
      SELECT o.* FROM o WHERE o.id IN (SELECT order_id FROM att)"
-);
+}
 
-/// What [`insert_claiming`] writes.
-pub struct ClaimingAttempt<'a> {
-    /// The idempotency record to claim.
-    pub record: &'a crate::idempotency::persistence::NewRecord<'a>,
-    /// Our lease's fencing token.
-    pub lease_token: Uuid,
-    /// The recovery point the record starts at: the step is done.
-    pub recovery_point: &'a str,
+/// A payment's first step, written with the claim of its key: the
+/// attempt, its event, and the fence of the record it claims.
+pub struct ClaimingAttempt {
+    /// The record to claim, under the engine's new lease.
+    pub claim: Claiming,
     /// The order to pay.
     pub order_id: Uuid,
-    /// The new attempt's id (also its provider key).
+    /// The new attempt's id (also its provider key, and the record's
+    /// resource).
     pub attempt_id: Uuid,
     /// Provider name.
-    pub provider: &'a str,
+    pub provider: String,
     /// Provider token.
-    pub payment_method: &'a str,
+    pub payment_method: String,
     /// Creation time, in the database's microseconds.
     pub now: DateTime<Utc>,
     /// When the reconciler should first look at it if it stays pending.
     pub check_after: Duration,
     /// The attempt's events, their objects without the order's amount and
     /// currency (the statement adds them).
-    pub events: &'a [super::events::NewEvent<'a>],
+    pub events: Vec<EventRow>,
     /// Where the customer's bank sends them back (3-D Secure).
-    pub return_url: Option<&'a str>,
+    pub return_url: Option<String>,
 }
 
-/// See [`INSERT_CLAIMING`]. `None`: nothing was written, and the caller
-/// goes through the engine's full protocol, which decides.
+/// See [`INSERT_CLAIMING`]: the order as locked. `None`: nothing was
+/// written, and the caller goes through the engine's full protocol, which
+/// decides.
 pub(crate) async fn insert_claiming(
     group: &GroupCommit<PaymentWrite>,
-    w: &ClaimingAttempt<'_>,
+    attempt: ClaimingAttempt,
 ) -> Result<Option<Order>, StoreError> {
-    let row = ClaimRow {
-        events: w.events.iter().map(EventRow::of).collect(),
-        order_id: w.order_id,
-        merchant_id: w.record.id.merchant_id,
-        key: w.record.id.key.clone(),
-        fingerprint: w.record.fingerprint.to_vec(),
-        command: w.record.command.to_string(),
-        request: w.record.request.clone(),
-        recovery_point: w.recovery_point.to_string(),
-        attempt_id: w.attempt_id,
-        lease_token: w.lease_token,
-        lease_ms: crate::idempotency::persistence::millis(w.record.lease),
-        ttl_ms: crate::idempotency::persistence::millis(w.record.ttl),
-        provider: w.provider.to_string(),
-        payment_method: w.payment_method.to_string(),
-        now: w.now,
-        check_ms: crate::idempotency::persistence::millis(w.check_after),
-        return_url: w.return_url.map(str::to_string),
-    };
-    match group.fetch_optional(PaymentWrite::Claim(row)).await {
+    match group.fetch_optional(PaymentWrite::Claim(attempt)).await {
         Ok(row) => row.as_ref().map(super::orders::from_row).transpose(),
         Err(e) => match super::violated_constraint(&e) {
             Some("payment_attempt_order_key_uniq" | "payment_attempt_one_live_per_order") => {
@@ -362,85 +319,43 @@ pub(crate) async fn insert_claiming(
     }
 }
 
-/// A command's own charge settled, and the command completed, in one
-/// statement (one round trip, one synchronous commit): the order, the
-/// attempt and the idempotency record are locked first (in that order, as
-/// everywhere) and checked to be as the command knows them — the order
-/// with the status and `updated_at` it read, the attempt still pending
-/// with no provider facts, the record under our lease — and only if all
-/// three are, the attempt takes its new status and facts, the order its
-/// new status (when it moves), the record the response, and the events
-/// are written. Otherwise nothing is written (a webhook or the reconciler
-/// settled the attempt first, or the lease was lost), and the caller
-/// settles the usual way, under locks.
-pub const SETTLE_COMPLETING: &str = concat!(
-    "WITH o AS (
-        SELECT id FROM orders WHERE id = $9 AND status = $10 AND updated_at = $11 FOR UPDATE),
-     pl AS (
-        SELECT id FROM payment_attempt
-         WHERE id = $13 AND order_id = $9 AND status = 'pending'
-           AND (provider_charge_id IS NULL OR provider_charge_id = $15)
-           AND failure_code IS NULL AND failure_message IS NULL
-           FOR UPDATE),
-     r AS (
-        SELECT 1 FROM idempotency_record
-         WHERE merchant_id = $19 AND idempotency_key = $20 AND lease_token = $21
-           AND state = 'executing'
-           FOR UPDATE),
-     go AS (
-        SELECT (SELECT count(*) FROM o) = 1 AND (SELECT count(*) FROM pl) = 1
-               AND (SELECT count(*) FROM r) = 1 AS ok),
-     p AS (
-        UPDATE payment_attempt
-           SET status = $14, provider_charge_id = $15, failure_code = $16,
-               failure_message = $17, updated_at = $18,
-               decline_check_at = CASE WHEN $25 THEN next_check_at END,
-               next_action_url = NULL
-         WHERE id = $13 AND (SELECT ok FROM go)
-        RETURNING 1),
-     ord AS (
-        UPDATE orders SET status = $12, updated_at = $18
-         WHERE id = $9 AND $12 <> $10 AND (SELECT ok FROM go)
-        RETURNING 1),
-     rec AS (
-        UPDATE idempotency_record SET ",
-    crate::idempotency::persistence::completed!("$22", "$23", "$24"),
-    " WHERE merchant_id = $19 AND idempotency_key = $20 AND (SELECT ok FROM go)
-        RETURNING 1),
-     new_events AS (
-        SELECT n.* FROM ",
-    super::events::new_events_from_params!(),
-    " WHERE (SELECT ok FROM go)),
-     ",
-    super::events::append_new_events!(),
-    "
-     SELECT ok FROM go"
-);
-
-/// [`SETTLE_COMPLETING`] for the writes of several requests at once
-/// (`store::group_commit`), one row each (`$9`..`$26`: one array per column,
-/// then the count of rows; the rows' events are `$1`..`$8`, each naming
-/// its row's order). Each row's three rows are locked and checked in the
-/// same order and written only if all three are as its command knows
-/// them, as alone. Rows name different orders, attempts and records
-/// ([`PaymentWrite::shares_with`]). Returns, for each row's position `n`,
-/// whether it was written (`ok`).
-pub const SETTLE_COMPLETING_MANY: &str = concat!(
-    "WITH i AS (
-        SELECT * FROM unnest($9::uuid[], $10::text[], $11::timestamptz[], $12::text[],
-                             $13::uuid[], $14::text[], $15::text[], $16::text[], $17::text[],
-                             $18::timestamptz[], $19::uuid[], $20::text[], $21::uuid[],
-                             $22::smallint[], $23::bytea[], $24::text[], $25::boolean[])
-               WITH ORDINALITY AS i (order_id, order_status, order_updated_at,
-                                     order_status_after, attempt_id, attempt_status, charge_id,
-                                     failure_code, failure_message, updated_at, merchant_id,
-                                     idempotency_key, lease_token, response_status,
-                                     response_body, response_location, confirm_decline, n)
-",
-    // The count of rows as a LIMIT: a generic plan guesses it at a tenth of
-    // the ten rows it guesses for the arrays, so that every table is read
-    // by key (tests/api/plans.rs).
-    "         LIMIT $26),
+row_statement! {
+    /// A command's own charge settled, and the command completed, in one
+    /// statement (one round trip, one synchronous commit), for each row
+    /// ([`KnownSettlement`]; `$9`..`$25`, the count of rows `$26`, the rows'
+    /// events `$1`..`$8`, each naming its row's order): the order, the
+    /// attempt and the idempotency record are locked first (in that order, as
+    /// everywhere) and checked to be as the command knows them — the order
+    /// with the status and `updated_at` it read, the attempt still pending
+    /// with no provider facts, the record under our lease — and only if all
+    /// three are, the attempt takes its new status and facts, the order its
+    /// new status (when it moves), the record the response, and the events
+    /// are written. Otherwise nothing of the row is written (a webhook or the
+    /// reconciler settled the attempt first, or the lease was lost), and the
+    /// caller settles the usual way, under locks. Rows name different orders,
+    /// attempts and records ([`PaymentWrite::shares_with`]). Returns, for each
+    /// row's `n`, whether it was written (`ok`).
+    SETTLE_COMPLETING, SETTLE_COMPLETING_MANY, "$26";
+    fn settlement_columns(r: &SettleRow) {
+        "$9::uuid" order_id = r.settlement.order.0.id,
+        "$10::text" order_status = r.settlement.order.0.status.as_str(),
+        "$11::timestamptz" order_updated_at = r.settlement.order.0.updated_at,
+        "$12::text" order_status_after = r.settlement.order.1.status.as_str(),
+        "$13::uuid" attempt_id = r.settlement.attempt.id,
+        "$14::text" attempt_status = r.settlement.attempt.status.as_str(),
+        "$15::text" charge_id = r.settlement.attempt.provider_charge_id.as_deref(),
+        "$16::text" failure_code = r.settlement.attempt.failure_code.as_deref(),
+        "$17::text" failure_message = r.settlement.attempt.failure_message.as_deref(),
+        "$18::timestamptz" updated_at = r.settlement.attempt.updated_at,
+        "$19::uuid" merchant_id = r.settlement.completion.fence().record().merchant_id,
+        "$20::text" idempotency_key = r.settlement.completion.fence().record().key.as_str(),
+        "$21::uuid" lease_token = r.settlement.completion.fence().token(),
+        "$22::smallint" response_status = r.response_status,
+        "$23::bytea" response_body = r.settlement.completion.response().body.as_slice(),
+        "$24::text" response_location = r.settlement.completion.response().location.as_deref(),
+        "$25::boolean" confirm_decline = r.settlement.confirm_decline,
+    }
+    ",
      o AS (
         SELECT i.* FROM i CROSS JOIN LATERAL (
             SELECT 1 FROM orders
@@ -475,9 +390,9 @@ pub const SETTLE_COMPLETING_MANY: &str = concat!(
      rec AS (
         UPDATE idempotency_record SET ",
     crate::idempotency::persistence::completed!(
-        "go.response_status",
-        "go.response_body",
-        "go.response_location"
+    "go.response_status",
+    "go.response_body",
+    "go.response_location"
     ),
     " FROM go WHERE idempotency_record.merchant_id = go.merchant_id
                   AND idempotency_record.idempotency_key = go.idempotency_key
@@ -490,74 +405,73 @@ pub const SETTLE_COMPLETING_MANY: &str = concat!(
     super::events::append_new_events!(),
     "
      SELECT i.n, i.n IN (SELECT n FROM go) AS ok FROM i"
-);
+}
 
 /// What [`settle_completing`] checks and writes: the rows as the command
-/// knows them and as they become.
-pub struct KnownSettlement<'a> {
+/// knows them and as they become, and the fence of the record it
+/// completes.
+pub struct KnownSettlement {
+    /// The record to complete under our lease, and its response.
+    pub completion: Completing,
     /// The order as read, and as it becomes.
-    pub order: (&'a Order, &'a Order),
+    pub order: (Order, Order),
     /// The attempt as it becomes (it was pending, with no provider facts).
-    pub attempt: &'a Payment,
+    pub attempt: Payment,
     /// The changes' events.
-    pub events: &'a [super::events::NewEvent<'a>],
+    pub events: Vec<EventRow>,
     /// Whether the attempt's decline is to be confirmed by a status read
-    /// (see [`confirm_decline_later`]).
+    /// (see `store::queue::confirm_decline_later`).
     pub confirm_decline: bool,
+}
+
+/// A row of [`SETTLE_COMPLETING`]: the settlement, and its response's
+/// status as its column holds it.
+pub struct SettleRow {
+    settlement: KnownSettlement,
+    response_status: i16,
 }
 
 /// See [`SETTLE_COMPLETING`]. `false`: nothing was written.
 pub(crate) async fn settle_completing(
     group: &GroupCommit<PaymentWrite>,
-    s: &KnownSettlement<'_>,
-    record: &crate::idempotency::persistence::RecordId,
-    lease_token: Uuid,
-    response: &crate::idempotency::persistence::StoredResponse,
+    settlement: KnownSettlement,
 ) -> Result<bool, StoreError> {
-    let (order, order_after) = s.order;
-    let after = s.attempt;
+    let response_status = Corrupt::status_column(settlement.completion.response().status)?;
     let row = SettleRow {
-        events: s.events.iter().map(EventRow::of).collect(),
-        order_id: order.id,
-        order_status: order.status.as_str(),
-        order_updated_at: order.updated_at,
-        order_status_after: order_after.status.as_str(),
-        attempt_id: after.id,
-        attempt_status: after.status.as_str(),
-        charge_id: after.provider_charge_id.clone(),
-        failure_code: after.failure_code.clone(),
-        failure_message: after.failure_message.clone(),
-        updated_at: after.updated_at,
-        merchant_id: record.merchant_id,
-        key: record.key.clone(),
-        lease_token,
-        response_status: crate::store::Corrupt::status_column(response.status)?,
-        response_body: response.body.clone(),
-        response_location: response.location.clone(),
-        confirm_decline: s.confirm_decline,
+        settlement,
+        response_status,
     };
-    let ok: Option<bool> = match group.fetch_optional(PaymentWrite::Settle(row)).await? {
+    let ok: Option<bool> = match group
+        .fetch_optional(PaymentWrite::Settle(Box::new(row)))
+        .await?
+    {
         Some(row) => row.try_get("ok")?,
         None => None,
     };
     Ok(ok == Some(true))
 }
 
-/// The order's pending or succeeded attempt, if it has one (there is at
-/// most one: `payment_attempt_one_live_per_order`).
+/// The attempt `query` reads, if any.
+async fn optional(
+    conn: &mut PgConnection,
+    query: PgQuery<'_>,
+) -> Result<Option<Payment>, StoreError> {
+    let row = query.fetch_optional(conn).await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// The attempt `query` reads, which must exist.
+async fn one(conn: &mut PgConnection, query: PgQuery<'_>) -> Result<Payment, StoreError> {
+    from_row(&query.fetch_one(conn).await?)
+}
+
+/// The order's pending or succeeded attempt, if it has one; see
+/// [`LIVE_ATTEMPT`].
 pub async fn live_attempt(
     tx: &mut PgConnection,
     order_id: Uuid,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        payment_columns!(),
-        " FROM payment_attempt WHERE order_id = $1 AND status IN ('pending', 'succeeded')"
-    ))
-    .bind(order_id)
-    .fetch_optional(tx)
-    .await?;
-    row.as_ref().map(from_row).transpose()
+    optional(tx, sqlx::query(LIVE_ATTEMPT).bind(order_id)).await
 }
 
 /// Reads one of a merchant's attempts.
@@ -573,12 +487,7 @@ pub async fn get(
     merchant_id: Uuid,
     id: Uuid,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(GET)
-        .bind(id)
-        .bind(merchant_id)
-        .fetch_optional(conn)
-        .await?;
-    row.as_ref().map(from_row).transpose()
+    optional(conn, sqlx::query(GET).bind(id).bind(merchant_id)).await
 }
 
 /// Locks an attempt.
@@ -590,8 +499,7 @@ pub const LOCK: &str = concat!(
 
 /// Reads and row-locks an attempt (any merchant: callers already scoped it).
 pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(LOCK).bind(id).fetch_optional(tx).await?;
-    row.as_ref().map(from_row).transpose()
+    optional(tx, sqlx::query(LOCK).bind(id)).await
 }
 
 /// Whether a command is still executing on the attempt `p`: its
@@ -609,43 +517,28 @@ macro_rules! command_executing {
     };
 }
 
-/// Finds the attempt a provider event is about (by the provider's charge
-/// id, or our attempt id where the event carries it), and in the same
-/// statement records the event as
-/// `processed` when it only repeats what we hold (its status is the
-/// attempt's: the command, or an earlier delivery, already settled it).
-/// Such an event, the common case (a provider's webhook for a charge its
-/// own answer settled), then costs one round trip and no provider read.
-pub const FIND_BY_CHARGE_OR_RECORD_REPEAT: &str = concat!(
-    "WITH p AS (SELECT ",
-    payment_columns_p!(),
-    ", ",
-    command_executing!(),
-    " FROM payment_attempt p
-          WHERE p.provider = $1 AND (p.provider_charge_id = $2 OR p.id = $3)
-          ORDER BY p.id = $3 DESC LIMIT 1),
-     repeat AS (INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
-                SELECT $1, $4, $5, $6, 'processed' FROM p WHERE p.status = $7
-                ON CONFLICT DO NOTHING RETURNING 1)
-     SELECT p.*, EXISTS (SELECT 1 FROM repeat) AS repeat_recorded FROM p"
-);
-
-/// [`FIND_BY_CHARGE_OR_RECORD_REPEAT`] for several provider events at once
-/// (`store::group_commit`), one row each (`$1`..`$8`: one array per column,
-/// then the count of rows), which name different events
-/// ([`PaymentWrite::shares_with`]). Returns each attempt found, with its
-/// row's position `n`.
-pub const FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY: &str = concat!(
-    "WITH i AS (
-        SELECT * FROM unnest($1::text[], $2::text[], $3::uuid[], $4::text[], $5::text[],
-                             $6::jsonb[], $7::text[])
-               WITH ORDINALITY AS i (provider, charge_id, attempt_id, event_id, event_type,
-                                     payload, status, n)
-",
-    // The count of rows as a LIMIT: a generic plan guesses it at a tenth of
-    // the ten rows it guesses for the arrays, so that every table is read
-    // by key (tests/api/plans.rs).
-    "         LIMIT $8),
+row_statement! {
+    /// For each provider event ([`ChargeEvent`]; `$1`..`$7`, the count of
+    /// rows `$8`), finds the attempt it is about (by the provider's charge
+    /// id, or our attempt id where the event carries it), and in the same
+    /// statement records the event as `processed` when it only repeats what
+    /// we hold (its status is the attempt's: the command, or an earlier
+    /// delivery, already settled it). Such an event, the common case (a
+    /// provider's webhook for a charge its own answer settled), then costs one
+    /// round trip and no provider read. Rows name different events
+    /// ([`PaymentWrite::shares_with`]). Returns each attempt found, with its
+    /// row's `n`.
+    FIND_BY_CHARGE_OR_RECORD_REPEAT, FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY, "$8";
+    fn repeat_columns(r: &RepeatRow) {
+        "$1::text" provider = r.provider.as_str(),
+        "$2::text" charge_id = r.charge_id.as_str(),
+        "$3::uuid" attempt_id = r.attempt_id,
+        "$4::text" event_id = r.event_id.as_str(),
+        "$5::text" event_type = r.event_type.as_str(),
+        "$6::jsonb" payload = &r.payload,
+        "$7::text" status = r.status.as_str(),
+    }
+    ",
      found AS (
         SELECT i.n, f.* FROM i CROSS JOIN LATERAL (
             SELECT ",
@@ -664,7 +557,7 @@ pub const FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY: &str = concat!(
             EXISTS (SELECT 1 FROM repeat JOIN i USING (provider, event_id)
                      WHERE i.n = found.n) AS repeat_recorded
        FROM found"
-);
+}
 
 /// A provider event about a charge, as [`find_by_charge_or_record_repeat`]
 /// records it when it repeats what we hold.
@@ -682,7 +575,18 @@ pub struct ChargeEvent<'a> {
     /// The event as received.
     pub payload: &'a serde_json::Value,
     /// The status it reports.
-    pub status: crate::domain::payment::PaymentStatus,
+    pub status: PaymentStatus,
+}
+
+/// A row of [`FIND_BY_CHARGE_OR_RECORD_REPEAT`]: a [`ChargeEvent`], owned.
+pub struct RepeatRow {
+    provider: String,
+    charge_id: String,
+    attempt_id: Option<Uuid>,
+    event_id: String,
+    event_type: String,
+    payload: serde_json::Value,
+    status: PaymentStatus,
 }
 
 /// The attempt a charge event is about, and whether the event was recorded
@@ -699,7 +603,7 @@ pub(crate) async fn find_by_charge_or_record_repeat(
         event_id: event.event_id.to_string(),
         event_type: event.event_type.to_string(),
         payload: event.payload.clone(),
-        status: event.status.as_str(),
+        status: event.status,
     };
     let row = group.fetch_optional(PaymentWrite::Repeat(row)).await?;
     row.as_ref()
@@ -730,16 +634,12 @@ pub(crate) async fn by_key(
     order_id: Uuid,
     key: &str,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         payment_columns!(),
         " FROM payment_attempt WHERE order_id = $1 AND idempotency_key = $2"
-    ))
-    .bind(order_id)
-    .bind(key)
-    .fetch_optional(conn)
-    .await?;
-    row.as_ref().map(from_row).transpose()
+    ));
+    optional(conn, query.bind(order_id).bind(key)).await
 }
 
 /// All attempts of one of the merchant's orders, oldest first.
@@ -790,15 +690,13 @@ pub(crate) async fn set_status(
     status: PaymentStatus,
     facts: &ChargeFacts<'_>,
 ) -> Result<Payment, StoreError> {
-    let row = sqlx::query(SET_STATUS)
+    let query = sqlx::query(SET_STATUS)
         .bind(id)
         .bind(status.as_str())
         .bind(facts.charge_id)
         .bind(facts.failure_code)
-        .bind(facts.failure_message)
-        .fetch_one(tx)
-        .await?;
-    from_row(&row)
+        .bind(facts.failure_message);
+    one(tx, query).await
 }
 
 /// A pending attempt now waits for its customer at `url` (from now on,
@@ -808,19 +706,15 @@ pub(crate) async fn require_action(
     id: Uuid,
     url: &str,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "UPDATE payment_attempt
             SET next_action_url = $2, action_required_at = coalesce(action_required_at, now()),
                 updated_at = now()
           WHERE id = $1 AND status = 'pending'
           RETURNING ",
         payment_columns!()
-    ))
-    .bind(id)
-    .bind(url)
-    .fetch_optional(tx)
-    .await?;
-    row.as_ref().map(from_row).transpose()
+    ));
+    optional(tx, query.bind(id).bind(url)).await
 }
 
 /// Records the provider's object opened for a pending attempt (Stripe's
@@ -831,18 +725,14 @@ pub(crate) async fn set_reference(
     id: Uuid,
     reference: &str,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "UPDATE payment_attempt SET provider_charge_id = $2, updated_at = now()
           WHERE id = $1 AND status = 'pending'
             AND (provider_charge_id IS NULL OR provider_charge_id = $2)
           RETURNING ",
         payment_columns!()
-    ))
-    .bind(id)
-    .bind(reference)
-    .fetch_optional(tx)
-    .await?;
-    row.as_ref().map(from_row).transpose()
+    ));
+    optional(tx, query.bind(id).bind(reference)).await
 }
 
 /// Adds a succeeded refund's amount to the attempt.
@@ -851,16 +741,12 @@ pub(crate) async fn add_refunded(
     id: Uuid,
     amount: i64,
 ) -> Result<Payment, StoreError> {
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "UPDATE payment_attempt SET refunded_amount = refunded_amount + $2, updated_at = now()
           WHERE id = $1 RETURNING ",
         payment_columns!()
-    ))
-    .bind(id)
-    .bind(amount)
-    .fetch_one(tx)
-    .await?;
-    from_row(&row)
+    ));
+    one(tx, query.bind(id).bind(amount)).await
 }
 
 /// The reconciler's queues run over this table (`store::queue`).
@@ -882,30 +768,24 @@ pub(crate) async fn lock_succeeded_for_order(
     tx: &mut PgConnection,
     order_id: Uuid,
 ) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         payment_columns!(),
         " FROM payment_attempt
           WHERE order_id = $1 AND status = 'succeeded' FOR UPDATE"
-    ))
-    .bind(order_id)
-    .fetch_optional(tx)
-    .await?;
-    row.as_ref().map(from_row).transpose()
+    ));
+    optional(tx, query.bind(order_id)).await
 }
 
 /// An attempt by id alone (no merchant scope, no lock): for work that
 /// starts from a row that names it.
 pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, StoreError> {
-    let row = sqlx::query(concat!(
+    let query = sqlx::query(concat!(
         "SELECT ",
         payment_columns!(),
         " FROM payment_attempt WHERE id = $1"
-    ))
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    row.as_ref().map(from_row).transpose()
+    ));
+    optional(conn, query.bind(id)).await
 }
 
 /// One page of the merchant's rows, newest first, and whether there are more
@@ -927,74 +807,19 @@ pub async fn list(
     .await
 }
 
-/// A payment's write that goes through the group commit: one row of
+/// A payment's write that goes through the group commit: a row of
 /// [`INSERT_CLAIMING`], [`SETTLE_COMPLETING`] or
 /// [`FIND_BY_CHARGE_OR_RECORD_REPEAT`], which concurrent requests' writes
 /// of the same kind share (see `store::group_commit`).
 pub enum PaymentWrite {
     /// A payment's first step ([`insert_claiming`]).
-    Claim(ClaimRow),
-    /// A command's own settlement ([`settle_completing`]).
-    Settle(SettleRow),
+    Claim(ClaimingAttempt),
+    /// A command's own settlement ([`settle_completing`]): boxed, as it
+    /// carries its rows whole.
+    Settle(Box<SettleRow>),
     /// A provider event that may repeat what we hold
     /// ([`find_by_charge_or_record_repeat`]).
     Repeat(RepeatRow),
-}
-
-/// A row of [`INSERT_CLAIMING`]: what [`ClaimingAttempt`] says, owned.
-pub struct ClaimRow {
-    events: Vec<EventRow>,
-    order_id: Uuid,
-    merchant_id: Uuid,
-    key: String,
-    fingerprint: Vec<u8>,
-    command: String,
-    request: serde_json::Value,
-    recovery_point: String,
-    attempt_id: Uuid,
-    lease_token: Uuid,
-    lease_ms: i64,
-    ttl_ms: i64,
-    provider: String,
-    payment_method: String,
-    now: DateTime<Utc>,
-    check_ms: i64,
-    return_url: Option<String>,
-}
-
-/// A row of [`SETTLE_COMPLETING`]: what [`KnownSettlement`] and the
-/// command's record say, owned.
-pub struct SettleRow {
-    events: Vec<EventRow>,
-    order_id: Uuid,
-    order_status: &'static str,
-    order_updated_at: DateTime<Utc>,
-    order_status_after: &'static str,
-    attempt_id: Uuid,
-    attempt_status: &'static str,
-    charge_id: Option<String>,
-    failure_code: Option<String>,
-    failure_message: Option<String>,
-    updated_at: DateTime<Utc>,
-    merchant_id: Uuid,
-    key: String,
-    lease_token: Uuid,
-    response_status: i16,
-    response_body: Vec<u8>,
-    response_location: Option<String>,
-    confirm_decline: bool,
-}
-
-/// A row of [`FIND_BY_CHARGE_OR_RECORD_REPEAT`]: what [`ChargeEvent`]
-/// says, owned.
-pub struct RepeatRow {
-    provider: String,
-    charge_id: String,
-    attempt_id: Option<Uuid>,
-    event_id: String,
-    event_type: String,
-    payload: serde_json::Value,
-    status: &'static str,
 }
 
 /// Whether `key` could be the adopted form of another key
@@ -1008,15 +833,14 @@ impl super::group_commit::Write for PaymentWrite {
     fn shares_with(&self, other: &Self) -> bool {
         match (self, other) {
             (PaymentWrite::Claim(a), PaymentWrite::Claim(b)) => {
-                a.order_id != b.order_id
-                    && (a.merchant_id, &a.key) != (b.merchant_id, &b.key)
-                    && !adoptable(&a.key)
-                    && !adoptable(&b.key)
+                let (ka, kb) = (a.claim.fence().record(), b.claim.fence().record());
+                a.order_id != b.order_id && ka != kb && !adoptable(&ka.key) && !adoptable(&kb.key)
             }
             (PaymentWrite::Settle(a), PaymentWrite::Settle(b)) => {
-                a.order_id != b.order_id
-                    && a.attempt_id != b.attempt_id
-                    && (a.merchant_id, &a.key) != (b.merchant_id, &b.key)
+                let (a, b) = (&a.settlement, &b.settlement);
+                a.order.0.id != b.order.0.id
+                    && a.attempt.id != b.attempt.id
+                    && a.completion.fence().record() != b.completion.fence().record()
             }
             (PaymentWrite::Repeat(a), PaymentWrite::Repeat(b)) => {
                 (&a.provider, &a.event_id) != (&b.provider, &b.event_id)
@@ -1042,7 +866,7 @@ impl super::group_commit::Write for PaymentWrite {
                 _ => None,
             })?),
             Some(PaymentWrite::Settle(_)) => settlements(&of_kind(rows, |w| match w {
-                PaymentWrite::Settle(r) => Some(r),
+                PaymentWrite::Settle(r) => Some(&**r),
                 _ => None,
             })?),
             Some(PaymentWrite::Repeat(_)) => repeats(&of_kind(rows, |w| match w {
@@ -1080,122 +904,27 @@ fn events_of<'r, R>(rows: &[&'r R], events: impl Fn(&'r R) -> &'r [EventRow]) ->
         .collect()
 }
 
-fn claims(rows: &[&ClaimRow]) -> Result<Statement, StoreError> {
-    if let [r] = rows {
-        let events: Vec<_> = r.events.iter().map(EventRow::as_new).collect();
-        return Statement::of(INSERT_CLAIMING, |q| {
-            super::events::bind_events(q, &events)
-                .bind(r.order_id)
-                .bind(r.merchant_id)
-                .bind(r.key.as_str())
-                .bind(r.fingerprint.as_slice())
-                .bind(r.command.as_str())
-                .bind(&r.request)
-                .bind(r.recovery_point.as_str())
-                .bind(r.attempt_id)
-                .bind(r.lease_token)
-                .bind(r.lease_ms)
-                .bind(r.ttl_ms)
-                .bind(r.provider.as_str())
-                .bind(r.payment_method.as_str())
-                .bind(r.now)
-                .bind(r.check_ms)
-                .bind(r.return_url.as_deref())
-        });
-    }
+/// The statement of [`INSERT_CLAIMING`] for `rows`.
+fn claims(rows: &[&ClaimingAttempt]) -> Result<Statement, StoreError> {
     let events = events_of(rows, |r| &r.events);
-    Statement::of(INSERT_CLAIMING_MANY, |q| {
-        super::events::bind_events(q, &events)
-            .bind(column(rows, |r| r.order_id))
-            .bind(column(rows, |r| r.merchant_id))
-            .bind(column(rows, |r| r.key.as_str()))
-            .bind(column(rows, |r| r.fingerprint.as_slice()))
-            .bind(column(rows, |r| r.command.as_str()))
-            .bind(column(rows, |r| &r.request))
-            .bind(column(rows, |r| r.recovery_point.as_str()))
-            .bind(column(rows, |r| r.attempt_id))
-            .bind(column(rows, |r| r.lease_token))
-            .bind(column(rows, |r| r.lease_ms))
-            .bind(column(rows, |r| r.ttl_ms))
-            .bind(column(rows, |r| r.provider.as_str()))
-            .bind(column(rows, |r| r.payment_method.as_str()))
-            .bind(column(rows, |r| r.now))
-            .bind(column(rows, |r| r.check_ms))
-            .bind(column(rows, |r| r.return_url.as_deref()))
-            .bind(rows.len() as i64)
-    })
+    let sql = form(rows, (INSERT_CLAIMING, INSERT_CLAIMING_MANY));
+    Statement::of(sql, |q| claiming_columns(rows, bind_events(q, &events)))
 }
 
+/// The statement of [`SETTLE_COMPLETING`] for `rows`.
 fn settlements(rows: &[&SettleRow]) -> Result<Statement, StoreError> {
-    if let [r] = rows {
-        let events: Vec<_> = r.events.iter().map(EventRow::as_new).collect();
-        return Statement::of(SETTLE_COMPLETING, |q| {
-            super::events::bind_events(q, &events)
-                .bind(r.order_id)
-                .bind(r.order_status)
-                .bind(r.order_updated_at)
-                .bind(r.order_status_after)
-                .bind(r.attempt_id)
-                .bind(r.attempt_status)
-                .bind(r.charge_id.as_deref())
-                .bind(r.failure_code.as_deref())
-                .bind(r.failure_message.as_deref())
-                .bind(r.updated_at)
-                .bind(r.merchant_id)
-                .bind(r.key.as_str())
-                .bind(r.lease_token)
-                .bind(r.response_status)
-                .bind(r.response_body.as_slice())
-                .bind(r.response_location.as_deref())
-                .bind(r.confirm_decline)
-        });
-    }
-    let events = events_of(rows, |r| &r.events);
-    Statement::of(SETTLE_COMPLETING_MANY, |q| {
-        super::events::bind_events(q, &events)
-            .bind(column(rows, |r| r.order_id))
-            .bind(column(rows, |r| r.order_status))
-            .bind(column(rows, |r| r.order_updated_at))
-            .bind(column(rows, |r| r.order_status_after))
-            .bind(column(rows, |r| r.attempt_id))
-            .bind(column(rows, |r| r.attempt_status))
-            .bind(column(rows, |r| r.charge_id.as_deref()))
-            .bind(column(rows, |r| r.failure_code.as_deref()))
-            .bind(column(rows, |r| r.failure_message.as_deref()))
-            .bind(column(rows, |r| r.updated_at))
-            .bind(column(rows, |r| r.merchant_id))
-            .bind(column(rows, |r| r.key.as_str()))
-            .bind(column(rows, |r| r.lease_token))
-            .bind(column(rows, |r| r.response_status))
-            .bind(column(rows, |r| r.response_body.as_slice()))
-            .bind(column(rows, |r| r.response_location.as_deref()))
-            .bind(column(rows, |r| r.confirm_decline))
-            .bind(rows.len() as i64)
-    })
+    let events = events_of(rows, |r| &r.settlement.events);
+    let sql = form(rows, (SETTLE_COMPLETING, SETTLE_COMPLETING_MANY));
+    Statement::of(sql, |q| settlement_columns(rows, bind_events(q, &events)))
 }
 
+/// The statement of [`FIND_BY_CHARGE_OR_RECORD_REPEAT`] for `rows`.
 fn repeats(rows: &[&RepeatRow]) -> Result<Statement, StoreError> {
-    if let [r] = rows {
-        return Statement::of(FIND_BY_CHARGE_OR_RECORD_REPEAT, |q| {
-            q.bind(r.provider.as_str())
-                .bind(r.charge_id.as_str())
-                .bind(r.attempt_id)
-                .bind(r.event_id.as_str())
-                .bind(r.event_type.as_str())
-                .bind(&r.payload)
-                .bind(r.status)
-        });
-    }
-    Statement::of(FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY, |q| {
-        q.bind(column(rows, |r| r.provider.as_str()))
-            .bind(column(rows, |r| r.charge_id.as_str()))
-            .bind(column(rows, |r| r.attempt_id))
-            .bind(column(rows, |r| r.event_id.as_str()))
-            .bind(column(rows, |r| r.event_type.as_str()))
-            .bind(column(rows, |r| &r.payload))
-            .bind(column(rows, |r| r.status))
-            .bind(rows.len() as i64)
-    })
+    let forms = (
+        FIND_BY_CHARGE_OR_RECORD_REPEAT,
+        FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY,
+    );
+    Statement::of(form(rows, forms), |q| repeat_columns(rows, q))
 }
 
 #[cfg(test)]
@@ -1212,5 +941,42 @@ mod tests {
                 assert_eq!(named, status.is_payable(), "{status:?}");
             }
         }
+    }
+
+    /// Both forms of a statement are its one body over their rows `i`,
+    /// which only the form of many reads from arrays.
+    #[test]
+    fn each_statement_is_one_body_over_one_row_or_many() {
+        let split = |sql: &'static str| {
+            assert!(sql.starts_with("WITH i AS "), "{sql}");
+            sql.split_at(sql.find("),\n").expect("the rows end the first CTE"))
+        };
+        for (one, many) in [
+            (super::INSERT_CLAIMING, super::INSERT_CLAIMING_MANY),
+            (super::SETTLE_COMPLETING, super::SETTLE_COMPLETING_MANY),
+            (
+                super::FIND_BY_CHARGE_OR_RECORD_REPEAT,
+                super::FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY,
+            ),
+            (
+                crate::store::orders::INSERT_CLAIMING,
+                crate::store::orders::INSERT_CLAIMING_MANY,
+            ),
+        ] {
+            let ((one_rows, one_body), (many_rows, many_body)) = (split(one), split(many));
+            assert_eq!(one_body, many_body);
+            assert!(!one_rows.contains("unnest") && !one_rows.contains('['));
+            assert!(many_rows.contains("unnest") && many_rows.contains("LIMIT"));
+        }
+    }
+
+    /// The claim refuses an order with a live attempt by the same rule the
+    /// command's locking path reads the live attempt with.
+    #[test]
+    fn the_claim_and_the_live_attempt_read_share_one_rule() {
+        let rule = live_attempts_of!("i.order_id");
+        assert!(super::INSERT_CLAIMING.contains(rule));
+        assert!(super::INSERT_CLAIMING_MANY.contains(rule));
+        assert!(super::LIVE_ATTEMPT.ends_with(live_attempts_of!("$1")));
     }
 }

@@ -94,6 +94,71 @@ async fn a_paid_order_is_not_payable_and_a_pending_one_is_in_progress() {
     );
 }
 
+/// The order's live attempt as the store reads it
+/// (`store::payments::LIVE_ATTEMPT`): its id and status.
+async fn live_attempt(app: &TestApp, order_id: &str) -> Option<(String, &'static str)> {
+    let order_id = uuid::Uuid::parse_str(order_id).expect("an order id");
+    let mut conn = app.db.acquire().await.expect("a connection");
+    oncepay::store::payments::live_attempt(&mut conn, order_id)
+        .await
+        .expect("the live attempt is read")
+        .map(|p| (p.id.to_string(), p.status.as_str()))
+}
+
+/// "No live attempt", the one rule by which a payment's first step claims
+/// its order and by which its locking path refuses it: an order with a
+/// pending attempt is refused another, one whose attempt failed is paid,
+/// and a paid one is not paid again.
+#[tokio::test]
+async fn an_order_is_paid_again_only_once_its_live_attempt_is_final() {
+    // Long enough for the second payment to meet the first still pending.
+    let app = spawn_app_with(Options::default().sandbox("ONCEPAY_SANDBOX_ASYNC_DELAY", "3s")).await;
+    let order_id = app.create_order().await;
+    assert_eq!(live_attempt(&app, &order_id).await, None);
+
+    let (status, first) = app.pay(&order_id, "tok_async_declined").await;
+    assert_eq!(status, StatusCode::ACCEPTED);
+    let first_id = first["id"].as_str().expect("id").to_string();
+    assert_eq!(
+        live_attempt(&app, &order_id).await,
+        Some((first_id.clone(), "pending"))
+    );
+
+    let (status, problem) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (StatusCode::CONFLICT, Some("payment_in_progress"))
+    );
+    let attempts = format!("SELECT count(*) FROM payment_attempt WHERE order_id = '{order_id}'");
+    assert_eq!(
+        app.count(&attempts).await,
+        1,
+        "the refused payment made no attempt"
+    );
+
+    app.reconciled_to(&first["id"], "failed").await;
+    assert_eq!(
+        live_attempt(&app, &order_id).await,
+        None,
+        "a failed attempt is not live"
+    );
+
+    let (status, second) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(second["status"], "succeeded");
+    let second_id = second["id"].as_str().expect("id").to_string();
+    assert_eq!(
+        live_attempt(&app, &order_id).await,
+        Some((second_id, "succeeded"))
+    );
+    let (status, problem) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(
+        (status, problem["code"].as_str()),
+        (StatusCode::CONFLICT, Some("order_not_payable"))
+    );
+    assert_eq!(app.count(&attempts).await, 2);
+}
+
 #[tokio::test]
 async fn an_async_payment_succeeds_through_the_webhook_alone() {
     let app = spawn_app().await;

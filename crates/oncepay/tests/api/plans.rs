@@ -42,7 +42,7 @@ const LOOKUPS: &[(&str, &str, &str)] = &[
     ),
     (
         "live_attempt",
-        "SELECT id FROM payment_attempt WHERE order_id = $1 AND status IN ('pending', 'succeeded')",
+        oncepay::store::payments::LIVE_ATTEMPT,
         "'{m}'",
     ),
     (

@@ -169,6 +169,67 @@ impl TestApp {
         assert!(answer.status().is_success(), "{}", answer.status());
     }
 
+    /// Makes `refund`, which succeeded, fail at the provider afterwards (a
+    /// card closed or expired), and delivers the provider's event of it
+    /// (`refund.failed`); returns the event's outcome.
+    async fn refund_fails_later(&self, refund: &Value) -> String {
+        let id = refund["id"].as_str().expect("id");
+        let provider_id: String =
+            sqlx::query_scalar("SELECT provider_refund_id FROM refund WHERE id = $1::uuid")
+                .bind(id)
+                .fetch_one(&self.db)
+                .await
+                .expect("the refund's provider id");
+        let (object, r) = match &self.stripe {
+            None => {
+                let failed = self
+                    .http
+                    .post(format!("{}/v1/refunds/{provider_id}/fail", self.sandbox))
+                    .json(&json!({"failure_code": "expired_or_canceled_card"}))
+                    .send()
+                    .await
+                    .expect("the sandbox answers");
+                assert_eq!(failed.status(), StatusCode::OK);
+                let object = json_of(failed).await;
+                let event = json!({
+                    "id": format!("evt_{}", Uuid::new_v4().simple()),
+                    "type": "refund.failed",
+                    "created": chrono::Utc::now().timestamp(),
+                    "data": {"object": object},
+                });
+                (object, post_signed_webhook(self, &event).await)
+            }
+            Some(stack) => {
+                stack
+                    .layer
+                    .fail_refund(&provider_id, "expired_or_canceled_card");
+                let object: Value = reqwest::Client::new()
+                    .get(format!("{}/v1/refunds/{provider_id}", stack.layer.url()))
+                    .bearer_auth(STRIPE_KEY)
+                    .send()
+                    .await
+                    .expect("the layer answers")
+                    .json()
+                    .await
+                    .expect("a refund");
+                let event = json!({
+                    "id": format!("evt_{}", Uuid::new_v4().simple()),
+                    "object": "event",
+                    "type": "refund.failed",
+                    "created": chrono::Utc::now().timestamp(),
+                    "data": {"object": object},
+                });
+                (object, post_stripe_event(self, &event).await)
+            }
+        };
+        assert_eq!(object["status"], "failed", "{object}");
+        assert_eq!(r.status(), StatusCode::OK);
+        json_of(r).await["outcome"]
+            .as_str()
+            .expect("outcome")
+            .to_string()
+    }
+
     /// Posts a provider-shaped event, signed as the provider signs, saying
     /// `payment`'s charge is `status` (`succeeded` or `failed`); returns
     /// the recorded outcome.
@@ -548,6 +609,46 @@ async fn refund_refused_by_the_provider(app: TestApp) {
     }
 }
 
+/// A refund the provider paid that fails afterwards (the card was closed):
+/// the refund becomes `failed` with the provider's reason, an incident is
+/// recorded once, `refund.failed` is sent, the amount is refundable again
+/// and the refunded order is `paid` again.
+async fn refund_failing_after_success(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app.post(&path, "all", &json!({})).await;
+    let refund = json_of(r).await;
+    assert_eq!(refund["status"], "succeeded", "{refund}");
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
+
+    assert_eq!(app.refund_fails_later(&refund).await, "processed");
+    let now = app
+        .get(&format!("/refunds/{}", refund["id"].as_str().expect("id")))
+        .await;
+    let now = json_of(now).await;
+    assert_eq!(now["status"], "failed", "{now}");
+    assert_eq!(now["failure_code"], "expired_or_canceled_card");
+    assert_eq!(payment(&app, &paid["id"]).await["refunded_amount"], 0);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(
+        app.count("SELECT count(*) FROM incident WHERE kind = 'refund_failed_after_success'")
+            .await,
+        1
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM event WHERE type = 'refund.failed'")
+            .await,
+        1
+    );
+    // The merchant refunds again: the whole amount is open.
+    let again = app.post(&path, "again", &json!({})).await;
+    let again = json_of(again).await;
+    assert_eq!(again["status"], "succeeded", "{again}");
+    assert_eq!(again["amount"], amount);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
+}
+
 async fn cancels_a_paid_order(app: TestApp) {
     let (order, paid) = paid(&app).await;
     let r = app
@@ -672,6 +773,7 @@ contract!(
     refunds_all,
     refunds_twice_at_once,
     refund_refused_by_the_provider,
+    refund_failing_after_success,
     cancels_a_paid_order,
     takes_a_duplicate_event_once,
     ignores_an_event_out_of_order,

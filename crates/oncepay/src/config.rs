@@ -126,12 +126,12 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
 
     /// `ONCEPAY_PROVIDER`: where new payments go.
     fn provider(&self) -> Result<String, ConfigError> {
-        use crate::provider::{sandbox, stripe};
+        use crate::provider::{sandbox, NAMES};
         self.get("ONCEPAY_PROVIDER", sandbox::NAME.to_string(), |v| {
-            if [sandbox::NAME, stripe::NAME].contains(&v) {
+            if NAMES.contains(&v) {
                 Ok(v.to_string())
             } else {
-                Err("expected sandbox or stripe".into())
+                Err(format!("expected one of {}", NAMES.join(", ")))
             }
         })
     }

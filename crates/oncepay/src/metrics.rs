@@ -192,7 +192,7 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
     (
         "provider_auth_refused",
         &[
-            &["sandbox", "stripe"],
+            crate::provider::NAMES,
             &[
                 "open_charge",
                 "charge",

@@ -26,6 +26,10 @@ pub mod sandbox;
 pub mod stripe;
 pub mod trace;
 
+/// Every provider oncepay speaks, by name: `ONCEPAY_PROVIDER`'s values and
+/// the labels its metrics start with. A new adapter adds its name here.
+pub const NAMES: &[&str] = &[sandbox::NAME, stripe::NAME];
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -26,6 +26,9 @@ pub enum Route {
     StatusRead,
     /// `POST /v1/charges`.
     Charge,
+    /// `POST /v1/charges/{id}/cancel`: giving up on a charge whose
+    /// customer never authenticated.
+    Cancel,
     /// `POST /v1/refunds`.
     Refund,
     /// Anything else (health, ledger).
@@ -38,6 +41,7 @@ impl Route {
         let refunds = path.starts_with("/v1/refunds");
         match *method {
             Method::GET if charges || refunds => Route::StatusRead,
+            Method::POST if charges && path.ends_with("/cancel") => Route::Cancel,
             Method::POST if charges => Route::Charge,
             Method::POST if refunds => Route::Refund,
             _ => Route::Other,
@@ -71,6 +75,9 @@ pub enum Fault {
         /// Body, sent as `application/json`.
         body: String,
     },
+    /// Hold the call until [`FaultProxy::release`], then forward it: a
+    /// call in flight while something else happens at the provider.
+    Hold,
 }
 
 impl Fault {
@@ -90,12 +97,15 @@ struct Rules {
     faulted: HashMap<Route, u64>,
     /// Calls forwarded, by route.
     forwarded: HashMap<Route, u64>,
+    /// Calls held now.
+    held: u64,
 }
 
 struct Shared {
     rules: Mutex<Rules>,
     upstream: String,
     http: reqwest::Client,
+    release: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -165,21 +175,47 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             let _ = forward(&shared, &req, body).await;
             json(status, lie)
         }
-        Fault::Pass => match forward(&shared, &req, body).await {
-            Ok((status, bytes)) => {
-                HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY))
-                    .content_type("application/json")
-                    .body(bytes)
+        Fault::Hold | Fault::Pass => {
+            if fault == Fault::Hold {
+                // Registered before it is counted, so a release that
+                // follows the count is never missed.
+                let released = shared.release.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                shared.rules().held += 1;
+                released.await;
+                shared.rules().held -= 1;
             }
-            // The upstream itself dropped the answer: drop ours too.
-            Err(_) => HttpResponse::Ok()
+            relay(forward(&shared, &req, body).await)
+        }
+    }
+}
+
+fn relay(forwarded: Result<(u16, Bytes), String>) -> HttpResponse {
+    match forwarded {
+        Ok((status, bytes)) => {
+            HttpResponse::build(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY))
                 .content_type("application/json")
-                .body(Dropped),
-        },
+                .body(bytes)
+        }
+        // The upstream itself dropped the answer: drop ours too.
+        Err(_) => HttpResponse::Ok()
+            .content_type("application/json")
+            .body(Dropped),
     }
 }
 
 impl FaultProxy {
+    /// Lets every held call go on to the provider.
+    pub fn release(&self) {
+        self.shared.release.notify_waiters();
+    }
+
+    /// How many calls are held now.
+    pub fn held(&self) -> u64 {
+        self.shared.rules().held
+    }
+
     /// Starts a proxy on a free loopback port in front of `upstream`
     /// (`http://127.0.0.1:PORT`), passing everything until told otherwise.
     /// The server runs on the current tokio runtime.
@@ -187,6 +223,7 @@ impl FaultProxy {
         let shared = Arc::new(Shared {
             rules: Mutex::new(Rules::default()),
             upstream: upstream.trim_end_matches('/').to_string(),
+            release: tokio::sync::Notify::new(),
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(30))
                 .build()

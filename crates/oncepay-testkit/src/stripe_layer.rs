@@ -40,6 +40,10 @@
 //! - **Refunds that fail after they succeeded** ([`StripeLayer::fail_refund`]):
 //!   every read shows the refund `failed` with its `failure_reason`, as
 //!   Stripe does for a card closed or expired after the refund.
+//! - **PaymentIntent cancel** as Stripe takes it: `cancellation_reason`
+//!   (which localstripe refuses) is accepted, and an intent that cannot be
+//!   cancelled (it succeeded) is `400 payment_intent_unexpected_state`
+//!   with the intent, not localstripe's bare `400`.
 //! - **Lists filtered by `created`** (`created[gte]`, `[gt]`, `[lt]`,
 //!   `[lte]`), which localstripe refuses: answered from localstripe's whole
 //!   list, filtered and paged as Stripe pages.
@@ -508,6 +512,8 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
     }
     *shared.state().forwarded.entry(call).or_insert(0) += 1;
     let body = match call {
+        // localstripe refuses `cancellation_reason`, which Stripe takes.
+        Call::Cancel => without_param(&body, "cancellation_reason"),
         Call::Confirm => {
             let intent = req.path().trim_start_matches("/v1/payment_intents/");
             let intent = intent.trim_end_matches("/confirm");
@@ -519,6 +525,10 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         let bytes = with_redirects(&shared, bytes);
         (status, with_failed_refunds(&shared, bytes))
     });
+    let forwarded = match (call, forwarded) {
+        (Call::Cancel, Ok((400, _))) => Ok(cancel_refused(&shared, &req).await),
+        (_, other) => other,
+    };
     let mut state = shared.state();
     match forwarded {
         Ok((status, bytes)) => {
@@ -693,6 +703,37 @@ fn with_failed_refunds(shared: &Shared, body: Bytes) -> Bytes {
     } else {
         body
     }
+}
+
+/// A form body without `name`.
+fn without_param(body: &Bytes, name: &str) -> Bytes {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(body).unwrap_or_default();
+    let kept: Vec<_> = pairs.into_iter().filter(|(k, _)| k != name).collect();
+    Bytes::from(serde_urlencoded::to_string(kept).unwrap_or_default())
+}
+
+/// Stripe's answer to cancelling a PaymentIntent that cannot be cancelled
+/// (it succeeded, or is processing): `400 invalid_request_error`, code
+/// `payment_intent_unexpected_state`, with the PaymentIntent as it is
+/// (Stripe's error object carries `payment_intent`). localstripe answers a
+/// bare `400 Bad request`.
+async fn cancel_refused(shared: &Shared, req: &HttpRequest) -> (u16, Bytes) {
+    let intent = req
+        .path()
+        .trim_start_matches("/v1/payment_intents/")
+        .trim_end_matches("/cancel")
+        .to_string();
+    let pi = upstream_json(shared, req, &format!("/v1/payment_intents/{intent}"))
+        .await
+        .unwrap_or(Value::Null);
+    let status = pi["status"].as_str().unwrap_or("unknown").to_string();
+    let error = json!({"error": {
+        "type": "invalid_request_error",
+        "code": "payment_intent_unexpected_state",
+        "message": format!("You cannot cancel this PaymentIntent because it has a status of {status}. Only a PaymentIntent with one of the following statuses may be canceled: requires_payment_method, requires_capture, requires_confirmation, requires_action, processing."),
+        "payment_intent": pi,
+    }});
+    (400, Bytes::from(error.to_string()))
 }
 
 /// The JSON localstripe answers a `GET` of `path` with (`None`: `404`).

@@ -173,6 +173,7 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
                 "refund",
                 "find_refund",
                 "probe",
+                "abandon",
                 "list_books",
             ],
             &[

@@ -84,14 +84,16 @@ pub async fn payment(
         }
         // Where to send the customer, once, with its event.
         Settlement::RequireAction => {
-            let url = observed.next_action.as_deref().unwrap_or_default();
+            let Some(action) = observed.next_action.as_ref() else {
+                return Ok((current, transition));
+            };
             let no_failure = store::payments::ChargeFacts {
                 charge_id: facts.charge_id,
                 failure_code: None,
                 failure_message: None,
             };
             store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?;
-            match store::payments::require_action(tx, attempt_id, url).await? {
+            match store::payments::require_action(tx, attempt_id, action).await? {
                 Some(p) => {
                     crate::events::payment_requires_action(tx, metrics, &p, cause).await?;
                     p

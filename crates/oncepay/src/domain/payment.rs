@@ -184,22 +184,31 @@ impl Payment {
     }
 }
 
-/// What a customer must do for a pending payment: follow a redirect (to
-/// their bank's authentication page), then come back.
+/// What a customer must do for a pending payment. Either way the payment
+/// waits at most `ONCEPAY_ACTION_TIMEOUT` from the first time it did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct NextAction {
-    /// Always `redirect`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// Where to send the customer.
-    pub url: String,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum NextAction {
+    /// Follow a redirect to their bank's authentication page, then come
+    /// back (`{"type": "redirect", "url"}`).
+    Redirect {
+        /// Where to send the customer.
+        url: String,
+    },
+    /// Authenticate in the shop's own page with the provider's script:
+    /// Stripe's `next_action` for a payment made without a `return_url`
+    /// (`use_stripe_sdk`, or any other type Stripe.js handles), run with
+    /// `stripe.handleNextAction({clientSecret})`.
+    UseStripeSdk {
+        /// The PaymentIntent's client secret, for Stripe.js.
+        client_secret: String,
+    },
 }
 
 impl NextAction {
     /// A redirect to `url`.
     pub fn redirect(url: &str) -> NextAction {
-        NextAction {
-            kind: "redirect",
+        NextAction::Redirect {
             url: url.to_string(),
         }
     }

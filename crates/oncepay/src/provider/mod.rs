@@ -92,7 +92,7 @@ pub struct ProviderObject {
     pub failure_message: Option<String>,
     /// For a pending charge that waits for its customer (3-D Secure): where
     /// to send them.
-    pub next_action: Option<String>,
+    pub next_action: Option<crate::domain::payment::NextAction>,
 }
 
 /// The result of a provider call, after the adapter's table decided what
@@ -295,6 +295,17 @@ pub trait PaymentProvider: Send + Sync {
     ) -> BoxFuture<'a, CallOutcome>;
     /// Makes a refund, or returns the one already made with this key.
     fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, CallOutcome>;
+    /// Gives up on the charge of `attempt_id` (the provider's object
+    /// `reference`) whose customer never completed the action it waits
+    /// for: cancels it at the provider, so a late approval cannot move
+    /// money. `Known` with the provider's word: `failed` (cancelled) or
+    /// `succeeded` (the customer approved in time, which stands); anything
+    /// else, or `Unknown`, settles nothing yet.
+    fn abandon<'a>(
+        &'a self,
+        attempt_id: Uuid,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome>;
     /// Reads a refund (`reference`: its id we recorded, if any).
     fn find_refund<'a>(
         &'a self,
@@ -410,6 +421,9 @@ impl PaymentProvider for Unconfigured {
         Box::pin(async move { self.unknown() })
     }
     fn find_charge<'a>(&'a self, _: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn abandon<'a>(&'a self, _: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move { self.unknown() })
     }
     fn refund<'a>(&'a self, _: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {

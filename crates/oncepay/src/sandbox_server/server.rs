@@ -1,7 +1,8 @@
 //! The sandbox's HTTP API and webhook delivery.
 //!
 //! `POST /v1/charges` and `POST /v1/refunds` (header `Idempotency-Key`),
-//! `GET /v1/charges/{id}`, `GET /v1/charges?idempotency_key=K`, the list
+//! `GET /v1/charges/{id}`, `POST /v1/charges/{id}/cancel` (a charge whose
+//! customer never authenticated), `GET /v1/charges?idempotency_key=K`, the list
 //! `GET /v1/charges?created[gte]=…&created[lt]=…&limit=…&starting_after=…`,
 //! the same for refunds, `POST /v1/refunds/{id}/fail` (a refund that
 //! fails after it succeeded), `GET /v1/ledger`, `GET /v1/ledger/totals`,
@@ -781,6 +782,43 @@ async fn bank_decision(sandbox: Shared, path: web::Path<(String, String)>) -> Ht
     }
 }
 
+/// `POST /v1/charges/{id}/cancel`: the merchant gives up on a charge that
+/// waits for its customer at the bank (3-D Secure never completed): it
+/// fails `canceled` and `charge.failed` is sent, so a late approval can no
+/// longer move money. A charge no longer waiting is answered as it is (the
+/// customer approved or declined in time), like a read. Idempotent.
+async fn cancel_charge(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
+    let (charge, cancelled, copies) = {
+        let mut books = sandbox.books();
+        let Some(key) = books.charge_keys.get(path.as_str()).cloned() else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let Some(charge) = books.charges.get_mut(&key) else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let waiting = charge.next_action.is_some() && charge.on_approval.is_some();
+        if waiting {
+            charge.on_approval = None;
+            charge.status = "failed";
+            charge.next_action = None;
+            charge.failure_code = Some("canceled".into());
+            charge.failure_message = Some(
+                "The merchant cancelled the payment: its authentication was abandoned.".into(),
+            );
+        }
+        (
+            charge.clone(),
+            waiting,
+            sandbox.config.faults.duplicate_webhooks,
+        )
+    };
+    if cancelled {
+        let event = charge_event(&charge, charge.status);
+        send_webhooks(sandbox.clone().into_inner(), vec![event], copies);
+    }
+    HttpResponse::Ok().json(&charge)
+}
+
 /// `POST /v1/tokens`: a card (Stripe's form fields) becomes a token, as a
 /// provider's tokenization does for a checkout page, so the card number
 /// never reaches the merchant's service. Any origin may call it (the page
@@ -894,6 +932,7 @@ pub fn start(
             .route("/v1/charges", web::post().to(create_charge))
             .route("/v1/charges", web::get().to(find_charge))
             .route("/v1/charges/{id}", web::get().to(get_charge))
+            .route("/v1/charges/{id}/cancel", web::post().to(cancel_charge))
             .route("/v1/refunds", web::post().to(create_refund))
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))

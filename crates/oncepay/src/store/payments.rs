@@ -20,14 +20,14 @@ use crate::idempotency::{Claiming, Completing};
 /// The columns every read of a payment attempt returns, in `from_row`'s order.
 macro_rules! payment_columns {
     () => {
-        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint, next_action_url, action_required_at, return_url"
+        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint, next_action_url, next_action_client_secret, action_required_at, return_url"
     };
 }
 
 /// The same columns qualified with the alias `p`, for joins and updates.
 macro_rules! payment_columns_p {
     () => {
-        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint, p.next_action_url, p.action_required_at, p.return_url"
+        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint, p.next_action_url, p.next_action_client_secret, p.action_required_at, p.return_url"
     };
 }
 
@@ -68,9 +68,14 @@ fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
         failure_code: row.try_get("failure_code")?,
         failure_message: row.try_get("failure_message")?,
         refunded_amount: row.try_get("refunded_amount")?,
-        next_action: row
-            .try_get::<Option<&str>, _>("next_action_url")?
-            .map(NextAction::redirect),
+        next_action: match (
+            row.try_get::<Option<String>, _>("next_action_url")?,
+            row.try_get::<Option<String>, _>("next_action_client_secret")?,
+        ) {
+            (Some(url), _) => Some(NextAction::Redirect { url }),
+            (None, Some(client_secret)) => Some(NextAction::UseStripeSdk { client_secret }),
+            (None, None) => None,
+        },
         action_required_at: row.try_get("action_required_at")?,
         return_url: row.try_get("return_url")?,
         created_at: row.try_get("created_at")?,
@@ -380,7 +385,7 @@ row_statement! {
                failure_code = go.failure_code, failure_message = go.failure_message,
                updated_at = go.updated_at,
                decline_check_at = CASE WHEN go.confirm_decline THEN payment_attempt.next_check_at END,
-               next_action_url = NULL
+               next_action_url = NULL, next_action_client_secret = NULL
           FROM go WHERE payment_attempt.id = go.attempt_id
         RETURNING 1),
      ord AS (
@@ -677,7 +682,8 @@ pub(crate) const SET_STATUS: &str = concat!(
             SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
                 failure_code = COALESCE($4, failure_code),
                 failure_message = COALESCE($5, failure_message), updated_at = now(),
-                next_action_url = CASE WHEN $2 = 'pending' THEN next_action_url END
+                next_action_url = CASE WHEN $2 = 'pending' THEN next_action_url END,
+                next_action_client_secret = CASE WHEN $2 = 'pending' THEN next_action_client_secret END
           WHERE id = $1 RETURNING ",
     payment_columns!()
 );
@@ -699,22 +705,28 @@ pub(crate) async fn set_status(
     one(tx, query).await
 }
 
-/// A pending attempt now waits for its customer at `url` (from now on,
-/// for the reconciler's timeout). `None` if it is no longer pending.
+/// A pending attempt now waits for its customer, as `action` says (from
+/// the first time, for the reconciler's timeout, whatever the action).
+/// `None` if it is no longer pending.
 pub(crate) async fn require_action(
     tx: &mut PgConnection,
     id: Uuid,
-    url: &str,
+    action: &NextAction,
 ) -> Result<Option<Payment>, StoreError> {
+    let (url, client_secret) = match action {
+        NextAction::Redirect { url } => (Some(url.as_str()), None),
+        NextAction::UseStripeSdk { client_secret } => (None, Some(client_secret.as_str())),
+    };
     let query = sqlx::query(concat!(
         "UPDATE payment_attempt
-            SET next_action_url = $2, action_required_at = coalesce(action_required_at, now()),
+            SET next_action_url = $2, next_action_client_secret = $3,
+                action_required_at = coalesce(action_required_at, now()),
                 updated_at = now()
           WHERE id = $1 AND status = 'pending'
           RETURNING ",
         payment_columns!()
     ));
-    optional(tx, query.bind(id).bind(url)).await
+    optional(tx, query.bind(id).bind(url).bind(client_secret)).await
 }
 
 /// Records the provider's object opened for a pending attempt (Stripe's

@@ -185,7 +185,9 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
     let Some(object) = payments::look_up_or_charge(ctx, payment).await else {
         return Ok(false);
     };
-    let object = expire_action(ctx, payment, object);
+    let Some(object) = expire_action(ctx, payment, object).await else {
+        return Ok(false);
+    };
     let mut tx = ctx.pool.begin().await?;
     let (p, _) = settle::payment(
         &mut tx,
@@ -200,27 +202,56 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
 }
 
 /// A payment the provider still holds as waiting for its customer, for
-/// longer than `ONCEPAY_ACTION_TIMEOUT`, fails as `authentication_expired`
-/// (the provider was asked first: an approval that came in time is
-/// applied). A later approval is money for a failed attempt: an incident,
-/// refunded.
-fn expire_action(ctx: &AppContext, payment: &Payment, observed: ProviderObject) -> ProviderObject {
+/// longer than `ONCEPAY_ACTION_TIMEOUT` (whatever the action: a redirect
+/// or Stripe.js's), is given up: its provider object is cancelled first
+/// (Stripe: `cancellation_reason=abandoned`), so a late approval cannot
+/// take money for a failed attempt; only a cancelled charge fails, as
+/// `authentication_expired`. If the provider answers that the customer
+/// approved in time, that stands. `None`: the provider could not say now
+/// (tried again at the next pass; nothing is applied).
+async fn expire_action(
+    ctx: &AppContext,
+    payment: &Payment,
+    observed: ProviderObject,
+) -> Option<ProviderObject> {
+    use crate::domain::payment::PaymentStatus;
     let waited = payment
         .action_required_at
         .map(|since| chrono::Utc::now() - since)
         .and_then(|d| d.to_std().ok());
-    let expired = observed.status == crate::domain::payment::PaymentStatus::Pending
+    let expired = observed.status == PaymentStatus::Pending
         && waited.is_some_and(|w| w >= ctx.action_timeout);
     if !expired {
-        return observed;
+        return Some(observed);
     }
-    tracing::warn!(payment_id = %payment.id, "the customer never completed the payment's authentication; failing it");
-    ProviderObject {
-        status: crate::domain::payment::PaymentStatus::Failed,
+    let provider = ctx.providers.named(&payment.provider);
+    let reference = payment
+        .provider_charge_id
+        .as_deref()
+        .or(Some(observed.id.as_str()).filter(|id| !id.is_empty()));
+    let failed = |from: ProviderObject| ProviderObject {
+        status: PaymentStatus::Failed,
         failure_code: Some("authentication_expired".into()),
         failure_message: Some("The customer did not complete the authentication in time.".into()),
         next_action: None,
-        ..observed
+        ..from
+    };
+    match provider.abandon(payment.id, reference).await {
+        // No object at the provider: nothing can be approved later.
+        CallOutcome::NotFound => Some(failed(observed)),
+        CallOutcome::Known(cancelled) if cancelled.status == PaymentStatus::Failed => {
+            tracing::warn!(payment_id = %payment.id, "the customer never completed the payment's authentication; cancelled at the provider and failed");
+            Some(failed(cancelled))
+        }
+        CallOutcome::Known(approved) if approved.status == PaymentStatus::Succeeded => {
+            tracing::info!(payment_id = %payment.id, "the customer approved just before the payment was given up");
+            Some(approved)
+        }
+        CallOutcome::Known(_) => None,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(payment_id = %payment.id, %reason, "could not cancel an abandoned payment at its provider; tried again at the next pass");
+            None
+        }
     }
 }
 

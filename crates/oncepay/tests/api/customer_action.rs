@@ -117,34 +117,6 @@ async fn declined_at_the_bank_fails_and_the_order_can_be_paid_again_once() {
     assert_eq!(failed["failure_code"], "card_declined");
 }
 
-#[tokio::test]
-async fn an_abandoned_authentication_expires_and_a_late_approval_is_refunded() {
-    let app = spawn_app_with(
-        Options::default()
-            .serve("ONCEPAY_ACTION_TIMEOUT", "1s")
-            .serve("ONCEPAY_RECONCILE_AFTER", "200ms"),
-    )
-    .await;
-    let order = app.create_order().await;
-    let (_, waiting) = pay(&app, &order, "tok_3ds").await;
-    let url = bank_url(&waiting);
-    let expired = app.reconciled_to(&waiting["id"], "failed").await;
-    assert_eq!(expired["failure_code"], "authentication_expired");
-    assert_eq!(
-        app.status_of(&format!("/orders/{order}")).await,
-        "awaiting_payment"
-    );
-
-    // The customer approves after all: the money comes back, as an incident.
-    press(&url, "approve").await;
-    assert!(
-        app.incident_refunded(&waiting["id"]).await,
-        "the late approval was refunded"
-    );
-    let charge = &app.charges_for(&order).await[0];
-    assert_eq!(charge["amount_refunded"], charge["amount"]);
-}
-
 /// A charge the provider never received (down at the time) is sent again
 /// by the reconciler, with the same `return_url` the request gave: after
 /// 3-D Secure the bank still sends the customer back to the shop.

@@ -414,22 +414,6 @@ impl TestApp {
         .unwrap_or_else(|_| panic!("payment {id} never became {status}"))
     }
 
-    /// Runs reconciler passes until payment `id`'s charge was returned as
-    /// an incident (a refund oncepay made on its own), at most 30 s.
-    pub async fn incident_refunded(&self, id: &Value) -> bool {
-        let id = id.as_str().expect("a payment id").to_string();
-        ready::until(Duration::from_secs(30), || async {
-            oncepay::workers::reconciler::pass(&self.ctx).await.ok();
-            self.count(&format!(
-                "SELECT count(*) FROM refund WHERE payment_id = '{id}' AND incident AND status = 'succeeded'"
-            ))
-            .await
-                == 1
-        })
-        .await
-        .is_ok()
-    }
-
     /// Waits (up to 10 s) until merchant A's idempotency record for `key`
     /// exists and matches the SQL condition `condition`: how a test waits
     /// for a request to be in a given state instead of sleeping.

@@ -9,12 +9,15 @@
 //!
 //! `make test` prints how many scenarios ran per provider.
 
+use std::time::Duration;
+
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::helpers::*;
 use oncepay_testkit::fault_proxy::{Fault, Route};
+use oncepay_testkit::ready;
 use oncepay_testkit::stripe_layer::{Call, StripeFault};
 
 /// What can go wrong on the call that moves the money (the sandbox's
@@ -167,6 +170,102 @@ impl TestApp {
         }
         .expect("the provider answers");
         assert!(answer.status().is_success(), "{}", answer.status());
+    }
+
+    /// Pays a new order with a card whose issuer asks the customer to
+    /// authenticate (3-D Secure, by redirect to the bank); returns the
+    /// order, the waiting payment and its bank page.
+    async fn pay_waiting(&self) -> (String, Value, String) {
+        let order = self.create_order().await;
+        let waiting = match &self.stripe {
+            None => self.pay(&order, "tok_3ds").await.1,
+            Some(_) => {
+                let card = crate::stripe::stripe_card(self, "4000002760003184").await;
+                crate::stripe::pay_returning(self, &order, &card, "http://127.0.0.1:9/back")
+                    .await
+                    .1
+            }
+        };
+        assert_eq!(waiting["status"], "pending", "{waiting}");
+        assert_eq!(waiting["next_action"]["type"], "redirect", "{waiting}");
+        let bank = waiting["next_action"]["url"]
+            .as_str()
+            .expect("url")
+            .to_string();
+        (order, waiting, bank)
+    }
+
+    /// Presses `button` on the bank page as the customer would; the page's
+    /// answer status.
+    async fn at_bank(&self, bank: &str, button: &str) -> StatusCode {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .expect("client")
+            .post(format!("{bank}/{button}"))
+            .send()
+            .await
+            .expect("the bank answers")
+            .status()
+    }
+
+    /// Holds the provider call that gives up on a charge (the sandbox's
+    /// cancel, Stripe's PaymentIntent cancel) until [`Books::release`].
+    fn hold_cancel(&self) {
+        match &self.stripe {
+            None => self.proxy().set(Route::Cancel, Fault::Hold),
+            Some(stack) => stack.layer.set(Call::Cancel, StripeFault::Stall),
+        }
+    }
+
+    fn cancels_held(&self) -> u64 {
+        match &self.stripe {
+            None => self.proxy().held(),
+            Some(stack) => stack.layer.stalled(),
+        }
+    }
+
+    fn release_cancel(&self) {
+        match &self.stripe {
+            None => {
+                self.proxy().set(Route::Cancel, Fault::Pass);
+                self.proxy().release();
+            }
+            Some(stack) => {
+                stack.layer.clear(Call::Cancel);
+                stack.layer.release();
+            }
+        }
+    }
+
+    /// The provider's own status of `payment`'s charge.
+    async fn provider_status(&self, payment: &Value) -> String {
+        let charge = payment["provider_charge_id"].as_str().expect("charge id");
+        let object: Value = match &self.stripe {
+            None => {
+                json_of(
+                    self.http
+                        .get(format!("{}/v1/charges/{charge}", self.sandbox))
+                        .send()
+                        .await
+                        .expect("the sandbox answers"),
+                )
+                .await
+            }
+            Some(stack) => reqwest::Client::new()
+                .get(format!(
+                    "{}/v1/payment_intents/{charge}",
+                    stack.localstripe.url()
+                ))
+                .bearer_auth(STRIPE_KEY)
+                .send()
+                .await
+                .expect("localstripe answers")
+                .json()
+                .await
+                .expect("an intent"),
+        };
+        object["status"].as_str().unwrap_or_default().to_string()
     }
 
     /// Makes `refund`, which succeeded, fail at the provider afterwards (a
@@ -350,9 +449,11 @@ pub async fn app_with(provider: Provider) -> Option<TestApp> {
     if provider == Provider::Stripe && !localstripe_or_skip() {
         return None;
     }
+    // A customer who never authenticates is given up on after a second.
     let mut options = Options::default()
         .provider(provider)
-        .serve("ONCEPAY_RECONCILE_AFTER", "0s");
+        .serve("ONCEPAY_RECONCILE_AFTER", "0s")
+        .serve("ONCEPAY_ACTION_TIMEOUT", "1s");
     if provider == Provider::Sandbox {
         options = options
             .with_fault_proxy()
@@ -649,6 +750,66 @@ async fn refund_failing_after_success(app: TestApp) {
     assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
 }
 
+/// A customer who never authenticates: past `ONCEPAY_ACTION_TIMEOUT` the
+/// provider's charge is cancelled first, then the payment fails
+/// `authentication_expired`; an approval after that moves no money.
+async fn abandoned_action_is_cancelled(app: TestApp) {
+    let (order, waiting, bank) = app.pay_waiting().await;
+    let failed = app.reconciled_to(&waiting["id"], "failed").await;
+    assert_eq!(failed["failure_code"], "authentication_expired", "{failed}");
+    assert_eq!(failed["next_action"], Value::Null);
+    let cancelled = match app.under() {
+        Provider::Sandbox => "failed",
+        Provider::Stripe => "canceled",
+    };
+    assert_eq!(app.provider_status(&failed).await, cancelled);
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    // The customer comes back too late: nothing moves.
+    let _ = app.at_bank(&bank, "approve").await;
+    assert_eq!(app.charges_at_provider(&order).await.0, 0, "no money moved");
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+    // The order can be paid again.
+    let (status, paid) = app.pay(&order, app.card()).await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+}
+
+/// The customer approves while oncepay is giving up on the payment (the
+/// cancel is in flight): the provider refuses to cancel a charge that
+/// succeeded, and the payment succeeds, once.
+async fn abandoned_action_approved_at_the_last_moment(app: TestApp) {
+    let (order, waiting, bank) = app.pay_waiting().await;
+    let id = waiting["id"].as_str().expect("id").to_string();
+    // Past the deadline (a second after it first waited).
+    let due = ready::until(Duration::from_secs(10), || async {
+        app.count(&format!(
+            "SELECT count(*) FROM payment_attempt WHERE id = '{id}' AND action_required_at < now() - interval '1 second'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    assert!(due.is_ok(), "the action's deadline passed");
+    app.hold_cancel();
+    let ctx = app.ctx.clone();
+    let pass = tokio::spawn(async move { oncepay::workers::reconciler::pass(&ctx).await });
+    let held = ready::until(Duration::from_secs(10), || async {
+        app.cancels_held() == 1
+    })
+    .await;
+    assert!(held.is_ok(), "the cancel is in flight");
+    let _ = app.at_bank(&bank, "approve").await;
+    app.release_cancel();
+    pass.await.expect("the pass ran").expect("the pass");
+    let paid = app.reconciled_to(&waiting["id"], "succeeded").await;
+    assert_eq!(paid["failure_code"], Value::Null);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.charges_at_provider(&order).await.0, 1);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+}
+
 async fn cancels_a_paid_order(app: TestApp) {
     let (order, paid) = paid(&app).await;
     let r = app
@@ -774,6 +935,8 @@ contract!(
     refunds_twice_at_once,
     refund_refused_by_the_provider,
     refund_failing_after_success,
+    abandoned_action_is_cancelled,
+    abandoned_action_approved_at_the_last_moment,
     cancels_a_paid_order,
     takes_a_duplicate_event_once,
     ignores_an_event_out_of_order,

@@ -487,7 +487,12 @@ pub(crate) async fn stripe_card(app: &TestApp, number: &str) -> String {
 }
 
 /// Pays `order` with `pm`, asking to come back to `return_url`.
-async fn pay_returning(app: &TestApp, order: &str, pm: &str, back: &str) -> (StatusCode, Value) {
+pub(crate) async fn pay_returning(
+    app: &TestApp,
+    order: &str,
+    pm: &str,
+    back: &str,
+) -> (StatusCode, Value) {
     let r = app
         .post(
             "/payments",
@@ -500,7 +505,7 @@ async fn pay_returning(app: &TestApp, order: &str, pm: &str, back: &str) -> (Sta
 
 /// Presses `button` on the bank page at `url`; where the bank sends the
 /// customer.
-async fn at_the_bank(url: &str, button: &str) -> String {
+pub(crate) async fn at_the_bank(url: &str, button: &str) -> String {
     let page = reqwest::get(url).await.unwrap().text().await.unwrap();
     assert!(page.contains(&format!("id=\"{button}\"")), "{page}");
     let answer = reqwest::Client::builder()
@@ -515,7 +520,7 @@ async fn at_the_bank(url: &str, button: &str) -> String {
     answer.headers()["location"].to_str().unwrap().to_string()
 }
 
-fn redirect_of(payment: &Value) -> String {
+pub(crate) fn redirect_of(payment: &Value) -> String {
     assert_eq!(payment["status"], "pending", "{payment}");
     assert_eq!(payment["next_action"]["type"], "redirect", "{payment}");
     payment["next_action"]["url"].as_str().unwrap().to_string()
@@ -585,36 +590,6 @@ async fn three_d_secure_at_stripe_redirects_to_the_bank_and_back_and_charges_onc
         (StatusCode::CREATED, &json!("succeeded"))
     );
     assert_eq!(app.charges_at_provider(&order).await, (1, 2));
-}
-
-#[tokio::test]
-async fn an_abandoned_stripe_authentication_expires_and_a_late_approval_is_refunded() {
-    if !localstripe_or_skip() {
-        return;
-    }
-    let app = spawn_app_with(
-        Options::default()
-            .provider(Provider::Stripe)
-            .serve("ONCEPAY_ACTION_TIMEOUT", "1s")
-            .serve("ONCEPAY_RECONCILE_AFTER", "200ms"),
-    )
-    .await;
-    let order = app.create_order().await;
-    let card = stripe_card(&app, "4000002760003184").await;
-    let (_, waiting) = pay_returning(&app, &order, &card, "http://127.0.0.1:9/back").await;
-    let bank = redirect_of(&waiting);
-    let expired = app.reconciled_to(&waiting["id"], "failed").await;
-    assert_eq!(expired["failure_code"], "authentication_expired");
-    assert_eq!(
-        app.status_of(&format!("/orders/{order}")).await,
-        "awaiting_payment"
-    );
-    // The customer approves after all: the money goes back.
-    at_the_bank(&bank, "approve").await;
-    assert!(
-        app.incident_refunded(&waiting["id"]).await,
-        "the late approval was refunded"
-    );
 }
 
 impl TestApp {
@@ -752,4 +727,73 @@ async fn stripe_is_charged_and_refunded_in_its_own_units() {
     assert_eq!(problem["code"], "amount_not_supported_by_provider");
     assert_eq!(problem["field"], "amount");
     assert_eq!(app.count("SELECT count(*) FROM refund").await, 4);
+}
+
+/// A 3-D Secure payment made through the API without a `return_url`:
+/// Stripe asks for `use_stripe_sdk`. The payment shows it (with the
+/// intent's client secret, for Stripe.js `handleNextAction`), its deadline
+/// runs from then, and when it passes the intent is cancelled at Stripe
+/// and the payment fails `authentication_expired`, so the order is free.
+#[tokio::test]
+async fn a_payment_without_return_url_shows_use_stripe_sdk_and_has_a_deadline() {
+    if !localstripe_or_skip() {
+        return;
+    }
+    let app = spawn_app_with(
+        Options::default()
+            .provider(Provider::Stripe)
+            .serve("ONCEPAY_ACTION_TIMEOUT", "1s")
+            .serve("ONCEPAY_RECONCILE_AFTER", "0s"),
+    )
+    .await;
+    let order = app.create_order().await;
+    let card = stripe_card(&app, "4000002760003184").await;
+    let (status, waiting) = app.pay(&order, &card).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{waiting}");
+    assert_eq!(waiting["status"], "pending");
+    assert_eq!(
+        waiting["next_action"]["type"], "use_stripe_sdk",
+        "{waiting}"
+    );
+    let secret = waiting["next_action"]["client_secret"]
+        .as_str()
+        .expect("client_secret");
+    let intent = waiting["provider_charge_id"].as_str().expect("intent");
+    assert!(secret.starts_with(&format!("{intent}_secret_")), "{secret}");
+    // While it waits, the order is held: cancelling it is refused.
+    let r = app
+        .post(
+            &format!("/orders/{order}/cancel"),
+            &Uuid::new_v4().to_string(),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(r).await["code"], "payment_in_progress");
+    // The deadline ends it: the intent is cancelled at Stripe first.
+    let expired = app.reconciled_to(&waiting["id"], "failed").await;
+    assert_eq!(expired["failure_code"], "authentication_expired");
+    assert_eq!(expired["next_action"], Value::Null);
+    let pi: Value = reqwest::Client::new()
+        .get(format!(
+            "{}/v1/payment_intents/{intent}",
+            app.stripe.as_ref().expect("stripe").localstripe.url()
+        ))
+        .bearer_auth(STRIPE_KEY)
+        .send()
+        .await
+        .expect("localstripe")
+        .json()
+        .await
+        .expect("intent");
+    assert_eq!(pi["status"], "canceled", "{pi}");
+    assert_eq!(app.layer().forwarded(Call::Cancel), 1);
+    let r = app
+        .post(
+            &format!("/orders/{order}/cancel"),
+            &Uuid::new_v4().to_string(),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK, "the order is free again");
 }

@@ -64,7 +64,10 @@ impl Object {
             status: PaymentStatus::parse(&self.status)?,
             failure_code: self.failure_code.clone(),
             failure_message: self.failure_message.clone(),
-            next_action: self.next_action.as_ref().map(|r| r.url.clone()),
+            next_action: self
+                .next_action
+                .as_ref()
+                .map(|r| crate::domain::payment::NextAction::redirect(&r.url)),
         })
     }
 }

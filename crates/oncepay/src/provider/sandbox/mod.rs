@@ -181,6 +181,24 @@ impl PaymentProvider for Sandbox {
         Box::pin(self.read("find_charge", url))
     }
 
+    fn abandon<'a>(&'a self, key: Uuid, reference: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            let Some(charge) = reference else {
+                // Never created at the sandbox: nothing to cancel, nothing
+                // to approve later.
+                return self.find_charge(key, None).await;
+            };
+            let url = format!("{}/v1/charges/{charge}/cancel", self.base_url);
+            self.caller
+                .call(
+                    "abandon",
+                    move |client| client.post(&url),
+                    |s, _, b| classify(CallKind::Write, s, b),
+                )
+                .await
+        })
+    }
+
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
         let url = format!("{}/v1/refunds", self.base_url);
         Box::pin(self.caller.call(

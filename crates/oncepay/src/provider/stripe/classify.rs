@@ -28,7 +28,7 @@ use std::collections::HashMap;
 
 use uuid::Uuid;
 
-use crate::domain::payment::PaymentStatus;
+use crate::domain::payment::{NextAction, PaymentStatus};
 pub use crate::provider::classify::{CallKind, Verdict};
 use crate::provider::{CallOutcome, ProviderObject};
 
@@ -64,6 +64,8 @@ struct Object {
     metadata: Option<HashMap<String, String>>,
     #[serde(default)]
     next_action: Option<serde_json::Value>,
+    #[serde(default)]
+    client_secret: Option<String>,
 }
 
 /// The metadata key of our attempt id on a PaymentIntent.
@@ -140,15 +142,23 @@ pub fn known(body: &[u8]) -> CallOutcome {
     match status {
         Some(status) if !object.id.is_empty() => CallOutcome::Known(ProviderObject {
             // A redirect the customer follows to their bank (with the
-            // `return_url` given at confirm); `use_stripe_sdk` is
-            // Stripe.js's to handle in the page, not a URL.
+            // `return_url` given at confirm); any other action
+            // (`use_stripe_sdk`, without a `return_url`) is Stripe.js's to
+            // run in the shop's page with the intent's client secret.
             next_action: object
                 .next_action
                 .as_ref()
-                .and_then(|n| n.pointer("/redirect_to_url/url"))
-                .and_then(serde_json::Value::as_str)
+                .filter(|n| !n.is_null())
                 .filter(|_| status == PaymentStatus::Pending)
-                .map(str::to_string),
+                .and_then(
+                    |n| match n.pointer("/redirect_to_url/url").and_then(|u| u.as_str()) {
+                        Some(url) => Some(NextAction::redirect(url)),
+                        None => object
+                            .client_secret
+                            .clone()
+                            .map(|client_secret| NextAction::UseStripeSdk { client_secret }),
+                    },
+                ),
             id: object.id,
             status,
             failure_code,

@@ -429,6 +429,38 @@ impl PaymentProvider for Stripe {
         })
     }
 
+    fn abandon<'a>(
+        &'a self,
+        attempt_id: Uuid,
+        reference: Option<&'a str>,
+    ) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            let Some(intent) = reference else {
+                return self.find_charge(attempt_id, None).await;
+            };
+            // Its own key: a cancel retried after a lost answer is the
+            // same cancel.
+            let cancelled = self
+                .post(
+                    "abandon",
+                    format!("/v1/payment_intents/{intent}/cancel"),
+                    key(attempt_id, "cancel"),
+                    vec![("cancellation_reason".into(), "abandoned".into())],
+                    |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
+                )
+                .await;
+            match cancelled {
+                CallOutcome::Known(intent) if intent.status.is_final() => {
+                    CallOutcome::Known(intent)
+                }
+                // Stripe refuses to cancel an intent that succeeded or is
+                // processing (`payment_intent_unexpected_state`): what it
+                // is now is the answer.
+                _ => self.find_charge(attempt_id, Some(intent)).await,
+            }
+        })
+    }
+
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move {
             let amount = match units::of_request(&r.currency, r.amount, units::refund_to_stripe) {

@@ -297,6 +297,9 @@ async fn apply_parsed(
             Judged::Apply(outcome, truth) => (outcome, truth),
             Judged::Defer(reason) => return Ok(Applied::Deferred(reason)),
         },
+        (None, None) if envelope.refunds_of.is_some() => {
+            (refunds_due(ctx, provider, envelope).await?, None)
+        }
         _ => (Outcome::plain(EventOutcome::Ignored), None),
     };
     match (target, truth) {
@@ -321,6 +324,27 @@ async fn apply_parsed(
             Ok(Applied::Done(outcome.label))
         }
     }
+}
+
+/// A charge's refunds changed and the event does not say which: its
+/// pending refunds are made due for the reconciler's read now (each is
+/// read by its own id or key, like any refund; the event applies nothing
+/// by itself).
+async fn refunds_due(
+    ctx: &AppContext,
+    provider: &str,
+    envelope: &Event,
+) -> Result<Outcome, StoreError> {
+    let charge = envelope.refunds_of.as_deref().unwrap_or_default();
+    let mut conn = ctx.pool.acquire().await?;
+    let due = store::refunds::due_now_for_charge(&mut conn, provider, charge).await?;
+    Ok(Outcome {
+        label: EventOutcome::Processed,
+        confirmed: false,
+        detail: Some(format!(
+            "the charge's refunds changed: {due} pending refund(s) due for a read now"
+        )),
+    })
 }
 
 /// What our rows say the event is about. Returned once per event and

@@ -159,6 +159,11 @@ pub struct Event {
     pub event_type: String,
     /// The charge or refund it is about, if it is about one we handle.
     pub subject: Option<Subject>,
+    /// A charge (the provider's id, as we record it) whose refunds
+    /// changed, when the event does not say which (Stripe's
+    /// `charge.refunded` since 2022-11-15 embeds no refunds): a hint to
+    /// read that charge's pending refunds now.
+    pub refunds_of: Option<String>,
 }
 
 /// The envelope both providers' events share: `{id, type, data: {object}}`.
@@ -200,6 +205,7 @@ impl Event {
                 .map(str::to_string),
             event_type: "unrecognised".into(),
             subject: None,
+            refunds_of: None,
         }
     }
 }
@@ -447,6 +453,7 @@ impl PaymentProvider for Unconfigured {
             id: None,
             event_type: "unrecognised".into(),
             subject: None,
+            refunds_of: None,
         }
     }
     fn test_mode(&self) -> bool {

@@ -260,6 +260,26 @@ impl super::queue::Queued for Refund {
     }
 }
 
+/// Makes the pending refunds of the charge `charge_id` at `provider` due
+/// for the reconciler now; how many.
+pub(crate) async fn due_now_for_charge(
+    conn: &mut PgConnection,
+    provider: &str,
+    charge_id: &str,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query(
+        "UPDATE refund r SET next_check_at = now()
+           FROM payment_attempt p
+          WHERE p.id = r.payment_id AND p.provider = $1 AND p.provider_charge_id = $2
+            AND r.status = 'pending'",
+    )
+    .bind(provider)
+    .bind(charge_id)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// The payment and order a refund belongs to (no lock: used to lock those first).
 pub(crate) async fn owners_of(
     conn: &mut PgConnection,

@@ -271,7 +271,13 @@ async fn a_process_stalled_through_a_revocation_does_not_accept_the_key_when_it_
     env.push(("ONCEPAY_AUTH_CACHE_TTL", "1h".into()));
     let a = spawn_binary("serve", "ONCEPAY_BIND", &env).await;
     let b = spawn_binary("serve", "ONCEPAY_BIND", &env).await;
-    let http = reqwest::Client::new();
+    // A fresh connection for every request: one kept alive across the
+    // stall may have been closed by B's keep-alive timer meanwhile, which
+    // says nothing about its cache.
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
     // B has cached the key (its listener answering, so its cache is used).
     let cached = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
         let acked: i64 = sqlx::query_scalar("SELECT count(*) FROM key_cache_process")

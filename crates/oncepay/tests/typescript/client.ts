@@ -35,12 +35,14 @@ expectTrue<
   Equals<Change["before"], { per_second: number | null; burst: number | null } | string | null | undefined>
 >();
 
-// `next_action`: `null`, or a redirect, on a checkout attempt and a payment.
+// `next_action`: `null`, a redirect, or Stripe.js's action with the intent's
+// client secret, on a checkout attempt and a payment.
 type Redirect = { type: "redirect"; url: string };
-expectTrue<Equals<Schemas["NextAction"], Redirect | null>>();
-expectTrue<Equals<NonNullable<Schemas["CheckoutAttempt"]>["next_action"], Redirect | null>>();
+type UseStripeSdk = { type: "use_stripe_sdk"; client_secret: string };
+expectTrue<Equals<Schemas["NextAction"], Redirect | UseStripeSdk | null>>();
+expectTrue<Equals<NonNullable<Schemas["CheckoutAttempt"]>["next_action"], Redirect | UseStripeSdk | null>>();
 // Missing from a payment answered (or evented) by a build before it.
-expectTrue<Equals<Schemas["Payment"]["next_action"], Redirect | null | undefined>>();
+expectTrue<Equals<Schemas["Payment"]["next_action"], Redirect | UseStripeSdk | null | undefined>>();
 // A refund's `currency` likewise.
 expectTrue<Equals<Schemas["Refund"]["currency"], string | undefined>>();
 
@@ -134,11 +136,16 @@ async function everyOperation(key: string): Promise<void> {
   const status = await client.GET("/checkout/{token}/status", { params: { path: { token }, query: { key } } });
   const latest = status.data?.latest;
   if (latest?.next_action) {
-    const kind: "redirect" = latest.next_action.type;
-    const url: string = latest.next_action.url;
+    const kind: "redirect" | "use_stripe_sdk" = latest.next_action.type;
     void kind;
-    void url;
-    // @ts-expect-error `redirect` is the only kind of next action
+    if (latest.next_action.type === "redirect") {
+      const url: string = latest.next_action.url;
+      void url;
+    } else {
+      const secret: string = latest.next_action.client_secret;
+      void secret;
+    }
+    // @ts-expect-error `redirect` and `use_stripe_sdk` are the only kinds of next action
     void (latest.next_action.type === "wait");
   }
   await client.GET("/checkout/assets/checkout.js", { parseAs: "text" });
@@ -156,9 +163,13 @@ async function everyOperation(key: string): Promise<void> {
   const paymentId: string = payment.data.id;
   // A replay stored by an earlier build may lack `next_action`: read it as null.
   const action = payment.data.next_action ?? null;
-  if (action !== null) {
+  if (action !== null && action.type === "redirect") {
     const to: string = action.url;
     void to;
+  } else if (action !== null) {
+    // Stripe.js: stripe.handleNextAction({ clientSecret: action.client_secret }).
+    const clientSecret: string = action.client_secret;
+    void clientSecret;
   }
   await client.GET("/payments/{id}", { ...auth, params: { path: { id: paymentId } } });
   await client.GET("/payments/{id}/events", { ...auth, params: { path: { id: paymentId } } });

@@ -120,6 +120,7 @@ pub(crate) fn parse_event(payload: &Value) -> Event {
         id: envelope.id,
         event_type: envelope.event_type,
         subject,
+        refunds_of: None,
     }
 }
 

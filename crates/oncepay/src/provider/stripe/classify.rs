@@ -454,18 +454,40 @@ impl ListPage {
     }
 }
 
+/// The events the adapter reads: the ones to enable on the Stripe
+/// webhook endpoint (docs/providers/stripe.md, "Set up a Stripe account",
+/// holds the same list; a test compares them). Any other is stored,
+/// answered `200` and moves nothing.
+pub const EVENTS: &[&str] = &[
+    "payment_intent.succeeded",
+    "payment_intent.payment_failed",
+    "payment_intent.processing",
+    "payment_intent.requires_action",
+    "payment_intent.canceled",
+    "charge.refunded",
+    "charge.refund.updated",
+    "refund.created",
+    "refund.updated",
+    "refund.failed",
+];
+
 /// What a Stripe event says: `payment_intent.*` is about the charge of
-/// the attempt in its metadata, `refund.*` about the refund in its
-/// metadata, and `charge.refunded` about the refund of ours its charge
-/// lists, if it lists one (the API versions that embed `refunds`). Other
-/// events are about nothing we hold.
+/// the attempt in its metadata; `refund.*` and `charge.refund.updated`
+/// about the refund in its metadata (the Refund is the event's object);
+/// `charge.refunded` about the refund of ours its charge lists where the
+/// endpoint's API version embeds `refunds` (before 2022-11-15), and
+/// otherwise a hint to read the charge's pending refunds (`refunds_of`,
+/// its PaymentIntent). Events not in [`EVENTS`] are about nothing we hold.
 pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
     use crate::provider::{Event, Subject, SubjectKind};
     let Some(envelope) = crate::provider::Envelope::read(payload) else {
         return Event::unrecognised(payload);
     };
     let object = &envelope.data.object;
+    let handled = EVENTS.contains(&envelope.event_type.as_str());
+    let mut refunds_of = None;
     let (kind, object, key) = match envelope.event_type.split('.').next() {
+        _ if !handled => (SubjectKind::Charge, None, ATTEMPT_KEY),
         Some("payment_intent") => (SubjectKind::Charge, Some(object), ATTEMPT_KEY),
         Some("refund") => (SubjectKind::Refund, Some(object), REFUND_KEY),
         // The charge's own word on one of its refunds: the Refund itself.
@@ -481,6 +503,12 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
                         .iter()
                         .find(|r| r.pointer(&format!("/metadata/{REFUND_KEY}")).is_some())
                 });
+            if ours.is_none() {
+                refunds_of = object
+                    .get("payment_intent")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string);
+            }
             (SubjectKind::Refund, ours, REFUND_KEY)
         }
         _ => (SubjectKind::Charge, None, ATTEMPT_KEY),
@@ -516,6 +544,7 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
         id: envelope.id,
         event_type: envelope.event_type,
         subject,
+        refunds_of,
     }
 }
 
@@ -770,5 +799,55 @@ mod tests {
         assert_eq!(of(403, None, "<html>blocked</html>"), "unknown");
         assert_eq!(of(400, None, "<html>bad</html>"), "unknown");
         assert_eq!(of(500, None, &err("api_error", "")), "retry");
+    }
+
+    #[test]
+    fn the_setup_guide_enables_exactly_the_events_the_adapter_reads() {
+        let guide = include_str!("../../../../../docs/providers/stripe.md");
+        let start = guide
+            .find("<!-- stripe-events -->")
+            .expect("the list's start");
+        let end = guide
+            .find("<!-- /stripe-events -->")
+            .expect("the list's end");
+        let listed: Vec<&str> = guide[start..end]
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("- `"))
+            .filter_map(|l| l.strip_suffix('`'))
+            .collect();
+        assert_eq!(listed, EVENTS);
+    }
+
+    #[test]
+    fn every_refund_event_shape_names_the_refund_or_its_charge() {
+        let refund = serde_json::json!({"id": "re_1", "object": "refund", "status": "failed",
+            "failure_reason": "expired_or_canceled_card", "amount": 500, "currency": "eur",
+            "metadata": {"oncepay_refund_id": "01a21b2b-d4a7-7190-bd66-427805d8227a"}});
+        for kind in ["refund.failed", "refund.updated", "charge.refund.updated"] {
+            let e = event(
+                &serde_json::json!({"id": "evt_1", "type": kind, "data": {"object": refund}}),
+            );
+            let subject = e.subject.expect(kind);
+            assert_eq!(subject.kind, crate::provider::SubjectKind::Refund, "{kind}");
+            assert_eq!(subject.state.status, PaymentStatus::Failed, "{kind}");
+            assert_eq!(
+                subject.state.failure_code.as_deref(),
+                Some("expired_or_canceled_card")
+            );
+        }
+        // Since 2022-11-15 a charge embeds no refunds: a hint about its intent.
+        let charge = serde_json::json!({"id": "ch_1", "object": "charge", "payment_intent": "pi_1",
+            "amount_refunded": 500});
+        let e = event(
+            &serde_json::json!({"id": "evt_2", "type": "charge.refunded", "data": {"object": charge}}),
+        );
+        assert!(e.subject.is_none());
+        assert_eq!(e.refunds_of.as_deref(), Some("pi_1"));
+        // An event the endpoint should not send is about nothing.
+        let e = event(
+            &serde_json::json!({"id": "evt_3", "type": "payment_intent.created",
+            "data": {"object": {"id": "pi_1", "object": "payment_intent", "status": "requires_payment_method"}}}),
+        );
+        assert!(e.subject.is_none() && e.refunds_of.is_none());
     }
 }

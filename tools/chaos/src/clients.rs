@@ -46,7 +46,7 @@ pub const BANK: [&str; 4] = [
     "approved at once",
     "declined",
     "abandoned (expires, ONCEPAY_ACTION_TIMEOUT)",
-    "approved after it expired (refunded as an incident)",
+    "approved after its deadline (cancelled at the provider first: moves nothing, or paid if the cancel had not come yet)",
 ];
 
 /// What the clients share.
@@ -301,8 +301,9 @@ impl Clients {
 
     /// The customer at their bank (3-D Secure), in turn: approves at once,
     /// declines, never comes (the payment expires, ONCEPAY_ACTION_TIMEOUT),
-    /// or approves after it expired (the charge is then refunded as an
-    /// incident).
+    /// or approves after its deadline (the charge was cancelled at the
+    /// provider first, so the approval moves nothing; if the cancel had not
+    /// come yet, the payment succeeds).
     async fn at_the_bank(&self, url: &str, i: usize) -> &'static str {
         let (done, choice) = match (i / 10) % 4 {
             0 => (BANK[0], Some(("approve", Duration::ZERO))),

@@ -1025,10 +1025,7 @@ pub fn start(
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))
             .route("/v1/refunds/{id}/fail", web::post().to(fail_refund))
-            .route(
-                "/v1/charges/{id}/disputes",
-                web::post().to(open_dispute),
-            )
+            .route("/v1/charges/{id}/disputes", web::post().to(open_dispute))
             .route("/v1/disputes/{id}/close", web::post().to(close_dispute))
             .route("/v1/disputes/{id}", web::get().to(get_dispute))
             .route("/v1/authenticate/{id}", web::get().to(bank_page))

@@ -768,7 +768,11 @@ async fn refused_as_disputed(app: &TestApp, payment: &Value, key: &str, body: Va
     assert_eq!(r.status(), StatusCode::CONFLICT);
     let problem = json_of(r).await;
     assert_eq!(problem["code"], "payment_disputed", "{problem}");
-    assert_eq!(app.refunds_at_provider(payment).await, before, "no provider call");
+    assert_eq!(
+        app.refunds_at_provider(payment).await,
+        before,
+        "no provider call"
+    );
 }
 
 /// How many events of `event_type` the order's trail holds.
@@ -804,7 +808,10 @@ async fn dispute_opened(app: TestApp) {
     assert_eq!(payment["status"], "succeeded");
     let id = dispute["id"].as_str().expect("id");
     let one = json_of(app.get(&format!("/disputes/{id}")).await).await;
-    assert_eq!(one, dispute, "GET /disputes/{{id}} shows the payment's dispute");
+    assert_eq!(
+        one, dispute,
+        "GET /disputes/{{id}} shows the payment's dispute"
+    );
     for query in [
         String::new(),
         "?status=needs_response".to_string(),
@@ -828,7 +835,10 @@ async fn dispute_opened(app: TestApp) {
     assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
 
     // The provider sends it again under another id: nothing more.
-    assert_eq!(app.dispute_event(&at_provider, "created").await, "processed");
+    assert_eq!(
+        app.dispute_event(&at_provider, "created").await,
+        "processed"
+    );
     assert_eq!(
         app.count("SELECT count(*) FROM event WHERE type LIKE 'dispute.%'")
             .await,
@@ -855,10 +865,7 @@ async fn dispute_won(app: TestApp) {
     assert_eq!(in_trail(&app, &order, "dispute.closed").await, 1);
     // A stale event: the provider's dispute is won, and stays so here.
     app.dispute_event(&opened, "created").await;
-    assert_eq!(
-        payment(&app, &paid["id"]).await["dispute"]["status"],
-        "won"
-    );
+    assert_eq!(payment(&app, &paid["id"]).await["dispute"]["status"], "won");
     let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
     let r = app.post(&path, "after", &json!({})).await;
     assert_eq!(r.status(), StatusCode::CREATED);

@@ -190,3 +190,84 @@ async fn evidence_due_within_72_hours_is_what_the_alert_reads() {
         Some("oncepay_disputes_evidence_due_soon 1")
     );
 }
+
+/// Stripe: an inquiry (`warning_needs_response`), its review
+/// (`warning_under_review`: `dispute.updated`), then `lost`; a stale event
+/// read back after that changes nothing, and a dispute Stripe does not
+/// hold is `unconfirmed`.
+#[tokio::test]
+async fn with_stripe_a_dispute_moves_forward_and_never_back() {
+    use crate::provider_contract::{app_with, post_stripe_event};
+    let Some(app) = app_with(Provider::Stripe).await else {
+        return;
+    };
+    let Some(stack) = app.stripe.as_ref() else {
+        return;
+    };
+    let paid = paid_with(&app, "pm_card_visa").await;
+    let intent = paid["provider_charge_id"].as_str().expect("intent");
+    let opened = stack.layer.open_dispute(
+        (intent, "ch_x"),
+        (paid["amount"].as_i64().expect("amount"), "eur"),
+        "duplicate",
+        "warning_needs_response",
+    );
+    let id = opened["id"].as_str().expect("id").to_string();
+    let send = |kind: &'static str, object: Value| {
+        let app = &app;
+        async move {
+            let event = json!({
+                "id": format!("evt_{}", Uuid::new_v4().simple()),
+                "object": "event",
+                "type": format!("charge.dispute.{kind}"),
+                "created": chrono::Utc::now().timestamp(),
+                "data": {"object": object},
+            });
+            let r = post_stripe_event(app, &event).await;
+            assert_eq!(r.status(), StatusCode::OK);
+            json_of(r).await["outcome"]
+                .as_str()
+                .expect("outcome")
+                .to_string()
+        }
+    };
+    assert_eq!(send("created", opened.clone()).await, "processed");
+    let review = stack
+        .layer
+        .set_dispute_status(&id, "warning_under_review")
+        .expect("dispute");
+    assert_eq!(send("updated", review).await, "processed");
+    let pid = paid["id"].as_str().expect("id");
+    let shown = json_of(app.get(&format!("/payments/{pid}")).await).await;
+    assert_eq!(shown["dispute"]["status"], "under_review");
+    assert_eq!(shown["dispute"]["provider_status"], "warning_under_review");
+    let lost = stack.layer.close_dispute(&id, "lost").expect("dispute");
+    assert_eq!(send("closed", lost).await, "processed");
+    // The first event again: Stripe says lost, and lost it stays.
+    assert_eq!(send("funds_withdrawn", opened.clone()).await, "processed");
+    let shown = json_of(app.get(&format!("/payments/{pid}")).await).await;
+    assert_eq!(shown["dispute"]["status"], "lost");
+    let types: Vec<(String,)> =
+        sqlx::query_as("SELECT type FROM event WHERE object_type = 'dispute' ORDER BY sequence")
+            .fetch_all(&app.db)
+            .await
+            .expect("events");
+    assert_eq!(
+        types,
+        vec![
+            ("dispute.created".to_string(),),
+            ("dispute.updated".to_string(),),
+            ("dispute.closed".to_string(),),
+        ]
+    );
+    let mut forged = opened.clone();
+    forged["id"] = json!("dp_forged");
+    assert_eq!(send("created", forged).await, "unconfirmed");
+}
+
+async fn paid_with(app: &TestApp, card: &str) -> Value {
+    let order = app.create_order().await;
+    let (status, payment) = app.pay(&order, card).await;
+    assert_eq!(status, StatusCode::CREATED, "{payment}");
+    payment
+}

@@ -101,7 +101,7 @@ pub struct Payment {
     pub next_action: Option<NextAction>,
     /// Its dispute (chargeback), if its customer's bank opened one: shown
     /// by `GET /payments/{id}` and the payment lists; `null` otherwise.
-    pub dispute: Option<crate::domain::dispute::Dispute>,
+    pub dispute: Option<Box<crate::domain::dispute::Dispute>>,
     /// When it was created.
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When it last changed.

@@ -220,7 +220,8 @@ pub async fn attach(conn: &mut PgConnection, payments: &mut [Payment]) -> Result
         payment.dispute = disputes
             .iter()
             .find(|d| d.payment_id == payment.id)
-            .cloned();
+            .cloned()
+            .map(Box::new);
     }
     Ok(())
 }

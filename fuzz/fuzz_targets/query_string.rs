@@ -39,6 +39,7 @@ fn own_parameters(route: &str) -> &'static [&'static str] {
         "/orders" => &["status"],
         "/payments" => &["status", "order_id"],
         "/refunds" => &["status", "payment_id"],
+        "/disputes" => &["status", "payment_id"],
         "/events" => &["type", "object_id"],
         "/audit_events" => &["action"],
         other => panic!("a list this target does not know: {other}"),
@@ -130,6 +131,7 @@ fn statuses(route: &str) -> &'static [&'static str] {
     match route {
         "/orders" => &["awaiting_payment", "paid", "refunded", "cancelled"],
         "/payments" | "/refunds" => &["pending", "succeeded", "failed"],
+        "/disputes" => &["needs_response", "under_review", "won", "lost"],
         _ => &[],
     }
 }

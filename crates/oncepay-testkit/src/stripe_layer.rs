@@ -48,6 +48,12 @@
 //!   `[lte]`), which localstripe refuses: answered from localstripe's whole
 //!   list, filtered and paged as Stripe pages.
 //!
+//! - **Disputes**, which localstripe does not have: the layer holds them
+//!   ([`StripeLayer::open_dispute`], [`StripeLayer::close_dispute`]) and
+//!   answers `GET /v1/disputes/{id}` with Stripe's Dispute object (`404
+//!   resource_missing` for another id). The `charge.dispute.*` event is
+//!   the test's to send, as for a refund that fails later.
+//!
 //! What passes through is counted per kind, so a test can prove how many
 //! calls reached the provider.
 
@@ -147,6 +153,8 @@ struct State {
     failed_refunds: HashMap<String, String>,
     /// The `return_url` given at each PaymentIntent's confirm.
     return_urls: HashMap<String, String>,
+    /// Disputes by id, as Stripe's API shows them.
+    disputes: HashMap<String, Value>,
 }
 
 struct Shared {
@@ -361,6 +369,19 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         return bank(&shared, &req).await;
     }
     let call = Call::of(req.method(), req.path());
+    if call == Call::Read {
+        if let Some(id) = req.path().strip_prefix("/v1/disputes/") {
+            return match shared.state().disputes.get(id) {
+                Some(dispute) => HttpResponse::Ok().json(dispute),
+                None => stripe_error(
+                    404,
+                    "invalid_request_error",
+                    Some("resource_missing"),
+                    &format!("No such dispute: '{id}'"),
+                ),
+            };
+        }
+    }
     if call == Call::Read && req.query_string().contains("created") {
         return created_filtered(&shared, &req).await;
     }
@@ -930,6 +951,63 @@ impl StripeLayer {
             .state()
             .failed_refunds
             .insert(id.to_string(), reason.to_string());
+    }
+
+    /// Opens a dispute of PaymentIntent `payment_intent` (its charge
+    /// `charge`) for `amount` in Stripe's units of `currency`, in Stripe's
+    /// `status` (`needs_response`, `warning_needs_response`, …), evidence
+    /// due in seven days; returns it as `GET /v1/disputes/{id}` shows it.
+    pub fn open_dispute(
+        &self,
+        (payment_intent, charge): (&str, &str),
+        (amount, currency): (i64, &str),
+        reason: &str,
+        status: &str,
+    ) -> Value {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default();
+        let id = format!("dp_{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        let dispute = json!({
+            "id": id,
+            "object": "dispute",
+            "amount": amount,
+            "balance_transactions": [],
+            "charge": charge,
+            "currency": currency.to_ascii_lowercase(),
+            "created": now,
+            "evidence": {},
+            "evidence_details": {
+                "due_by": now + 7 * 24 * 3600,
+                "has_evidence": false,
+                "past_due": false,
+                "submission_count": 0
+            },
+            "is_charge_refundable": false,
+            "livemode": false,
+            "metadata": {},
+            "payment_intent": payment_intent,
+            "reason": reason,
+            "status": status,
+        });
+        self.shared.state().disputes.insert(id, dispute.clone());
+        dispute
+    }
+
+    /// Moves dispute `id` to Stripe's `status` (`under_review`, `won`,
+    /// `lost`, `warning_closed`, …); returns it, `None` for no such
+    /// dispute.
+    pub fn set_dispute_status(&self, id: &str, status: &str) -> Option<Value> {
+        let mut state = self.shared.state();
+        let dispute = state.disputes.get_mut(id)?;
+        dispute["status"] = json!(status);
+        Some(dispute.clone())
+    }
+
+    /// Closes dispute `id` as `won` or `lost`.
+    pub fn close_dispute(&self, id: &str, outcome: &str) -> Option<Value> {
+        self.set_dispute_status(id, outcome)
     }
 
     /// How many lists were asked with a `created` filter.

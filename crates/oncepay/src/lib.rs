@@ -53,7 +53,9 @@ pub mod fuzzing {
 
     use serde_json::Value;
 
-    use crate::http::lists::{page_request, FilterKind, ListSpec, PAYMENT_SPEC, REFUND_SPEC};
+    use crate::http::lists::{
+        page_request, FilterKind, ListSpec, DISPUTE_SPEC, PAYMENT_SPEC, REFUND_SPEC,
+    };
     use crate::problem::Problem;
     use crate::provider::Event;
     use crate::store::pages::PageRequest;
@@ -120,6 +122,7 @@ pub mod fuzzing {
             ("/orders", &ORDERS_SPEC),
             ("/payments", &PAYMENT_SPEC),
             ("/refunds", &REFUND_SPEC),
+            ("/disputes", &DISPUTE_SPEC),
             ("/events", &EVENTS_SPEC),
             ("/audit_events", &AUDIT_SPEC),
         ]

@@ -84,6 +84,12 @@ pub struct Metrics {
     pub group_commit_rows: prometheus::Histogram,
     /// Statements waiting for a group-commit writer.
     pub group_commit_queued: prometheus::IntGauge,
+    /// Disputes reaching a status, by provider and status (counted once
+    /// per dispute and status, when oncepay applies it).
+    pub disputes: IntCounterVec,
+    /// Disputes waiting for the merchant's evidence (`needs_response`)
+    /// whose deadline is within 72 hours or past, read at each scrape.
+    pub disputes_evidence_due_soon: prometheus::IntGauge,
     /// A group-commit statement's time from its queueing until a writer
     /// took it (`until="taken"`) and until it was answered, its group
     /// committed (`until="answered"`): how much of a payment's latency is
@@ -175,6 +181,7 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
                 "probe",
                 "abandon",
                 "list_books",
+                "find_dispute",
             ],
             &[
                 "succeeded",
@@ -184,6 +191,13 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
                 "unknown",
                 "our_bug",
             ],
+        ],
+    ),
+    (
+        "disputes",
+        &[
+            crate::provider::NAMES,
+            &["needs_response", "under_review", "won", "lost"],
         ],
     ),
     (
@@ -296,6 +310,12 @@ impl Metrics {
             let _ = registry.register(Box::new(g.clone()));
             g
         };
+        let disputes_evidence_due_soon = prometheus::IntGauge::new(
+            "oncepay_disputes_evidence_due_soon",
+            "Disputes needing the merchant's evidence within 72 hours (or past due), read at each scrape",
+        )
+        .unwrap_or_else(|e| panic!("metric is malformed: {e}"));
+        let _ = registry.register(Box::new(disputes_evidence_due_soon.clone()));
         let in_flight = prometheus::IntGauge::new(
             "oncepay_http_requests_in_flight",
             "HTTP requests being handled now",
@@ -481,6 +501,12 @@ impl Metrics {
                 "A group-commit statement's time since it was queued, until a writer took it and until it was answered",
                 &["until"],
             ),
+            disputes: counter(
+                "oncepay_disputes_total",
+                "Disputes reaching a status, by provider and status",
+                &["provider", "status"],
+            ),
+            disputes_evidence_due_soon,
             reconciler: counter(
                 "oncepay_reconciler_total",
                 "Reconciler work by kind and outcome",
@@ -509,6 +535,7 @@ impl Metrics {
                 "retention_deleted" => &[&self.retention_deleted],
                 "books_objects" => &[&self.books_objects],
                 "reconciler" => &[&self.reconciler],
+                "disputes" => &[&self.disputes],
                 other => unreachable!("no counter family {other}"),
             };
             for labels in combinations(lists) {

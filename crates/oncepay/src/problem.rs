@@ -64,10 +64,12 @@ problem_codes! {
     OrderNotFound = "order_not_found", 404, "Order not found";
     PaymentNotFound = "payment_not_found", 404, "Payment not found";
     RefundNotFound = "refund_not_found", 404, "Refund not found";
+    DisputeNotFound = "dispute_not_found", 404, "Dispute not found";
     OrderNotPayable = "order_not_payable", 409, "Order is not payable";
     OrderNotCancellable = "order_not_cancellable", 409, "Order cannot be cancelled";
     PaymentInProgress = "payment_in_progress", 409, "A payment for this order is in progress";
     PaymentNotRefundable = "payment_not_refundable", 409, "Payment is not refundable";
+    PaymentDisputed = "payment_disputed", 409, "Payment is disputed";
     RefundExceedsPayment = "refund_exceeds_payment", 422, "Refund exceeds what is left of the payment";
     AmountNotSupportedByProvider = "amount_not_supported_by_provider", 422, "The provider cannot take this amount";
     RefundInProgress = "refund_in_progress", 409, "A refund for this payment is in progress";

@@ -88,7 +88,7 @@ pub(super) async fn orphan(
     let refund_id = orphan_refund_id(provider.name(), &entry.state.id);
     // What the merchant refunded before the rows were lost stays refunded;
     // the rest goes back.
-    let Ok(left) = refund::plan(entry.amount, entry.refunded, None) else {
+    let Ok(left) = refund::plan(entry.amount, entry.refunded, 0, None) else {
         let mut conn = ctx.pool.acquire().await?;
         sql::resolve_orphan(&mut conn, provider.name(), &entry.state.id, "refunded").await?;
         return Ok(one(|c| c.matched += 1));

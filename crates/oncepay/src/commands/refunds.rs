@@ -208,11 +208,16 @@ pub async fn start(
         };
         return Ok((existing.id, outstanding));
     }
+    // With the payment row locked: a dispute applied meanwhile waits for
+    // this transaction (`store::disputes::apply` locks it too).
     let committed = store::refunds::committed_sum(tx, payment.id).await?;
-    let amount = refund::plan(payment.amount, committed, plan.amount).map_err(|e| {
-        CommandError::Reject(
-            Problem::new(ProblemCode::RefundExceedsPayment, e.to_string()).with_field("amount"),
-        )
+    let disputed = store::disputes::held_sum(tx, payment.id).await?;
+    let amount = refund::plan(payment.amount, committed, disputed, plan.amount).map_err(|e| {
+        let code = match e {
+            refund::RefundRejection::Disputed { .. } => ProblemCode::PaymentDisputed,
+            _ => ProblemCode::RefundExceedsPayment,
+        };
+        CommandError::Reject(Problem::new(code, e.to_string()).with_field("amount"))
     })?;
     super::provider_amounts::provider_takes(
         ctx.providers.named(&payment.provider).as_ref(),

@@ -16,6 +16,8 @@ pub enum ObjectKind {
     Payment,
     /// A refund.
     Refund,
+    /// A dispute (chargeback).
+    Dispute,
 }
 
 impl ObjectKind {
@@ -25,6 +27,7 @@ impl ObjectKind {
             ObjectKind::Order => "order",
             ObjectKind::Payment => "payment",
             ObjectKind::Refund => "refund",
+            ObjectKind::Dispute => "dispute",
         }
     }
 }
@@ -64,6 +67,9 @@ event_types! {
     PaymentFailed = "payment.failed", Payment;
     RefundSucceeded = "refund.succeeded", Refund;
     RefundFailed = "refund.failed", Refund;
+    DisputeCreated = "dispute.created", Dispute;
+    DisputeUpdated = "dispute.updated", Dispute;
+    DisputeClosed = "dispute.closed", Dispute;
 }
 
 impl EventType {
@@ -89,6 +95,16 @@ impl EventType {
             PaymentStatus::Pending => EventType::PaymentPending,
             PaymentStatus::Succeeded => EventType::PaymentSucceeded,
             PaymentStatus::Failed => EventType::PaymentFailed,
+        }
+    }
+
+    /// The event a dispute's change makes.
+    pub fn of_dispute(change: super::dispute::DisputeChange) -> EventType {
+        use super::dispute::DisputeChange;
+        match change {
+            DisputeChange::Created => EventType::DisputeCreated,
+            DisputeChange::Updated => EventType::DisputeUpdated,
+            DisputeChange::Closed => EventType::DisputeClosed,
         }
     }
 

@@ -5,6 +5,7 @@
 pub mod adoption;
 pub mod card;
 pub mod checkout;
+pub mod dispute;
 pub mod event;
 pub mod money;
 pub mod order;

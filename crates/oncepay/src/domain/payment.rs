@@ -99,6 +99,9 @@ pub struct Payment {
     /// Secure at their bank): `null` unless the payment is `pending` and
     /// waits for them.
     pub next_action: Option<NextAction>,
+    /// Its dispute (chargeback), if its customer's bank opened one: shown
+    /// by `GET /payments/{id}` and the payment lists; `null` otherwise.
+    pub dispute: Option<Box<crate::domain::dispute::Dispute>>,
     /// When it was created.
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When it last changed.
@@ -145,6 +148,7 @@ impl Payment {
             failure_message: None,
             refunded_amount: 0,
             next_action: None,
+            dispute: None,
             created_at: now,
             updated_at: now,
             payment_method: payment_method.to_string(),

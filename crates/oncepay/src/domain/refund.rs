@@ -2,7 +2,9 @@
 //! paid order and for the books (a refund we have no row for is adopted
 //! only within it; an orphan charge's refund is "the rest"): how much may
 //! still be refunded, and what a request for an amount (or for "the rest")
-//! becomes.
+//! becomes. A dispute's amount, while the dispute is open or after it is
+//! lost, is not refundable ([`refundable`]): the customer's bank already
+//! took it back, and refunding it too would pay the customer twice.
 
 use crate::domain::payment::{PaymentStatus, Transition};
 
@@ -18,7 +20,8 @@ pub fn transition(held: PaymentStatus, observed: PaymentStatus) -> Transition {
     }
 }
 
-/// Why a refund cannot be made (answered `422 refund_exceeds_payment`).
+/// Why a refund cannot be made: `NothingLeft` and `Exceeds` are answered
+/// `422 refund_exceeds_payment`, `Disputed` `409 payment_disputed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RefundRejection {
     /// Refunds not `failed` already cover the whole amount.
@@ -32,12 +35,52 @@ pub enum RefundRejection {
         /// What is left.
         left: i64,
     },
+    /// The requested amount (or the rest) reaches into money a dispute
+    /// holds (open or lost): the bank took it back already.
+    #[error("the payment is disputed: {disputed} of it is held by a dispute (open or lost), so at most {left} can be refunded, not {requested}")]
+    Disputed {
+        /// What was asked for (the rest, if no amount was given).
+        requested: i64,
+        /// What may be refunded.
+        left: i64,
+        /// What open and lost disputes hold.
+        disputed: i64,
+    },
+}
+
+/// What may still be refunded of a payment of `amount`: its amount, less
+/// its refunds not `failed` (`committed`), less what its disputes hold
+/// (`disputed`: the amounts of its disputes open or lost; a won dispute
+/// holds nothing). Never negative. The one rule of the refund command, a
+/// cancellation and the `409 payment_disputed` check.
+pub fn refundable(amount: i64, committed: i64, disputed: i64) -> i64 {
+    amount
+        .saturating_sub(committed)
+        .saturating_sub(disputed)
+        .max(0)
 }
 
 /// Plans a refund of a payment of `amount` whose refunds not `failed` sum
-/// to `committed`: `requested` (or, if `None`, everything that is left).
-pub fn plan(amount: i64, committed: i64, requested: Option<i64>) -> Result<i64, RefundRejection> {
-    let left = amount.saturating_sub(committed);
+/// to `committed` and whose open or lost disputes hold `disputed`:
+/// `requested` (or, if `None`, everything that is left). A request that
+/// fits what the refunds leave but not what the disputes leave is
+/// [`RefundRejection::Disputed`].
+pub fn plan(
+    amount: i64,
+    committed: i64,
+    disputed: i64,
+    requested: Option<i64>,
+) -> Result<i64, RefundRejection> {
+    let undisputed = refundable(amount, committed, 0);
+    let left = refundable(amount, committed, disputed);
+    let asked = requested.unwrap_or(undisputed);
+    if disputed > 0 && asked > left && (requested.is_some() || undisputed > 0) {
+        return Err(RefundRejection::Disputed {
+            requested: asked,
+            left,
+            disputed,
+        });
+    }
     if left <= 0 {
         return Err(RefundRejection::NothingLeft);
     }
@@ -69,28 +112,28 @@ mod tests {
 
     #[test]
     fn the_rest_by_default_and_never_more_than_is_left() {
-        assert_eq!(plan(10_000, 0, None), Ok(10_000));
-        assert_eq!(plan(10_000, 3_000, None), Ok(7_000));
-        assert_eq!(plan(10_000, 3_000, Some(7_000)), Ok(7_000));
-        assert_eq!(plan(10_000, 3_000, Some(1)), Ok(1));
+        assert_eq!(plan(10_000, 0, 0, None), Ok(10_000));
+        assert_eq!(plan(10_000, 3_000, 0, None), Ok(7_000));
+        assert_eq!(plan(10_000, 3_000, 0, Some(7_000)), Ok(7_000));
+        assert_eq!(plan(10_000, 3_000, 0, Some(1)), Ok(1));
         assert_eq!(
-            plan(10_000, 3_000, Some(7_001)),
+            plan(10_000, 3_000, 0, Some(7_001)),
             Err(RefundRejection::Exceeds {
                 requested: 7_001,
                 left: 7_000
             })
         );
         assert_eq!(
-            plan(10_000, 10_000, None),
+            plan(10_000, 10_000, 0, None),
             Err(RefundRejection::NothingLeft)
         );
         assert_eq!(
-            plan(10_000, 10_000, Some(1)),
+            plan(10_000, 10_000, 0, Some(1)),
             Err(RefundRejection::NothingLeft)
         );
         // A corrupt over-commitment is still "nothing left", never negative.
         assert_eq!(
-            plan(10_000, 12_000, None),
+            plan(10_000, 12_000, 0, None),
             Err(RefundRejection::NothingLeft)
         );
     }
@@ -100,11 +143,54 @@ mod tests {
         let amount = 1_000;
         let mut committed = 0;
         for requested in [Some(300), None, Some(1), Some(500), None] {
-            if let Ok(planned) = plan(amount, committed, requested) {
+            if let Ok(planned) = plan(amount, committed, 0, requested) {
                 committed += planned;
             }
             assert!(committed <= amount);
         }
         assert_eq!(committed, amount);
+    }
+
+    #[test]
+    fn a_dispute_open_or_lost_holds_its_amount_back() {
+        assert_eq!(refundable(10_000, 0, 0), 10_000);
+        assert_eq!(refundable(10_000, 3_000, 2_000), 5_000);
+        assert_eq!(refundable(10_000, 3_000, 10_000), 0);
+        // The whole charge disputed: nothing, whatever is asked.
+        for requested in [None, Some(1), Some(10_000)] {
+            assert!(matches!(
+                plan(10_000, 0, 10_000, requested),
+                Err(RefundRejection::Disputed {
+                    left: 0,
+                    disputed: 10_000,
+                    ..
+                })
+            ));
+        }
+        // Part disputed: what the dispute leaves may be refunded, the rest is 409.
+        assert_eq!(plan(10_000, 0, 4_000, Some(6_000)), Ok(6_000));
+        assert_eq!(
+            plan(10_000, 0, 4_000, Some(6_001)),
+            Err(RefundRejection::Disputed {
+                requested: 6_001,
+                left: 6_000,
+                disputed: 4_000
+            })
+        );
+        assert_eq!(
+            plan(10_000, 0, 4_000, None),
+            Err(RefundRejection::Disputed {
+                requested: 10_000,
+                left: 6_000,
+                disputed: 4_000
+            })
+        );
+        // Nothing left before the dispute: as without one.
+        assert_eq!(
+            plan(10_000, 10_000, 0, None),
+            Err(RefundRejection::NothingLeft)
+        );
+        // A won dispute holds nothing (its caller passes 0).
+        assert_eq!(plan(10_000, 0, 0, None), Ok(10_000));
     }
 }

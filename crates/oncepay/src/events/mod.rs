@@ -202,6 +202,25 @@ pub(crate) async fn refund_changed(
     write(tx, metrics, event).await
 }
 
+/// A dispute was opened, changed or closed (`dispute.created`,
+/// `.updated`, `.closed`); its `data.object` is the dispute as
+/// `GET /disputes/{id}` shows it, and the order's trail shows it.
+pub(crate) async fn dispute_changed(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    dispute: &crate::domain::dispute::Dispute,
+    change: crate::domain::dispute::DisputeChange,
+    cause: Cause,
+) -> Result<(), StoreError> {
+    let event = build(
+        EventType::of_dispute(change),
+        (dispute.id, dispute.order_id),
+        dispute,
+        |r| cause_of(cause, r),
+    )?;
+    write(tx, metrics, Some(event)).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

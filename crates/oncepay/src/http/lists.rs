@@ -1,4 +1,4 @@
-//! `GET /orders`, `GET /payments`, `GET /refunds`: the merchant's rows,
+//! `GET /orders`, `GET /payments`, `GET /refunds`, `GET /disputes`: the merchant's rows,
 //! newest first, a page at a time (`{"data": […], "has_more": …}`), with
 //! cursors (`starting_after` / `ending_before` take an object id) and
 //! filters. A bad parameter is a `400` naming it. Both cursors at once
@@ -242,7 +242,11 @@ pub async fn payments(
         req,
         query,
         &PAYMENT_SPEC,
-        |pool, merchant, page| async move { store::payments::list(&pool, merchant, &page).await },
+        |pool, merchant, page| async move {
+            let (mut payments, more) = store::payments::list(&pool, merchant, &page).await?;
+            store::disputes::attach(&mut *pool.acquire().await?, &mut payments).await?;
+            Ok((payments, more))
+        },
     )
     .await
 }
@@ -259,6 +263,31 @@ pub async fn refunds(
         query,
         &REFUND_SPEC,
         |pool, merchant, page| async move { store::refunds::list(&pool, merchant, &page).await },
+    )
+    .await
+}
+
+/// The statuses of a dispute, as `status` takes them.
+const DISPUTE_STATUSES: &[&str] = &["needs_response", "under_review", "won", "lost"];
+
+/// `GET /disputes` filters by status and by the payment disputed.
+pub(crate) const DISPUTE_SPEC: ListSpec = ListSpec {
+    statuses: DISPUTE_STATUSES,
+    filters: &[("payment_id", FilterKind::Id)],
+};
+
+/// `GET /disputes`.
+pub async fn disputes(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    query: web::Query<HashMap<String, String>>,
+) -> Reply {
+    list(
+        state,
+        req,
+        query,
+        &DISPUTE_SPEC,
+        |pool, merchant, page| async move { store::disputes::list(&pool, merchant, &page).await },
     )
     .await
 }

@@ -62,6 +62,11 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     let _ = super::on_service_runtime(&state, async move {
         let pools = [("main", &ctx.pool), ("claims", ctx.engine.claims_pool())];
         ctx.metrics.probe_pools(&pools).await;
+        // What the evidence-due alert reads; a failed read keeps the last.
+        let within = std::time::Duration::from_secs(72 * 3600);
+        if let Ok(n) = crate::store::disputes::evidence_due_within(&ctx.pool, within).await {
+            ctx.metrics.disputes_evidence_due_soon.set(n);
+        }
         Ok::<(), crate::problem::Problem>(())
     })
     .await;

@@ -1,4 +1,4 @@
-//! Handlers of orders, payments and refunds: money commands go through
+//! Handlers of orders, payments, refunds and disputes: money commands go through
 //! [`money_command`], reads go straight to the store.
 
 use actix_web::{web, HttpRequest, HttpResponse};
@@ -155,7 +155,14 @@ pub async fn get_payment(
         &path,
         ProblemCode::PaymentNotFound,
         "payment",
-        |pool, m, id| async move { store::payments::get(&mut *pool.acquire().await?, m, id).await },
+        |pool, m, id| async move {
+            let mut conn = pool.acquire().await?;
+            let mut found = store::payments::get(&mut conn, m, id).await?;
+            if let Some(payment) = found.as_mut() {
+                store::disputes::attach(&mut conn, std::slice::from_mut(payment)).await?;
+            }
+            Ok(found)
+        },
     )
     .await
 }
@@ -193,10 +200,26 @@ pub async fn list_payments(
             if store::orders::get(&mut conn, m, id).await?.is_none() {
                 return Ok(None);
             }
-            Ok(Some(
-                store::payments::list_for_order(&mut conn, m, id).await?,
-            ))
+            let mut payments = store::payments::list_for_order(&mut conn, m, id).await?;
+            store::disputes::attach(&mut conn, &mut payments).await?;
+            Ok(Some(payments))
         },
+    )
+    .await
+}
+
+pub async fn get_dispute(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+) -> Reply {
+    read(
+        &state,
+        &req,
+        &path,
+        ProblemCode::DisputeNotFound,
+        "dispute",
+        |pool, m, id| async move { store::disputes::get(&mut *pool.acquire().await?, m, id).await },
     )
     .await
 }

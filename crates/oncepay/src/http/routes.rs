@@ -154,6 +154,12 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/refunds/{id}", Needs(Read), Unused, |r| {
         r.to(resources::get_refund)
     }),
+    route("GET", "/disputes", Needs(Read), Unused, |r| {
+        r.to(lists::disputes)
+    }),
+    route("GET", "/disputes/{id}", Needs(Read), Unused, |r| {
+        r.to(resources::get_dispute)
+    }),
     route("GET", "/orders/{id}/events", Needs(Read), Unused, |r| {
         r.to(events::order_trail)
     }),

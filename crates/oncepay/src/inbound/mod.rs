@@ -25,7 +25,11 @@
 //! applies nothing (the usual case: the command settled first) is recorded
 //! with its outcome in one statement. Duplicates, stale events and events
 //! that change nothing cost no provider read.
+//!
+//! Dispute events (`charge.dispute.*`) name a dispute, which is read from
+//! the provider and applied as it says (`disputes.rs`).
 
+mod disputes;
 mod payload;
 
 pub(crate) use payload::{nul_at, without_nul};
@@ -188,7 +192,11 @@ pub(crate) async fn apply(
         .clone()
         .or_else(|| header_id.map(str::to_string))
         .ok_or_else(|| Problem::invalid_field("id", "is required"))?;
-    match apply_parsed(ctx, provider, &event_id, &event, &payload).await {
+    let applied = match event.dispute.as_deref() {
+        Some(dispute) => disputes::apply(ctx, provider, &event_id, &event, dispute, &payload).await,
+        None => apply_parsed(ctx, provider, &event_id, &event, &payload).await,
+    };
+    match applied {
         Ok(Applied::Done(label)) => Ok(label),
         Ok(Applied::Deferred(reason)) => {
             tracing::warn!(event_id, %reason, "webhook deferred: the provider could not confirm it now");

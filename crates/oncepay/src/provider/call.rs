@@ -185,6 +185,40 @@ impl Caller {
         }
     }
 
+    /// A safe read of one object whose answer the adapter parses itself
+    /// (a dispute): the body of a `2xx`, `Ok(None)` for a `404`, retried
+    /// as [`Caller::call`] retries; any other answer is an error that says
+    /// why.
+    pub async fn read_object(
+        &self,
+        operation: &'static str,
+        build: impl Fn(&Client) -> reqwest::RequestBuilder,
+        classify: impl Fn(u16, &HeaderMap, &[u8]) -> Verdict + Sync,
+    ) -> Result<Option<Vec<u8>>, String> {
+        let slot = std::sync::Mutex::new(None);
+        let outcome = self
+            .call(operation, build, |status, headers, body| {
+                if (200..300).contains(&status) {
+                    *slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(body.to_vec());
+                    return Verdict::Done(CallOutcome::NotFound);
+                }
+                if status == 404 {
+                    return Verdict::Done(CallOutcome::NotFound);
+                }
+                classify(status, headers, body)
+            })
+            .await;
+        match (
+            slot.into_inner().unwrap_or_else(|e| e.into_inner()),
+            outcome,
+        ) {
+            (Some(body), _) => Ok(Some(body)),
+            (None, CallOutcome::NotFound) => Ok(None),
+            (None, CallOutcome::Unknown(reason)) => Err(reason),
+            (None, other) => Err(format!("unexpected answer: {other:?}")),
+        }
+    }
+
     fn observe(&self, operation: &'static str, outcome: &CallOutcome, started: Instant) {
         self.health.observe(outcome);
         let label = match outcome {

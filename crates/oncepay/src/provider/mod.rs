@@ -164,6 +164,42 @@ pub struct Event {
     /// `charge.refunded` since 2022-11-15 embeds no refunds): a hint to
     /// read that charge's pending refunds now.
     pub refunds_of: Option<String>,
+    /// For a dispute event (`charge.dispute.*`): the provider's id of the
+    /// dispute, to be read from the provider ([`PaymentProvider::find_dispute`]);
+    /// nothing else of the event is trusted.
+    pub dispute: Option<String>,
+}
+
+/// A dispute as the provider reports it, in our terms (the adapter maps
+/// its statuses and units).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderDispute {
+    /// The provider's id (`dp_…`).
+    pub id: String,
+    /// The provider's id of the disputed charge, as our payment records it
+    /// (`provider_charge_id`: Stripe's PaymentIntent, the sandbox's charge).
+    pub charge: String,
+    /// Minor units.
+    pub amount: i64,
+    /// In our terms.
+    pub status: crate::domain::dispute::DisputeStatus,
+    /// The provider's own status.
+    pub provider_status: String,
+    /// The bank's reason.
+    pub reason: String,
+    /// When evidence is due, Unix seconds, if the provider says.
+    pub evidence_due_by: Option<i64>,
+}
+
+/// What reading a dispute from its provider came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DisputeRead {
+    /// The provider's dispute.
+    Known(ProviderDispute),
+    /// The provider holds no dispute of this id.
+    NotFound,
+    /// The provider could not be asked, or its answer proves nothing.
+    Unknown(String),
 }
 
 /// The envelope both providers' events share: `{id, type, data: {object}}`.
@@ -206,6 +242,7 @@ impl Event {
             event_type: "unrecognised".into(),
             subject: None,
             refunds_of: None,
+            dispute: None,
         }
     }
 }
@@ -318,6 +355,9 @@ pub trait PaymentProvider: Send + Sync {
         request: &'a RefundRequest,
         reference: Option<&'a str>,
     ) -> BoxFuture<'a, CallOutcome>;
+    /// Reads the dispute `id` (the provider's id, as its event named it):
+    /// a safe, retried read.
+    fn find_dispute<'a>(&'a self, id: &'a str) -> BoxFuture<'a, DisputeRead>;
     /// One cheap read whose only purpose is to learn whether the provider
     /// answers (`NotFound` or `Known`: it does).
     fn probe(&self) -> BoxFuture<'_, CallOutcome>;
@@ -445,6 +485,14 @@ impl PaymentProvider for Unconfigured {
     fn probe(&self) -> BoxFuture<'_, CallOutcome> {
         Box::pin(async move { self.unknown() })
     }
+    fn find_dispute<'a>(&'a self, _: &'a str) -> BoxFuture<'a, DisputeRead> {
+        Box::pin(async move {
+            DisputeRead::Unknown(format!(
+                "provider {} is not configured in this process",
+                self.name
+            ))
+        })
+    }
     fn verify_webhook(&self, _: Headers<'_>, _: &[u8], _: i64) -> Result<Option<String>, String> {
         Err("no such webhook provider".into())
     }
@@ -454,6 +502,7 @@ impl PaymentProvider for Unconfigured {
             event_type: "unrecognised".into(),
             subject: None,
             refunds_of: None,
+            dispute: None,
         }
     }
     fn test_mode(&self) -> bool {

@@ -5,8 +5,10 @@
 //! customer never authenticated), `GET /v1/charges?idempotency_key=K`, the list
 //! `GET /v1/charges?created[gte]=…&created[lt]=…&limit=…&starting_after=…`,
 //! the same for refunds, `POST /v1/refunds/{id}/fail` (a refund that
-//! fails after it succeeded), `GET /v1/ledger`, `GET /v1/ledger/totals`,
-//! `GET /healthz`.
+//! fails after it succeeded), disputes (`POST /v1/charges/{id}/disputes`
+//! opens one, `POST /v1/disputes/{id}/close` closes it, each sending its
+//! `charge.dispute.*` webhook; `GET /v1/disputes/{id}`), `GET /v1/ledger`,
+//! `GET /v1/ledger/totals`, `GET /healthz`.
 
 use std::net::TcpListener;
 use std::pin::Pin;
@@ -21,7 +23,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::faults::TokenFaults;
-use super::state::{Books, Charge, Refund};
+use super::state::{Books, Charge, Dispute, Refund};
 use crate::config::SandboxConfig;
 
 /// A running sandbox's shared state.
@@ -689,6 +691,131 @@ async fn fail_refund(
     HttpResponse::Ok().json(refund)
 }
 
+#[derive(Deserialize, Default)]
+struct OpenDispute {
+    #[serde(default)]
+    amount: Option<i64>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+fn dispute_event(dispute: &Dispute, kind: &str) -> Value {
+    json!({
+        "id": new_id("evt"),
+        "type": format!("charge.dispute.{kind}"),
+        "created": now_unix(),
+        "data": {"object": dispute},
+    })
+}
+
+/// `POST /v1/charges/{charge_id}/disputes`: the customer's bank disputes a
+/// succeeded charge (body `{"amount"?, "reason"?}`: the whole charge and
+/// `fraudulent` unless told). Answers the dispute `201`, status
+/// `needs_response`, evidence due in seven days, and sends
+/// `charge.dispute.created`. `404` for no such charge, `409` unless it
+/// succeeded, `400` for an amount outside `1..=` the charge's.
+async fn open_dispute(
+    sandbox: Shared,
+    path: web::Path<String>,
+    body: Option<web::Json<OpenDispute>>,
+) -> HttpResponse {
+    let body = body.map(web::Json::into_inner).unwrap_or_default();
+    let (dispute, events) = {
+        let mut books = sandbox.books();
+        let Some(charge) = books
+            .charge_keys
+            .get(path.as_str())
+            .and_then(|k| books.charges.get(k))
+        else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        if charge.status != "succeeded" {
+            return error(
+                409,
+                "charge_not_succeeded",
+                "only a succeeded charge can be disputed",
+            );
+        }
+        let amount = body.amount.unwrap_or(charge.amount);
+        if amount < 1 || amount > charge.amount {
+            return error(
+                400,
+                "invalid_amount",
+                "amount must be from 1 to the charge's amount",
+            );
+        }
+        let now = now_unix();
+        let dispute = Dispute {
+            id: new_id("dp"),
+            object: "dispute",
+            charge_id: charge.id.clone(),
+            amount,
+            currency: charge.currency.clone(),
+            status: "needs_response",
+            reason: body.reason.unwrap_or_else(|| "fraudulent".into()),
+            evidence_due_by: now + 7 * 24 * 3600,
+            created: now,
+        };
+        books.disputes.insert(dispute.id.clone(), dispute.clone());
+        let event = dispute_event(&dispute, "created");
+        (dispute, vec![event])
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
+    HttpResponse::Created().json(dispute)
+}
+
+#[derive(Deserialize)]
+struct CloseDispute {
+    outcome: String,
+}
+
+/// `POST /v1/disputes/{id}/close` with `{"outcome": "won" | "lost"}`:
+/// the bank decides. Answers the dispute `200` and sends
+/// `charge.dispute.closed`; `409` if it is closed already (a closed
+/// dispute never reopens), `400` for another outcome.
+async fn close_dispute(
+    sandbox: Shared,
+    path: web::Path<String>,
+    body: web::Json<CloseDispute>,
+) -> HttpResponse {
+    let outcome = match body.outcome.as_str() {
+        "won" => "won",
+        "lost" => "lost",
+        _ => return error(400, "invalid_outcome", "outcome must be won or lost"),
+    };
+    let (dispute, events) = {
+        let mut books = sandbox.books();
+        let Some(dispute) = books.disputes.get_mut(path.as_str()) else {
+            return error(404, "dispute_not_found", "no such dispute");
+        };
+        if matches!(dispute.status, "won" | "lost") {
+            return error(409, "dispute_closed", "the dispute is closed already");
+        }
+        dispute.status = outcome;
+        let dispute = dispute.clone();
+        let event = dispute_event(&dispute, "closed");
+        (dispute, vec![event])
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
+    HttpResponse::Ok().json(dispute)
+}
+
+/// `GET /v1/disputes/{id}`.
+async fn get_dispute(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
+    match sandbox.books().disputes.get(path.as_str()) {
+        Some(d) => HttpResponse::Ok().json(d),
+        None => error(404, "dispute_not_found", "no such dispute"),
+    }
+}
+
 /// The sandbox's bank: the page a 3-D Secure charge's `next_action`
 /// sends the customer to, with *Approve* and *Decline*.
 async fn bank_page(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
@@ -937,6 +1064,9 @@ pub fn start(
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))
             .route("/v1/refunds/{id}/fail", web::post().to(fail_refund))
+            .route("/v1/charges/{id}/disputes", web::post().to(open_dispute))
+            .route("/v1/disputes/{id}/close", web::post().to(close_dispute))
+            .route("/v1/disputes/{id}", web::get().to(get_dispute))
             .route("/v1/authenticate/{id}", web::get().to(bank_page))
             .route(
                 "/v1/authenticate/{id}/{choice}",

@@ -70,6 +70,31 @@ pub struct Refund {
     pub created: i64,
 }
 
+/// One dispute (chargeback) of a charge, opened by
+/// `POST /v1/charges/{charge_id}/disputes` and closed by
+/// `POST /v1/disputes/{id}/close`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Dispute {
+    /// `dp_…`.
+    pub id: String,
+    /// Always `dispute`.
+    pub object: &'static str,
+    /// The disputed charge's id.
+    pub charge_id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// The charge's currency.
+    pub currency: String,
+    /// `needs_response`, then `won` or `lost`.
+    pub status: &'static str,
+    /// The bank's reason (`fraudulent` unless told).
+    pub reason: String,
+    /// When evidence is due, Unix seconds (seven days after opening).
+    pub evidence_due_by: i64,
+    /// Unix seconds.
+    pub created: i64,
+}
+
 /// Everything the sandbox knows. The maps that grow with every charge are
 /// B-trees: a hash map that doubles rehashes all it holds at once, under
 /// the books' lock, and the four that grow together double at the same
@@ -98,6 +123,8 @@ pub struct Books {
     pub work_in_flight: u64,
     /// Faults injected, by kind.
     pub faults: HashMap<&'static str, u64>,
+    /// Disputes by id.
+    pub disputes: BTreeMap<String, Dispute>,
     /// Tokens made by `POST /v1/tokens`, and the test token each behaves as.
     pub tokens: HashMap<String, &'static str>,
 }

@@ -92,6 +92,7 @@ pub mod audit;
 pub mod books;
 pub mod checkout;
 pub mod deliveries;
+pub mod disputes;
 pub mod events;
 pub mod group_commit;
 pub mod inbound;

@@ -76,6 +76,7 @@ fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
             (None, Some(client_secret)) => Some(NextAction::UseStripeSdk { client_secret }),
             (None, None) => None,
         },
+        dispute: None,
         action_required_at: row.try_get("action_required_at")?,
         return_url: row.try_get("return_url")?,
         created_at: row.try_get("created_at")?,
@@ -798,6 +799,21 @@ pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Payment>,
         " FROM payment_attempt WHERE id = $1"
     ));
     optional(conn, query.bind(id)).await
+}
+
+/// The attempt `provider` charged as `charge_id` (no merchant scope, no
+/// lock): what a provider's dispute is about.
+pub async fn by_charge(
+    conn: &mut PgConnection,
+    provider: &str,
+    charge_id: &str,
+) -> Result<Option<Payment>, StoreError> {
+    let query = sqlx::query(concat!(
+        "SELECT ",
+        payment_columns!(),
+        " FROM payment_attempt WHERE provider = $1 AND provider_charge_id = $2"
+    ));
+    optional(conn, query.bind(provider).bind(charge_id)).await
 }
 
 /// One page of the merchant's rows, newest first, and whether there are more

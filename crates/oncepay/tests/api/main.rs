@@ -8,6 +8,7 @@ mod cards;
 mod checkout;
 mod checkout_card;
 mod customer_action;
+mod disputes;
 mod events;
 mod failover;
 mod helpers;

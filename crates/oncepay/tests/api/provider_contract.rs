@@ -329,6 +329,116 @@ impl TestApp {
             .to_string()
     }
 
+    /// Every refund object the provider holds for `payment`'s charge, in
+    /// any status: a refund oncepay refused before calling adds none.
+    async fn refunds_at_provider(&self, payment: &Value) -> usize {
+        let charge = payment["provider_charge_id"].as_str().expect("charge id");
+        match &self.stripe {
+            None => self.ledger().await["refunds"]
+                .as_array()
+                .expect("refunds")
+                .iter()
+                .filter(|r| r["charge"] == charge)
+                .count(),
+            Some(stack) => stripe_list(
+                stack,
+                &format!("/v1/refunds?payment_intent={charge}&limit=100"),
+            )
+            .await
+            .len(),
+        }
+    }
+
+    /// The customer's bank disputes `amount` (the whole charge if `None`)
+    /// of `payment`'s charge at the provider, and the provider's event of
+    /// it is delivered (`charge.dispute.created`); returns the provider's
+    /// dispute and the event's outcome.
+    async fn dispute_opens(&self, payment: &Value, amount: Option<i64>) -> (Value, String) {
+        let charge = payment["provider_charge_id"].as_str().expect("charge id");
+        let amount_or_all = amount.unwrap_or(payment["amount"].as_i64().expect("amount"));
+        let dispute = match &self.stripe {
+            None => {
+                let body = match amount {
+                    Some(a) => json!({"amount": a}),
+                    None => json!({}),
+                };
+                let opened = self
+                    .http
+                    .post(format!("{}/v1/charges/{charge}/disputes", self.sandbox))
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("the sandbox answers");
+                assert_eq!(opened.status(), StatusCode::CREATED);
+                let dispute = json_of(opened).await;
+                assert_eq!(dispute["status"], "needs_response", "{dispute}");
+                assert_eq!(dispute["reason"], "fraudulent");
+                assert_eq!(dispute["charge_id"], charge);
+                assert_eq!(dispute["amount"], amount_or_all);
+                dispute
+            }
+            // An inquiry first, as Stripe opens many: ours is needs_response.
+            Some(stack) => stack.layer.open_dispute(
+                (charge, &format!("ch_of_{charge}")),
+                (
+                    amount_or_all,
+                    payment["currency"].as_str().expect("currency"),
+                ),
+                "fraudulent",
+                "warning_needs_response",
+            ),
+        };
+        let outcome = self.dispute_event(&dispute, "created").await;
+        (dispute, outcome)
+    }
+
+    /// The bank decides `dispute` (`won` or `lost`) at the provider and the
+    /// provider's event of it is delivered (`charge.dispute.closed`);
+    /// returns the event's outcome.
+    async fn dispute_closes(&self, dispute: &Value, outcome: &str) -> String {
+        let id = dispute["id"].as_str().expect("id");
+        let closed = match &self.stripe {
+            None => {
+                let closed = self
+                    .http
+                    .post(format!("{}/v1/disputes/{id}/close", self.sandbox))
+                    .json(&json!({"outcome": outcome}))
+                    .send()
+                    .await
+                    .expect("the sandbox answers");
+                assert_eq!(closed.status(), StatusCode::OK);
+                json_of(closed).await
+            }
+            Some(stack) => stack
+                .layer
+                .close_dispute(id, outcome)
+                .expect("the layer's dispute"),
+        };
+        assert_eq!(closed["status"], outcome, "{closed}");
+        self.dispute_event(&closed, "closed").await
+    }
+
+    /// Delivers the provider's `charge.dispute.<kind>` event carrying
+    /// `dispute`, signed as the provider signs; returns its outcome.
+    async fn dispute_event(&self, dispute: &Value, kind: &str) -> String {
+        let event = json!({
+            "id": format!("evt_{}", Uuid::new_v4().simple()),
+            "object": "event",
+            "type": format!("charge.dispute.{kind}"),
+            "created": chrono::Utc::now().timestamp(),
+            "data": {"object": dispute},
+        });
+        let r = match &self.stripe {
+            None => post_signed_webhook(self, &event).await,
+            Some(_) => post_stripe_event(self, &event).await,
+        };
+        assert_eq!(r.status(), StatusCode::OK, "the event is accepted");
+        json_of(r).await["outcome"]
+            .as_str()
+            .expect("outcome")
+            .to_string()
+    }
+
     /// Posts a provider-shaped event, signed as the provider signs, saying
     /// `payment`'s charge is `status` (`succeeded` or `failed`); returns
     /// the recorded outcome.
@@ -810,6 +920,149 @@ async fn abandoned_action_approved_at_the_last_moment(app: TestApp) {
     assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
 }
 
+/// A refund of `payment` answered `409 payment_disputed`, having called
+/// no provider.
+async fn refused_as_disputed(app: &TestApp, payment: &Value, key: &str, body: Value) {
+    let before = app.refunds_at_provider(payment).await;
+    let path = format!("/payments/{}/refunds", payment["id"].as_str().expect("id"));
+    let r = app.post(&path, key, &body).await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let problem = json_of(r).await;
+    assert_eq!(problem["code"], "payment_disputed", "{problem}");
+    assert_eq!(
+        app.refunds_at_provider(payment).await,
+        before,
+        "no provider call"
+    );
+}
+
+/// How many events of `event_type` the order's trail holds.
+async fn in_trail(app: &TestApp, order: &str, event_type: &str) -> usize {
+    let trail = json_of(app.get(&format!("/orders/{order}/events")).await).await;
+    let items = trail["data"]
+        .as_array()
+        .or_else(|| trail.as_array())
+        .cloned()
+        .unwrap_or_default();
+    items.iter().filter(|e| e["type"] == event_type).count()
+}
+
+/// The customer's bank disputes the whole charge: the payment shows the
+/// dispute (`needs_response`), `GET /disputes` and `GET /disputes/{id}`
+/// show it, `dispute.created` is written once (a duplicate event changes
+/// nothing) and is in the order's trail, and a refund is `409
+/// payment_disputed` before any provider call.
+async fn dispute_opened(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let (at_provider, outcome) = app.dispute_opens(&paid, None).await;
+    assert_eq!(outcome, "processed");
+    let payment = payment(&app, &paid["id"]).await;
+    let dispute = payment["dispute"].clone();
+    assert_eq!(dispute["status"], "needs_response", "{payment}");
+    assert_eq!(dispute["amount"], amount);
+    assert_eq!(dispute["currency"], paid["currency"]);
+    assert_eq!(dispute["payment_id"], paid["id"]);
+    assert_eq!(dispute["reason"], "fraudulent");
+    assert_eq!(dispute["provider_status"], at_provider["status"]);
+    assert!(dispute["evidence_due_by"].is_string(), "{dispute}");
+    assert_eq!(payment["status"], "succeeded");
+    let id = dispute["id"].as_str().expect("id");
+    let one = json_of(app.get(&format!("/disputes/{id}")).await).await;
+    assert_eq!(
+        one, dispute,
+        "GET /disputes/{{id}} shows the payment's dispute"
+    );
+    for query in [
+        String::new(),
+        "?status=needs_response".to_string(),
+        format!("?payment_id={}", paid["id"].as_str().expect("id")),
+    ] {
+        let list = json_of(app.get(&format!("/disputes{query}")).await).await;
+        assert_eq!(list["data"][0], dispute, "{query}: {list}");
+        assert_eq!(list["has_more"], false);
+    }
+    let none = json_of(app.get("/disputes?status=won").await).await;
+    assert_eq!(none["data"], json!([]));
+    assert_eq!(
+        app.count("SELECT count(*) FROM event WHERE type = 'dispute.created'")
+            .await,
+        1
+    );
+    assert_eq!(in_trail(&app, &order, "dispute.created").await, 1);
+
+    refused_as_disputed(&app, &paid, "r-all", json!({})).await;
+    refused_as_disputed(&app, &paid, "r-one", json!({"amount": 1})).await;
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+
+    // The provider sends it again under another id: nothing more.
+    assert_eq!(
+        app.dispute_event(&at_provider, "created").await,
+        "processed"
+    );
+    assert_eq!(
+        app.count("SELECT count(*) FROM event WHERE type LIKE 'dispute.%'")
+            .await,
+        1
+    );
+}
+
+/// The merchant wins: `dispute.closed` carries `won`, the whole amount is
+/// refundable again, and a late `created` event does not reopen it.
+async fn dispute_won(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let (opened, _) = app.dispute_opens(&paid, None).await;
+    refused_as_disputed(&app, &paid, "before", json!({})).await;
+    assert_eq!(app.dispute_closes(&opened, "won").await, "processed");
+    let dispute = payment(&app, &paid["id"]).await["dispute"].clone();
+    assert_eq!(dispute["status"], "won", "{dispute}");
+    let closed: Vec<(String,)> =
+        sqlx::query_as("SELECT data->>'status' FROM event WHERE type = 'dispute.closed'")
+            .fetch_all(&app.db)
+            .await
+            .expect("events");
+    assert_eq!(closed, vec![("won".to_string(),)]);
+    assert_eq!(in_trail(&app, &order, "dispute.closed").await, 1);
+    // A stale event: the provider's dispute is won, and stays so here.
+    app.dispute_event(&opened, "created").await;
+    assert_eq!(payment(&app, &paid["id"]).await["dispute"]["status"], "won");
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app.post(&path, "after", &json!({})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refund = json_of(r).await;
+    assert_eq!(refund["amount"], amount, "{refund}");
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
+}
+
+/// The merchant loses part of the charge: `dispute.closed` carries `lost`,
+/// what the dispute took stays unrefundable, the rest can be refunded.
+async fn dispute_lost(app: TestApp) {
+    let (_, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let (opened, _) = app.dispute_opens(&paid, Some(1000)).await;
+    assert_eq!(app.dispute_closes(&opened, "lost").await, "processed");
+    let dispute = payment(&app, &paid["id"]).await["dispute"].clone();
+    assert_eq!(dispute["status"], "lost", "{dispute}");
+    assert_eq!(dispute["amount"], 1000);
+    let closed: Vec<(String,)> =
+        sqlx::query_as("SELECT data->>'status' FROM event WHERE type = 'dispute.closed'")
+            .fetch_all(&app.db)
+            .await
+            .expect("events");
+    assert_eq!(closed, vec![("lost".to_string(),)]);
+    let list = json_of(app.get("/disputes?status=lost").await).await;
+    assert_eq!(list["data"][0]["id"], dispute["id"]);
+    refused_as_disputed(&app, &paid, "all", json!({})).await;
+    refused_as_disputed(&app, &paid, "over", json!({"amount": amount - 999})).await;
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app
+        .post(&path, "rest", &json!({"amount": amount - 1000}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    refused_as_disputed(&app, &paid, "one-more", json!({"amount": 1})).await;
+}
+
 async fn cancels_a_paid_order(app: TestApp) {
     let (order, paid) = paid(&app).await;
     let r = app
@@ -937,6 +1190,9 @@ contract!(
     refund_failing_after_success,
     abandoned_action_is_cancelled,
     abandoned_action_approved_at_the_last_moment,
+    dispute_opened,
+    dispute_won,
+    dispute_lost,
     cancels_a_paid_order,
     takes_a_duplicate_event_once,
     ignores_an_event_out_of_order,

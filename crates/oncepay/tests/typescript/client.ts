@@ -191,6 +191,18 @@ async function everyOperation(key: string): Promise<void> {
   await client.GET("/refunds/{id}", { ...auth, params: { path: { id: refundId } } });
   await client.GET("/refunds/{id}/events", { ...auth, params: { path: { id: refundId } } });
 
+  // Disputes (opened by the provider; read only).
+  const disputes = await client.GET("/disputes", {
+    ...auth,
+    params: { query: { status: "needs_response", payment_id: paymentId } },
+  });
+  const disputeId: string | undefined = disputes.data?.data[0]?.id;
+  if (disputeId) {
+    const dispute = await client.GET("/disputes/{id}", { ...auth, params: { path: { id: disputeId } } });
+    const status: "needs_response" | "under_review" | "won" | "lost" | undefined = dispute.data?.status;
+    void status;
+  }
+
   // Provider webhooks.
   await client.POST("/webhooks/{provider}", {
     params: {

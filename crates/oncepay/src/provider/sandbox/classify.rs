@@ -80,6 +80,38 @@ struct ErrorBody {
     detail: Option<String>,
 }
 
+/// A dispute as the sandbox writes it (`GET /v1/disputes/{id}`).
+#[derive(Debug, Deserialize)]
+struct SandboxDispute {
+    id: String,
+    charge_id: String,
+    amount: i64,
+    status: String,
+    reason: String,
+    #[serde(default)]
+    evidence_due_by: Option<i64>,
+}
+
+/// A sandbox dispute in our terms: its statuses are ours
+/// (`needs_response`, `under_review`, `won`, `lost`); `None` for an
+/// unreadable body or another status.
+pub(crate) fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
+    let d: SandboxDispute = serde_json::from_slice(body).ok()?;
+    let status = crate::domain::dispute::DisputeStatus::parse(&d.status)?;
+    if d.id.is_empty() || d.amount < 1 {
+        return None;
+    }
+    Some(crate::provider::ProviderDispute {
+        id: d.id,
+        charge: d.charge_id,
+        amount: d.amount,
+        status,
+        provider_status: d.status,
+        reason: d.reason,
+        evidence_due_by: d.evidence_due_by,
+    })
+}
+
 /// Classifies one answer; see the module docs for the table.
 pub(crate) fn classify(kind: CallKind, status: u16, body: &[u8]) -> Verdict {
     match status {

@@ -21,8 +21,8 @@ use super::card_form::CardForm;
 use super::classify::CallKind;
 use super::trace::Trace;
 use super::{
-    BookEntry, BooksPage, BoxFuture, CallOutcome, ChargeRequest, Envelope, Event, Headers, Health,
-    Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
+    BookEntry, BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Envelope, Event,
+    Headers, Health, Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::standard_webhooks::WebhookSecret;
@@ -98,6 +98,22 @@ pub(crate) fn parse_event(payload: &Value) -> Event {
     let Some(envelope) = Envelope::read(payload) else {
         return Event::unrecognised(payload);
     };
+    if envelope.event_type.starts_with("charge.dispute.") {
+        // A hint naming the dispute: read from the sandbox before anything.
+        let dispute = envelope
+            .data
+            .object
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        return Event {
+            id: envelope.id,
+            event_type: envelope.event_type,
+            subject: None,
+            dispute,
+            refunds_of: None,
+        };
+    }
     let kind = match envelope.event_type.split('.').next() {
         Some("charge") => Some(SubjectKind::Charge),
         Some("refund") => Some(SubjectKind::Refund),
@@ -121,6 +137,7 @@ pub(crate) fn parse_event(payload: &Value) -> Event {
         event_type: envelope.event_type,
         subject,
         refunds_of: None,
+        dispute: None,
     }
 }
 
@@ -228,6 +245,28 @@ impl PaymentProvider for Sandbox {
             self.base_url, r.idempotency_key
         );
         Box::pin(self.read("find_refund", url))
+    }
+
+    fn find_dispute<'a>(&'a self, id: &'a str) -> BoxFuture<'a, DisputeRead> {
+        let url = format!("{}/v1/disputes/{id}", self.base_url);
+        Box::pin(async move {
+            let read = self
+                .caller
+                .read_object(
+                    "find_dispute",
+                    |c| c.get(&url),
+                    |s, _, b| classify(CallKind::Read, s, b),
+                )
+                .await;
+            match read {
+                Ok(Some(body)) => match classify::dispute(&body) {
+                    Some(dispute) => DisputeRead::Known(dispute),
+                    None => DisputeRead::Unknown("unreadable sandbox dispute".into()),
+                },
+                Ok(None) => DisputeRead::NotFound,
+                Err(reason) => DisputeRead::Unknown(reason),
+            }
+        })
     }
 
     fn probe(&self) -> BoxFuture<'_, CallOutcome> {

@@ -469,6 +469,11 @@ pub const EVENTS: &[&str] = &[
     "refund.created",
     "refund.updated",
     "refund.failed",
+    "charge.dispute.created",
+    "charge.dispute.updated",
+    "charge.dispute.closed",
+    "charge.dispute.funds_withdrawn",
+    "charge.dispute.funds_reinstated",
 ];
 
 /// What a Stripe event says: `payment_intent.*` is about the charge of
@@ -484,6 +489,19 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
         return Event::unrecognised(payload);
     };
     let object = &envelope.data.object;
+    if envelope.event_type.starts_with("charge.dispute.") {
+        // A hint naming the Dispute: read from Stripe before anything.
+        return Event {
+            id: envelope.id,
+            dispute: object
+                .get("id")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            event_type: envelope.event_type,
+            subject: None,
+            refunds_of: None,
+        };
+    }
     let handled = EVENTS.contains(&envelope.event_type.as_str());
     let mut refunds_of = None;
     let (kind, object, key) = match envelope.event_type.split('.').next() {
@@ -545,7 +563,55 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
         event_type: envelope.event_type,
         subject,
         refunds_of,
+        dispute: None,
     }
+}
+
+/// Stripe's dispute statuses in ours: the `warning_*` ones (an inquiry,
+/// before a chargeback) map onto the first two, and an inquiry closed
+/// without a chargeback (`warning_closed`) is won. `None` for a status
+/// this version does not document.
+pub fn dispute_status(stripe: &str) -> Option<crate::domain::dispute::DisputeStatus> {
+    use crate::domain::dispute::DisputeStatus::*;
+    Some(match stripe {
+        "warning_needs_response" | "needs_response" => NeedsResponse,
+        "warning_under_review" | "under_review" => UnderReview,
+        "warning_closed" | "won" => Won,
+        "lost" => Lost,
+        _ => return None,
+    })
+}
+
+/// A Stripe Dispute (`GET /v1/disputes/{id}`) in our terms: its amount
+/// converted from Stripe's units, its charge named as our payments record
+/// it (the PaymentIntent, else the Charge). `None`: not a readable Dispute.
+pub fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
+    let o: serde_json::Value = serde_json::from_slice(body).ok()?;
+    if o.get("object").and_then(|v| v.as_str()) != Some("dispute") {
+        return None;
+    }
+    let text = |k: &str| o.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let id = text("id").filter(|i| !i.is_empty())?;
+    let provider_status = text("status")?;
+    let status = dispute_status(&provider_status)?;
+    let currency = text("currency").unwrap_or_default();
+    let amount = o
+        .get("amount")
+        .and_then(|v| v.as_i64())
+        .and_then(|a| super::units::from_stripe_code(a, &currency))
+        .filter(|a| *a >= 1)?;
+    let charge = text("payment_intent").or_else(|| text("charge"))?;
+    Some(crate::provider::ProviderDispute {
+        id,
+        charge,
+        amount,
+        status,
+        provider_status,
+        reason: text("reason").unwrap_or_else(|| "general".into()),
+        evidence_due_by: o
+            .pointer("/evidence_details/due_by")
+            .and_then(|v| v.as_i64()),
+    })
 }
 
 #[cfg(test)]
@@ -570,6 +636,45 @@ mod tests {
         format!(
             r#"{{"id":"pi_1","object":"payment_intent","status":"{status}","last_payment_error":{error}}}"#
         )
+    }
+
+    #[test]
+    fn dispute_statuses_map_warnings_onto_ours() {
+        use crate::domain::dispute::DisputeStatus::*;
+        for (stripe, ours) in [
+            ("warning_needs_response", Some(NeedsResponse)),
+            ("needs_response", Some(NeedsResponse)),
+            ("warning_under_review", Some(UnderReview)),
+            ("under_review", Some(UnderReview)),
+            ("warning_closed", Some(Won)),
+            ("won", Some(Won)),
+            ("lost", Some(Lost)),
+            ("charge_refunded", None),
+        ] {
+            assert_eq!(dispute_status(stripe), ours, "{stripe}");
+        }
+    }
+
+    #[test]
+    fn a_dispute_is_read_in_our_units_with_its_payment_intent() {
+        let body = r#"{"id":"dp_1","object":"dispute","amount":1000,"currency":"jpy","charge":"ch_1","payment_intent":"pi_1","status":"warning_needs_response","reason":"fraudulent","evidence_details":{"due_by":1700000000},"created":1690000000}"#;
+        let d = dispute(body.as_bytes()).expect("a dispute");
+        assert_eq!(d.id, "dp_1");
+        assert_eq!(d.charge, "pi_1");
+        assert_eq!(d.amount, 1000);
+        assert_eq!(
+            d.status,
+            crate::domain::dispute::DisputeStatus::NeedsResponse
+        );
+        assert_eq!(d.provider_status, "warning_needs_response");
+        assert_eq!(d.evidence_due_by, Some(1_700_000_000));
+        assert_eq!(dispute(br#"{"id":"pi_1","object":"payment_intent"}"#), None);
+        let event = event(&serde_json::json!({
+            "id": "evt_1", "type": "charge.dispute.created",
+            "data": {"object": {"id": "dp_1", "object": "dispute", "status": "needs_response"}}
+        }));
+        assert_eq!(event.dispute.as_deref(), Some("dp_1"));
+        assert_eq!(event.subject, None);
     }
 
     #[test]

@@ -42,7 +42,7 @@ use super::call::{BuildError, Caller};
 use super::card_form::CardForm;
 use super::trace::Trace;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, ChargeRequest, Event, Headers, Health, Opened,
+    BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Event, Headers, Health, Opened,
     PaymentProvider, RefundRequest, SubjectKind,
 };
 use crate::domain::money::Currency;
@@ -504,6 +504,30 @@ impl PaymentProvider for Stripe {
                     .await
                 }
                 None => self.list_refunds(r).await,
+            }
+        })
+    }
+
+    fn find_dispute<'a>(&'a self, id: &'a str) -> BoxFuture<'a, DisputeRead> {
+        let url = self.url(&format!("/v1/disputes/{id}"));
+        Box::pin(async move {
+            let read = self
+                .caller
+                .read_object(
+                    "find_dispute",
+                    |client| self.authed(client.get(&url)),
+                    |status, headers, body| {
+                        classify::classify(CallKind::Read, status, should_retry(headers), body)
+                    },
+                )
+                .await;
+            match read {
+                Ok(Some(body)) => match classify::dispute(&body) {
+                    Some(dispute) => DisputeRead::Known(dispute),
+                    None => DisputeRead::Unknown("unreadable Stripe Dispute".into()),
+                },
+                Ok(None) => DisputeRead::NotFound,
+                Err(reason) => DisputeRead::Unknown(reason),
             }
         })
     }

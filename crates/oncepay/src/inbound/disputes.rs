@@ -1,0 +1,152 @@
+//! Dispute events (`charge.dispute.created|updated|closed|funds_withdrawn|
+//! funds_reinstated`): hints like every provider event. The event names a
+//! dispute; oncepay reads that dispute from the provider and applies what
+//! the provider says, never what the event says: forward only, a closed
+//! dispute never reopens (`store::disputes::apply`). The payment it is
+//! about is the one the provider's dispute names (its charge), locked with
+//! its order as a refund locks them, so a refund and a dispute of one
+//! payment are serialised and the refund rule sees every dispute applied
+//! before it. The dispute's change writes its `dispute.*` event to the
+//! outbox in the same transaction.
+
+use chrono::Utc;
+use serde_json::Value;
+
+use super::Applied;
+use crate::commands::settle::Cause;
+use crate::commands::AppContext;
+use crate::domain::dispute::DisputeChange;
+use crate::domain::event::EventOutcome;
+use crate::provider::{DisputeRead, Event};
+use crate::store::{self, StoreError};
+
+/// Applies a verified dispute event naming the provider's dispute `id`.
+pub(super) async fn apply(
+    ctx: &AppContext,
+    provider: &str,
+    event_id: &str,
+    envelope: &Event,
+    id: &str,
+    payload: &Value,
+) -> Result<Applied, StoreError> {
+    // A duplicate is answered before it costs a provider read.
+    {
+        let mut conn = ctx.pool.acquire().await?;
+        if store::inbound::exists(&mut conn, provider, event_id).await? {
+            return Ok(Applied::Done(EventOutcome::Duplicate));
+        }
+    }
+    let unapplied = |label: EventOutcome, detail: String| async move {
+        ctx.metrics
+            .webhook_confirmations
+            .with_label_values(&[label.as_str()])
+            .inc();
+        tracing::warn!(event_type = %envelope.event_type, event_id, dispute = id, %detail, "dispute event not applied");
+        let done = store::inbound::Done {
+            provider,
+            event_id,
+            event_type: &envelope.event_type,
+            payload,
+            outcome: label.as_str(),
+            confirmed: false,
+            detail: Some(&detail),
+        };
+        Ok::<_, StoreError>(if store::inbound::record_done(&ctx.pool, &done).await? {
+            Applied::Done(label)
+        } else {
+            Applied::Done(EventOutcome::Duplicate)
+        })
+    };
+    let truth = match ctx.providers.named(provider).find_dispute(id).await {
+        DisputeRead::Known(truth) => truth,
+        DisputeRead::NotFound => {
+            return unapplied(
+                EventOutcome::Unconfirmed,
+                "the provider has no such dispute".into(),
+            )
+            .await
+        }
+        DisputeRead::Unknown(reason) => {
+            ctx.metrics
+                .webhook_confirmations
+                .with_label_values(&["deferred"])
+                .inc();
+            return Ok(Applied::Deferred(reason));
+        }
+    };
+    if truth.id != id {
+        let detail = format!(
+            "the event names {id}, the provider's dispute is {}",
+            truth.id
+        );
+        return unapplied(EventOutcome::Mismatch, detail).await;
+    }
+    let payment = {
+        let mut conn = ctx.pool.acquire().await?;
+        store::payments::by_charge(&mut conn, provider, &truth.charge).await?
+    };
+    let Some(payment) = payment else {
+        // Not a charge of ours: kept, for a person to look at.
+        let done = store::inbound::Done {
+            provider,
+            event_id,
+            event_type: &envelope.event_type,
+            payload,
+            outcome: EventOutcome::UnknownCharge.as_str(),
+            confirmed: true,
+            detail: Some("the provider's dispute is about a charge oncepay does not hold"),
+        };
+        if !store::inbound::record_done(&ctx.pool, &done).await? {
+            return Ok(Applied::Done(EventOutcome::Duplicate));
+        }
+        tracing::warn!(event_id, dispute = id, charge = %truth.charge, "dispute of an unknown charge stored");
+        return Ok(Applied::Done(EventOutcome::UnknownCharge));
+    };
+    ctx.metrics
+        .webhook_confirmations
+        .with_label_values(&["confirmed"])
+        .inc();
+    let mut tx = ctx.pool.begin().await?;
+    if !store::inbound::record(&mut tx, provider, event_id, &envelope.event_type, payload).await? {
+        tx.commit().await?;
+        return Ok(Applied::Done(EventOutcome::Duplicate));
+    }
+    store::orders::lock_by_id(&mut tx, payment.order_id).await?;
+    let payment = store::payments::lock(&mut tx, payment.id)
+        .await?
+        .ok_or_else(|| store::Corrupt::vanished("payment", payment.id))?;
+    let applied = store::disputes::apply(&mut tx, &payment, &truth, Utc::now()).await?;
+    let dispute = &applied.dispute;
+    if applied.changed {
+        let change = DisputeChange::of(applied.before, dispute.status);
+        crate::events::dispute_changed(&mut tx, &ctx.metrics, dispute, change, Cause::Webhook)
+            .await?;
+        // First seen closed (its opening never reached us): the merchant
+        // is told it opened and how it closed.
+        if change == DisputeChange::Created && dispute.status.is_final() {
+            crate::events::dispute_changed(
+                &mut tx,
+                &ctx.metrics,
+                dispute,
+                DisputeChange::Closed,
+                Cause::Webhook,
+            )
+            .await?;
+        }
+    }
+    let label = if applied.changed || applied.before == Some(truth.status) {
+        EventOutcome::Processed
+    } else {
+        EventOutcome::Ignored
+    };
+    store::inbound::set_outcome(&mut tx, provider, event_id, label.as_str(), true, None).await?;
+    tx.commit().await?;
+    if applied.changed && applied.before != Some(dispute.status) {
+        ctx.metrics
+            .disputes
+            .with_label_values(&[provider, dispute.status.as_str()])
+            .inc();
+        tracing::info!(dispute_id = %dispute.id, payment_id = %dispute.payment_id, status = dispute.status.as_str(), "dispute applied");
+    }
+    Ok(Applied::Done(label))
+}

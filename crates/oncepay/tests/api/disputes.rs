@@ -1,0 +1,273 @@
+//! Disputes end to end with the sandbox sending its own webhooks (the
+//! provider contract, `provider_contract.rs`, covers both adapters with
+//! the events posted by the test): a dispute reaches the merchant by the
+//! provider's webhook, is its merchant's only, is counted, and its
+//! evidence deadline feeds the alert's gauge.
+
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::helpers::*;
+
+async fn paid(app: &TestApp) -> Value {
+    let order = app.create_order().await;
+    let (status, payment) = app.pay(&order, "tok_visa").await;
+    assert_eq!(status, StatusCode::CREATED, "{payment}");
+    payment
+}
+
+#[tokio::test]
+async fn a_dispute_arrives_by_the_providers_webhook_and_is_its_merchants_only() {
+    let app = spawn_app().await;
+    let payment = paid(&app).await;
+    let id = payment["id"].as_str().expect("id");
+    let charge = payment["provider_charge_id"].as_str().expect("charge");
+    let opened = app
+        .http
+        .post(format!("{}/v1/charges/{charge}/disputes", app.sandbox))
+        .json(&json!({"amount": 500, "reason": "product_not_received"}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert_eq!(opened.status(), StatusCode::CREATED);
+    let at_provider = json_of(opened).await;
+    let shown = app
+        .poll_until(&format!("/payments/{id}"), |p| !p["dispute"].is_null())
+        .await;
+    let dispute = &shown["dispute"];
+    assert_eq!(dispute["status"], "needs_response");
+    assert_eq!(dispute["amount"], 500);
+    assert_eq!(dispute["reason"], "product_not_received");
+    assert_eq!(
+        app.ctx
+            .metrics
+            .disputes
+            .with_label_values(&["sandbox", "needs_response"])
+            .get(),
+        1
+    );
+    let dispute_id = dispute["id"].as_str().expect("id");
+    let path = format!("/disputes/{dispute_id}");
+    assert_eq!(app.get(&path).await.status(), StatusCode::OK);
+
+    // Another merchant's key: as if it did not exist.
+    let other = app.other_merchant_key().await;
+    let get = |path: String| {
+        let http = app.http.clone();
+        let url = format!("{}{path}", app.base);
+        let key = other.clone();
+        async move { http.get(url).bearer_auth(key).send().await.expect("sent") }
+    };
+    let theirs = get(path.clone()).await;
+    assert_eq!(theirs.status(), StatusCode::NOT_FOUND);
+    let nonexistent = get(format!("/disputes/{}", Uuid::now_v7())).await;
+    assert_eq!(json_of(theirs).await, json_of(nonexistent).await);
+    let list = json_of(get("/disputes".into()).await).await;
+    assert_eq!(list["data"], json!([]));
+    let not_uuid = app.get("/disputes/dp_1").await;
+    assert_eq!(not_uuid.status(), StatusCode::NOT_FOUND);
+    assert_eq!(json_of(not_uuid).await["code"], "dispute_not_found");
+    let bad = app.get("/disputes?status=open").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
+    // Part of the charge is held: the rest is refundable, no more.
+    let amount = payment["amount"].as_i64().expect("amount");
+    let refunds = format!("/payments/{id}/refunds");
+    let over = app
+        .post(&refunds, "over", &json!({"amount": amount - 499}))
+        .await;
+    assert_eq!(over.status(), StatusCode::CONFLICT);
+    let rest = app
+        .post(&refunds, "rest", &json!({"amount": amount - 500}))
+        .await;
+    assert_eq!(rest.status(), StatusCode::CREATED);
+
+    // The sandbox closes it, and its webhook says so.
+    let closed = app
+        .http
+        .post(format!(
+            "{}/v1/disputes/{}/close",
+            app.sandbox,
+            at_provider["id"].as_str().expect("id")
+        ))
+        .json(&json!({"outcome": "won"}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert_eq!(closed.status(), StatusCode::OK);
+    app.poll_until(&path, |d| d["status"] == "won").await;
+    // A closed dispute is not closed again.
+    let again = app
+        .http
+        .post(format!(
+            "{}/v1/disputes/{}/close",
+            app.sandbox,
+            at_provider["id"].as_str().expect("id")
+        ))
+        .json(&json!({"outcome": "lost"}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert_eq!(again.status(), StatusCode::CONFLICT);
+    let won = app
+        .post(&refunds, "after-won", &json!({"amount": 500}))
+        .await;
+    assert_eq!(won.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_dispute_event_the_provider_does_not_confirm_changes_nothing() {
+    let app = spawn_app().await;
+    let payment = paid(&app).await;
+    let event = json!({
+        "id": format!("evt_{}", Uuid::new_v4().simple()),
+        "type": "charge.dispute.created",
+        "data": {"object": {
+            "id": "dp_forged",
+            "charge_id": payment["provider_charge_id"],
+            "amount": payment["amount"],
+            "status": "needs_response",
+            "reason": "fraudulent",
+        }},
+    });
+    let r = post_signed_webhook(&app, &event).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(json_of(r).await["outcome"], "unconfirmed");
+    assert_eq!(app.count("SELECT count(*) FROM dispute").await, 0);
+    let refund = app
+        .post(
+            &format!("/payments/{}/refunds", payment["id"].as_str().expect("id")),
+            "r",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(refund.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn evidence_due_within_72_hours_is_what_the_alert_reads() {
+    let app = spawn_app().await;
+    let payment = paid(&app).await;
+    let charge = payment["provider_charge_id"].as_str().expect("charge");
+    let opened = app
+        .http
+        .post(format!("{}/v1/charges/{charge}/disputes", app.sandbox))
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert_eq!(opened.status(), StatusCode::CREATED);
+    let id = payment["id"].as_str().expect("id");
+    app.poll_until(&format!("/payments/{id}"), |p| !p["dispute"].is_null())
+        .await;
+    let gauge = |body: String| {
+        body.lines()
+            .find(|l| l.starts_with("oncepay_disputes_evidence_due_soon "))
+            .map(str::to_string)
+    };
+    let scrape = || async {
+        app.http
+            .get(format!("{}/metrics", app.base))
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
+    };
+    // Due in seven days: not yet.
+    assert_eq!(
+        gauge(scrape().await).as_deref(),
+        Some("oncepay_disputes_evidence_due_soon 0")
+    );
+    sqlx::query("UPDATE dispute SET evidence_due_by = now() + interval '2 days'")
+        .execute(&app.db)
+        .await
+        .expect("update");
+    assert_eq!(
+        gauge(scrape().await).as_deref(),
+        Some("oncepay_disputes_evidence_due_soon 1")
+    );
+}
+
+/// Stripe: an inquiry (`warning_needs_response`), its review
+/// (`warning_under_review`: `dispute.updated`), then `lost`; a stale event
+/// read back after that changes nothing, and a dispute Stripe does not
+/// hold is `unconfirmed`.
+#[tokio::test]
+async fn with_stripe_a_dispute_moves_forward_and_never_back() {
+    use crate::provider_contract::{app_with, post_stripe_event};
+    let Some(app) = app_with(Provider::Stripe).await else {
+        return;
+    };
+    let Some(stack) = app.stripe.as_ref() else {
+        return;
+    };
+    let paid = paid_with(&app, "pm_card_visa").await;
+    let intent = paid["provider_charge_id"].as_str().expect("intent");
+    let opened = stack.layer.open_dispute(
+        (intent, "ch_x"),
+        (paid["amount"].as_i64().expect("amount"), "eur"),
+        "duplicate",
+        "warning_needs_response",
+    );
+    let id = opened["id"].as_str().expect("id").to_string();
+    let send = |kind: &'static str, object: Value| {
+        let app = &app;
+        async move {
+            let event = json!({
+                "id": format!("evt_{}", Uuid::new_v4().simple()),
+                "object": "event",
+                "type": format!("charge.dispute.{kind}"),
+                "created": chrono::Utc::now().timestamp(),
+                "data": {"object": object},
+            });
+            let r = post_stripe_event(app, &event).await;
+            assert_eq!(r.status(), StatusCode::OK);
+            json_of(r).await["outcome"]
+                .as_str()
+                .expect("outcome")
+                .to_string()
+        }
+    };
+    assert_eq!(send("created", opened.clone()).await, "processed");
+    let review = stack
+        .layer
+        .set_dispute_status(&id, "warning_under_review")
+        .expect("dispute");
+    assert_eq!(send("updated", review).await, "processed");
+    let pid = paid["id"].as_str().expect("id");
+    let shown = json_of(app.get(&format!("/payments/{pid}")).await).await;
+    assert_eq!(shown["dispute"]["status"], "under_review");
+    assert_eq!(shown["dispute"]["provider_status"], "warning_under_review");
+    let lost = stack.layer.close_dispute(&id, "lost").expect("dispute");
+    assert_eq!(send("closed", lost).await, "processed");
+    // The first event again: Stripe says lost, and lost it stays.
+    assert_eq!(send("funds_withdrawn", opened.clone()).await, "processed");
+    let shown = json_of(app.get(&format!("/payments/{pid}")).await).await;
+    assert_eq!(shown["dispute"]["status"], "lost");
+    let types: Vec<(String,)> =
+        sqlx::query_as("SELECT type FROM event WHERE object_type = 'dispute' ORDER BY sequence")
+            .fetch_all(&app.db)
+            .await
+            .expect("events");
+    assert_eq!(
+        types,
+        vec![
+            ("dispute.created".to_string(),),
+            ("dispute.updated".to_string(),),
+            ("dispute.closed".to_string(),),
+        ]
+    );
+    let mut forged = opened.clone();
+    forged["id"] = json!("dp_forged");
+    assert_eq!(send("created", forged).await, "unconfirmed");
+}
+
+async fn paid_with(app: &TestApp, card: &str) -> Value {
+    let order = app.create_order().await;
+    let (status, payment) = app.pay(&order, card).await;
+    assert_eq!(status, StatusCode::CREATED, "{payment}");
+    payment
+}

@@ -132,6 +132,7 @@ test: localstripe axe openapi-ts ## run every test (unit, properties, API, multi
 	  for provider in sandbox stripe; do \
 	    n=$$(cargo test -q -p oncepay --test api -- --list 2>/dev/null | grep -c "^provider_contract::$$provider::"); \
 	    echo "provider contract: $$n scenarios passed against $$provider"; \
+	    echo "  disputes: $$(cargo test -q -p oncepay --test api -- --list 2>/dev/null | sed -n "s/^provider_contract::$$provider::\(dispute_[a-z_]*\): test$$/\1/p" | tr '\n' ' ')"; \
 	  done; \
 	fi; \
 	exit $$status

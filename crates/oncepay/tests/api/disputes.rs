@@ -271,3 +271,71 @@ async fn paid_with(app: &TestApp, card: &str) -> Value {
     assert_eq!(status, StatusCode::CREATED, "{payment}");
     payment
 }
+
+/// `GET /disputes` pages as the other lists: newest first, `limit`,
+/// cursors both ways, filters.
+#[tokio::test]
+async fn disputes_page_newest_first_with_cursors() {
+    let app = spawn_app().await;
+    let mut payments = Vec::new();
+    for _ in 0..3 {
+        let payment = paid(&app).await;
+        let charge = payment["provider_charge_id"].as_str().expect("charge");
+        let opened = app
+            .http
+            .post(format!("{}/v1/charges/{charge}/disputes", app.sandbox))
+            .json(&json!({}))
+            .send()
+            .await
+            .expect("the sandbox answers");
+        assert_eq!(opened.status(), StatusCode::CREATED);
+        let id = payment["id"].as_str().expect("id").to_string();
+        // One at a time: the list's order is the order they arrived in.
+        app.poll_until(&format!("/payments/{id}"), |p| !p["dispute"].is_null())
+            .await;
+        payments.push(id);
+    }
+    let all = json_of(app.get("/disputes?limit=100").await).await;
+    let ids: Vec<String> = all["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(ids.len(), 3);
+    let by_payment: Vec<&str> = all["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["payment_id"].as_str().expect("payment"))
+        .collect();
+    let newest_first: Vec<&str> = payments.iter().rev().map(String::as_str).collect();
+    assert_eq!(by_payment, newest_first);
+    let first = json_of(app.get("/disputes?limit=2").await).await;
+    assert_eq!(first["has_more"], true);
+    assert_eq!(first["data"].as_array().expect("data").len(), 2);
+    let next = json_of(
+        app.get(&format!("/disputes?limit=2&starting_after={}", ids[1]))
+            .await,
+    )
+    .await;
+    assert_eq!(next["has_more"], false);
+    assert_eq!(next["data"][0]["id"], ids[2].as_str());
+    let back = json_of(
+        app.get(&format!("/disputes?limit=1&ending_before={}", ids[2]))
+            .await,
+    )
+    .await;
+    assert_eq!(back["data"][0]["id"], ids[1].as_str());
+    let one = json_of(
+        app.get(&format!("/disputes?payment_id={}", payments[0]))
+            .await,
+    )
+    .await;
+    assert_eq!(one["data"].as_array().expect("data").len(), 1);
+    assert_eq!(one["data"][0]["id"], ids[2].as_str());
+    let bad = app.get("/disputes?payment_id=nope").await;
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    let unknown = app.get("/disputes?order_id=x").await;
+    assert_eq!(unknown.status(), StatusCode::BAD_REQUEST);
+}

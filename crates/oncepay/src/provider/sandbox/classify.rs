@@ -154,6 +154,29 @@ fn decline(body: &[u8]) -> Option<ProviderObject> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_sandbox_dispute_is_read_in_our_terms() {
+        use crate::domain::dispute::DisputeStatus;
+        let body = br#"{"id":"dp_1","object":"dispute","charge_id":"ch_1","amount":500,"currency":"EUR","status":"needs_response","reason":"fraudulent","evidence_due_by":1700000000,"created":1690000000}"#;
+        let d = dispute(body).expect("a dispute");
+        assert_eq!(d.charge, "ch_1");
+        assert_eq!(d.amount, 500);
+        assert_eq!(d.status, DisputeStatus::NeedsResponse);
+        assert_eq!(d.provider_status, "needs_response");
+        assert_eq!(d.evidence_due_by, Some(1_700_000_000));
+        let lost = br#"{"id":"dp_1","charge_id":"ch_1","amount":500,"status":"lost","reason":"fraudulent"}"#;
+        assert_eq!(dispute(lost).map(|d| d.status), Some(DisputeStatus::Lost));
+        let unknown =
+            br#"{"id":"dp_1","charge_id":"ch_1","amount":500,"status":"open","reason":"x"}"#;
+        assert_eq!(dispute(unknown), None);
+        let event = crate::provider::sandbox::parse_event(&serde_json::json!({
+            "id": "evt_1", "type": "charge.dispute.closed",
+            "data": {"object": {"id": "dp_1", "status": "won"}}
+        }));
+        assert_eq!(event.dispute.as_deref(), Some("dp_1"));
+        assert_eq!(event.subject, None);
+    }
+
     use super::*;
 
     const CHARGE: &[u8] = br#"{"id":"ch_1","status":"succeeded"}"#;

@@ -87,6 +87,24 @@ impl DisputeStatus {
     }
 }
 
+impl DisputeStatus {
+    /// [`DisputeStatus::advance`] across an inquiry's escalation: an
+    /// inquiry (`held_inquiry`, Stripe's `warning_*`) that becomes a
+    /// chargeback starts a new phase at `needs_response`, which is not a
+    /// step back from the inquiry's `under_review`.
+    pub fn advance_phase(
+        self,
+        held_inquiry: bool,
+        observed: DisputeStatus,
+        observed_inquiry: bool,
+    ) -> DisputeMove {
+        if held_inquiry && !observed_inquiry && !self.is_final() && observed != self {
+            return DisputeMove::Advance(observed);
+        }
+        self.advance(observed)
+    }
+}
+
 /// What a provider's report does to a dispute we hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DisputeMove {
@@ -162,6 +180,29 @@ pub struct Dispute {
 mod tests {
     use super::*;
     use DisputeStatus::*;
+
+    #[test]
+    fn an_inquiry_that_escalates_starts_over_and_nothing_else_moves_back() {
+        // warning_under_review -> needs_response: the chargeback begins.
+        assert_eq!(
+            UnderReview.advance_phase(true, NeedsResponse, false),
+            DisputeMove::Advance(NeedsResponse)
+        );
+        // Within one phase, still forward only.
+        assert_eq!(
+            UnderReview.advance_phase(false, NeedsResponse, false),
+            DisputeMove::Ignored
+        );
+        assert_eq!(
+            UnderReview.advance_phase(true, NeedsResponse, true),
+            DisputeMove::Ignored
+        );
+        // A closed dispute never reopens.
+        assert_eq!(
+            Won.advance_phase(true, NeedsResponse, false),
+            DisputeMove::Ignored
+        );
+    }
 
     #[test]
     fn names_round_trip() {

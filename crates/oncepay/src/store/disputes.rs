@@ -41,12 +41,15 @@ fn from_row(row: &PgRow) -> Result<Dispute, StoreError> {
 }
 
 /// What the money a payment's disputes hold back from refunds: the
-/// amounts of those open or lost (a won one holds nothing). Called with
-/// the payment row locked.
+/// amounts of those open or lost (a won one holds nothing). An inquiry
+/// (Stripe's `warning_*`, before any chargeback) holds nothing either: no
+/// money was withdrawn, and refunding is how a merchant closes one.
+/// Called with the payment row locked.
 pub(crate) async fn held_sum(tx: &mut PgConnection, payment_id: Uuid) -> Result<i64, StoreError> {
     let row = sqlx::query(
         "SELECT COALESCE(sum(amount), 0)::bigint AS total FROM dispute
-          WHERE payment_id = $1 AND status <> 'won'",
+          WHERE payment_id = $1 AND status <> 'won'
+            AND provider_status NOT LIKE 'warning\\_%'",
     )
     .bind(payment_id)
     .fetch_one(tx)
@@ -120,7 +123,12 @@ pub async fn apply(
             changed: true,
         });
     };
-    let status = match held.status.advance(truth.status) {
+    let inquiry = |provider_status: &str| provider_status.starts_with("warning_");
+    let status = match held.status.advance_phase(
+        inquiry(&held.provider_status),
+        truth.status,
+        inquiry(&truth.provider_status),
+    ) {
         DisputeMove::Advance(status) => status,
         DisputeMove::Unchanged => held.status,
         DisputeMove::Ignored => {

@@ -192,9 +192,11 @@ async fn evidence_due_within_72_hours_is_what_the_alert_reads() {
 }
 
 /// Stripe: an inquiry (`warning_needs_response`), its review
-/// (`warning_under_review`: `dispute.updated`), then `lost`; a stale event
-/// read back after that changes nothing, and a dispute Stripe does not
-/// hold is `unconfirmed`.
+/// (`warning_under_review`: `dispute.updated`) — no money withdrawn, so the
+/// payment can still be refunded — then the inquiry escalates to a
+/// chargeback (`needs_response`: a new phase, not a step back, and now
+/// refunds are refused), then `lost`; a stale event read back after that
+/// changes nothing, and a dispute Stripe does not hold is `unconfirmed`.
 #[tokio::test]
 async fn with_stripe_a_dispute_moves_forward_and_never_back() {
     use crate::provider_contract::{app_with, post_stripe_event};
@@ -241,6 +243,26 @@ async fn with_stripe_a_dispute_moves_forward_and_never_back() {
     let shown = json_of(app.get(&format!("/payments/{pid}")).await).await;
     assert_eq!(shown["dispute"]["status"], "under_review");
     assert_eq!(shown["dispute"]["provider_status"], "warning_under_review");
+    // An inquiry holds nothing: refunding is how a merchant closes one.
+    let refunds = format!("/payments/{pid}/refunds");
+    let r = app
+        .post(&refunds, "during-inquiry", &json!({"amount": 100}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED, "{}", json_of(r).await);
+    // The inquiry becomes a chargeback: the bank takes the money.
+    let chargeback = stack
+        .layer
+        .set_dispute_status(&id, "needs_response")
+        .expect("dispute");
+    assert_eq!(send("updated", chargeback).await, "processed");
+    let shown = json_of(app.get(&format!("/payments/{pid}")).await).await;
+    assert_eq!(shown["dispute"]["status"], "needs_response");
+    assert_eq!(shown["dispute"]["provider_status"], "needs_response");
+    let r = app
+        .post(&refunds, "during-chargeback", &json!({"amount": 100}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(r).await["code"], "payment_disputed");
     let lost = stack.layer.close_dispute(&id, "lost").expect("dispute");
     assert_eq!(send("closed", lost).await, "processed");
     // The first event again: Stripe says lost, and lost it stays.
@@ -256,6 +278,7 @@ async fn with_stripe_a_dispute_moves_forward_and_never_back() {
         types,
         vec![
             ("dispute.created".to_string(),),
+            ("dispute.updated".to_string(),),
             ("dispute.updated".to_string(),),
             ("dispute.closed".to_string(),),
         ]

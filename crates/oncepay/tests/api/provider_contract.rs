@@ -377,7 +377,8 @@ impl TestApp {
                 assert_eq!(dispute["amount"], amount_or_all);
                 dispute
             }
-            // An inquiry first, as Stripe opens many: ours is needs_response.
+            // A chargeback: the bank took the money (an inquiry, Stripe's
+            // `warning_*`, holds nothing: tests/api/disputes.rs).
             Some(stack) => stack.layer.open_dispute(
                 (charge, &format!("ch_of_{charge}")),
                 (
@@ -385,7 +386,7 @@ impl TestApp {
                     payment["currency"].as_str().expect("currency"),
                 ),
                 "fraudulent",
-                "warning_needs_response",
+                "needs_response",
             ),
         };
         let outcome = self.dispute_event(&dispute, "created").await;

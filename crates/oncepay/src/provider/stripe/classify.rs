@@ -66,6 +66,8 @@ struct Object {
     next_action: Option<serde_json::Value>,
     #[serde(default)]
     client_secret: Option<String>,
+    #[serde(default)]
+    cancellation_reason: Option<String>,
 }
 
 /// The metadata key of our attempt id on a PaymentIntent.
@@ -120,6 +122,12 @@ pub fn known(body: &[u8]) -> CallOutcome {
             let status = intent_status(&object.status, error.is_some());
             let failed = status == Some(PaymentStatus::Failed);
             let code = match (failed, error) {
+                // Cancelled by us because its customer never authenticated
+                // (`PaymentProvider::abandon`): the same code whichever
+                // path learns it first, the reconciler or the webhook.
+                (true, _) if object.cancellation_reason.as_deref() == Some("abandoned") => {
+                    Some("authentication_expired".to_string())
+                }
                 (true, Some(e)) => e.decline_code.clone().or_else(|| e.code.clone()),
                 (true, None) => Some(object.status.clone()),
                 _ => None,
@@ -521,12 +529,13 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
                         .iter()
                         .find(|r| r.pointer(&format!("/metadata/{REFUND_KEY}")).is_some())
                 });
-            if ours.is_none() {
-                refunds_of = object
-                    .get("payment_intent")
-                    .and_then(|v| v.as_str())
-                    .map(str::to_string);
-            }
+            // Even where the charge embeds its refunds (endpoint versions
+            // before 2022-11-15) only one is the subject: the charge's other
+            // pending refunds are made due too.
+            refunds_of = object
+                .get("payment_intent")
+                .and_then(|v| v.as_str())
+                .map(str::to_string);
             (SubjectKind::Refund, ours, REFUND_KEY)
         }
         _ => (SubjectKind::Charge, None, ATTEMPT_KEY),

@@ -142,7 +142,7 @@ fn in_units(amount: i64, currency: &Currency) -> Result<i64, Unrepresentable> {
     if stripe > MAX_STRIPE_AMOUNT {
         return refuse(format!(
             "Stripe takes at most {} ({MAX_STRIPE_AMOUNT} in its unit)",
-            currency.format(from_stripe(MAX_STRIPE_AMOUNT, currency).unwrap_or(amount))
+            currency.format(largest_in_our_units(currency))
         ));
     }
     Ok(stripe)
@@ -174,6 +174,16 @@ pub(crate) fn of_request(
     let currency = Currency::try_from(currency)
         .map_err(|_| refused(format!("{currency}: not a currency oncepay knows")))?;
     rule(amount, &currency).map_err(|e| refused(e.to_string()))
+}
+
+/// The largest amount Stripe takes, in ISO minor units (ISK: 999,999
+/// króna, the largest multiple of 100 under eight digits).
+fn largest_in_our_units(currency: &Currency) -> i64 {
+    match scale(currency.as_str()) {
+        Scale::Same => MAX_STRIPE_AMOUNT,
+        Scale::Finer(n) => MAX_STRIPE_AMOUNT / n,
+        Scale::Coarser(n) => MAX_STRIPE_AMOUNT.saturating_mul(n),
+    }
 }
 
 /// An amount Stripe shows (a PaymentIntent's, a Refund's, a charge's

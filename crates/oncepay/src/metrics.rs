@@ -194,29 +194,8 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
         ],
     ),
     (
-        "disputes",
-        &[
-            crate::provider::NAMES,
-            &["needs_response", "under_review", "won", "lost"],
-        ],
-    ),
-    (
         "retention_deleted",
         &[&["event", "webhook_delivery", "webhook_attempt"]],
-    ),
-    (
-        "provider_auth_refused",
-        &[
-            crate::provider::NAMES,
-            &[
-                "open_charge",
-                "charge",
-                "find_charge",
-                "refund",
-                "find_refund",
-                "probe",
-            ],
-        ],
     ),
     (
         "reconciler",
@@ -520,6 +499,32 @@ impl Metrics {
         metrics
     }
 
+    /// The series labelled by provider, at 0 for every provider oncepay
+    /// speaks (`provider::NAMES`, which startup hands in: the metrics
+    /// import nothing of the providers, which import them).
+    pub fn know_providers(&self, providers: &[&str]) {
+        const CALLS: &[&str] = &[
+            "open_charge",
+            "charge",
+            "find_charge",
+            "refund",
+            "find_refund",
+            "probe",
+            "abandon",
+            "find_dispute",
+        ];
+        const DISPUTES: &[&str] = &["needs_response", "under_review", "won", "lost"];
+        for provider in providers {
+            for call in CALLS {
+                self.provider_auth_refused
+                    .with_label_values(&[provider, call]);
+            }
+            for status in DISPUTES {
+                self.disputes.with_label_values(&[provider, status]);
+            }
+        }
+    }
+
     fn initialise_known_labels(&self) {
         for (family, lists) in KNOWN_LABELS {
             let counters: &[&IntCounterVec] = match *family {
@@ -531,11 +536,9 @@ impl Metrics {
                 "idempotency" => &[&self.idempotency],
                 "transitions" => &[&self.payment_transitions, &self.refund_transitions],
                 "provider_calls" => &[&self.provider_calls],
-                "provider_auth_refused" => &[&self.provider_auth_refused],
                 "retention_deleted" => &[&self.retention_deleted],
                 "books_objects" => &[&self.books_objects],
                 "reconciler" => &[&self.reconciler],
-                "disputes" => &[&self.disputes],
                 other => unreachable!("no counter family {other}"),
             };
             for labels in combinations(lists) {

@@ -97,6 +97,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
     let pool = store::pool(&config.database_url, config.db_pool_size)?;
     let claims = store::claims_pool(&config.database_url, (config.db_pool_size / 2).max(2))?;
     let metrics = Arc::new(Metrics::new());
+    metrics.know_providers(crate::provider::NAMES);
     let providers = providers(config, &metrics)?;
     let engine = Engine::new(
         pool.clone(),

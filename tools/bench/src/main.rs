@@ -7,6 +7,7 @@
 //! pgbench floor, and prints one table, which it also writes into
 //! `BENCHMARKS.md` between markers (the rest of that file is kept).
 
+mod capacity;
 mod cpu;
 mod disk;
 mod floor;

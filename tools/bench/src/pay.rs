@@ -9,11 +9,12 @@ use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use crate::capacity::{Capacity, Probe, CAPACITY_P99_MS};
 use crate::harness::{
     count, measure_ceiling, measure_floor, open_loop, quiesce, sandbox_drained, seconds, verdict,
     Bench,
 };
-use crate::load::{self, MakeRequest, Outcome};
+use crate::load::{self, MakeRequest};
 use crate::report::Row;
 use crate::stack::Stack;
 use crate::{cpu, disk, floor};
@@ -130,33 +131,6 @@ fn pay_requests(b: &Bench<'_>, orders: Vec<Uuid>, keys: String) -> MakeRequest {
             .header("Idempotency-Key", format!("{keys}-{conn}-{n}"))
             .json(&json!({"order_id": orders[i], "payment_method": "tok_visa"}))
     })
-}
-
-/// A scenario's capacity: the highest constant rate it holds for
-/// `--sustain` with p99 under [`CAPACITY_P99_MS`], every request answered
-/// 2xx and its deferred work keeping up; and every probe made.
-pub struct Capacity {
-    pub held: Option<(f64, Outcome)>,
-    pub probes: Vec<Probe>,
-}
-
-/// The latency a rate must hold to count as sustained.
-pub const CAPACITY_P99_MS: f64 = 25.0;
-
-/// One capacity probe: the rate asked and achieved, its p99, and how its
-/// seconds' p99s spread (a worst second far above the median is a stall,
-/// not a rate the service cannot hold).
-pub struct Probe {
-    pub asked: f64,
-    pub achieved: f64,
-    pub p99: f64,
-    pub seconds_median: f64,
-    pub seconds_worst: f64,
-    pub held: bool,
-    /// CPU per request, ms, webhooks included.
-    pub cpu: cpu::Cpu,
-    /// The disk's flushes meanwhile ([`disk`]).
-    pub flushes: Option<disk::Flushes>,
 }
 
 impl Probe {

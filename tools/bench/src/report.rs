@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+use crate::capacity::{Capacity, CAPACITY_P99_MS};
 use crate::load::{self, Outcome};
-use crate::pay::{Capacity, CAPACITY_P99_MS};
 use crate::{cpu, floor, Args};
 
 /// One line of the table.

@@ -27,7 +27,8 @@ pub mod stripe;
 pub mod trace;
 
 /// Every provider oncepay speaks, by name: `ONCEPAY_PROVIDER`'s values and
-/// the labels its metrics start with. A new adapter adds its name here.
+/// the labels its metrics start at 0 with (`Metrics::know_providers`,
+/// called by startup). A new adapter adds its name here.
 pub const NAMES: &[&str] = &[sandbox::NAME, stripe::NAME];
 
 use std::future::Future;

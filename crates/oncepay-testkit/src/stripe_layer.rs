@@ -34,8 +34,10 @@
 //! - **Refunds Stripe refuses**: localstripe refunds a charge past its
 //!   amount; Stripe refuses, `400 invalid_request_error` with
 //!   `charge_already_refunded` (nothing left, e.g. after a refund from
-//!   the Dashboard) or `amount_too_large` (more than is left), saved under
-//!   the key and replayed like any answer.
+//!   the Dashboard), `amount_too_large` (more than is left) or
+//!   `charge_disputed` (more than what a dispute the layer holds, not an
+//!   inquiry and not won, left), saved under the key and replayed like
+//!   any answer.
 //!
 //! - **Refunds that fail after they succeeded** ([`StripeLayer::fail_refund`]):
 //!   every read shows the refund `failed` with its `failure_reason`, as
@@ -800,6 +802,21 @@ async fn refund_refusal(shared: &Shared, req: &HttpRequest, body: &Bytes) -> Opt
         Value::Object(charge) => charge.get("id")?.as_str()?.to_string(),
         _ => return None,
     };
+    // What was charged back is not refunded (error code `charge_disputed`:
+    // "The charge you're attempting to refund has been charged back"),
+    // unless the dispute is an inquiry that says it still can be, or was
+    // won.
+    let charged_back: i64 = shared
+        .state()
+        .disputes
+        .values()
+        .filter(|d| {
+            d["payment_intent"] == intent.as_str()
+                && d["is_charge_refundable"] != true
+                && d["status"] != "won"
+        })
+        .filter_map(|d| d["amount"].as_i64())
+        .sum();
     let charge = upstream_json(shared, req, &format!("/v1/charges/{charge_id}")).await?;
     let amount = charge["amount"].as_i64()?;
     // What its refunds hold, but those that failed after succeeding: their
@@ -825,7 +842,13 @@ async fn refund_refusal(shared: &Shared, req: &HttpRequest, body: &Bytes) -> Opt
         Some(a) => a.parse::<i64>().ok()?,
         None => left,
     };
-    if left <= 0 {
+    if charged_back > 0 && asked > left - charged_back {
+        refusal(
+            "charge_disputed",
+            format!("Charge {charge_id} has been charged back; cannot issue a refund."),
+            None,
+        )
+    } else if left <= 0 {
         refusal(
             "charge_already_refunded",
             format!("Charge {charge_id} has already been refunded."),
@@ -953,6 +976,12 @@ impl StripeLayer {
             .insert(id.to_string(), reason.to_string());
     }
 
+    /// The refunds made to fail after they succeeded, with their
+    /// `failure_reason`.
+    pub fn failed_refunds(&self) -> HashMap<String, String> {
+        self.shared.state().failed_refunds.clone()
+    }
+
     /// Opens a dispute of PaymentIntent `payment_intent` (its charge
     /// `charge`) for `amount` in Stripe's units of `currency`, in Stripe's
     /// `status` (`needs_response`, `warning_needs_response`, …), evidence
@@ -984,7 +1013,9 @@ impl StripeLayer {
                 "past_due": false,
                 "submission_count": 0
             },
-            "is_charge_refundable": false,
+            // An inquiry (`warning_*`) can still be refunded; a chargeback
+            // cannot (Stripe's Dispute object, `is_charge_refundable`).
+            "is_charge_refundable": status.starts_with("warning_"),
             "livemode": false,
             "metadata": {},
             "payment_intent": payment_intent,

@@ -183,7 +183,8 @@ impl Clients {
         }
     }
 
-    async fn get(&self, path: &str) -> Option<Value> {
+    /// One GET (no retry); `None` unless it answered `2xx` with JSON.
+    pub async fn get(&self, path: &str) -> Option<Value> {
         let base = &self.bases[fastrand::usize(0..self.bases.len())];
         let r = self
             .http

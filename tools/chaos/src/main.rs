@@ -12,6 +12,7 @@
 //! settled everything, it checks the invariants by counting, prints them
 //! with the faults and retries, and exits non-zero on any breach.
 
+mod bank;
 mod clients;
 mod ha;
 mod invariants;
@@ -403,6 +404,18 @@ async fn soak(
             stop_probe.clone(),
         ))
     });
+    // The customers' banks and cards, acting on what was paid and
+    // refunded while the faults go on.
+    let side = match &stripe {
+        Some(stack) => bank::Side::Stripe {
+            stack,
+            webhooks: bases.clone(),
+        },
+        None => bank::Side::Sandbox {
+            base: sandbox_base.clone(),
+        },
+    };
+    let mut bank = bank::Bank::new(side, db.clone(), clients.clone());
     let started = Instant::now();
     match args.duration {
         Some(d) => eprintln!(
@@ -427,7 +440,7 @@ async fn soak(
         database,
         &mut services,
         &faulting,
-        &db,
+        (&db, &mut bank),
     )
     .await?;
     proxy.heal();
@@ -447,6 +460,9 @@ async fn soak(
         let windows = ha::windows(&driver.events, &successes.lock().await);
         failovers = ha::table(&windows);
     }
+    // Every provider event the bank sent is acknowledged, every refund it
+    // asked for answered.
+    bank.finish().await;
     faults.lost_answers = lossy.iter().map(LossyTcp::lost).sum();
     let soak_time = started.elapsed();
     eprintln!(
@@ -475,7 +491,9 @@ async fn soak(
         received: receiver.received(),
         secret,
     };
+    let record = bank.record.lock().await;
     let soak = invariants::Soak {
+        bank: &record,
         intents: &intents,
         faults: &faults,
         clients: &clients,
@@ -580,7 +598,7 @@ async fn drive(
     database: &mut Database,
     services: &mut [Service],
     faulting: &Faulting<'_>,
-    db: &PgPool,
+    (db, bank): (&PgPool, &mut bank::Bank<'_>),
 ) -> Result<Vec<Intent>, String> {
     let started = Instant::now();
     let more = |spawned: usize, database: &Database| match (args.duration, database) {
@@ -598,6 +616,7 @@ async fn drive(
     let mut intents = Vec::new();
     let mut spawned = 0usize;
     let mut next_fault = Instant::now() + Duration::from_millis(500);
+    let mut next_bank = Instant::now() + Duration::from_secs(2);
     loop {
         let room = more(spawned, database) && gate.available_permits() > 0;
         if room {
@@ -627,6 +646,10 @@ async fn drive(
             _ = tokio::time::sleep_until(next_fault.into()) => {
                 inject(faults, database, services, faulting, db).await?;
                 next_fault = Instant::now() + Duration::from_millis(fastrand::u64(150..700));
+            }
+            _ = tokio::time::sleep_until(next_bank.into()) => {
+                bank.act().await;
+                next_bank = Instant::now() + Duration::from_millis(fastrand::u64(150..600));
             }
             _ = tokio::time::sleep_until(next_failover.into()), if failing_over => {
                 if let Database::Ha(cluster, driver) = database {

@@ -157,11 +157,50 @@ impl Stack {
     ///   with one id are a key with more than one effect too.
     pub async fn books(&self) -> Result<Value, String> {
         let intents = self.list_all("/v1/payment_intents").await?;
-        let refunds = self.list_all("/v1/refunds").await?;
+        let mut refunds = self.list_all("/v1/refunds").await?;
+        // localstripe never fails a refund later; the layer does, and
+        // answers every read of it as failed, as Stripe would.
+        let failed = self.layer.failed_refunds();
+        for r in &mut refunds {
+            if failed.contains_key(text(&r["id"])) {
+                r["status"] = json!("failed");
+            }
+        }
         let events = self.get("/v1/events?limit=1").await?["total_count"]
             .as_u64()
             .ok_or("localstripe's event list has no total_count")?;
         Ok(ledger(&intents, &refunds, events))
+    }
+
+    /// The id of PaymentIntent `intent`'s latest charge (what a dispute
+    /// names), read from localstripe itself.
+    pub async fn latest_charge(&self, intent: &str) -> Result<String, String> {
+        let pi = self.get(&format!("/v1/payment_intents/{intent}")).await?;
+        match &pi["latest_charge"] {
+            Value::String(id) => Ok(id.clone()),
+            Value::Object(charge) => Ok(charge
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()),
+            _ => Err(format!("PaymentIntent {intent} has no charge: {pi}")),
+        }
+    }
+
+    /// Refund `id` as Stripe shows it (through the layer, which knows
+    /// refunds that failed later), read again while a spell refuses reads.
+    pub async fn refund(&self, id: &str) -> Result<Value, String> {
+        let url = format!("{}/v1/refunds/{id}", self.layer.url());
+        for _ in 0..100 {
+            let read = self.http.get(&url).bearer_auth(SECRET_KEY).send().await;
+            if let Ok(answer) = read {
+                if answer.status().is_success() {
+                    return answer.json().await.map_err(|e| e.to_string());
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Err(format!("refund {id}: no read through the layer in 20 s"))
     }
 
     /// Casts one random spell of the layer's faults (never a stall: it

@@ -351,7 +351,7 @@ pub async fn refund(
             crate::events::refund_changed(tx, metrics, &r, order_id, cause).await?;
             store::payments::add_refunded(tx, payment_id, -r.amount).await?;
             if !r.incident {
-                let next = order.status.after_refund_reversed(r.cancels_order);
+                let next = order.status.after_refund_reversed();
                 if next != order.status {
                     let order = store::orders::set_status(tx, order_id, next).await?;
                     crate::events::order_changed(tx, metrics, &order, cause).await?;

@@ -174,6 +174,10 @@ pub struct Dispute {
     /// The provider's id (`dp_…`).
     #[serde(skip)]
     pub provider_dispute_id: String,
+    /// An inquiry (no money withdrawn; see `ProviderDispute::inquiry`):
+    /// holds nothing back from refunds.
+    #[serde(skip)]
+    pub inquiry: bool,
 }
 
 #[cfg(test)]

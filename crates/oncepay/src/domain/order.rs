@@ -291,12 +291,13 @@ impl OrderStatus {
     }
 
     /// After a refund that had succeeded failed at the provider: the
-    /// money is the merchant's again, so an order that refund had
-    /// refunded or cancelled is `paid` again (refundable, cancellable).
-    pub fn after_refund_reversed(self, cancels_order: bool) -> Self {
+    /// money is the merchant's again, so a refunded or cancelled order
+    /// (whether that refund was the cancel's or one made before it) no
+    /// longer has all its money back: it is `paid` again (refundable,
+    /// cancellable), and the merchant decides.
+    pub fn after_refund_reversed(self) -> Self {
         match self {
-            OrderStatus::Refunded => OrderStatus::Paid,
-            OrderStatus::Cancelled if cancels_order => OrderStatus::Paid,
+            OrderStatus::Refunded | OrderStatus::Cancelled => OrderStatus::Paid,
             other => other,
         }
     }
@@ -314,6 +315,15 @@ impl OrderStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refund_failing_later_makes_a_refunded_or_cancelled_order_paid_again() {
+        use OrderStatus::*;
+        assert_eq!(Refunded.after_refund_reversed(), Paid);
+        assert_eq!(Cancelled.after_refund_reversed(), Paid);
+        assert_eq!(Paid.after_refund_reversed(), Paid);
+        assert_eq!(AwaitingPayment.after_refund_reversed(), AwaitingPayment);
+    }
 
     fn item(sku: &str, quantity: i128, unit_amount: i128) -> RawLineItem {
         RawLineItem {

@@ -186,6 +186,10 @@ pub struct ProviderDispute {
     pub status: crate::domain::dispute::DisputeStatus,
     /// The provider's own status.
     pub provider_status: String,
+    /// An inquiry, not a chargeback (Stripe's `warning_*`): the bank took
+    /// no money, so it holds nothing back from refunds (refunding is how a
+    /// merchant closes one). Each adapter says what its provider calls one.
+    pub inquiry: bool,
     /// The bank's reason.
     pub reason: String,
     /// When evidence is due, Unix seconds, if the provider says.

@@ -551,12 +551,22 @@ async fn create_refund(
                 let Some(charge_key) = books.charge_keys.get(&body.charge).cloned() else {
                     return error(404, "charge_not_found", "no such charge");
                 };
+                // What the customer's bank took back is not refunded, as at
+                // Stripe: the customer has that money already.
+                let charged_back: i64 = books
+                    .disputes
+                    .values()
+                    .filter(|d| d.charge_id == body.charge && d.status != "won")
+                    .map(|d| d.amount)
+                    .sum();
                 let Some(charge) = books.charges.get_mut(&charge_key) else {
                     return error(404, "charge_not_found", "no such charge");
                 };
                 let left = charge.amount - charge.amount_refunded;
                 let (status, code) = if charge.status != "succeeded" {
                     ("failed", Some("charge_not_refundable"))
+                } else if charged_back > 0 && body.amount > left - charged_back {
+                    ("failed", Some("charge_disputed"))
                 } else if body.amount < 1 || body.amount > left {
                     ("failed", Some("amount_exceeds_charge"))
                 } else {

@@ -16,7 +16,7 @@ use crate::provider::ProviderDispute;
 /// The columns every read of a dispute returns, in `from_row`'s order.
 macro_rules! dispute_columns {
     () => {
-        "d.id, d.payment_id, d.order_id, d.provider, d.provider_dispute_id, d.amount, d.currency, d.status, d.provider_status, d.reason, d.evidence_due_by, d.created_at, d.updated_at"
+        "d.id, d.payment_id, d.order_id, d.provider, d.provider_dispute_id, d.amount, d.currency, d.status, d.provider_status, d.reason, d.evidence_due_by, d.created_at, d.updated_at, d.inquiry"
     };
 }
 
@@ -37,19 +37,20 @@ fn from_row(row: &PgRow) -> Result<Dispute, StoreError> {
         evidence_due_by: row.try_get("evidence_due_by")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        inquiry: row.try_get("inquiry")?,
     })
 }
 
 /// What the money a payment's disputes hold back from refunds: the
 /// amounts of those open or lost (a won one holds nothing). An inquiry
-/// (Stripe's `warning_*`, before any chargeback) holds nothing either: no
-/// money was withdrawn, and refunding is how a merchant closes one.
-/// Called with the payment row locked.
+/// (before any chargeback) holds nothing either: no money was withdrawn,
+/// and refunding is how a merchant closes one. Called with the payment row
+/// locked. The same sum is the trigger `refund_within_disputes`
+/// (V19__dispute_holds_in_the_database.sql), the second line of defence.
 pub(crate) async fn held_sum(tx: &mut PgConnection, payment_id: Uuid) -> Result<i64, StoreError> {
     let row = sqlx::query(
         "SELECT COALESCE(sum(amount), 0)::bigint AS total FROM dispute
-          WHERE payment_id = $1 AND status <> 'won'
-            AND provider_status NOT LIKE 'warning\\_%'",
+          WHERE payment_id = $1 AND status <> 'won' AND NOT inquiry",
     )
     .bind(payment_id)
     .fetch_one(tx)
@@ -97,8 +98,8 @@ pub async fn apply(
         let row = sqlx::query(concat!(
             "INSERT INTO dispute AS d (id, merchant_id, payment_id, order_id, provider,
                 provider_dispute_id, amount, currency, status, provider_status, reason,
-                evidence_due_by, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13)
+                evidence_due_by, created_at, updated_at, inquiry)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $13, $14)
              RETURNING ",
             dispute_columns!()
         ))
@@ -115,6 +116,7 @@ pub async fn apply(
         .bind(&truth.reason)
         .bind(due)
         .bind(now)
+        .bind(truth.inquiry)
         .fetch_one(&mut *tx)
         .await?;
         return Ok(Applied {
@@ -123,12 +125,10 @@ pub async fn apply(
             changed: true,
         });
     };
-    let inquiry = |provider_status: &str| provider_status.starts_with("warning_");
-    let status = match held.status.advance_phase(
-        inquiry(&held.provider_status),
-        truth.status,
-        inquiry(&truth.provider_status),
-    ) {
+    let status = match held
+        .status
+        .advance_phase(held.inquiry, truth.status, truth.inquiry)
+    {
         DisputeMove::Advance(status) => status,
         DisputeMove::Unchanged => held.status,
         DisputeMove::Ignored => {
@@ -140,6 +140,7 @@ pub async fn apply(
         }
     };
     let same = status == held.status
+        && held.inquiry == truth.inquiry
         && held.provider_status == truth.provider_status
         && held.evidence_due_by == due
         && held.amount == truth.amount
@@ -153,7 +154,7 @@ pub async fn apply(
     }
     let row = sqlx::query(concat!(
         "UPDATE dispute AS d SET status = $2, provider_status = $3, amount = $4, reason = $5,
-                evidence_due_by = $6, updated_at = $7
+                evidence_due_by = $6, updated_at = $7, inquiry = $8
           WHERE d.id = $1 AND d.status NOT IN ('won', 'lost')
          RETURNING ",
         dispute_columns!()
@@ -165,6 +166,7 @@ pub async fn apply(
     .bind(&truth.reason)
     .bind(due)
     .bind(now)
+    .bind(truth.inquiry)
     .fetch_optional(&mut *tx)
     .await?;
     Ok(match row {

@@ -82,6 +82,15 @@ async fn a_dispute_arrives_by_the_providers_webhook_and_is_its_merchants_only() 
         .post(&refunds, "rest", &json!({"amount": amount - 500}))
         .await;
     assert_eq!(rest.status(), StatusCode::CREATED);
+    // The provider pays it: it is not what the bank took back.
+    let rest = json_of(rest).await;
+    let rest = app
+        .poll_until(
+            &format!("/refunds/{}", rest["id"].as_str().expect("id")),
+            |r| r["status"] != "pending",
+        )
+        .await;
+    assert_eq!(rest["status"], "succeeded", "{rest}");
 
     // The sandbox closes it, and its webhook says so.
     let closed = app
@@ -114,6 +123,58 @@ async fn a_dispute_arrives_by_the_providers_webhook_and_is_its_merchants_only() 
         .post(&refunds, "after-won", &json!({"amount": 500}))
         .await;
     assert_eq!(won.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn the_database_refuses_a_refund_of_a_charged_back_amount_whatever_the_code_does() {
+    let app = spawn_app().await;
+    let payment = paid(&app).await;
+    let id = payment["id"].as_str().expect("id");
+    let amount = payment["amount"].as_i64().expect("amount");
+    let charge = payment["provider_charge_id"].as_str().expect("charge");
+    let opened = app
+        .http
+        .post(format!("{}/v1/charges/{charge}/disputes", app.sandbox))
+        .json(&json!({"amount": 300}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert_eq!(opened.status(), StatusCode::CREATED);
+    app.poll_until(&format!("/payments/{id}"), |p| !p["dispute"].is_null())
+        .await;
+    // A refund row written past the command (as a bug would): what the
+    // dispute leaves fits, one unit more does not.
+    let insert = |amount: i64, key: &'static str| {
+        sqlx::query(
+            "INSERT INTO refund (id, merchant_id, payment_id, amount, status, next_check_at,
+                                 created_at, updated_at, idempotency_key)
+             SELECT gen_random_uuid(), merchant_id, id, $2, 'pending', now(), now(), now(), $3
+               FROM payment_attempt WHERE id = $1::uuid",
+        )
+        .bind(id)
+        .bind(amount)
+        .bind(key)
+        .execute(&app.db)
+    };
+    let refused = insert(amount - 299, "past-the-code")
+        .await
+        .expect_err("refused");
+    let refused = refused.as_database_error().expect("a database error");
+    assert_eq!(
+        refused.constraint(),
+        Some("refund_within_disputes"),
+        "{refused}"
+    );
+    insert(amount - 300, "what-is-left")
+        .await
+        .expect("what the dispute leaves fits");
+    let refunds: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM refund WHERE payment_id = $1::uuid")
+            .bind(id)
+            .fetch_one(&app.db)
+            .await
+            .expect("count");
+    assert_eq!(refunds, 1);
 }
 
 #[tokio::test]

@@ -354,6 +354,15 @@ impl TestApp {
     /// it is delivered (`charge.dispute.created`); returns the provider's
     /// dispute and the event's outcome.
     async fn dispute_opens(&self, payment: &Value, amount: Option<i64>) -> (Value, String) {
+        let dispute = self.dispute_opens_unheard(payment, amount).await;
+        let outcome = self.dispute_event(&dispute, "created").await;
+        (dispute, outcome)
+    }
+
+    /// The customer's bank disputes `amount` (the whole charge if `None`)
+    /// of `payment`'s charge at the provider, and its event has not come
+    /// yet; returns the provider's dispute.
+    async fn dispute_opens_unheard(&self, payment: &Value, amount: Option<i64>) -> Value {
         let charge = payment["provider_charge_id"].as_str().expect("charge id");
         let amount_or_all = amount.unwrap_or(payment["amount"].as_i64().expect("amount"));
         let dispute = match &self.stripe {
@@ -389,8 +398,7 @@ impl TestApp {
                 "needs_response",
             ),
         };
-        let outcome = self.dispute_event(&dispute, "created").await;
-        (dispute, outcome)
+        dispute
     }
 
     /// The bank decides `dispute` (`won` or `lost`) at the provider and the
@@ -1064,6 +1072,30 @@ async fn dispute_lost(app: TestApp) {
     refused_as_disputed(&app, &paid, "one-more", json!({"amount": 1})).await;
 }
 
+/// The bank took part of the money back and its event has not come yet:
+/// oncepay lets a refund of it all through, and the provider refuses what
+/// was charged back (Stripe's `charge_disputed`): the refund ends failed,
+/// nothing refunded, nothing held; what the dispute left is refundable.
+async fn refund_of_a_dispute_not_yet_heard_of_is_refused_by_the_provider(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    app.dispute_opens_unheard(&paid, Some(1000)).await;
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app.post(&path, "all", &json!({})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refused = json_of(r).await;
+    assert_eq!(refused["status"], "failed", "{refused}");
+    assert_eq!(refused["failure_code"], "charge_disputed", "{refused}");
+    assert_eq!(app.refunded_at_provider(&paid).await, 0);
+    let rest = app
+        .post(&path, "the-rest", &json!({"amount": amount - 1000}))
+        .await;
+    assert_eq!(rest.status(), StatusCode::CREATED);
+    assert_eq!(json_of(rest).await["status"], "succeeded");
+    assert_eq!(app.refunded_at_provider(&paid).await, amount - 1000);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+}
+
 async fn cancels_a_paid_order(app: TestApp) {
     let (order, paid) = paid(&app).await;
     let r = app
@@ -1194,6 +1226,7 @@ contract!(
     dispute_opened,
     dispute_won,
     dispute_lost,
+    refund_of_a_dispute_not_yet_heard_of_is_refused_by_the_provider,
     cancels_a_paid_order,
     takes_a_duplicate_event_once,
     ignores_an_event_out_of_order,

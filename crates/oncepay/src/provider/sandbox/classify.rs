@@ -107,6 +107,8 @@ pub(crate) fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
         amount: d.amount,
         status,
         provider_status: d.status,
+        // The sandbox's disputes are all chargebacks.
+        inquiry: false,
         reason: d.reason,
         evidence_due_by: d.evidence_due_by,
     })

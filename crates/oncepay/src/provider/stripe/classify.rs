@@ -615,6 +615,9 @@ pub fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
         charge,
         amount,
         status,
+        // Stripe's inquiries (`warning_needs_response`, `warning_under_review`,
+        // `warning_closed`) are the only statuses that withdrew nothing.
+        inquiry: provider_status.starts_with("warning_"),
         provider_status,
         reason: text("reason").unwrap_or_else(|| "general".into()),
         evidence_due_by: o

@@ -96,6 +96,7 @@ pub mod disputes;
 pub mod events;
 pub mod group_commit;
 pub mod inbound;
+pub mod identity;
 pub mod incidents;
 pub mod merchants;
 pub mod migrate;

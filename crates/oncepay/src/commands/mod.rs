@@ -689,9 +689,11 @@ pub async fn resume(ctx: &AppContext, id: RecordId, lease: Lease) -> Result<(), 
     };
     // A resumed command's events name who asked for it, as they would
     // have had it finished in its request.
-    let outcome =
-        crate::audit::acting_as(input.actor.clone(), resume_kind(kind, ctx, &mut claim, &input))
-            .await;
+    let outcome = crate::audit::acting_as(
+        input.actor.clone(),
+        resume_kind(kind, ctx, &mut claim, &input),
+    )
+    .await;
     match outcome {
         Ok(_) | Err(Drive::LeaseLost) => Ok(()),
         Err(Drive::Failed(problem)) => Err(problem),

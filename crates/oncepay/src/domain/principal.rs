@@ -48,8 +48,7 @@ impl Role {
     /// The scopes a token of this role holds, as a key's are checked.
     /// A customer's are further narrowed route by route to what it owns.
     pub fn scopes(self) -> Scopes {
-        Scopes::parse([Scope::Read.as_str(), Scope::Write.as_str()])
-            .unwrap_or_default()
+        Scopes::parse([Scope::Read.as_str(), Scope::Write.as_str()]).unwrap_or_default()
     }
 }
 
@@ -70,7 +69,10 @@ mod tests {
 
     #[test]
     fn roles_come_from_a_string_or_an_array_and_the_lesser_wins() {
-        assert_eq!(Role::of_claim(Some(&json!("customer"))), Some(Role::Customer));
+        assert_eq!(
+            Role::of_claim(Some(&json!("customer"))),
+            Some(Role::Customer)
+        );
         assert_eq!(Role::of_claim(Some(&json!(["seller"]))), Some(Role::Seller));
         assert_eq!(
             Role::of_claim(Some(&json!(["seller", "customer"]))),

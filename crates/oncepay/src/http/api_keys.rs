@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use super::lists::{FilterKind, ListSpec};
 use super::resources::run_command;
 use super::{
-    authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
-    path_uuid, read_body, AppState,
+    authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime, path_uuid,
+    read_body, AppState,
 };
 use crate::commands::api_keys::CreateApiKey;
 use crate::commands::{Command, CommandInput};

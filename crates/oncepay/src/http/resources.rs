@@ -4,8 +4,8 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::{
-    answer, auth, authenticate, authenticate_caller, idempotency_key, ok_json,
-    on_service_runtime, path_uuid, read_body, AppState,
+    answer, auth, authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
+    path_uuid, read_body, AppState,
 };
 use crate::commands::orders::{CancelOrder, CreateOrder};
 use crate::commands::payments::CreatePayment;

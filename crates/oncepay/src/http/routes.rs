@@ -118,21 +118,41 @@ const SIGNED_EVENT: &str = "signed by the provider and deduplicated by the provi
 
 /// Every route of the API, in the order they are registered.
 pub const ROUTES: &[Route] = &[
-    route("GET", "/orders", Needs(Read, Owning(OwnList)), Unused, |r| {
-        r.to(lists::orders)
-    }),
-    route("POST", "/orders", Needs(Write, Owning(CustomerInBody)), Required, |r| {
-        r.to(resources::create_order)
-    }),
-    route("GET", "/orders/{id}", Needs(Read, Owning(OrderInPath)), Unused, |r| {
-        r.to(resources::get_order)
-    }),
-    route("POST", "/orders/{id}/cancel", Needs(Write, Owning(OrderInPath)), Required, |r| {
-        r.to(resources::cancel_order)
-    }),
-    route("GET", "/orders/{id}/payments", Needs(Read, Owning(OrderInPath)), Unused, |r| {
-        r.to(resources::list_payments)
-    }),
+    route(
+        "GET",
+        "/orders",
+        Needs(Read, Owning(OwnList)),
+        Unused,
+        |r| r.to(lists::orders),
+    ),
+    route(
+        "POST",
+        "/orders",
+        Needs(Write, Owning(CustomerInBody)),
+        Required,
+        |r| r.to(resources::create_order),
+    ),
+    route(
+        "GET",
+        "/orders/{id}",
+        Needs(Read, Owning(OrderInPath)),
+        Unused,
+        |r| r.to(resources::get_order),
+    ),
+    route(
+        "POST",
+        "/orders/{id}/cancel",
+        Needs(Write, Owning(OrderInPath)),
+        Required,
+        |r| r.to(resources::cancel_order),
+    ),
+    route(
+        "GET",
+        "/orders/{id}/payments",
+        Needs(Read, Owning(OrderInPath)),
+        Unused,
+        |r| r.to(resources::list_payments),
+    ),
     route(
         "POST",
         "/orders/{id}/checkout",
@@ -170,18 +190,30 @@ pub const ROUTES: &[Route] = &[
         Required,
         |r| r.to(checkout::pay),
     ),
-    route("GET", "/payments", Needs(Read, Owning(OwnList)), Unused, |r| {
-        r.to(lists::payments)
-    }),
-    route("POST", "/payments", Needs(Write, Owning(OrderInBody)), Required, |r| {
-        r.to(resources::create_payment)
-    }),
+    route(
+        "GET",
+        "/payments",
+        Needs(Read, Owning(OwnList)),
+        Unused,
+        |r| r.to(lists::payments),
+    ),
+    route(
+        "POST",
+        "/payments",
+        Needs(Write, Owning(OrderInBody)),
+        Required,
+        |r| r.to(resources::create_payment),
+    ),
     route("GET", "/refunds", Needs(Read, Refused), Unused, |r| {
         r.to(lists::refunds)
     }),
-    route("GET", "/payments/{id}", Needs(Read, Owning(PaymentInPath)), Unused, |r| {
-        r.to(resources::get_payment)
-    }),
+    route(
+        "GET",
+        "/payments/{id}",
+        Needs(Read, Owning(PaymentInPath)),
+        Unused,
+        |r| r.to(resources::get_payment),
+    ),
     route(
         "POST",
         "/payments/{id}/refunds",
@@ -198,15 +230,27 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/disputes/{id}", Needs(Read, Refused), Unused, |r| {
         r.to(resources::get_dispute)
     }),
-    route("GET", "/orders/{id}/events", Needs(Read, Refused), Unused, |r| {
-        r.to(events::order_trail)
-    }),
-    route("GET", "/payments/{id}/events", Needs(Read, Refused), Unused, |r| {
-        r.to(events::payment_trail)
-    }),
-    route("GET", "/refunds/{id}/events", Needs(Read, Refused), Unused, |r| {
-        r.to(events::refund_trail)
-    }),
+    route(
+        "GET",
+        "/orders/{id}/events",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(events::order_trail),
+    ),
+    route(
+        "GET",
+        "/payments/{id}/events",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(events::payment_trail),
+    ),
+    route(
+        "GET",
+        "/refunds/{id}/events",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(events::refund_trail),
+    ),
     route("GET", "/events", Needs(Read, Refused), Unused, |r| {
         r.to(events::list_events)
     }),
@@ -220,12 +264,20 @@ pub const ROUTES: &[Route] = &[
         Exempt(DEDUPLICATED_DELIVERY),
         |r| r.to(events::redeliver),
     ),
-    route("GET", "/webhook_endpoints", Needs(Admin, Refused), Unused, |r| {
-        r.to(webhook_endpoints::list)
-    }),
-    route("POST", "/webhook_endpoints", Needs(Admin, Refused), Required, |r| {
-        r.to(webhook_endpoints::create)
-    }),
+    route(
+        "GET",
+        "/webhook_endpoints",
+        Needs(Admin, Refused),
+        Unused,
+        |r| r.to(webhook_endpoints::list),
+    ),
+    route(
+        "POST",
+        "/webhook_endpoints",
+        Needs(Admin, Refused),
+        Required,
+        |r| r.to(webhook_endpoints::create),
+    ),
     route(
         "DELETE",
         "/webhook_endpoints/{id}",
@@ -246,9 +298,13 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/api_keys", Needs(Admin, Refused), Required, |r| {
         r.to(api_keys::create)
     }),
-    route("DELETE", "/api_keys/{id}", Needs(Admin, Refused), Unused, |r| {
-        r.to(api_keys::revoke)
-    }),
+    route(
+        "DELETE",
+        "/api_keys/{id}",
+        Needs(Admin, Refused),
+        Unused,
+        |r| r.to(api_keys::revoke),
+    ),
     route("GET", "/audit_events", Needs(Admin, Refused), Unused, |r| {
         r.to(api_keys::audit_events)
     }),

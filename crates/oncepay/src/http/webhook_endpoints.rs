@@ -6,8 +6,8 @@ use serde_json::json;
 
 use super::resources::run_command;
 use super::{
-    authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
-    path_uuid, read_body, AppState,
+    authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime, path_uuid,
+    read_body, AppState,
 };
 use crate::commands::webhook_endpoints::CreateWebhookEndpoint;
 use crate::commands::{Command, CommandInput};

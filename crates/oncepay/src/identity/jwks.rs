@@ -87,8 +87,7 @@ impl PublicKey {
 
 /// The keys of a JWKS document by `kid`; an error if it is not one.
 pub fn parse_set(document: &[u8]) -> Result<HashMap<String, PublicKey>, String> {
-    let value: Value =
-        serde_json::from_slice(document).map_err(|e| format!("not JSON: {e}"))?;
+    let value: Value = serde_json::from_slice(document).map_err(|e| format!("not JSON: {e}"))?;
     let keys = value
         .get("keys")
         .and_then(Value::as_array)
@@ -130,7 +129,9 @@ pub fn check_url(raw: &str) -> Result<Url, String> {
         // A test's or a developer's provider on this machine: the keys
         // cannot be swapped by anyone between the two ends.
         "http" if outbound::literal_address(&url).is_some_and(|ip| ip.is_loopback()) => Ok(url),
-        _ => Err("must be an https:// URL (http:// only to a loopback address such as 127.0.0.1)".into()),
+        _ => Err(
+            "must be an https:// URL (http:// only to a loopback address such as 127.0.0.1)".into(),
+        ),
     }
 }
 
@@ -239,9 +240,8 @@ impl Jwks {
                 .unwrap_or_else(|p| p.into_inner())
                 .lookup_state(Instant::now(), self.min_refresh, kid)
         };
-        match lock(&set) {
-            (found, false) => return found,
-            (_, true) => {}
+        if let (found, false) = lock(&set) {
+            return found;
         }
         let _fetching = set.fetching.lock().await;
         // Another request may have fetched while this one waited: its
@@ -351,7 +351,10 @@ mod tests {
     fn freshness_follows_cache_control_within_bounds() {
         let (min, max) = (Duration::from_secs(30), Duration::from_secs(3600));
         assert_eq!(freshness(None, min, max), min);
-        assert_eq!(freshness(Some("max-age=600"), min, max), Duration::from_secs(600));
+        assert_eq!(
+            freshness(Some("max-age=600"), min, max),
+            Duration::from_secs(600)
+        );
         assert_eq!(freshness(Some("public, max-age=5"), min, max), min);
         assert_eq!(freshness(Some("max-age=86400"), min, max), max);
         assert_eq!(freshness(Some("no-store"), min, max), min);
@@ -381,7 +384,10 @@ mod tests {
         let min = Duration::from_secs(30);
         let now = Instant::now();
         let mut held = Held::default();
-        assert_eq!(held.lookup_state(now, min, "k"), (Lookup::Unavailable, true));
+        assert_eq!(
+            held.lookup_state(now, min, "k"),
+            (Lookup::Unavailable, true)
+        );
         held.last_attempt = Some(now);
         held.fetched = true;
         held.fresh_until = Some(now + min);
@@ -393,11 +399,23 @@ mod tests {
         };
         held.keys = Arc::new(HashMap::from([("k".to_string(), key.clone())]));
         // Fresh: no fetch. Unknown kid within the ration: no fetch.
-        assert_eq!(held.lookup_state(now, min, "k"), (Lookup::Found(key.clone()), false));
-        assert_eq!(held.lookup_state(now, min, "forged"), (Lookup::Unknown, false));
+        assert_eq!(
+            held.lookup_state(now, min, "k"),
+            (Lookup::Found(key.clone()), false)
+        );
+        assert_eq!(
+            held.lookup_state(now, min, "forged"),
+            (Lookup::Unknown, false)
+        );
         // Past the ration: an unknown kid fetches, a stale key refreshes.
         let later = now + min;
-        assert_eq!(held.lookup_state(later, min, "forged"), (Lookup::Unknown, true));
-        assert_eq!(held.lookup_state(later, min, "k"), (Lookup::Found(key), true));
+        assert_eq!(
+            held.lookup_state(later, min, "forged"),
+            (Lookup::Unknown, true)
+        );
+        assert_eq!(
+            held.lookup_state(later, min, "k"),
+            (Lookup::Found(key), true)
+        );
     }
 }

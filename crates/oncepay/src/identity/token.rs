@@ -169,10 +169,8 @@ fn decoding_key(key: &PublicKey, alg: Algorithm) -> Result<DecodingKey, Refusal>
         URL_SAFE_NO_PAD.decode(text).map_err(|_| Refusal::BadKey)
     };
     match kty {
-        "RSA" => {
-            DecodingKey::from_rsa_components(&key.components[0], &key.components[1])
-                .map_err(|_| Refusal::BadKey)
-        }
+        "RSA" => DecodingKey::from_rsa_components(&key.components[0], &key.components[1])
+            .map_err(|_| Refusal::BadKey),
         "EC" => {
             if bytes(0)?.len() != 32 || bytes(1)?.len() != 32 {
                 return Err(Refusal::BadKey);
@@ -228,24 +226,28 @@ pub fn verify(
     validation.set_audience(&[expected.audience]);
     validation.set_issuer(&[expected.issuer]);
     validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
-    let data = jsonwebtoken::decode::<Map<String, Value>>(token, &decoding, &validation)
-        .map_err(|e| match e.kind() {
-            ErrorKind::InvalidSignature => Refusal::Signature,
-            ErrorKind::ExpiredSignature => Refusal::Expired,
-            ErrorKind::ImmatureSignature => Refusal::NotYetValid,
-            ErrorKind::InvalidAudience => Refusal::Audience,
-            ErrorKind::InvalidIssuer => Refusal::UnknownIssuer,
-            ErrorKind::MissingRequiredClaim(claim) => Refusal::Claim(match claim.as_str() {
-                "exp" => "exp",
-                "aud" => "aud",
-                "iss" => "iss",
-                _ => "sub",
-            }),
-            ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => Refusal::KeyMismatch,
-            ErrorKind::InvalidRsaKey(_)
-            | ErrorKind::InvalidEcdsaKey
-            | ErrorKind::InvalidKeyFormat => Refusal::BadKey,
-            _ => Refusal::Malformed,
+    let data =
+        jsonwebtoken::decode::<Map<String, Value>>(token, &decoding, &validation).map_err(|e| {
+            match e.kind() {
+                ErrorKind::InvalidSignature => Refusal::Signature,
+                ErrorKind::ExpiredSignature => Refusal::Expired,
+                ErrorKind::ImmatureSignature => Refusal::NotYetValid,
+                ErrorKind::InvalidAudience => Refusal::Audience,
+                ErrorKind::InvalidIssuer => Refusal::UnknownIssuer,
+                ErrorKind::MissingRequiredClaim(claim) => Refusal::Claim(match claim.as_str() {
+                    "exp" => "exp",
+                    "aud" => "aud",
+                    "iss" => "iss",
+                    _ => "sub",
+                }),
+                ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+                    Refusal::KeyMismatch
+                }
+                ErrorKind::InvalidRsaKey(_)
+                | ErrorKind::InvalidEcdsaKey
+                | ErrorKind::InvalidKeyFormat => Refusal::BadKey,
+                _ => Refusal::Malformed,
+            }
         })?;
     let claims = data.claims;
     // jsonwebtoken skips a claim of the wrong type as if absent: `exp`
@@ -305,7 +307,9 @@ mod tests {
             let t = token(serde_json::json!({"alg": alg, "kid": "k"}), payload.clone());
             assert!(peek(&t).is_ok(), "{alg}");
         }
-        for alg in ["none", "None", "HS256", "HS384", "HS512", "RS384", "ES384", "RS512", ""] {
+        for alg in [
+            "none", "None", "HS256", "HS384", "HS512", "RS384", "ES384", "RS512", "",
+        ] {
             let t = token(serde_json::json!({"alg": alg, "kid": "k"}), payload.clone());
             assert_eq!(peek(&t), Err(Refusal::Algorithm), "{alg}");
         }
@@ -323,14 +327,23 @@ mod tests {
             iss,
         );
         assert_eq!(peek(&t), Err(Refusal::Critical));
-        let t = token(serde_json::json!({"alg": "ES256", "kid": "k"}), serde_json::json!({}));
+        let t = token(
+            serde_json::json!({"alg": "ES256", "kid": "k"}),
+            serde_json::json!({}),
+        );
         assert_eq!(peek(&t), Err(Refusal::NoIssuer));
         let t = token(
             serde_json::json!({"alg": "ES256", "kid": "k"}),
             serde_json::json!({"iss": 7}),
         );
         assert_eq!(peek(&t), Err(Refusal::NoIssuer));
-        for bad in ["a.b.c", "..", "e30.e30", "!!.e30.x", &"a".repeat(MAX_TOKEN_BYTES + 1)] {
+        for bad in [
+            "a.b.c",
+            "..",
+            "e30.e30",
+            "!!.e30.x",
+            &"a".repeat(MAX_TOKEN_BYTES + 1),
+        ] {
             assert!(peek(bad).is_err(), "{bad}");
         }
     }
@@ -345,30 +358,48 @@ mod tests {
             components: vec![x.clone(), x.clone()],
         };
         assert!(decoding_key(&ec, Algorithm::ES256).is_ok());
-        assert_eq!(decoding_key(&ec, Algorithm::RS256).err(), Some(Refusal::KeyMismatch));
-        assert_eq!(decoding_key(&ec, Algorithm::EdDSA).err(), Some(Refusal::KeyMismatch));
+        assert_eq!(
+            decoding_key(&ec, Algorithm::RS256).err(),
+            Some(Refusal::KeyMismatch)
+        );
+        assert_eq!(
+            decoding_key(&ec, Algorithm::EdDSA).err(),
+            Some(Refusal::KeyMismatch)
+        );
         let p384 = PublicKey {
             crv: Some("P-384".into()),
             ..ec.clone()
         };
-        assert_eq!(decoding_key(&p384, Algorithm::ES256).err(), Some(Refusal::KeyMismatch));
+        assert_eq!(
+            decoding_key(&p384, Algorithm::ES256).err(),
+            Some(Refusal::KeyMismatch)
+        );
         let named = PublicKey {
             alg: Some("ES384".into()),
             ..ec.clone()
         };
-        assert_eq!(decoding_key(&named, Algorithm::ES256).err(), Some(Refusal::KeyMismatch));
+        assert_eq!(
+            decoding_key(&named, Algorithm::ES256).err(),
+            Some(Refusal::KeyMismatch)
+        );
         let short = PublicKey {
             components: vec![x.clone(), "AA".into()],
             ..ec
         };
-        assert_eq!(decoding_key(&short, Algorithm::ES256).err(), Some(Refusal::BadKey));
+        assert_eq!(
+            decoding_key(&short, Algorithm::ES256).err(),
+            Some(Refusal::BadKey)
+        );
         let rsa = PublicKey {
             kty: "RSA".into(),
             alg: Some("RS256".into()),
             crv: None,
             components: vec!["AQAB".into(), "AQAB".into()],
         };
-        assert_eq!(decoding_key(&rsa, Algorithm::PS256).err(), Some(Refusal::KeyMismatch));
+        assert_eq!(
+            decoding_key(&rsa, Algorithm::PS256).err(),
+            Some(Refusal::KeyMismatch)
+        );
     }
 
     #[test]

@@ -179,12 +179,7 @@ pub(crate) fn bind_events<'q>(
                 .map(|e| e.request_id.map(str::to_string))
                 .collect::<Vec<_>>(),
         )
-        .bind(
-            events
-                .iter()
-                .map(|e| e.actor.cloned())
-                .collect::<Vec<_>>(),
-        )
+        .bind(events.iter().map(|e| e.actor.cloned()).collect::<Vec<_>>())
 }
 
 /// Writes one event and its deliveries in one statement: a batch of one

@@ -1025,4 +1025,3 @@ mod tests {
         assert!(super::LIVE_ATTEMPT.ends_with(live_attempts_of!("$1")));
     }
 }
-

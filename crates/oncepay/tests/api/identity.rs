@@ -25,7 +25,9 @@ const AUDIENCE: &str = "oncepay-shop-a";
 fn python() -> PathBuf {
     match std::env::var_os("ONCEPAY_PYJWT_PYTHON") {
         Some(path) => PathBuf::from(path),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/pyjwt-venv/bin/python"),
+        None => {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/pyjwt-venv/bin/python")
+        }
     }
 }
 
@@ -187,7 +189,11 @@ async fn serve_jwks(shared: web::Data<IdpShared>) -> HttpResponse {
     if shared.down.load(Ordering::SeqCst) {
         return HttpResponse::ServiceUnavailable().finish();
     }
-    let keys = shared.keys.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let keys = shared
+        .keys
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     HttpResponse::Ok()
         .content_type("application/json")
         .body(json!({ "keys": keys }).to_string())
@@ -320,7 +326,10 @@ async fn assert_invalid_token(r: reqwest::Response, token: &str, case: &str, why
     let detail = problem["detail"].as_str().unwrap_or_default();
     assert!(detail.contains(why), "{case}: {detail}");
     for part in token.split('.').filter(|p| p.len() > 8) {
-        assert!(!detail.contains(part), "{case}: the detail echoes the token");
+        assert!(
+            !detail.contains(part),
+            "{case}: the detail echoes the token"
+        );
     }
 }
 
@@ -341,7 +350,10 @@ async fn each_algorithm_is_accepted_from_a_jwks() {
         let order = json_of(r).await;
         assert_eq!(order["customer_id"], customer.as_str());
         let r = app
-            .get_as(&token, &format!("/orders/{}", order["id"].as_str().unwrap()))
+            .get_as(
+                &token,
+                &format!("/orders/{}", order["id"].as_str().unwrap()),
+            )
             .await;
         assert_eq!(r.status(), StatusCode::OK, "{}", key.alg);
     }
@@ -379,13 +391,41 @@ async fn every_bad_token_is_401_invalid_token_and_consumes_nothing() {
         c
     };
     let cases: Vec<(&str, &str, Sign<'_>)> = vec![
-        ("expired", "expired", Sign::new(own, with(json!({"exp": now() - 120})))),
-        ("not yet valid", "not valid yet", Sign::new(own, with(json!({"nbf": now() + 300})))),
-        ("issued in the future", "future", Sign::new(own, with(json!({"iat": now() + 600})))),
-        ("wrong issuer", "issuer", Sign::new(own, with(json!({"iss": "https://id.evil.example"})))),
-        ("wrong audience", "aud", Sign::new(own, with(json!({"aud": "someone-else"})))),
-        ("no expiry", "exp", Sign::new(own, with(json!({"exp": null})))),
-        ("no subject", "sub", Sign::new(own, with(json!({"sub": null})))),
+        (
+            "expired",
+            "expired",
+            Sign::new(own, with(json!({"exp": now() - 120}))),
+        ),
+        (
+            "not yet valid",
+            "not valid yet",
+            Sign::new(own, with(json!({"nbf": now() + 300}))),
+        ),
+        (
+            "issued in the future",
+            "future",
+            Sign::new(own, with(json!({"iat": now() + 600}))),
+        ),
+        (
+            "wrong issuer",
+            "issuer",
+            Sign::new(own, with(json!({"iss": "https://id.evil.example"}))),
+        ),
+        (
+            "wrong audience",
+            "aud",
+            Sign::new(own, with(json!({"aud": "someone-else"}))),
+        ),
+        (
+            "no expiry",
+            "exp",
+            Sign::new(own, with(json!({"exp": null}))),
+        ),
+        (
+            "no subject",
+            "sub",
+            Sign::new(own, with(json!({"sub": null}))),
+        ),
         (
             "unknown kid",
             "kid",
@@ -413,7 +453,11 @@ async fn every_bad_token_is_401_invalid_token_and_consumes_nothing() {
         // Another merchant's issuer's key, claiming this issuer: under its
         // own kid (not in this issuer's set) and under this issuer's kid
         // (whose key does not verify it).
-        ("another merchant's key", "kid", Sign::new(other, good.clone())),
+        (
+            "another merchant's key",
+            "kid",
+            Sign::new(other, good.clone()),
+        ),
         (
             "another merchant's key under this issuer's kid",
             "alg",
@@ -457,7 +501,11 @@ async fn every_bad_token_is_401_invalid_token_and_consumes_nothing() {
         let r = app.get_as(token, "/orders").await;
         assert_invalid_token(r, token, name, why).await;
     }
-    assert_eq!(app.everything().await, before, "a refused token wrote nothing");
+    assert_eq!(
+        app.everything().await,
+        before,
+        "a refused token wrote nothing"
+    );
     // The valid token works, so every refusal above was the token's.
     let r = app.order_as(&valid, "alice").await;
     assert_eq!(r.status(), StatusCode::CREATED);
@@ -475,7 +523,10 @@ async fn a_key_rotation_is_followed_without_a_restart() {
     trust(&app, "merchant-a", ISSUER, &idp).await;
     let old_token = sign(old, claims("alice", "customer")).await;
     let new_token = sign(new, claims("alice", "customer")).await;
-    assert_eq!(app.get_as(&old_token, "/orders").await.status(), StatusCode::OK);
+    assert_eq!(
+        app.get_as(&old_token, "/orders").await.status(),
+        StatusCode::OK
+    );
     // The provider publishes the new key and removes the old one.
     idp.publish(&[new]);
     let followed = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
@@ -553,7 +604,9 @@ async fn futures_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> 
         }
     })
     .await;
-    done.into_iter().map(|d| d.expect("every future ran")).collect()
+    done.into_iter()
+        .map(|d| d.expect("every future ran"))
+        .collect()
 }
 
 #[tokio::test]
@@ -574,7 +627,10 @@ async fn an_identity_provider_that_is_down_leaves_cached_keys_working() {
     // is still served with the key held.
     let tried = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
         let ok = app.get_as(&token, "/orders").await.status() == StatusCode::OK;
-        assert!(ok, "a cached key stopped working while the provider was down");
+        assert!(
+            ok,
+            "a cached key stopped working while the provider was down"
+        );
         idp.hits() >= 2
     })
     .await;
@@ -583,7 +639,12 @@ async fn an_identity_provider_that_is_down_leaves_cached_keys_working() {
 }
 
 /// A customer's order (and, with `paid`, its payment).
-async fn customer_order(app: &TestApp, token: &str, customer: &str, paid: bool) -> (String, Option<String>) {
+async fn customer_order(
+    app: &TestApp,
+    token: &str,
+    customer: &str,
+    paid: bool,
+) -> (String, Option<String>) {
     let r = app.order_as(token, customer).await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let order = json_of(r).await["id"].as_str().unwrap().to_string();
@@ -658,7 +719,12 @@ async fn a_customer_reaches_only_its_own_and_another_customers_objects_are_404()
                     Ownership::CustomerInBody => {
                         let mut body = order_body();
                         body["customer_id"] = json!("bob");
-                        (route.path.to_string(), body, StatusCode::FORBIDDEN, "not_owner")
+                        (
+                            route.path.to_string(),
+                            body,
+                            StatusCode::FORBIDDEN,
+                            "not_owner",
+                        )
                     }
                     Ownership::OrderInBody => (
                         route.path.to_string(),
@@ -701,16 +767,26 @@ async fn a_customer_reaches_only_its_own_and_another_customers_objects_are_404()
                 assert_eq!(problem["code"], code, "{route:?}");
             }
         }
-        assert_eq!(app.everything().await, before, "{route:?} changed something");
+        assert_eq!(
+            app.everything().await,
+            before,
+            "{route:?} changed something"
+        );
         checked += 1;
     }
     let guarded = oncepay::http::ROUTES
         .iter()
         .filter(|r| matches!(r.access, Access::Needs(..)))
         .count();
-    assert_eq!(checked, guarded, "every route that takes a caller was checked");
+    assert_eq!(
+        checked, guarded,
+        "every route that takes a caller was checked"
+    );
     // Bob's objects are as they were; alice's own answer as usual.
-    assert_eq!(app.status_of(&format!("/orders/{bob_open}")).await, "awaiting_payment");
+    assert_eq!(
+        app.status_of(&format!("/orders/{bob_open}")).await,
+        "awaiting_payment"
+    );
     assert_eq!(app.status_of(&format!("/orders/{bob_paid}")).await, "paid");
     let r = app.get_as(&alice, &format!("/orders/{alice_open}")).await;
     assert_eq!(r.status(), StatusCode::OK);
@@ -774,7 +850,13 @@ async fn two_customers_and_a_merchant_key_racing_one_idempotency_key_get_three_o
         callers
             .iter()
             .map(|(bearer, body)| {
-                app.call_as(bearer, Method::POST, "/orders", Some(shared_key), Some(body))
+                app.call_as(
+                    bearer,
+                    Method::POST,
+                    "/orders",
+                    Some(shared_key),
+                    Some(body),
+                )
             })
             .collect(),
     )
@@ -821,8 +903,14 @@ async fn a_seller_acts_as_a_write_key_and_never_as_admin() {
     // Any customer's order, and reads of what customers may not read.
     let r = app.order_as(&seller, "anyone").await;
     assert_eq!(r.status(), StatusCode::CREATED);
-    assert_eq!(app.get_as(&seller, "/refunds").await.status(), StatusCode::OK);
-    assert_eq!(app.get_as(&seller, "/events").await.status(), StatusCode::OK);
+    assert_eq!(
+        app.get_as(&seller, "/refunds").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.get_as(&seller, "/events").await.status(),
+        StatusCode::OK
+    );
     for (method, path) in [
         (Method::GET, "/api_keys"),
         (Method::GET, "/audit_events"),
@@ -830,7 +918,13 @@ async fn a_seller_acts_as_a_write_key_and_never_as_admin() {
         (Method::POST, "/api_keys"),
     ] {
         let r = app
-            .call_as(&seller, method.clone(), path, Some("seller-admin"), Some(&json!({})))
+            .call_as(
+                &seller,
+                method.clone(),
+                path,
+                Some("seller-admin"),
+                Some(&json!({})),
+            )
             .await;
         assert_eq!(r.status(), StatusCode::FORBIDDEN, "{method} {path}");
         assert_eq!(json_of(r).await["code"], "insufficient_scope");
@@ -867,7 +961,11 @@ async fn events_and_audit_rows_name_who_acted() {
     // A merchant key's change names the key.
     let other = app.create_order().await;
     let r = app
-        .post(&format!("/orders/{other}/cancel"), &Uuid::new_v4().to_string(), &json!({}))
+        .post(
+            &format!("/orders/{other}/cancel"),
+            &Uuid::new_v4().to_string(),
+            &json!({}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::OK);
     let trail = json_of(app.get(&format!("/orders/{other}/events")).await).await;
@@ -919,8 +1017,17 @@ async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
         }
     };
     let (ok, text) = run(vec![
-        "merchant", "identity", "--merchant", "merchant-a", "--issuer", ISSUER, "--jwks-url",
-        "https://id.shop-a.example/jwks.json", "--audience", AUDIENCE, "--roles-claim",
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-a",
+        "--issuer",
+        ISSUER,
+        "--jwks-url",
+        "https://id.shop-a.example/jwks.json",
+        "--audience",
+        AUDIENCE,
+        "--roles-claim",
         "https://shop-a.example/roles",
     ])
     .await;
@@ -930,21 +1037,46 @@ async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
     assert!(text.contains(ISSUER) && text.contains(AUDIENCE), "{text}");
     assert!(text.contains("https://shop-a.example/roles"), "{text}");
     // One issuer, one merchant.
-    oncepay::api_keys::create(&app.db, "merchant-b").await.expect("b");
+    oncepay::api_keys::create(&app.db, "merchant-b")
+        .await
+        .expect("b");
     let (ok, text) = run(vec![
-        "merchant", "identity", "--merchant", "merchant-b", "--issuer", ISSUER, "--jwks-url",
-        "https://id.shop-a.example/jwks.json", "--audience", AUDIENCE,
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-b",
+        "--issuer",
+        ISSUER,
+        "--jwks-url",
+        "https://id.shop-a.example/jwks.json",
+        "--audience",
+        AUDIENCE,
     ])
     .await;
     assert!(!ok, "{text}");
     // Plain http only to loopback.
     let (ok, _) = run(vec![
-        "merchant", "identity", "--merchant", "merchant-b", "--issuer", "https://b.example",
-        "--jwks-url", "http://b.example/jwks.json", "--audience", AUDIENCE,
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-b",
+        "--issuer",
+        "https://b.example",
+        "--jwks-url",
+        "http://b.example/jwks.json",
+        "--audience",
+        AUDIENCE,
     ])
     .await;
     assert!(!ok);
-    let (ok, text) = run(vec!["merchant", "identity", "--merchant", "merchant-a", "--remove"]).await;
+    let (ok, text) = run(vec![
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-a",
+        "--remove",
+    ])
+    .await;
     assert!(ok, "{text}");
     let (ok, text) = run(vec!["merchant", "show", "--merchant", "merchant-a"]).await;
     assert!(ok && text.contains("identity: none"), "{text}");

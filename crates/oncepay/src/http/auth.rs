@@ -252,6 +252,12 @@ async fn token_caller(state: &AppState, token: &str) -> Result<Caller, Problem> 
         use crate::identity::Rejected;
         match verifier.verify(&token).await {
             Ok(verified) => Ok(verified),
+            // Not the token's fault: the identity provider could not be
+            // reached and no key of it is held yet. A client that signed
+            // its user out on a `401` here would be wrong.
+            Err(Rejected::Invalid(crate::identity::token::Refusal::KeysUnavailable)) => {
+                Err(Problem::unavailable("the identity provider's key set"))
+            }
             Err(Rejected::Invalid(why)) => Err(invalid_token(why)),
             Err(Rejected::Store(e)) => Err(store_problem(e)),
         }

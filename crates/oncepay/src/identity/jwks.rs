@@ -240,7 +240,11 @@ impl Jwks {
                 .unwrap_or_else(|p| p.into_inner())
                 .lookup_state(Instant::now(), self.min_refresh, kid)
         };
-        if let (found, false) = lock(&set) {
+        // A key held, and no fetch due: answered at once, even while a
+        // fetch runs. Anything else waits for a fetch under way (a request
+        // that arrives during the first fetch must not answer "no keys"
+        // before it ends), then fetches itself if the ration allows.
+        if let (found @ Lookup::Found(_), false) = lock(&set) {
             return found;
         }
         let _fetching = set.fetching.lock().await;

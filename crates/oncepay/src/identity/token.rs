@@ -15,6 +15,13 @@ use crate::domain::principal::{is_customer_id, Role};
 /// The longest token read: larger is refused before decoding anything.
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
+/// The longest issuer a merchant can trust (`merchant_identity.issuer`).
+pub const MAX_ISSUER_CHARS: usize = 2048;
+
+/// The longest `sub` recorded (a seller's; a customer's is a customer id,
+/// at most 64).
+pub const MAX_SUB_CHARS: usize = 255;
+
 /// Clock skew allowed on `exp`, `nbf` and `iat`, in seconds.
 pub const LEEWAY_SECONDS: u64 = 60;
 
@@ -72,8 +79,9 @@ pub enum Refusal {
     /// A required claim is missing or of the wrong type.
     #[error("the token has no valid {0} claim")]
     Claim(&'static str),
-    /// A customer's `sub` that cannot be a customer id.
-    #[error("the token's sub cannot be a customer id (1 to 64 characters)")]
+    /// A `sub` oncepay cannot record: longer than 255 characters or
+    /// holding U+0000, or for a customer not a customer id.
+    #[error("the token's sub cannot be recorded (1 to 255 characters without U+0000; a customer's at most 64)")]
     Subject,
 }
 
@@ -140,6 +148,11 @@ pub fn peek(token: &str) -> Result<Unverified, Refusal> {
         .filter(|i| !i.is_empty())
         .ok_or(Refusal::NoIssuer)?
         .to_string();
+    // No merchant's issuer is longer or holds U+0000 (which PostgreSQL
+    // cannot even be asked about): refused without a lookup.
+    if issuer.chars().count() > MAX_ISSUER_CHARS || issuer.contains('\0') {
+        return Err(Refusal::UnknownIssuer);
+    }
     Ok(Unverified { alg, kid, issuer })
 }
 
@@ -272,6 +285,9 @@ pub fn verify(
         .filter(|s| !s.is_empty())
         .ok_or(Refusal::Claim("sub"))?
         .to_string();
+    if sub.chars().count() > MAX_SUB_CHARS || sub.contains('\0') {
+        return Err(Refusal::Subject);
+    }
     let role = Role::of_claim(claims.get(expected.roles_claim));
     if role == Some(Role::Customer) && !is_customer_id(&sub) {
         return Err(Refusal::Subject);
@@ -337,6 +353,16 @@ mod tests {
             serde_json::json!({"iss": 7}),
         );
         assert_eq!(peek(&t), Err(Refusal::NoIssuer));
+        for iss in [
+            "https://idp\u{0}".to_string(),
+            "i".repeat(MAX_ISSUER_CHARS + 1),
+        ] {
+            let t = token(
+                serde_json::json!({"alg": "ES256", "kid": "k"}),
+                serde_json::json!({ "iss": iss }),
+            );
+            assert_eq!(peek(&t), Err(Refusal::UnknownIssuer));
+        }
         for bad in [
             "a.b.c",
             "..",

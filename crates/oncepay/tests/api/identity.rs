@@ -426,6 +426,17 @@ async fn every_bad_token_is_401_invalid_token_and_consumes_nothing() {
             "sub",
             Sign::new(own, with(json!({"sub": null}))),
         ),
+        // What PostgreSQL cannot store is refused, never a 500.
+        (
+            "NUL in a seller's sub",
+            "sub",
+            Sign::new(own, with(json!({"sub": "staff\u{0}", "roles": ["seller"]}))),
+        ),
+        (
+            "NUL in the issuer",
+            "issuer",
+            Sign::new(own, with(json!({"iss": format!("{ISSUER}\u{0}")}))),
+        ),
         (
             "unknown kid",
             "kid",
@@ -636,6 +647,20 @@ async fn an_identity_provider_that_is_down_leaves_cached_keys_working() {
     .await;
     assert!(tried.is_ok(), "the stale set was never refreshed");
     assert_eq!(app.get_as(&token, "/orders").await.status(), StatusCode::OK);
+    // A provider down before any key of it is held: not the token's fault,
+    // so not a 401 that would sign the user out.
+    oncepay::api_keys::create(&app.db, "merchant-b")
+        .await
+        .expect("merchant b");
+    let idp_b = Idp::start(&[key]);
+    idp_b.set_down(true);
+    trust(&app, "merchant-b", "https://id.shop-b.example", &idp_b).await;
+    let mut b_claims = claims("carol", "customer");
+    b_claims["iss"] = json!("https://id.shop-b.example");
+    let b_token = sign(key, b_claims).await;
+    let r = app.get_as(&b_token, "/orders").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json_of(r).await["code"], "service_unavailable");
 }
 
 /// A customer's order (and, with `paid`, its payment).

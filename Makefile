@@ -31,7 +31,7 @@ BIN := target/debug/oncepay
 RELEASE_BUILD := cargo build --release -p oncepay -p oncepay-bench -p oncepay-chaos
 RUN_DIR := .run
 
-.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha chaos-restore ha-packages localstripe axe openapi-ts fuzz fuzz-campaign
+.PHONY: help run db build test test-dbs-drop lint fmt clean bench chaos chaos-ha chaos-restore ha-packages localstripe pyjwt axe openapi-ts fuzz fuzz-campaign
 
 # The variables the targets' descriptions name, printed with their values.
 HELP_VARS := PGHOST PGPORT TEST_DB_STALE_HOURS
@@ -114,7 +114,7 @@ run: db build ## start the sandbox and oncepay with a dev API key; print a curl 
 	echo; \
 	wait $$serve
 
-test: localstripe axe openapi-ts ## run every test (unit, properties, API, multi-process, schemathesis, a generated TypeScript client, the fuzz corpus and a few seconds of fuzzing, a short chaos soak)
+test: localstripe pyjwt axe openapi-ts ## run every test (unit, properties, API, multi-process, schemathesis, a generated TypeScript client, the fuzz corpus and a few seconds of fuzzing, a short chaos soak)
 	@command -v schemathesis >/dev/null || python3 -m pip install --quiet schemathesis
 	@echo "test run $$ONCEPAY_TEST_RUN_ID: its databases are oncepay_test_$${ONCEPAY_TEST_RUN_ID}_*"
 	@$(MAKE) --no-print-directory test-dbs-drop
@@ -169,6 +169,19 @@ localstripe: ## install localstripe (a fake Stripe, for tests) into target/local
 	  echo "installing localstripe $(LOCALSTRIPE_VERSION) into $(LOCALSTRIPE_VENV) ..."; \
 	  python3 -m venv $(LOCALSTRIPE_VENV) && \
 	  $(LOCALSTRIPE_VENV)/bin/pip install --quiet localstripe==$(LOCALSTRIPE_VERSION); \
+	fi
+
+# PyJWT with cryptography (PyPI): a JOSE implementation nobody here wrote,
+# which makes the keys and signs the tokens of the identity tests
+# (tests/api/identity.rs, through tests/api/identity_mint.py); a test tool
+# only, in a virtual environment of its own, never shipped.
+PYJWT_VENV := target/pyjwt-venv
+PYJWT_PACKAGES := PyJWT==2.10.1 cryptography==50.0.2
+pyjwt: ## install PyJWT and cryptography (token minting, for tests) into target/pyjwt-venv if missing
+	@if ! $(PYJWT_VENV)/bin/python -c 'import jwt, cryptography' 2>/dev/null; then \
+	  echo "installing $(PYJWT_PACKAGES) into $(PYJWT_VENV) ..."; \
+	  python3 -m venv $(PYJWT_VENV) && \
+	  $(PYJWT_VENV)/bin/pip install --quiet $(PYJWT_PACKAGES); \
 	fi
 
 # This run's databases go WITH (FORCE): what is still connected is this

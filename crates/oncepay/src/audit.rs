@@ -9,12 +9,17 @@ use uuid::Uuid;
 /// Who acted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actor {
-    /// `api_key` or `cli`.
+    /// `api_key`, `cli`, `customer` or `seller`.
     pub kind: ActorKind,
-    /// The key's id, or the OS user who ran the `oncepay` CLI.
+    /// The key's id, the OS user who ran the `oncepay` CLI, or a token's
+    /// `sub`.
     pub id: String,
     /// The request, for an action by API.
     pub request_id: Option<String>,
+    /// A token's issuer (absent for a key or the CLI, and in records
+    /// stored before tokens existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
 }
 
 /// The kinds of actor.
@@ -25,6 +30,10 @@ pub enum ActorKind {
     ApiKey,
     /// The `oncepay` command line.
     Cli,
+    /// A customer signed in at the merchant's identity provider.
+    Customer,
+    /// A seller (the merchant's staff) signed in at its identity provider.
+    Seller,
 }
 
 impl ActorKind {
@@ -33,6 +42,8 @@ impl ActorKind {
         match self {
             ActorKind::ApiKey => "api_key",
             ActorKind::Cli => "cli",
+            ActorKind::Customer => "customer",
+            ActorKind::Seller => "seller",
         }
     }
 }
@@ -44,6 +55,35 @@ impl Actor {
             kind: ActorKind::ApiKey,
             id: key_id.to_string(),
             request_id,
+            issuer: None,
+        }
+    }
+
+    /// A request authenticated by a token of `issuer` for `sub`, acting
+    /// as `kind` (`Customer` or `Seller`).
+    pub fn token(kind: ActorKind, sub: &str, issuer: &str, request_id: Option<String>) -> Actor {
+        Actor {
+            kind,
+            id: sub.to_string(),
+            request_id,
+            issuer: Some(issuer.to_string()),
+        }
+    }
+
+    /// The member `actor` of an event or an audit row:
+    /// `{"type": "api_key", "id"}` for a key, `{"type": "customer" |
+    /// "seller", "sub", "issuer"}` for a token, `{"type": "cli", "id"}`.
+    pub fn member(&self) -> serde_json::Value {
+        match self.kind {
+            ActorKind::Customer | ActorKind::Seller => serde_json::json!({
+                "type": self.kind.as_str(),
+                "sub": self.id,
+                "issuer": self.issuer,
+            }),
+            ActorKind::ApiKey | ActorKind::Cli => serde_json::json!({
+                "type": self.kind.as_str(),
+                "id": self.id,
+            }),
         }
     }
 
@@ -59,8 +99,28 @@ impl Actor {
             kind: ActorKind::Cli,
             id: user,
             request_id: None,
+            issuer: None,
         }
     }
+}
+
+tokio::task_local! {
+    /// Who asked for the command a task runs, so that the events its
+    /// change writes name them (`events::build`) without every function
+    /// between the command and the outbox passing it along.
+    static ACTING: Option<Actor>;
+}
+
+/// Runs `work` on behalf of `actor` (a command's stored actor: a resumed
+/// command's events name who asked for it, too).
+pub(crate) async fn acting_as<F: std::future::Future>(actor: Option<Actor>, work: F) -> F::Output {
+    ACTING.scope(actor, work).await
+}
+
+/// Who the current task acts for; `None` in background work and for
+/// changes nobody authenticated asked for.
+pub(crate) fn acting() -> Option<Actor> {
+    ACTING.try_with(Clone::clone).ok().flatten()
 }
 
 fn numeric_user() -> String {
@@ -93,6 +153,8 @@ pub enum Action {
     WebhookEndpointDeleted,
     /// An event was queued for delivery again.
     EventRedelivered,
+    /// The merchant's identity provider was set, changed or removed.
+    IdentityChanged,
 }
 
 impl Action {
@@ -107,6 +169,7 @@ impl Action {
             Action::WebhookEndpointCreated => "webhook_endpoint.created",
             Action::WebhookEndpointDeleted => "webhook_endpoint.deleted",
             Action::EventRedelivered => "event.redelivered",
+            Action::IdentityChanged => "merchant.identity_changed",
         }
     }
 
@@ -114,14 +177,16 @@ impl Action {
     pub fn target_type(self) -> &'static str {
         match self {
             Action::ApiKeyCreated | Action::ApiKeyRotated | Action::ApiKeyRevoked => "api_key",
-            Action::RateLimitChanged | Action::DisplayNameChanged => "merchant",
+            Action::RateLimitChanged | Action::DisplayNameChanged | Action::IdentityChanged => {
+                "merchant"
+            }
             Action::WebhookEndpointCreated | Action::WebhookEndpointDeleted => "webhook_endpoint",
             Action::EventRedelivered => "event",
         }
     }
 
     /// Every action.
-    pub const ALL: [Action; 8] = [
+    pub const ALL: [Action; 9] = [
         Action::ApiKeyCreated,
         Action::ApiKeyRotated,
         Action::ApiKeyRevoked,
@@ -130,5 +195,6 @@ impl Action {
         Action::WebhookEndpointCreated,
         Action::WebhookEndpointDeleted,
         Action::EventRedelivered,
+        Action::IdentityChanged,
     ];
 }

@@ -121,6 +121,61 @@ pub enum MerchantCommand {
         #[arg(long, conflicts_with_all = ["per_second", "burst"])]
         default: bool,
     },
+    /// Trust the merchant's own identity provider: bearer tokens (JWTs)
+    /// it issues for --audience, signed by a key of --jwks-url, act as a
+    /// customer (on its own orders and payments) or a seller (as a key
+    /// with read and write) by their roles claim; or with --remove trust
+    /// it no more. Audited. An issuer belongs to at most one merchant.
+    Identity {
+        /// The merchant's name.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: String,
+        /// The `iss` of its tokens.
+        #[arg(long, required_unless_present = "remove", value_parser = identity_text)]
+        issuer: Option<String>,
+        /// Where its public keys are published (https://; http:// only to
+        /// a loopback address).
+        #[arg(long, required_unless_present = "remove", value_parser = jwks_url)]
+        jwks_url: Option<String>,
+        /// What its tokens' `aud` must contain.
+        #[arg(long, required_unless_present = "remove", value_parser = identity_text)]
+        audience: Option<String>,
+        /// The claim holding a token's roles (a string or an array:
+        /// `customer`, `seller`).
+        #[arg(long, default_value = "roles", value_parser = roles_claim)]
+        roles_claim: String,
+        /// Trust the merchant's identity provider no more.
+        #[arg(long, conflicts_with_all = ["issuer", "jwks_url", "audience"])]
+        remove: bool,
+    },
+    /// Show a merchant's settings: its identity provider.
+    Show {
+        /// The merchant's name.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: String,
+    },
+}
+
+/// `oncepay merchant identity`'s issuer and audience: 1 to 2048
+/// characters, no control characters.
+fn identity_text(text: &str) -> Result<String, String> {
+    bounded_text(text, 2048)
+}
+
+/// `oncepay merchant identity`'s roles claim: 1 to 100 characters.
+fn roles_claim(text: &str) -> Result<String, String> {
+    bounded_text(text, 100)
+}
+
+fn bounded_text(text: &str, max: usize) -> Result<String, String> {
+    if text.is_empty() || text.chars().count() > max || text.chars().any(char::is_control) {
+        return Err(format!("1 to {max} characters, no control characters"));
+    }
+    Ok(text.to_string())
+}
+
+fn jwks_url(text: &str) -> Result<String, String> {
+    crate::identity::jwks::check_url(text).map(|_| text.to_string())
 }
 
 /// `oncepay api-key …`.
@@ -217,6 +272,32 @@ mod tests {
         assert!(p("merchant rate-limit --merchant acme --per-second 5").is_err());
         assert!(p("merchant rate-limit --merchant acme --per-second 0 --burst 1").is_err());
         assert!(p("merchant rate-limit --merchant acme --default --burst 1").is_err());
+        assert_eq!(
+            command(
+                "merchant identity --merchant acme --issuer https://idp.acme --jwks-url https://idp.acme/jwks --audience oncepay"
+            ),
+            Command::Merchant(MerchantCommand::Identity {
+                merchant: "acme".into(),
+                issuer: Some("https://idp.acme".into()),
+                jwks_url: Some("https://idp.acme/jwks".into()),
+                audience: Some("oncepay".into()),
+                roles_claim: "roles".into(),
+                remove: false,
+            })
+        );
+        assert!(p("merchant identity --merchant acme --remove").is_ok());
+        assert!(p("merchant identity --merchant acme --issuer i --audience a").is_err());
+        assert!(p("merchant identity --merchant acme --remove --issuer i").is_err());
+        assert!(p(
+            "merchant identity --merchant acme --issuer i --jwks-url http://idp.acme/jwks --audience a"
+        )
+        .is_err());
+        assert_eq!(
+            command("merchant show --merchant acme"),
+            Command::Merchant(MerchantCommand::Show {
+                merchant: "acme".into()
+            })
+        );
     }
 
     #[test]

@@ -226,6 +226,33 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Ok(secret)
     }
 
+    /// How fresh the identity providers' key sets are kept: at least
+    /// `ONCEPAY_JWKS_MIN_REFRESH` (also the least time between two fetches
+    /// of one set), at most `ONCEPAY_JWKS_MAX_AGE`.
+    fn jwks_bounds(&self) -> Result<crate::identity::JwksBounds, ConfigError> {
+        let min_refresh = self.duration("ONCEPAY_JWKS_MIN_REFRESH", Duration::from_secs(30))?;
+        let max_age = self.duration("ONCEPAY_JWKS_MAX_AGE", Duration::from_secs(3600))?;
+        if min_refresh < Duration::from_millis(100) {
+            // Zero would let forged `kid`s fetch the set on every request.
+            return Err(ConfigError {
+                var: "ONCEPAY_JWKS_MIN_REFRESH",
+                value: format!("{min_refresh:?}"),
+                reason: "must be at least 100ms".into(),
+            });
+        }
+        if max_age < min_refresh {
+            return Err(ConfigError {
+                var: "ONCEPAY_JWKS_MAX_AGE",
+                value: format!("{max_age:?}"),
+                reason: "must not be shorter than ONCEPAY_JWKS_MIN_REFRESH".into(),
+            });
+        }
+        Ok(crate::identity::JwksBounds {
+            min_refresh,
+            max_age,
+        })
+    }
+
     /// Everything `oncepay serve` needs.
     pub fn serve_config(&self) -> Result<ServeConfig, ConfigError> {
         let idempotency_ttl =
@@ -292,6 +319,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
             pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
             action_timeout: self.duration("ONCEPAY_ACTION_TIMEOUT", Duration::from_secs(3600))?,
+            jwks: self.jwks_bounds()?,
             webhook_command_wait: self
                 .duration("ONCEPAY_WEBHOOK_COMMAND_WAIT", Duration::from_millis(250))?,
             checkout_ttl: self.duration("ONCEPAY_CHECKOUT_TTL", Duration::from_secs(3600))?,
@@ -630,6 +658,9 @@ pub struct ServeConfig {
     /// the reconciler fails it as `authentication_expired`, having asked
     /// the provider first (`ONCEPAY_ACTION_TIMEOUT`, 1 h).
     pub action_timeout: Duration,
+    /// How fresh merchants' identity providers' key sets are kept
+    /// (`ONCEPAY_JWKS_MIN_REFRESH`, `ONCEPAY_JWKS_MAX_AGE`).
+    pub jwks: crate::identity::JwksBounds,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (see `inbound`).
     pub webhook_command_wait: Duration,

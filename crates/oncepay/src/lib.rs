@@ -30,6 +30,7 @@ pub mod domain;
 pub mod events;
 pub mod http;
 pub mod idempotency;
+pub mod identity;
 pub mod inbound;
 pub mod input;
 pub mod metrics;

@@ -122,7 +122,7 @@ async fn api_key(env: &ProcessEnv, command: ApiKeyCommand) -> anyhow::Result<()>
     Ok(())
 }
 
-/// `oncepay merchant set|rate-limit`.
+/// `oncepay merchant set|rate-limit|identity|show`.
 async fn merchant(env: &ProcessEnv, command: MerchantCommand) -> anyhow::Result<()> {
     match command {
         MerchantCommand::Set {
@@ -162,6 +162,75 @@ async fn merchant(env: &ProcessEnv, command: MerchantCommand) -> anyhow::Result<
             match limit {
                 Some(l) => println!("{merchant}: {} requests/s, burst {}", l.per_second, l.burst),
                 None => println!("{merchant}: the process default rate limit"),
+            }
+        }
+        MerchantCommand::Identity {
+            merchant,
+            issuer,
+            jwks_url,
+            audience,
+            roles_claim,
+            remove: _,
+        } => {
+            let url = env.database_url()?;
+            oncepay::store::prepare_database(&url)
+                .await
+                .context("migrating the database")?;
+            let pool = oncepay::store::pool(&url, 1)?;
+            let actor = oncepay::audit::Actor::cli();
+            use oncepay::store::identity::{self, NewIdentity, SetOutcome};
+            match (issuer, jwks_url, audience) {
+                (Some(issuer), Some(jwks_url), Some(audience)) => {
+                    let new = NewIdentity {
+                        issuer: &issuer,
+                        jwks_url: &jwks_url,
+                        audience: &audience,
+                        roles_claim: &roles_claim,
+                    };
+                    match identity::set(&pool, &merchant, new, &actor)
+                        .await
+                        .context("setting the identity provider")?
+                    {
+                        SetOutcome::Set => println!(
+                            "{merchant}: trusts tokens of {issuer} for {audience} (keys: {jwks_url}; roles claim: {roles_claim})"
+                        ),
+                        SetOutcome::NoMerchant => anyhow::bail!("no merchant named {merchant:?}"),
+                        SetOutcome::IssuerTaken => {
+                            anyhow::bail!("another merchant already trusts the issuer {issuer:?}")
+                        }
+                    }
+                }
+                _ => match identity::remove(&pool, &merchant, &actor)
+                    .await
+                    .context("removing the identity provider")?
+                {
+                    Some(true) => println!("{merchant}: trusts no identity provider"),
+                    Some(false) => println!("{merchant}: had no identity provider"),
+                    None => anyhow::bail!("no merchant named {merchant:?}"),
+                },
+            }
+        }
+        MerchantCommand::Show { merchant } => {
+            let url = env.database_url()?;
+            oncepay::store::prepare_database(&url)
+                .await
+                .context("migrating the database")?;
+            let pool = oncepay::store::pool(&url, 1)?;
+            let Some(found) = oncepay::store::identity::of_merchant(&pool, &merchant)
+                .await
+                .context("reading the merchant")?
+            else {
+                anyhow::bail!("no merchant named {merchant:?}");
+            };
+            println!("merchant: {merchant}");
+            match found {
+                Some(identity) => {
+                    println!("identity.issuer: {}", identity.issuer);
+                    println!("identity.jwks_url: {}", identity.jwks_url);
+                    println!("identity.audience: {}", identity.audience);
+                    println!("identity.roles_claim: {}", identity.roles_claim);
+                }
+                None => println!("identity: none"),
             }
         }
     }

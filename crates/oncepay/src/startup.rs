@@ -315,6 +315,14 @@ impl Application {
                 config.slow_bodies_per_client,
             ),
             keys: keys.clone(),
+            identity: Arc::new(
+                crate::identity::Verifier::new(
+                    ctx.pool.clone(),
+                    config.merchant_webhooks.allow_private,
+                    config.jwks,
+                )
+                .map_err(|e| StartError::Config(format!("cannot build the JWKS client: {e}")))?,
+            ),
             rate_limits: crate::rate_limit::RateLimits::new(config.rate_limit),
             checkout_limits: http::CheckoutLimits::new(
                 config.checkout_rate_limit,

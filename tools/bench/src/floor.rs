@@ -217,7 +217,7 @@ pub fn replay_script(f: &Fixture) -> String {
 /// object id, as SQL literals or expressions.
 struct FloorEvent<'a>(&'a str, &'a str, &'a str, &'a str);
 
-/// An event batch's eight arrays (`store::events::new_events_from_params`)
+/// An event batch's nine arrays (`store::events::new_events_from_params`)
 /// as literals.
 fn event_arrays(order: &str, events: &[FloorEvent<'_>]) -> Vec<String> {
     let array = |items: Vec<String>, ty: &str| format!("ARRAY[{}]::{ty}[]", items.join(", "));
@@ -231,6 +231,8 @@ fn event_arrays(order: &str, events: &[FloorEvent<'_>]) -> Vec<String> {
         array(each("'{\"status\":\"x\"}'"), "jsonb"),
         array(each("'request'"), "text"),
         array(each("'req-1'"), "text"),
+        // Who asked (the event's `actor`): the bench's API key.
+        array(each("'{\"type\":\"api_key\",\"id\":\"bench\"}'"), "jsonb"),
     ]
 }
 

@@ -457,8 +457,23 @@ pub struct Answer {
     pub replayed: bool,
 }
 
-/// Runs a parsed command for a request, through the idempotency engine.
+/// Runs a parsed command for a request, through the idempotency engine;
+/// the events its changes write name the input's actor.
 pub async fn run<C: Command>(
+    ctx: &AppContext,
+    id: RecordId,
+    fingerprint: crate::idempotency::Fingerprint,
+    input: &CommandInput,
+    command: &C,
+) -> Result<Answer, Problem> {
+    crate::audit::acting_as(
+        input.actor.clone(),
+        run_acting(ctx, id, fingerprint, input, command),
+    )
+    .await
+}
+
+async fn run_acting<C: Command>(
     ctx: &AppContext,
     id: RecordId,
     fingerprint: crate::idempotency::Fingerprint,
@@ -672,7 +687,13 @@ pub async fn resume(ctx: &AppContext, id: RecordId, lease: Lease) -> Result<(), 
             claim.command()
         )));
     };
-    let outcome = resume_kind(kind, ctx, &mut claim, &input).await;
+    // A resumed command's events name who asked for it, as they would
+    // have had it finished in its request.
+    let outcome = crate::audit::acting_as(
+        input.actor.clone(),
+        resume_kind(kind, ctx, &mut claim, &input),
+    )
+    .await;
     match outcome {
         Ok(_) | Err(Drive::LeaseLost) => Ok(()),
         Err(Drive::Failed(problem)) => Err(problem),

@@ -87,6 +87,9 @@ impl CreateOrder {
 /// refund command's, so a crash resumes without refunding twice).
 pub struct CancelOrder {
     order_id: Uuid,
+    /// Asked by a customer's token, which may cancel only an unpaid order:
+    /// cancelling a paid one refunds it, and refunds are the merchant's.
+    by_customer: bool,
 }
 
 fn order_response(
@@ -115,7 +118,14 @@ impl Command for CancelOrder {
             .path_id
             .ok_or_else(|| Problem::not_found(ProblemCode::OrderNotFound, "order"))?;
         Obj::root(&input.body)?.only(&[])?;
-        Ok(CancelOrder { order_id })
+        let by_customer = input
+            .actor
+            .as_ref()
+            .is_some_and(|a| a.kind == crate::audit::ActorKind::Customer);
+        Ok(CancelOrder {
+            order_id,
+            by_customer,
+        })
     }
 
     async fn step(
@@ -201,6 +211,14 @@ impl CancelOrder {
                 .await?;
                 let response = order_response(200, &order)?;
                 Ok(Step::Complete { tx, response })
+            }
+            // Decided under the order's lock: a payment that succeeds
+            // between a customer's look and its cancel is seen here.
+            CancelPlan::RefundThenCancel if self.by_customer => {
+                Err(CommandError::Reject(Problem::new(
+                    ProblemCode::InsufficientScope,
+                    "a customer's token cannot cancel a paid order: that would refund it, and refunds are the merchant's",
+                )))
             }
             CancelPlan::RefundThenCancel => {
                 let payment = store::payments::lock_succeeded_for_order(&mut tx, order.id)

@@ -70,6 +70,7 @@ impl Command for CreateWebhookEndpoint {
             kind: crate::audit::ActorKind::ApiKey,
             id: "unrecorded".into(),
             request_id: None,
+            issuer: None,
         });
         Ok(CreateWebhookEndpoint { url, events, actor })
     }

@@ -11,6 +11,7 @@ pub mod money;
 pub mod order;
 pub mod origin;
 pub mod payment;
+pub mod principal;
 pub mod refund;
 pub mod scopes;
 pub mod settlement;

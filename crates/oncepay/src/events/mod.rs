@@ -45,6 +45,7 @@ pub struct Pending {
     data: serde_json::Value,
     cause: EventCause,
     request_id: Option<std::sync::Arc<str>>,
+    actor: Option<serde_json::Value>,
 }
 
 impl Pending {
@@ -71,6 +72,7 @@ impl Pending {
             data: &self.data,
             cause: self.cause.as_str(),
             request_id: self.request_id.as_deref(),
+            actor: self.actor.as_ref(),
         }
     }
 }
@@ -104,6 +106,10 @@ fn build<T: Serialize>(
         data,
         cause: cause(request_id.as_deref()),
         request_id,
+        // Who asked for the command this change belongs to (see
+        // `audit::acting_as`): a webhook's or the reconciler's own change
+        // runs outside any command and names nobody.
+        actor: crate::audit::acting().map(|a| a.member()),
     })
 }
 

@@ -187,17 +187,48 @@ pub struct Sent {
     pub refused: bool,
 }
 
+/// The guarded HTTP client of every call oncepay makes to an address a
+/// merchant chose (webhook deliveries, identity providers' JWKS): names
+/// resolved through [`GuardedResolver`], no redirects, no proxy from the
+/// environment, a per-request `timeout`. A literal address never reaches
+/// the resolver: check it with [`refuse_private_literal`].
+pub(crate) fn guarded_client(
+    timeout: Duration,
+    allow_private: bool,
+    user_agent: &'static str,
+) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .user_agent(user_agent)
+        .dns_resolver(Arc::new(GuardedResolver { allow_private }))
+        .build()
+}
+
+/// Refuses a URL whose host is a literal private address, unless private
+/// addresses are allowed (names are checked by the resolver).
+pub(crate) fn refuse_private_literal(url: &Url, allow_private: bool) -> Result<(), UrlRefused> {
+    match (allow_private, literal_ip(url)) {
+        (false, Some(ip)) => refuse_private(url.host_str().unwrap_or_default(), [ip]),
+        _ => Ok(()),
+    }
+}
+
+/// The IP address a URL names literally, if it names one.
+pub(crate) fn literal_address(url: &Url) -> Option<IpAddr> {
+    literal_ip(url)
+}
+
 impl Client {
     /// A client with a per-request `timeout`.
     pub fn new(timeout: Duration, allow_private: bool) -> Result<Client, reqwest::Error> {
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .user_agent(concat!("oncepay-webhooks/", env!("CARGO_PKG_VERSION")))
-            .dns_resolver(Arc::new(GuardedResolver { allow_private }))
-            .build()?;
+        let http = guarded_client(
+            timeout,
+            allow_private,
+            concat!("oncepay-webhooks/", env!("CARGO_PKG_VERSION")),
+        )?;
         Ok(Client {
             http,
             allow_private,
@@ -211,10 +242,8 @@ impl Client {
             Err(e) => return refused(e),
         };
         // A literal address never reaches the resolver: checked here.
-        if let (false, Some(ip)) = (self.allow_private, literal_ip(&url)) {
-            if let Err(e) = refuse_private(url.host_str().unwrap_or_default(), [ip]) {
-                return refused(e);
-            }
+        if let Err(e) = refuse_private_literal(&url, self.allow_private) {
+            return refused(e);
         }
         let mut request = self
             .http
@@ -252,7 +281,7 @@ fn refused(e: UrlRefused) -> Sent {
 
 /// An error with its causes, which say what actually failed (the top
 /// level of a reqwest error says only "error sending request").
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

@@ -15,8 +15,8 @@ use std::collections::HashMap;
 use super::lists::{FilterKind, ListSpec};
 use super::resources::run_command;
 use super::{
-    actor_of, authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
-    path_uuid, read_body, AppState,
+    authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime, path_uuid,
+    read_body, AppState,
 };
 use crate::commands::api_keys::CreateApiKey;
 use crate::commands::{Command, CommandInput};
@@ -53,7 +53,7 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
     let input = CommandInput {
         path_id: None,
         body: parse_body(&bytes, true)?,
-        actor: Some(actor_of(&caller)),
+        actor: Some(caller.actor()),
     };
     // Refused before the key is claimed, like every refusal of input.
     let command = CreateApiKey::parse(&input)?;
@@ -89,7 +89,7 @@ pub async fn revoke(
     let merchant = caller.merchant_id;
     let id = path_uuid(&path, ProblemCode::ApiKeyNotFound, "API key")?;
     let pool = state.ctx.pool.clone();
-    let actor = actor_of(&caller);
+    let actor = caller.actor();
     let revoked = on_service_runtime(&state, async move {
         crate::api_keys::revoke(&pool, Some(merchant), id, &actor)
             .await

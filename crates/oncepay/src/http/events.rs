@@ -105,7 +105,7 @@ pub async fn redeliver(
     let merchant = caller.merchant_id;
     let id = path_uuid(&path, ProblemCode::EventNotFound, "event")?;
     let pool = state.ctx.pool.clone();
-    let actor = super::actor_of(&caller);
+    let actor = caller.actor();
     let queued = on_service_runtime(&state, async move {
         store::deliveries::redeliver(&pool, merchant, id, &actor)
             .await

@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{authenticate, ok_json, on_service_runtime, AppState};
+use super::{authenticate_caller, ok_json, on_service_runtime, AppState};
 use crate::idempotency::store_problem;
 use crate::problem::Problem;
 use crate::store::pages::{Cursor, Filter, PageRequest};
@@ -185,8 +185,14 @@ where
     F: FnOnce(sqlx::PgPool, Uuid, PageRequest) -> Fut + Send + 'static,
     Fut: Future<Output = Result<(Vec<T>, bool), StoreError>> + Send + 'static,
 {
-    let merchant_id = authenticate(&state, &req).await?;
-    let page = page_request(&query, spec)?;
+    let caller = authenticate_caller(&state, &req).await?;
+    let merchant_id = caller.merchant_id;
+    let mut page = page_request(&query, spec)?;
+    match caller.list_customer(page.customer_id.take()) {
+        Ok(customer_id) => page.customer_id = customer_id,
+        // A customer asking for another's rows sees none of them.
+        Err(()) => return ok_json(&json!({"data": [], "has_more": false})),
+    }
     let pool = state.ctx.pool.clone();
     let (data, has_more) = on_service_runtime(&state, async move {
         fetch(pool, merchant_id, page).await.map_err(store_problem)

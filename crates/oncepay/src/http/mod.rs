@@ -4,6 +4,7 @@
 //! call a command or a store read, answer.
 
 mod api_keys;
+pub(crate) mod auth;
 mod body;
 mod checkout;
 pub mod checkout_text;
@@ -30,10 +31,11 @@ pub use ops::documented_operations;
 pub(crate) use ops::OPENAPI;
 pub use routes::ROUTES;
 
+use auth::{authenticate, authenticate_caller};
+
 use crate::commands::{Answer, AppContext};
 use crate::idempotency::IdempotencyKey;
 use crate::problem::{Problem, ProblemCode};
-use crate::store;
 
 /// Shared state of every worker.
 pub struct AppState {
@@ -43,6 +45,8 @@ pub struct AppState {
     pub body_limits: body::BodyLimits,
     /// Recently verified API keys.
     pub keys: std::sync::Arc<crate::api_keys::KeyCache>,
+    /// Verifies tokens of merchants' identity providers.
+    pub identity: std::sync::Arc<crate::identity::Verifier>,
     /// Per-merchant rate limits of this process.
     pub rate_limits: crate::rate_limit::RateLimits,
     /// The public checkout's rate limits (per session, per address).
@@ -152,6 +156,11 @@ impl ResponseError for Problem {
         if let Some(seconds) = self.retry_after {
             response.insert_header((header::RETRY_AFTER, seconds.to_string()));
         }
+        // RFC 6750 section 3: a refused bearer token says so in the header
+        // clients and libraries read, not only in the body.
+        if self.code == ProblemCode::InvalidToken.as_str() {
+            response.insert_header((header::WWW_AUTHENTICATE, r#"Bearer error="invalid_token""#));
+        }
         let mut response = response.body(self.body());
         if let Some(cause) = &self.cause {
             response
@@ -198,83 +207,6 @@ fn ok_json<T: serde::Serialize>(value: &T) -> Result<HttpResponse, Problem> {
     Ok(HttpResponse::Ok()
         .content_type("application/json")
         .body(body))
-}
-
-/// The merchant behind `Authorization: Bearer <key>`; see
-/// [`authenticate_caller`].
-async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<Uuid, Problem> {
-    Ok(authenticate_caller(state, req).await?.merchant_id)
-}
-
-/// The caller behind `Authorization: Bearer <key>` (`401` otherwise),
-/// allowed by its key's scopes to call this route (`403
-/// insufficient_scope` otherwise, see [`routes::required`]) and admitted by its rate
-/// limit (`429` otherwise), before anything else is read or written, so a
-/// refused request is effect-free.
-async fn authenticate_caller(
-    state: &AppState,
-    req: &HttpRequest,
-) -> Result<crate::api_keys::Caller, Problem> {
-    let unauthorized = || {
-        Problem::new(
-            ProblemCode::Unauthorized,
-            "send a valid API key as Authorization: Bearer <key>",
-        )
-    };
-    let key = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
-        .ok_or_else(unauthorized)?;
-    let hash = crate::api_keys::hash(key);
-    let caller = match state.keys.get(&hash) {
-        Some(caller) => caller,
-        None => {
-            let ticket = state.keys.ticket();
-            let pool = state.ctx.pool.clone();
-            let found = on_service_runtime(state, async move {
-                store::merchants::merchant_for_key(&pool, &hash)
-                    .await
-                    .map_err(crate::idempotency::store_problem)
-            })
-            .await?;
-            let caller = crate::api_keys::Caller::from(found.ok_or_else(unauthorized)?);
-            state.keys.put(hash, caller, ticket);
-            caller
-        }
-    };
-    let pattern = req.match_pattern().unwrap_or_default();
-    if let Some(scope) = routes::required(&pattern, req.method().as_str()) {
-        if !caller.scopes.has(scope) {
-            return Err(Problem::new(
-                ProblemCode::InsufficientScope,
-                format!(
-                    "this API key lacks the `{}` scope, which {} {pattern} needs",
-                    scope.as_str(),
-                    req.method()
-                ),
-            ));
-        }
-    }
-    if let Err(wait) = state.rate_limits.check(caller.merchant_id, caller.limit) {
-        state.ctx.metrics.rate_limited.inc();
-        let seconds = crate::rate_limit::retry_after_secs(wait);
-        return Err(Problem::new(
-            ProblemCode::RateLimited,
-            format!("too many requests for this merchant; retry in {seconds} s"),
-        )
-        .retry_after(seconds));
-    }
-    Ok(caller)
-}
-
-/// The audit trail's actor for a request by `caller`.
-fn actor_of(caller: &crate::api_keys::Caller) -> crate::audit::Actor {
-    let request_id = crate::telemetry::request_id().map(|id| id.to_string());
-    crate::audit::Actor::key(caller.key_id, request_id)
 }
 
 /// The `Idempotency-Key` header; never read from the URL.

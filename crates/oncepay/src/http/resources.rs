@@ -4,8 +4,8 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::{
-    answer, authenticate, idempotency_key, ok_json, on_service_runtime, path_uuid, read_body,
-    AppState,
+    answer, auth, authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
+    path_uuid, read_body, AppState,
 };
 use crate::commands::orders::{CancelOrder, CreateOrder};
 use crate::commands::payments::CreatePayment;
@@ -28,16 +28,19 @@ pub(super) async fn money_command<C: Command + 'static>(
     path_id: Result<Option<uuid::Uuid>, Problem>,
     body_optional: bool,
 ) -> Reply {
-    let merchant_id = authenticate(state, req).await?;
+    let caller = authenticate_caller(state, req).await?;
     let path_id = path_id?;
     let key = idempotency_key(req)?;
     let bytes = read_body(state, req, payload).await?;
     let input = CommandInput {
         path_id,
         body: parse_body(&bytes, body_optional)?,
-        actor: None,
+        // Stored with the record: the events of the command's changes
+        // name who asked, even when the reconciler finishes it.
+        actor: Some(caller.actor()),
     };
-    let id = RecordId::merchant(merchant_id, &key);
+    auth::owns_body(state, req, &caller, &input.body).await?;
+    let id = caller.record_id(&key);
     let fingerprint = Fingerprint::of("POST", req.path(), &input.body);
     run_command::<C>(state, id, fingerprint, input).await
 }

@@ -1,10 +1,15 @@
 //! Every route of the API, declared once: its path, method, handler, who
 //! may call it and whether it takes an `Idempotency-Key`. The router
-//! ([`super::routes`]), the access check ([`required`]) and
+//! ([`super::routes`]), the access check ([`access`]) and
 //! the tests that hold the table to `openapi.yaml` and to the service's
 //! behaviour all read [`ROUTES`]: a route cannot be added without saying
 //! who may call it, and one documented but not routed (or routed but not
 //! documented) fails `every_route_is_documented_and_every_documented_operation_is_routed`.
+//!
+//! Who may call a route is one declaration, [`Access`], for every kind of
+//! caller: a key by its scopes, a seller's token as a key with `read` and
+//! `write`, a customer's token only where the route says how what it
+//! touches is its own ([`Customers`]).
 
 use super::{api_keys, checkout, events, inbound, lists, ops, resources, webhook_endpoints};
 use crate::api_keys::Scope::{self, Admin, Read, Write};
@@ -17,11 +22,44 @@ pub enum Access {
     /// No API key (checkout pages, provider webhooks, health, metrics, the
     /// OpenAPI document): they authenticate otherwise, or not at all.
     Public,
-    /// A key with this scope.
-    Needs(Scope),
+    /// A key with this scope (a seller's token holds `read` and `write`),
+    /// and customers' tokens as the second part says.
+    Needs(Scope, Customers),
 }
 
 use Access::{Needs, Public};
+
+/// Whether a customer's token may call a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Customers {
+    /// Never: `403 insufficient_scope` before anything is read (refunds,
+    /// disputes, events, webhook endpoints, keys, the audit trail).
+    Refused,
+    /// For what it owns, checked as said.
+    Owning(Ownership),
+}
+
+use Customers::{Owning, Refused};
+
+/// How a customer's ownership of what a route touches is checked. An
+/// order's `customer_id` must be the token's `sub`; another customer's
+/// object answers `404`, as another merchant's does (no enumeration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ownership {
+    /// The path's `{id}` is an order: checked before anything else.
+    OrderInPath,
+    /// The path's `{id}` is a payment, whose order is checked.
+    PaymentInPath,
+    /// The body's `customer_id` must be the token's `sub` (`403
+    /// not_owner` otherwise): a customer orders only for itself.
+    CustomerInBody,
+    /// The body's `order_id` is an order, checked before the command runs.
+    OrderInBody,
+    /// A list: its `customer_id` filter is forced to the token's `sub`.
+    OwnList,
+}
+
+use Ownership::{CustomerInBody, OrderInBody, OrderInPath, OwnList, PaymentInPath};
 
 /// Whether a route takes an `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,25 +118,45 @@ const SIGNED_EVENT: &str = "signed by the provider and deduplicated by the provi
 
 /// Every route of the API, in the order they are registered.
 pub const ROUTES: &[Route] = &[
-    route("GET", "/orders", Needs(Read), Unused, |r| {
-        r.to(lists::orders)
-    }),
-    route("POST", "/orders", Needs(Write), Required, |r| {
-        r.to(resources::create_order)
-    }),
-    route("GET", "/orders/{id}", Needs(Read), Unused, |r| {
-        r.to(resources::get_order)
-    }),
-    route("POST", "/orders/{id}/cancel", Needs(Write), Required, |r| {
-        r.to(resources::cancel_order)
-    }),
-    route("GET", "/orders/{id}/payments", Needs(Read), Unused, |r| {
-        r.to(resources::list_payments)
-    }),
+    route(
+        "GET",
+        "/orders",
+        Needs(Read, Owning(OwnList)),
+        Unused,
+        |r| r.to(lists::orders),
+    ),
+    route(
+        "POST",
+        "/orders",
+        Needs(Write, Owning(CustomerInBody)),
+        Required,
+        |r| r.to(resources::create_order),
+    ),
+    route(
+        "GET",
+        "/orders/{id}",
+        Needs(Read, Owning(OrderInPath)),
+        Unused,
+        |r| r.to(resources::get_order),
+    ),
+    route(
+        "POST",
+        "/orders/{id}/cancel",
+        Needs(Write, Owning(OrderInPath)),
+        Required,
+        |r| r.to(resources::cancel_order),
+    ),
+    route(
+        "GET",
+        "/orders/{id}/payments",
+        Needs(Read, Owning(OrderInPath)),
+        Unused,
+        |r| r.to(resources::list_payments),
+    ),
     route(
         "POST",
         "/orders/{id}/checkout",
-        Needs(Write),
+        Needs(Write, Owning(OrderInPath)),
         Required,
         |r| r.to(checkout::create),
     ),
@@ -132,66 +190,98 @@ pub const ROUTES: &[Route] = &[
         Required,
         |r| r.to(checkout::pay),
     ),
-    route("GET", "/payments", Needs(Read), Unused, |r| {
-        r.to(lists::payments)
-    }),
-    route("POST", "/payments", Needs(Write), Required, |r| {
-        r.to(resources::create_payment)
-    }),
-    route("GET", "/refunds", Needs(Read), Unused, |r| {
+    route(
+        "GET",
+        "/payments",
+        Needs(Read, Owning(OwnList)),
+        Unused,
+        |r| r.to(lists::payments),
+    ),
+    route(
+        "POST",
+        "/payments",
+        Needs(Write, Owning(OrderInBody)),
+        Required,
+        |r| r.to(resources::create_payment),
+    ),
+    route("GET", "/refunds", Needs(Read, Refused), Unused, |r| {
         r.to(lists::refunds)
     }),
-    route("GET", "/payments/{id}", Needs(Read), Unused, |r| {
-        r.to(resources::get_payment)
-    }),
+    route(
+        "GET",
+        "/payments/{id}",
+        Needs(Read, Owning(PaymentInPath)),
+        Unused,
+        |r| r.to(resources::get_payment),
+    ),
     route(
         "POST",
         "/payments/{id}/refunds",
-        Needs(Write),
+        Needs(Write, Refused),
         Required,
         |r| r.to(resources::create_refund),
     ),
-    route("GET", "/refunds/{id}", Needs(Read), Unused, |r| {
+    route("GET", "/refunds/{id}", Needs(Read, Refused), Unused, |r| {
         r.to(resources::get_refund)
     }),
-    route("GET", "/disputes", Needs(Read), Unused, |r| {
+    route("GET", "/disputes", Needs(Read, Refused), Unused, |r| {
         r.to(lists::disputes)
     }),
-    route("GET", "/disputes/{id}", Needs(Read), Unused, |r| {
+    route("GET", "/disputes/{id}", Needs(Read, Refused), Unused, |r| {
         r.to(resources::get_dispute)
     }),
-    route("GET", "/orders/{id}/events", Needs(Read), Unused, |r| {
-        r.to(events::order_trail)
-    }),
-    route("GET", "/payments/{id}/events", Needs(Read), Unused, |r| {
-        r.to(events::payment_trail)
-    }),
-    route("GET", "/refunds/{id}/events", Needs(Read), Unused, |r| {
-        r.to(events::refund_trail)
-    }),
-    route("GET", "/events", Needs(Read), Unused, |r| {
+    route(
+        "GET",
+        "/orders/{id}/events",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(events::order_trail),
+    ),
+    route(
+        "GET",
+        "/payments/{id}/events",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(events::payment_trail),
+    ),
+    route(
+        "GET",
+        "/refunds/{id}/events",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(events::refund_trail),
+    ),
+    route("GET", "/events", Needs(Read, Refused), Unused, |r| {
         r.to(events::list_events)
     }),
-    route("GET", "/events/{id}", Needs(Read), Unused, |r| {
+    route("GET", "/events/{id}", Needs(Read, Refused), Unused, |r| {
         r.to(events::get_event)
     }),
     route(
         "POST",
         "/events/{id}/redeliver",
-        Needs(Admin),
+        Needs(Admin, Refused),
         Exempt(DEDUPLICATED_DELIVERY),
         |r| r.to(events::redeliver),
     ),
-    route("GET", "/webhook_endpoints", Needs(Admin), Unused, |r| {
-        r.to(webhook_endpoints::list)
-    }),
-    route("POST", "/webhook_endpoints", Needs(Admin), Required, |r| {
-        r.to(webhook_endpoints::create)
-    }),
+    route(
+        "GET",
+        "/webhook_endpoints",
+        Needs(Admin, Refused),
+        Unused,
+        |r| r.to(webhook_endpoints::list),
+    ),
+    route(
+        "POST",
+        "/webhook_endpoints",
+        Needs(Admin, Refused),
+        Required,
+        |r| r.to(webhook_endpoints::create),
+    ),
     route(
         "DELETE",
         "/webhook_endpoints/{id}",
-        Needs(Admin),
+        Needs(Admin, Refused),
         Unused,
         |r| r.to(webhook_endpoints::delete),
     ),
@@ -202,16 +292,20 @@ pub const ROUTES: &[Route] = &[
         Exempt(SIGNED_EVENT),
         |r| r.to(inbound::receive),
     ),
-    route("GET", "/api_keys", Needs(Admin), Unused, |r| {
+    route("GET", "/api_keys", Needs(Admin, Refused), Unused, |r| {
         r.to(api_keys::list)
     }),
-    route("POST", "/api_keys", Needs(Admin), Required, |r| {
+    route("POST", "/api_keys", Needs(Admin, Refused), Required, |r| {
         r.to(api_keys::create)
     }),
-    route("DELETE", "/api_keys/{id}", Needs(Admin), Unused, |r| {
-        r.to(api_keys::revoke)
-    }),
-    route("GET", "/audit_events", Needs(Admin), Unused, |r| {
+    route(
+        "DELETE",
+        "/api_keys/{id}",
+        Needs(Admin, Refused),
+        Unused,
+        |r| r.to(api_keys::revoke),
+    ),
+    route("GET", "/audit_events", Needs(Admin, Refused), Unused, |r| {
         r.to(api_keys::audit_events)
     }),
     route("GET", "/healthz", Public, Unused, |r| r.to(ops::healthz)),
@@ -231,15 +325,11 @@ pub fn find(pattern: &str, method: &str) -> Option<&'static Route> {
         .find(|r| r.path == pattern && r.method == method)
 }
 
-/// The scope a request to `pattern` with `method` needs (`HEAD` as `GET`);
-/// `None` for a public route. A route missing from the table (none is
-/// routed) needs `admin`: the safe side.
-pub fn required(pattern: &str, method: &str) -> Option<Scope> {
-    match find(pattern, method).map(|r| r.access) {
-        Some(Public) => None,
-        Some(Needs(scope)) => Some(scope),
-        None => Some(Admin),
-    }
+/// Who may call `pattern` with `method` (`HEAD` as `GET`). A route
+/// missing from the table (none is routed) needs `admin` and refuses
+/// customers: the safe side.
+pub fn access(pattern: &str, method: &str) -> Access {
+    find(pattern, method).map_or(Needs(Admin, Refused), |r| r.access)
 }
 
 /// The paths of [`ROUTES`], each once, in order.
@@ -290,5 +380,52 @@ mod tests {
                 (_, key) => panic!("{route:?} is not a POST but says {key:?}"),
             }
         }
+    }
+
+    /// The customers' column of the table (issue 47): a customer's token
+    /// reaches orders and payments, and how each route checks that what
+    /// it touches is the customer's own fits the route's shape; every
+    /// other route refuses it, and nothing `admin` ever lets one in.
+    #[test]
+    fn customers_reach_only_what_they_own_and_each_route_says_how() {
+        let mut owning = Vec::new();
+        for route in ROUTES {
+            let Needs(scope, customers) = route.access else {
+                continue;
+            };
+            let Owning(how) = customers else {
+                continue;
+            };
+            assert_ne!(scope, Admin, "{route:?}: a customer never gets admin");
+            let fits = match how {
+                OrderInPath => route.path.starts_with("/orders/{id}"),
+                PaymentInPath => route.path.starts_with("/payments/{id}"),
+                CustomerInBody | OrderInBody => route.method == "POST" && !route.path.contains('{'),
+                OwnList => route.method == "GET" && !route.path.contains('{'),
+            };
+            assert!(fits, "{route:?} cannot check ownership as {how:?}");
+            // A body's ownership is checked where the body is read, by
+            // the one handler that reads it (`money_command`).
+            if matches!(how, CustomerInBody | OrderInBody) {
+                assert_eq!(route.key, Required, "{route:?}");
+            }
+            owning.push((route.method, route.path));
+        }
+        owning.sort();
+        let mut expected = vec![
+            ("GET", "/orders"),
+            ("POST", "/orders"),
+            ("GET", "/orders/{id}"),
+            ("POST", "/orders/{id}/cancel"),
+            ("GET", "/orders/{id}/payments"),
+            ("POST", "/orders/{id}/checkout"),
+            ("GET", "/payments"),
+            ("POST", "/payments"),
+            ("GET", "/payments/{id}"),
+        ];
+        expected.sort();
+        assert_eq!(owning, expected);
+        assert_eq!(access("/no/such/route", "GET"), Needs(Admin, Refused));
+        assert_eq!(access("/orders", "HEAD"), Needs(Read, Owning(OwnList)));
     }
 }

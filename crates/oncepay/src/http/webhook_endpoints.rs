@@ -6,8 +6,8 @@ use serde_json::json;
 
 use super::resources::run_command;
 use super::{
-    actor_of, authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
-    path_uuid, read_body, AppState,
+    authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime, path_uuid,
+    read_body, AppState,
 };
 use crate::commands::webhook_endpoints::CreateWebhookEndpoint;
 use crate::commands::{Command, CommandInput};
@@ -30,7 +30,7 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
     let input = CommandInput {
         path_id: None,
         body: parse_body(&bytes, false)?,
-        actor: Some(actor_of(&caller)),
+        actor: Some(caller.actor()),
     };
     let command = CreateWebhookEndpoint::parse(&input)?;
     crate::events::outbound::check_url(&command.url, state.webhook_allow_private)
@@ -67,7 +67,7 @@ pub async fn delete(
     let code = ProblemCode::WebhookEndpointNotFound;
     let id = path_uuid(&path, code, "webhook endpoint")?;
     let pool = state.ctx.pool.clone();
-    let actor = actor_of(&caller);
+    let actor = caller.actor();
     let deleted = on_service_runtime(&state, async move {
         store::webhook_endpoints::delete(&pool, merchant, id, &actor)
             .await

@@ -80,6 +80,30 @@ impl RecordId {
         }
     }
 
+    /// A key a token's principal sent: `<kind> <hash> <key>`, where the
+    /// hash is SHA-256 of the issuer and the `sub` (each length-prefixed,
+    /// so no two pairs give one hash input). A client's key holds no
+    /// space, so it can never meet a merchant key's record, a checkout
+    /// page's or another principal's.
+    pub fn principal(
+        merchant_id: Uuid,
+        kind: &str,
+        issuer: &str,
+        sub: &str,
+        key: &crate::idempotency::IdempotencyKey,
+    ) -> RecordId {
+        use sha2::Digest as _;
+        let who = sha2::Sha256::new()
+            .chain_update(format!("{}:{issuer}", issuer.len()))
+            .chain_update(format!("{}:{sub}", sub.len()))
+            .finalize();
+        let who: String = who.iter().map(|b| format!("{b:02x}")).collect();
+        RecordId {
+            merchant_id,
+            key: format!("{kind} {who} {}", key.as_str()),
+        }
+    }
+
     /// A key a checkout page made, in the keyspace of its session:
     /// `checkout <session id> <key>`. A key a client sends can never hold
     /// a space (it is visible ASCII only), so no merchant key, however it

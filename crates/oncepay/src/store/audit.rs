@@ -16,10 +16,13 @@ use crate::audit::{Action, Actor};
 pub struct AuditEvent {
     /// UUID v7.
     pub id: Uuid,
-    /// `api_key` or `cli`.
+    /// `api_key`, `cli`, `customer` or `seller`.
     pub actor_type: String,
-    /// The key's id, or the OS user.
+    /// The key's id, the OS user, or a token's `sub`.
     pub actor: String,
+    /// A token's issuer; absent for a key or the CLI.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor_issuer: Option<String>,
     /// What was done (`api_key.revoked`, …).
     pub action: String,
     /// On what kind of object.
@@ -46,8 +49,9 @@ pub async fn record(
 ) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO audit_event
-                (id, merchant_id, actor_type, actor, action, target_type, target_id, request_id, change)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                (id, merchant_id, actor_type, actor, action, target_type, target_id, request_id,
+                 change, actor_issuer)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
     )
     .bind(Uuid::now_v7())
     .bind(merchant_id)
@@ -58,6 +62,7 @@ pub async fn record(
     .bind(target_id)
     .bind(&actor.request_id)
     .bind(change)
+    .bind(&actor.issuer)
     .execute(tx)
     .await?;
     Ok(())
@@ -68,6 +73,7 @@ fn from_row(row: &PgRow) -> Result<AuditEvent, StoreError> {
         id: row.try_get("id")?,
         actor_type: row.try_get("actor_type")?,
         actor: row.try_get("actor")?,
+        actor_issuer: row.try_get("actor_issuer")?,
         action: row.try_get("action")?,
         target_type: row.try_get("target_type")?,
         target_id: row.try_get("target_id")?,
@@ -87,7 +93,7 @@ pub async fn list(
     super::pages::fetch(
         pool,
         "SELECT a.id, a.actor_type, a.actor, a.action, a.target_type, a.target_id, a.request_id,
-                a.change, a.created_at FROM audit_event a",
+                a.change, a.created_at, a.actor_issuer FROM audit_event a",
         "a",
         // No customer owns an audit event: a customer filter matches none.
         "NULL::text",

@@ -56,7 +56,7 @@ pub(crate) const CLAIM: &str = "WITH due AS (
       WHERE d.id = due.id AND e.id = d.event_id AND w.id = d.endpoint_id
      RETURNING d.id AS delivery_id, d.claim_token, d.attempts, w.id AS endpoint_id, w.url,
                w.secret_key, e.id, e.type, e.created_at, e.sequence, e.data, e.object_type,
-               e.cause, e.request_id";
+               e.cause, e.request_id, e.actor";
 
 fn claimed_from_row(row: &PgRow) -> Result<Claimed, StoreError> {
     Ok(Claimed {

@@ -30,6 +30,9 @@ pub struct NewEvent<'a> {
     pub cause: &'a str,
     /// The request that made the change, if one did.
     pub request_id: Option<&'a str>,
+    /// Who asked for the change (`audit::Actor::member`), if anyone
+    /// authenticated did.
+    pub actor: Option<&'a Value>,
 }
 
 /// See [`APPEND`]; returns the event's sequence number.
@@ -63,11 +66,11 @@ macro_rules! append_new_events {
         concat!(
             "ev AS (
         INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
-                           data, cause, request_id)
+                           data, cause, request_id, actor)
         SELECT n.id, (SELECT o.merchant_id FROM orders o WHERE o.id = n.order_id), n.type,
                n.object_type, n.object_id, n.order_id,
                COALESCE((SELECT max(e.sequence) FROM event e WHERE e.object_id = n.object_id), 0) + 1,
-               n.data, n.cause, n.request_id
+               n.data, n.cause, n.request_id, n.actor
           FROM new_events n
         RETURNING id, merchant_id, type, object_id, sequence),
      fan AS (
@@ -94,13 +97,13 @@ macro_rules! subscribers_of_ev {
 }
 pub(crate) use subscribers_of_ev;
 
-/// A batch of events as rows, from the first eight parameters of the
+/// A batch of events as rows, from the first nine parameters of the
 /// statement, bound by [`bind_events`].
 macro_rules! new_events_from_params {
     () => {
         "unnest($1::uuid[], $2::text[], $3::text[], $4::uuid[], $5::uuid[], $6::jsonb[],
-                $7::text[], $8::text[])
-             AS n(id, type, object_type, object_id, order_id, data, cause, request_id)"
+                $7::text[], $8::text[], $9::jsonb[])
+             AS n(id, type, object_type, object_id, order_id, data, cause, request_id, actor)"
     };
 }
 pub(crate) use new_events_from_params;
@@ -117,6 +120,7 @@ pub struct EventRow {
     data: Value,
     cause: String,
     request_id: Option<String>,
+    actor: Option<Value>,
 }
 
 impl EventRow {
@@ -131,6 +135,7 @@ impl EventRow {
             data: event.data.clone(),
             cause: event.cause.to_string(),
             request_id: event.request_id.map(str::to_string),
+            actor: event.actor.cloned(),
         }
     }
 
@@ -145,11 +150,12 @@ impl EventRow {
             data: &self.data,
             cause: &self.cause,
             request_id: self.request_id.as_deref(),
+            actor: self.actor.as_ref(),
         }
     }
 }
 
-/// Binds a batch of events as `$1`..`$8` (see [`new_events_from_params`]).
+/// Binds a batch of events as `$1`..`$9` (see [`new_events_from_params`]).
 pub(crate) fn bind_events<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     events: &[NewEvent<'_>],
@@ -173,6 +179,7 @@ pub(crate) fn bind_events<'q>(
                 .map(|e| e.request_id.map(str::to_string))
                 .collect::<Vec<_>>(),
         )
+        .bind(events.iter().map(|e| e.actor.cloned()).collect::<Vec<_>>())
 }
 
 /// Writes one event and its deliveries in one statement: a batch of one
@@ -209,6 +216,11 @@ pub struct Event {
     pub cause: String,
     /// The request that made it, if one did.
     pub request_id: Option<String>,
+    /// Who asked for the change, if anyone authenticated did: `{"type":
+    /// "api_key", "id"}` or `{"type": "customer" | "seller", "sub",
+    /// "issuer"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<Value>,
 }
 
 /// An event's `data`.
@@ -233,6 +245,9 @@ pub struct Delivered<'a> {
     pub sequence: i32,
     /// `{"object": …}`.
     pub data: &'a EventData,
+    /// Who asked for the change, if anyone authenticated did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub actor: Option<&'a Value>,
 }
 
 impl Event {
@@ -244,12 +259,13 @@ impl Event {
             created_at: self.created_at,
             sequence: self.sequence,
             data: &self.data,
+            actor: self.actor.as_ref(),
         }
     }
 }
 
 const EVENT_COLUMNS: &str =
-    "e.id, e.type, e.created_at, e.sequence, e.data, e.object_type, e.cause, e.request_id";
+    "e.id, e.type, e.created_at, e.sequence, e.data, e.object_type, e.cause, e.request_id, e.actor";
 
 /// Reads an event row selected with [`EVENT_COLUMNS`].
 pub(crate) fn from_row(row: &PgRow) -> Result<Event, StoreError> {
@@ -264,6 +280,7 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Event, StoreError> {
         object_type: row.try_get("object_type")?,
         cause: row.try_get("cause")?,
         request_id: row.try_get("request_id")?,
+        actor: row.try_get("actor")?,
     })
 }
 

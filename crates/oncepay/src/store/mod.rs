@@ -95,6 +95,7 @@ pub mod deliveries;
 pub mod disputes;
 pub mod events;
 pub mod group_commit;
+pub mod identity;
 pub mod inbound;
 pub mod incidents;
 pub mod merchants;

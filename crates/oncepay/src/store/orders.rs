@@ -309,3 +309,21 @@ pub async fn list(
     )
     .await
 }
+
+/// The customer of one of the merchant's orders (`None`: no such order).
+/// An order's customer never changes, so what this reads stays true for
+/// the rest of a request: a customer token's ownership check
+/// (`http::ownership`) needs no lock.
+pub async fn customer_of(
+    pool: &sqlx::PgPool,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT customer_id FROM orders WHERE id = $1 AND merchant_id = $2")
+            .bind(id)
+            .bind(merchant_id)
+            .fetch_optional(pool)
+            .await?,
+    )
+}

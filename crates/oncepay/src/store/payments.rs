@@ -47,7 +47,7 @@ macro_rules! priced_new_events {
         concat!(
             "SELECT n.id, n.type, n.object_type, n.object_id, n.order_id,
                n.data || jsonb_build_object('amount', o.amount, 'currency', o.currency) AS data,
-               n.cause, n.request_id
+               n.cause, n.request_id, n.actor
           FROM ",
             super::events::new_events_from_params!()
         )
@@ -199,8 +199,8 @@ pub const LIVE_ATTEMPT: &str = concat!(
 row_statement! {
     /// A payment's first step and the claim of its key in one statement (one
     /// round trip, one synchronous commit), when the key is new, for each row
-    /// ([`ClaimingAttempt`]; `$9`..`$24`, the count of rows `$25`, the rows'
-    /// events `$1`..`$8`, each naming its row's order): the order, locked, if
+    /// ([`ClaimingAttempt`]; `$10`..`$25`, the count of rows `$26`, the rows'
+    /// events `$1`..`$9`, each naming its row's order): the order, locked, if
     /// it awaits payment with no live attempt; the idempotency record,
     /// claimed under our lease and already at the step's recovery point; the
     /// pending attempt, with the order's amount and currency; its event, whose
@@ -212,24 +212,24 @@ row_statement! {
     /// that committed meanwhile, the key used). Rows name different orders and
     /// keys ([`PaymentWrite::shares_with`]), so no row needs to see another's
     /// writes. Returns each order written as locked, with its row's `n`.
-    INSERT_CLAIMING, INSERT_CLAIMING_MANY, "$25";
+    INSERT_CLAIMING, INSERT_CLAIMING_MANY, "$26";
     fn claiming_columns(r: &ClaimingAttempt) {
-        "$9::uuid" order_id = r.order_id,
-        "$10::uuid" merchant_id = r.claim.fence().record().merchant_id,
-        "$11::text" idempotency_key = r.claim.fence().record().key.as_str(),
-        "$12::bytea" fingerprint = r.claim.intent().fingerprint(),
-        "$13::text" command = r.claim.intent().command(),
-        "$14::jsonb" request = r.claim.intent().input(),
-        "$15::text" recovery_point = r.claim.point(),
-        "$16::uuid" attempt_id = r.attempt_id,
-        "$17::uuid" lease_token = r.claim.fence().token(),
-        "$18::bigint" lease_ms = millis(r.claim.lease()),
-        "$19::bigint" ttl_ms = millis(r.claim.intent().ttl()),
-        "$20::text" provider = r.provider.as_str(),
-        "$21::text" payment_method = r.payment_method.as_str(),
-        "$22::timestamptz" created_at = r.now,
-        "$23::bigint" check_ms = millis(r.check_after),
-        "$24::text" return_url = r.return_url.as_deref(),
+        "$10::uuid" order_id = r.order_id,
+        "$11::uuid" merchant_id = r.claim.fence().record().merchant_id,
+        "$12::text" idempotency_key = r.claim.fence().record().key.as_str(),
+        "$13::bytea" fingerprint = r.claim.intent().fingerprint(),
+        "$14::text" command = r.claim.intent().command(),
+        "$15::jsonb" request = r.claim.intent().input(),
+        "$16::text" recovery_point = r.claim.point(),
+        "$17::uuid" attempt_id = r.attempt_id,
+        "$18::uuid" lease_token = r.claim.fence().token(),
+        "$19::bigint" lease_ms = millis(r.claim.lease()),
+        "$20::bigint" ttl_ms = millis(r.claim.intent().ttl()),
+        "$21::text" provider = r.provider.as_str(),
+        "$22::text" payment_method = r.payment_method.as_str(),
+        "$23::timestamptz" created_at = r.now,
+        "$24::bigint" check_ms = millis(r.check_after),
+        "$25::text" return_url = r.return_url.as_deref(),
     }
     ",
      o AS (
@@ -328,8 +328,8 @@ pub(crate) async fn insert_claiming(
 row_statement! {
     /// A command's own charge settled, and the command completed, in one
     /// statement (one round trip, one synchronous commit), for each row
-    /// ([`KnownSettlement`]; `$9`..`$25`, the count of rows `$26`, the rows'
-    /// events `$1`..`$8`, each naming its row's order): the order, the
+    /// ([`KnownSettlement`]; `$10`..`$26`, the count of rows `$27`, the rows'
+    /// events `$1`..`$9`, each naming its row's order): the order, the
     /// attempt and the idempotency record are locked first (in that order, as
     /// everywhere) and checked to be as the command knows them — the order
     /// with the status and `updated_at` it read, the attempt still pending
@@ -341,25 +341,25 @@ row_statement! {
     /// caller settles the usual way, under locks. Rows name different orders,
     /// attempts and records ([`PaymentWrite::shares_with`]). Returns, for each
     /// row's `n`, whether it was written (`ok`).
-    SETTLE_COMPLETING, SETTLE_COMPLETING_MANY, "$26";
+    SETTLE_COMPLETING, SETTLE_COMPLETING_MANY, "$27";
     fn settlement_columns(r: &SettleRow) {
-        "$9::uuid" order_id = r.settlement.order.0.id,
-        "$10::text" order_status = r.settlement.order.0.status.as_str(),
-        "$11::timestamptz" order_updated_at = r.settlement.order.0.updated_at,
-        "$12::text" order_status_after = r.settlement.order.1.status.as_str(),
-        "$13::uuid" attempt_id = r.settlement.attempt.id,
-        "$14::text" attempt_status = r.settlement.attempt.status.as_str(),
-        "$15::text" charge_id = r.settlement.attempt.provider_charge_id.as_deref(),
-        "$16::text" failure_code = r.settlement.attempt.failure_code.as_deref(),
-        "$17::text" failure_message = r.settlement.attempt.failure_message.as_deref(),
-        "$18::timestamptz" updated_at = r.settlement.attempt.updated_at,
-        "$19::uuid" merchant_id = r.settlement.completion.fence().record().merchant_id,
-        "$20::text" idempotency_key = r.settlement.completion.fence().record().key.as_str(),
-        "$21::uuid" lease_token = r.settlement.completion.fence().token(),
-        "$22::smallint" response_status = r.response_status,
-        "$23::bytea" response_body = r.settlement.completion.response().body.as_slice(),
-        "$24::text" response_location = r.settlement.completion.response().location.as_deref(),
-        "$25::boolean" confirm_decline = r.settlement.confirm_decline,
+        "$10::uuid" order_id = r.settlement.order.0.id,
+        "$11::text" order_status = r.settlement.order.0.status.as_str(),
+        "$12::timestamptz" order_updated_at = r.settlement.order.0.updated_at,
+        "$13::text" order_status_after = r.settlement.order.1.status.as_str(),
+        "$14::uuid" attempt_id = r.settlement.attempt.id,
+        "$15::text" attempt_status = r.settlement.attempt.status.as_str(),
+        "$16::text" charge_id = r.settlement.attempt.provider_charge_id.as_deref(),
+        "$17::text" failure_code = r.settlement.attempt.failure_code.as_deref(),
+        "$18::text" failure_message = r.settlement.attempt.failure_message.as_deref(),
+        "$19::timestamptz" updated_at = r.settlement.attempt.updated_at,
+        "$20::uuid" merchant_id = r.settlement.completion.fence().record().merchant_id,
+        "$21::text" idempotency_key = r.settlement.completion.fence().record().key.as_str(),
+        "$22::uuid" lease_token = r.settlement.completion.fence().token(),
+        "$23::smallint" response_status = r.response_status,
+        "$24::bytea" response_body = r.settlement.completion.response().body.as_slice(),
+        "$25::text" response_location = r.settlement.completion.response().location.as_deref(),
+        "$26::boolean" confirm_decline = r.settlement.confirm_decline,
     }
     ",
      o AS (
@@ -953,6 +953,23 @@ fn repeats(rows: &[&RepeatRow]) -> Result<Statement, StoreError> {
         FIND_BY_CHARGE_OR_RECORD_REPEAT_MANY,
     );
     Statement::of(form(rows, forms), |q| repeat_columns(rows, q))
+}
+
+/// The customer of the order of one of the merchant's payment attempts
+/// (`None`: no such payment); see `orders::customer_of`.
+pub async fn customer_of(
+    pool: &sqlx::PgPool,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<String>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT o.customer_id FROM payment_attempt p JOIN orders o ON o.id = p.order_id
+          WHERE p.id = $1 AND p.merchant_id = $2",
+    )
+    .bind(id)
+    .bind(merchant_id)
+    .fetch_optional(pool)
+    .await?)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod failover;
 mod helpers;
 mod hostile_input;
 mod idempotency;
+mod identity;
 mod inbound_webhooks;
 mod lists;
 mod ops;

@@ -69,7 +69,7 @@ async fn every_endpoint_refuses_a_key_without_its_scope_and_consumes_nothing() {
     let mut checked = 0;
     for route in oncepay::http::ROUTES {
         let (path, method) = (&route.path, route.method);
-        let Access::Needs(needed) = &route.access else {
+        let Access::Needs(needed, _) = &route.access else {
             continue;
         };
         let concrete = path.replace("{id}", &Uuid::new_v4().to_string());

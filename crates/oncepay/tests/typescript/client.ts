@@ -31,8 +31,12 @@ expectTrue<Equals<Change["replaced_by"], string | undefined>>();
 expectTrue<Equals<Change["expires_at"], string | null | undefined>>();
 expectTrue<Equals<Change["deliveries_queued"], number | undefined>>();
 expectTrue<Equals<Change["pending_deliveries_cancelled"], number | undefined>>();
+type AuditIdentity = { issuer: string; jwks_url: string; audience: string; roles_claim: string };
 expectTrue<
-  Equals<Change["before"], { per_second: number | null; burst: number | null } | string | null | undefined>
+  Equals<
+    Change["before"],
+    { per_second: number | null; burst: number | null } | AuditIdentity | string | null | undefined
+  >
 >();
 
 // `next_action`: `null`, a redirect, or Stripe.js's action with the intent's
@@ -227,8 +231,13 @@ async function everyOperation(key: string): Promise<void> {
     const scopes: Schemas["Scope"][] | undefined = event.change.scopes;
     const before = event.change.before;
     if (typeof before === "object" && before !== null) {
-      const perSecond: number | null = before.per_second;
-      void perSecond;
+      if ("per_second" in before) {
+        const perSecond: number | null = before.per_second;
+        void perSecond;
+      } else {
+        const issuer: string = before.issuer;
+        void issuer;
+      }
     }
     // @ts-expect-error `url` is a string, never a number
     const wrong: number | undefined = event.change.url;

@@ -1,0 +1,111 @@
+//! Identity from a merchant's own sign-in (issue 47): a bearer token its
+//! identity provider issued (a JWT) instead of an API key. The token's
+//! `iss` selects the merchant (`store::identity`); a key of the issuer's
+//! JWKS chosen by the token's `kid` ([`jwks`]) verifies it ([`token`]).
+//! What a verified token may then do is the route table's
+//! (`http::routes`): a customer acts on what it owns, a seller as a key
+//! with the `read` and `write` scopes.
+
+pub mod jwks;
+pub mod token;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::domain::principal::Role;
+use crate::store::{self, StoreError};
+use token::Refusal;
+
+/// Who a verified token speaks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// The merchant whose identity provider issued it.
+    pub merchant_id: Uuid,
+    /// The role its roles claim grants (`None`: no role oncepay knows,
+    /// which may call nothing).
+    pub role: Option<Role>,
+    /// Its `sub`.
+    pub sub: String,
+    /// Its `iss`.
+    pub issuer: String,
+}
+
+/// Why a token was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejected {
+    /// `401 invalid_token`, saying why.
+    #[error(transparent)]
+    Invalid(#[from] Refusal),
+    /// The database could not be asked.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Verifies tokens: the merchants' identity providers from the database,
+/// their keys from this process's [`jwks::Jwks`].
+pub struct Verifier {
+    pool: PgPool,
+    keys: jwks::Jwks,
+}
+
+/// Bounds of the key sets' freshness (`ONCEPAY_JWKS_MIN_REFRESH`,
+/// `ONCEPAY_JWKS_MAX_AGE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JwksBounds {
+    /// The least time a set is fresh, and the least time between two
+    /// fetches of one set.
+    pub min_refresh: Duration,
+    /// The most time a set is fresh.
+    pub max_age: Duration,
+}
+
+impl Verifier {
+    /// A verifier on `pool`; key sets fetched through the guarded client
+    /// (`allow_private` as for webhook endpoints).
+    pub fn new(
+        pool: PgPool,
+        allow_private: bool,
+        bounds: JwksBounds,
+    ) -> Result<Verifier, reqwest::Error> {
+        Ok(Verifier {
+            pool,
+            keys: jwks::Jwks::new(allow_private, bounds.min_refresh, bounds.max_age)?,
+        })
+    }
+
+    /// Verifies `bearer` (a JWS): its header, its issuer (a merchant's),
+    /// its signature by the issuer's key of its `kid`, its claims.
+    pub async fn verify(&self, bearer: &str) -> Result<Verified, Rejected> {
+        let peeked = token::peek(bearer)?;
+        let identity = store::identity::by_issuer(&self.pool, &peeked.issuer)
+            .await?
+            .ok_or(Refusal::UnknownIssuer)?;
+        let key = match self
+            .keys
+            .key(&identity.issuer, &identity.jwks_url, &peeked.kid)
+            .await
+        {
+            jwks::Lookup::Found(key) => key,
+            jwks::Lookup::Unknown => return Err(Refusal::UnknownKid.into()),
+            jwks::Lookup::Unavailable => return Err(Refusal::KeysUnavailable.into()),
+        };
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+        let expected = token::Expected {
+            issuer: &identity.issuer,
+            audience: &identity.audience,
+            roles_claim: &identity.roles_claim,
+        };
+        let claims = token::verify(bearer, &peeked, &key, expected, now)?;
+        Ok(Verified {
+            merchant_id: identity.merchant_id,
+            role: claims.role,
+            sub: claims.sub,
+            issuer: identity.issuer,
+        })
+    }
+}

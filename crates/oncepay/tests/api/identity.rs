@@ -1,0 +1,1113 @@
+//! Identity from the shop's own sign-in (issue 47): bearer tokens its
+//! identity provider issues, checked against its JWKS. The keys and tokens
+//! are PyJWT's and cryptography's (`identity_mint.py`), never oncepay's;
+//! the JWKS is served by a local HTTP server that counts its hits.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::{web, HttpResponse};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::helpers::*;
+use oncepay::http::routes::{Access, Customers, Ownership};
+
+const ISSUER: &str = "https://id.shop-a.example";
+const AUDIENCE: &str = "oncepay-shop-a";
+
+/// The venv's Python (`make pyjwt`), or `ONCEPAY_PYJWT_PYTHON`.
+fn python() -> PathBuf {
+    match std::env::var_os("ONCEPAY_PYJWT_PYTHON") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/pyjwt-venv/bin/python")
+        }
+    }
+}
+
+/// Whether PyJWT can run here; where it cannot and the run does not
+/// require it (`ONCEPAY_REQUIRE_PYJWT`, set by `.ci/run`), a loud skip.
+fn pyjwt_or_skip() -> bool {
+    if python().exists() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("ONCEPAY_REQUIRE_PYJWT").is_none(),
+        "ONCEPAY_REQUIRE_PYJWT is set but {} is missing (make pyjwt)",
+        python().display()
+    );
+    eprintln!("SKIPPED: no PyJWT (make pyjwt installs it)");
+    false
+}
+
+/// Runs `identity_mint.py` with `request`.
+async fn mint(request: Value) -> Value {
+    use tokio::io::AsyncWriteExt as _;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/api/identity_mint.py");
+    let mut child = tokio::process::Command::new(python())
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python runs");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin
+        .write_all(request.to_string().as_bytes())
+        .await
+        .expect("request written");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("minted");
+    assert!(
+        out.status.success(),
+        "identity_mint.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON from identity_mint.py")
+}
+
+/// A key pair PyJWT made, and its public JWK (with `kid` and `alg`).
+#[derive(Clone)]
+struct Key {
+    alg: &'static str,
+    kid: String,
+    private_pem: String,
+    public_pem: String,
+    jwk: Value,
+}
+
+async fn keys(algs: &[&'static str]) -> Vec<Key> {
+    let made = mint(json!({ "keygen": algs })).await;
+    algs.iter()
+        .zip(made.as_array().expect("keys"))
+        .map(|(alg, k)| {
+            let kid = format!("{}-{}", alg.to_lowercase(), Uuid::new_v4().simple());
+            let mut jwk = k["jwk"].clone();
+            jwk["kid"] = json!(kid);
+            jwk["alg"] = json!(alg);
+            jwk["use"] = json!("sig");
+            Key {
+                alg,
+                kid,
+                private_pem: k["private_pem"].as_str().expect("pem").to_string(),
+                public_pem: k["public_pem"].as_str().expect("pem").to_string(),
+                jwk,
+            }
+        })
+        .collect()
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// Claims of a customer (or `role`) `sub`, valid for five minutes.
+fn claims(sub: &str, role: &str) -> Value {
+    json!({
+        "iss": ISSUER,
+        "aud": AUDIENCE,
+        "sub": sub,
+        "roles": [role],
+        "iat": now(),
+        "exp": now() + 300,
+    })
+}
+
+/// One token to sign: `key` signs as its own `alg` under its own `kid`,
+/// unless `alg`/`kid` say otherwise.
+struct Sign<'a> {
+    key: &'a Key,
+    claims: Value,
+    alg: Option<&'static str>,
+    kid: Option<String>,
+}
+
+impl<'a> Sign<'a> {
+    fn new(key: &'a Key, claims: Value) -> Sign<'a> {
+        Sign {
+            key,
+            claims,
+            alg: None,
+            kid: None,
+        }
+    }
+}
+
+async fn sign_all(requests: Vec<Sign<'_>>) -> Vec<String> {
+    let batch: Vec<Value> = requests
+        .iter()
+        .map(|r| {
+            let alg = r.alg.unwrap_or(r.key.alg);
+            let pem = if alg == "HS256" {
+                &r.key.public_pem
+            } else {
+                &r.key.private_pem
+            };
+            json!({
+                "alg": alg,
+                "key": pem,
+                "headers": {"kid": r.kid.clone().unwrap_or_else(|| r.key.kid.clone())},
+                "claims": r.claims,
+            })
+        })
+        .collect();
+    mint(json!({ "sign": batch }))
+        .await
+        .as_array()
+        .expect("tokens")
+        .iter()
+        .map(|t| t.as_str().expect("token").to_string())
+        .collect()
+}
+
+async fn sign(key: &Key, claims: Value) -> String {
+    sign_all(vec![Sign::new(key, claims)]).await.remove(0)
+}
+
+/// The identity provider's JWKS endpoint: serves `keys`, counts hits,
+/// can be taken down.
+struct Idp {
+    shared: Arc<IdpShared>,
+    url: String,
+}
+
+struct IdpShared {
+    keys: Mutex<Vec<Value>>,
+    hits: AtomicUsize,
+    down: AtomicBool,
+}
+
+async fn serve_jwks(shared: web::Data<IdpShared>) -> HttpResponse {
+    shared.hits.fetch_add(1, Ordering::SeqCst);
+    if shared.down.load(Ordering::SeqCst) {
+        return HttpResponse::ServiceUnavailable().finish();
+    }
+    let keys = shared
+        .keys
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(json!({ "keys": keys }).to_string())
+}
+
+impl Idp {
+    fn start(keys: &[&Key]) -> Idp {
+        let shared = Arc::new(IdpShared {
+            keys: Mutex::new(keys.iter().map(|k| k.jwk.clone()).collect()),
+            hits: AtomicUsize::new(0),
+            down: AtomicBool::new(false),
+        });
+        let addr = oncepay_testkit::loopback_http::serve(shared.clone(), serve_jwks)
+            .expect("the JWKS server starts");
+        Idp {
+            shared,
+            url: format!("http://{addr}/.well-known/jwks.json"),
+        }
+    }
+
+    fn publish(&self, keys: &[&Key]) {
+        *self.shared.keys.lock().unwrap_or_else(|p| p.into_inner()) =
+            keys.iter().map(|k| k.jwk.clone()).collect();
+    }
+
+    fn hits(&self) -> usize {
+        self.shared.hits.load(Ordering::SeqCst)
+    }
+
+    fn set_down(&self, down: bool) {
+        self.shared.down.store(down, Ordering::SeqCst);
+    }
+}
+
+/// Merchant `name` trusts `idp` as `issuer` for `AUDIENCE` (as `oncepay
+/// merchant identity` sets it).
+async fn trust(app: &TestApp, name: &str, issuer: &str, idp: &Idp) {
+    let outcome = oncepay::store::identity::set(
+        &app.db,
+        name,
+        oncepay::store::identity::NewIdentity {
+            issuer,
+            jwks_url: &idp.url,
+            audience: AUDIENCE,
+            roles_claim: "roles",
+        },
+        &oncepay::audit::Actor::cli(),
+    )
+    .await
+    .expect("identity set");
+    assert_eq!(outcome, oncepay::store::identity::SetOutcome::Set);
+}
+
+/// A service whose key sets may be refetched every `min_refresh`.
+async fn app_with_refresh(min_refresh: &str) -> TestApp {
+    spawn_app_with(Options::default().serve("ONCEPAY_JWKS_MIN_REFRESH", min_refresh)).await
+}
+
+impl TestApp {
+    async fn call_as(
+        &self,
+        bearer: &str,
+        method: Method,
+        path: &str,
+        idem: Option<&str>,
+        body: Option<&Value>,
+    ) -> reqwest::Response {
+        let mut req = self
+            .http
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(bearer);
+        if let Some(idem) = idem {
+            req = req.header("Idempotency-Key", idem);
+        }
+        if let Some(body) = body {
+            req = req.json(body);
+        }
+        req.send().await.expect("request sent")
+    }
+
+    async fn get_as(&self, bearer: &str, path: &str) -> reqwest::Response {
+        self.call_as(bearer, Method::GET, path, None, None).await
+    }
+
+    async fn order_as(&self, bearer: &str, customer: &str) -> reqwest::Response {
+        let mut body = order_body();
+        body["customer_id"] = json!(customer);
+        let idem = Uuid::new_v4().to_string();
+        self.call_as(bearer, Method::POST, "/orders", Some(&idem), Some(&body))
+            .await
+    }
+
+    /// What a refused request must leave as it was.
+    async fn everything(&self) -> Vec<i64> {
+        let mut counts = Vec::new();
+        for table in [
+            "orders",
+            "payment_attempt",
+            "refund",
+            "checkout_session",
+            "idempotency_record",
+            "event",
+            "webhook_endpoint",
+            "api_key",
+            "audit_event",
+        ] {
+            counts.push(self.count(&format!("SELECT count(*) FROM {table}")).await);
+        }
+        counts.push(
+            self.count("SELECT count(*) FROM orders WHERE status <> 'awaiting_payment'")
+                .await,
+        );
+        counts
+    }
+}
+
+/// `401 invalid_token` with the challenge header, a detail that says
+/// `why` and never repeats the token.
+async fn assert_invalid_token(r: reqwest::Response, token: &str, case: &str, why: &str) {
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{case}");
+    let challenge = r
+        .headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert_eq!(challenge, r#"Bearer error="invalid_token""#, "{case}");
+    let problem = json_of(r).await;
+    assert_eq!(problem["code"], "invalid_token", "{case}: {problem}");
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(detail.contains(why), "{case}: {detail}");
+    for part in token.split('.').filter(|p| p.len() > 8) {
+        assert!(
+            !detail.contains(part),
+            "{case}: the detail echoes the token"
+        );
+    }
+}
+
+#[tokio::test]
+async fn each_algorithm_is_accepted_from_a_jwks() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let all = keys(&["RS256", "PS256", "ES256", "EdDSA"]).await;
+    let idp = Idp::start(&all.iter().collect::<Vec<_>>());
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    for key in &all {
+        let customer = format!("cus-{}", key.alg.to_lowercase());
+        let token = sign(key, claims(&customer, "customer")).await;
+        let r = app.order_as(&token, &customer).await;
+        assert_eq!(r.status(), StatusCode::CREATED, "{}", key.alg);
+        let order = json_of(r).await;
+        assert_eq!(order["customer_id"], customer.as_str());
+        let r = app
+            .get_as(
+                &token,
+                &format!("/orders/{}", order["id"].as_str().unwrap()),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::OK, "{}", key.alg);
+    }
+    // One fetch served every algorithm's key.
+    assert_eq!(idp.hits(), 1);
+}
+
+#[tokio::test]
+async fn every_bad_token_is_401_invalid_token_and_consumes_nothing() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256", "RS256", "EdDSA"]).await;
+    let (own, rsa, other) = (&made[0], &made[1], &made[2]);
+    let idp = Idp::start(&[own, rsa]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    // Merchant B trusts its own identity provider, with its own key.
+    oncepay::api_keys::create(&app.db, "merchant-b")
+        .await
+        .expect("merchant b");
+    let idp_b = Idp::start(&[other]);
+    trust(&app, "merchant-b", "https://id.shop-b.example", &idp_b).await;
+
+    let good = claims("alice", "customer");
+    let with = |change: Value| {
+        let mut c = good.clone();
+        for (k, v) in change.as_object().expect("object") {
+            if v.is_null() {
+                c.as_object_mut().unwrap().remove(k);
+            } else {
+                c[k] = v.clone();
+            }
+        }
+        c
+    };
+    let cases: Vec<(&str, &str, Sign<'_>)> = vec![
+        (
+            "expired",
+            "expired",
+            Sign::new(own, with(json!({"exp": now() - 120}))),
+        ),
+        (
+            "not yet valid",
+            "not valid yet",
+            Sign::new(own, with(json!({"nbf": now() + 300}))),
+        ),
+        (
+            "issued in the future",
+            "future",
+            Sign::new(own, with(json!({"iat": now() + 600}))),
+        ),
+        (
+            "wrong issuer",
+            "issuer",
+            Sign::new(own, with(json!({"iss": "https://id.evil.example"}))),
+        ),
+        (
+            "wrong audience",
+            "aud",
+            Sign::new(own, with(json!({"aud": "someone-else"}))),
+        ),
+        (
+            "no expiry",
+            "exp",
+            Sign::new(own, with(json!({"exp": null}))),
+        ),
+        (
+            "no subject",
+            "sub",
+            Sign::new(own, with(json!({"sub": null}))),
+        ),
+        // What PostgreSQL cannot store is refused, never a 500.
+        (
+            "NUL in a seller's sub",
+            "sub",
+            Sign::new(own, with(json!({"sub": "staff\u{0}", "roles": ["seller"]}))),
+        ),
+        (
+            "NUL in the issuer",
+            "issuer",
+            Sign::new(own, with(json!({"iss": format!("{ISSUER}\u{0}")}))),
+        ),
+        (
+            "unknown kid",
+            "kid",
+            Sign {
+                kid: Some("no-such-kid".into()),
+                ..Sign::new(own, good.clone())
+            },
+        ),
+        (
+            "alg none",
+            "alg",
+            Sign {
+                alg: Some("none"),
+                ..Sign::new(own, good.clone())
+            },
+        ),
+        (
+            "HS256 signed with the public key",
+            "alg",
+            Sign {
+                alg: Some("HS256"),
+                ..Sign::new(rsa, good.clone())
+            },
+        ),
+        // Another merchant's issuer's key, claiming this issuer: under its
+        // own kid (not in this issuer's set) and under this issuer's kid
+        // (whose key does not verify it).
+        (
+            "another merchant's key",
+            "kid",
+            Sign::new(other, good.clone()),
+        ),
+        (
+            "another merchant's key under this issuer's kid",
+            "alg",
+            Sign {
+                alg: Some("EdDSA"),
+                kid: Some(own.kid.clone()),
+                ..Sign::new(other, good.clone())
+            },
+        ),
+        (
+            "a key of its own alg under another key's kid",
+            "alg",
+            Sign {
+                kid: Some(own.kid.clone()),
+                ..Sign::new(rsa, good.clone())
+            },
+        ),
+    ];
+    let names: Vec<(&str, &str)> = cases.iter().map(|(n, why, _)| (*n, *why)).collect();
+    let mut tokens = sign_all(cases.into_iter().map(|(_, _, s)| s).collect()).await;
+    // A tampered payload: a valid token whose payload now names another
+    // customer, the signature left as it was.
+    let valid = sign(own, good.clone()).await;
+    let parts: Vec<&str> = valid.split('.').collect();
+    let forged_payload = URL_SAFE_NO_PAD.encode(with(json!({"sub": "mallory"})).to_string());
+    tokens.push(format!("{}.{forged_payload}.{}", parts[0], parts[2]));
+    let names: Vec<(&str, &str)> = names
+        .into_iter()
+        .chain([("tampered payload", "signature")])
+        .collect();
+
+    let before = app.everything().await;
+    for ((name, why), token) in names.iter().zip(&tokens) {
+        let idem = format!("bad-token-{}", Uuid::new_v4());
+        let mut body = order_body();
+        body["customer_id"] = json!("alice");
+        let r = app
+            .call_as(token, Method::POST, "/orders", Some(&idem), Some(&body))
+            .await;
+        assert_invalid_token(r, token, name, why).await;
+        let r = app.get_as(token, "/orders").await;
+        assert_invalid_token(r, token, name, why).await;
+    }
+    assert_eq!(
+        app.everything().await,
+        before,
+        "a refused token wrote nothing"
+    );
+    // The valid token works, so every refusal above was the token's.
+    let r = app.order_as(&valid, "alice").await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn a_key_rotation_is_followed_without_a_restart() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = app_with_refresh("300ms").await;
+    let made = keys(&["ES256", "ES256"]).await;
+    let (old, new) = (&made[0], &made[1]);
+    let idp = Idp::start(&[old]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let old_token = sign(old, claims("alice", "customer")).await;
+    let new_token = sign(new, claims("alice", "customer")).await;
+    assert_eq!(
+        app.get_as(&old_token, "/orders").await.status(),
+        StatusCode::OK
+    );
+    // The provider publishes the new key and removes the old one.
+    idp.publish(&[new]);
+    let followed = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+        app.get_as(&new_token, "/orders").await.status() == StatusCode::OK
+    })
+    .await;
+    assert!(followed.is_ok(), "the new key was never fetched");
+    let r = app.get_as(&old_token, "/orders").await;
+    assert_invalid_token(r, &old_token, "the removed key", "kid").await;
+}
+
+#[tokio::test]
+async fn forged_kids_fetch_the_jwks_at_most_once_per_interval() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let min_refresh = Duration::from_secs(2);
+    let app = app_with_refresh("2s").await;
+    let made = keys(&["EdDSA"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let forged: Vec<String> = sign_all(
+        (0..40)
+            .map(|i| Sign {
+                kid: Some(format!("forged-{i}")),
+                ..Sign::new(key, claims("alice", "customer"))
+            })
+            .collect(),
+    )
+    .await;
+    let burst = |tokens: Vec<String>| {
+        let app = &app;
+        async move {
+            let answers =
+                futures_all(tokens.iter().map(|t| app.get_as(t, "/orders")).collect()).await;
+            for r in answers {
+                assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+            }
+        }
+    };
+    // A cold cache: forty forged kids at once make one fetch.
+    burst(forged.clone()).await;
+    assert_eq!(idp.hits(), 1, "one fetch for the whole burst");
+    // The real key was in that fetch: no more.
+    let good = sign(key, claims("alice", "customer")).await;
+    assert_eq!(app.get_as(&good, "/orders").await.status(), StatusCode::OK);
+    burst(forged.clone()).await;
+    assert_eq!(idp.hits(), 1, "no fetch within the interval");
+    // The next interval allows one more, whatever the burst.
+    tokio::time::sleep(min_refresh).await;
+    burst(forged).await;
+    assert_eq!(idp.hits(), 2, "one fetch in the next interval");
+}
+
+/// Runs futures at once (no ordering between them) and returns their
+/// outputs in order.
+async fn futures_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut pinned: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut done: Vec<Option<F::Output>> = pinned.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if done[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => done[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    done.into_iter()
+        .map(|d| d.expect("every future ran"))
+        .collect()
+}
+
+#[tokio::test]
+async fn an_identity_provider_that_is_down_leaves_cached_keys_working() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = app_with_refresh("300ms").await;
+    let made = keys(&["RS256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let token = sign(key, claims("alice", "customer")).await;
+    assert_eq!(app.get_as(&token, "/orders").await.status(), StatusCode::OK);
+    assert_eq!(idp.hits(), 1);
+    idp.set_down(true);
+    // Past the set's freshness, a request tries to refresh it, fails, and
+    // is still served with the key held.
+    let tried = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+        let ok = app.get_as(&token, "/orders").await.status() == StatusCode::OK;
+        assert!(
+            ok,
+            "a cached key stopped working while the provider was down"
+        );
+        idp.hits() >= 2
+    })
+    .await;
+    assert!(tried.is_ok(), "the stale set was never refreshed");
+    assert_eq!(app.get_as(&token, "/orders").await.status(), StatusCode::OK);
+    // A provider down before any key of it is held: not the token's fault,
+    // so not a 401 that would sign the user out.
+    oncepay::api_keys::create(&app.db, "merchant-b")
+        .await
+        .expect("merchant b");
+    let idp_b = Idp::start(&[key]);
+    idp_b.set_down(true);
+    trust(&app, "merchant-b", "https://id.shop-b.example", &idp_b).await;
+    let mut b_claims = claims("carol", "customer");
+    b_claims["iss"] = json!("https://id.shop-b.example");
+    let b_token = sign(key, b_claims).await;
+    let r = app.get_as(&b_token, "/orders").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json_of(r).await["code"], "service_unavailable");
+}
+
+/// A customer's order (and, with `paid`, its payment).
+async fn customer_order(
+    app: &TestApp,
+    token: &str,
+    customer: &str,
+    paid: bool,
+) -> (String, Option<String>) {
+    let r = app.order_as(token, customer).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let order = json_of(r).await["id"].as_str().unwrap().to_string();
+    if !paid {
+        return (order, None);
+    }
+    let idem = Uuid::new_v4().to_string();
+    let body = json!({"order_id": order, "payment_method": "tok_visa"});
+    let r = app
+        .call_as(token, Method::POST, "/payments", Some(&idem), Some(&body))
+        .await;
+    assert!(r.status().is_success(), "{}", r.status());
+    let payment = json_of(r).await["id"].as_str().unwrap().to_string();
+    (order, Some(payment))
+}
+
+#[tokio::test]
+async fn a_customer_reaches_only_its_own_and_another_customers_objects_are_404() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let bob = sign(key, claims("bob", "customer")).await;
+    let (bob_open, _) = customer_order(&app, &bob, "bob", false).await;
+    let (bob_paid, bob_payment) = customer_order(&app, &bob, "bob", true).await;
+    let bob_payment = bob_payment.expect("a payment");
+    let (alice_open, _) = customer_order(&app, &alice, "alice", false).await;
+    let (_, alice_payment) = customer_order(&app, &alice, "alice", true).await;
+    app.reconciled_to(&json!(alice_payment.expect("a payment")), "succeeded")
+        .await;
+    // The merchant's key sees both; bob's paid order is paid.
+    app.reconciled_to(&json!(bob_payment), "succeeded").await;
+
+    let mut checked = 0;
+    for route in oncepay::http::ROUTES {
+        let Access::Needs(_, customers) = route.access else {
+            continue;
+        };
+        let method = Method::from_bytes(route.method.as_bytes()).expect("method");
+        let idem = format!("cross-{}", Uuid::new_v4());
+        let before = app.everything().await;
+        match customers {
+            Customers::Refused => {
+                let path = route.path.replace("{id}", &bob_payment);
+                let r = app
+                    .call_as(&alice, method.clone(), &path, Some(&idem), Some(&json!({})))
+                    .await;
+                let status = r.status();
+                let problem = json_of(r).await;
+                assert_eq!(status, StatusCode::FORBIDDEN, "{route:?}: {problem}");
+                assert_eq!(problem["code"], "insufficient_scope", "{route:?}");
+            }
+            Customers::Owning(how) => {
+                let (path, body, expected, code) = match how {
+                    Ownership::OrderInPath => (
+                        route.path.replace("{id}", &bob_open),
+                        json!({}),
+                        StatusCode::NOT_FOUND,
+                        "order_not_found",
+                    ),
+                    Ownership::PaymentInPath => (
+                        route.path.replace("{id}", &bob_payment),
+                        json!({}),
+                        StatusCode::NOT_FOUND,
+                        "payment_not_found",
+                    ),
+                    Ownership::CustomerInBody => {
+                        let mut body = order_body();
+                        body["customer_id"] = json!("bob");
+                        (
+                            route.path.to_string(),
+                            body,
+                            StatusCode::FORBIDDEN,
+                            "not_owner",
+                        )
+                    }
+                    Ownership::OrderInBody => (
+                        route.path.to_string(),
+                        json!({"order_id": bob_open, "payment_method": "tok_visa"}),
+                        StatusCode::NOT_FOUND,
+                        "order_not_found",
+                    ),
+                    Ownership::OwnList => {
+                        // Forced to its own rows; asking for another's gets none.
+                        let own = json_of(app.get_as(&alice, route.path).await).await;
+                        let data = own["data"].as_array().expect("a page");
+                        assert!(!data.is_empty(), "{route:?}: alice's own rows");
+                        for row in data {
+                            let order = row
+                                .get("order_id")
+                                .or_else(|| row.get("id"))
+                                .and_then(Value::as_str)
+                                .unwrap();
+                            assert!(
+                                ![bob_open.as_str(), bob_paid.as_str()].contains(&order),
+                                "{route:?} shows bob's {row}"
+                            );
+                        }
+                        let other = json_of(
+                            app.get_as(&alice, &format!("{}?customer_id=bob", route.path))
+                                .await,
+                        )
+                        .await;
+                        assert_eq!(other["data"], json!([]), "{route:?}");
+                        checked += 1;
+                        continue;
+                    }
+                };
+                let r = app
+                    .call_as(&alice, method.clone(), &path, Some(&idem), Some(&body))
+                    .await;
+                let status = r.status();
+                let problem = json_of(r).await;
+                assert_eq!(status, expected, "{route:?}: {problem}");
+                assert_eq!(problem["code"], code, "{route:?}");
+            }
+        }
+        assert_eq!(
+            app.everything().await,
+            before,
+            "{route:?} changed something"
+        );
+        checked += 1;
+    }
+    let guarded = oncepay::http::ROUTES
+        .iter()
+        .filter(|r| matches!(r.access, Access::Needs(..)))
+        .count();
+    assert_eq!(
+        checked, guarded,
+        "every route that takes a caller was checked"
+    );
+    // Bob's objects are as they were; alice's own answer as usual.
+    assert_eq!(
+        app.status_of(&format!("/orders/{bob_open}")).await,
+        "awaiting_payment"
+    );
+    assert_eq!(app.status_of(&format!("/orders/{bob_paid}")).await, "paid");
+    let r = app.get_as(&alice, &format!("/orders/{alice_open}")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = app
+        .call_as(
+            &alice,
+            Method::POST,
+            &format!("/orders/{alice_open}/checkout"),
+            Some(&Uuid::new_v4().to_string()),
+            Some(&json!({})),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    // A customer cancels its unpaid order, never a paid one (that refunds).
+    let r = app
+        .call_as(
+            &bob,
+            Method::POST,
+            &format!("/orders/{bob_paid}/cancel"),
+            Some(&Uuid::new_v4().to_string()),
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(app.count("SELECT count(*) FROM refund").await, 0);
+    let r = app
+        .call_as(
+            &bob,
+            Method::POST,
+            &format!("/orders/{bob_open}/cancel"),
+            Some(&Uuid::new_v4().to_string()),
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn two_customers_and_a_merchant_key_racing_one_idempotency_key_get_three_outcomes() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["PS256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let bob = sign(key, claims("bob", "customer")).await;
+    let shared_key = "one-key-for-everyone";
+    let body_for = |customer: &str| {
+        let mut body = order_body();
+        body["customer_id"] = json!(customer);
+        body
+    };
+    let (a, b, m) = (body_for("alice"), body_for("bob"), body_for("alice"));
+    // The merchant's key sends alice's very body under the same key:
+    // neither replays the other.
+    let callers = [(&alice, &a), (&bob, &b), (&app.key, &m)];
+    let answers = futures_all(
+        callers
+            .iter()
+            .map(|(bearer, body)| {
+                app.call_as(
+                    bearer,
+                    Method::POST,
+                    "/orders",
+                    Some(shared_key),
+                    Some(body),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for r in answers {
+        assert_eq!(r.status(), StatusCode::CREATED);
+        assert!(r.headers().get("idempotent-replayed").is_none());
+        ids.push(json_of(r).await["id"].as_str().unwrap().to_string());
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 3, "three independent orders");
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 3);
+    assert_eq!(
+        app.count("SELECT count(*) FROM idempotency_record").await,
+        3,
+        "three records, one per principal"
+    );
+    // Each repeat replays its own principal's answer.
+    let r = app
+        .call_as(&alice, Method::POST, "/orders", Some(shared_key), Some(&a))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(r.headers()["idempotent-replayed"], "true");
+    let replayed = json_of(r).await;
+    assert_eq!(replayed["customer_id"], "alice");
+    assert_eq!(app.count("SELECT count(*) FROM orders").await, 3);
+}
+
+#[tokio::test]
+async fn a_seller_acts_as_a_write_key_and_never_as_admin() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["EdDSA"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let mut seller_claims = claims("staff-7", "seller");
+    seller_claims["roles"] = json!(["seller", "admin"]);
+    let seller = sign(key, seller_claims).await;
+    // Any customer's order, and reads of what customers may not read.
+    let r = app.order_as(&seller, "anyone").await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(
+        app.get_as(&seller, "/refunds").await.status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        app.get_as(&seller, "/events").await.status(),
+        StatusCode::OK
+    );
+    for (method, path) in [
+        (Method::GET, "/api_keys"),
+        (Method::GET, "/audit_events"),
+        (Method::POST, "/webhook_endpoints"),
+        (Method::POST, "/api_keys"),
+    ] {
+        let r = app
+            .call_as(
+                &seller,
+                method.clone(),
+                path,
+                Some("seller-admin"),
+                Some(&json!({})),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{method} {path}");
+        assert_eq!(json_of(r).await["code"], "insufficient_scope");
+    }
+    // A token with no role oncepay knows may call nothing.
+    let mut nobody = claims("guest", "customer");
+    nobody["roles"] = json!(["viewer"]);
+    let nobody = sign(key, nobody).await;
+    let r = app.get_as(&nobody, "/orders").await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn events_and_audit_rows_name_who_acted() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let (order, payment) = customer_order(&app, &alice, "alice", true).await;
+    let payment = payment.expect("payment");
+    // The payment's first event was written by alice's request.
+    let trail = json_of(app.get(&format!("/payments/{payment}/events")).await).await;
+    let first = &trail["data"][0];
+    assert_eq!(
+        first["actor"],
+        json!({"type": "customer", "sub": "alice", "issuer": ISSUER}),
+        "{first}"
+    );
+    // A merchant key's change names the key.
+    let other = app.create_order().await;
+    let r = app
+        .post(
+            &format!("/orders/{other}/cancel"),
+            &Uuid::new_v4().to_string(),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let trail = json_of(app.get(&format!("/orders/{other}/events")).await).await;
+    let cancelled = &trail["data"][0];
+    assert_eq!(cancelled["actor"]["type"], "api_key", "{cancelled}");
+    assert!(cancelled["actor"]["id"].is_string());
+    // Setting the identity provider was audited, as the CLI.
+    let audit = json_of(app.get("/audit_events").await).await;
+    let set = audit["data"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|row| row["action"] == "merchant.identity_changed")
+        .cloned()
+        .expect("the identity change is in the trail");
+    assert_eq!(set["actor_type"], "cli");
+    assert_eq!(set["change"]["after"]["issuer"], ISSUER);
+    let _ = order;
+}
+
+#[tokio::test]
+async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
+    let app = spawn_app().await;
+    let db_url = app
+        .serve_env
+        .iter()
+        .find(|(n, _)| *n == "DATABASE_URL")
+        .map(|(_, v)| v.clone())
+        .expect("database url");
+    let run = |args: Vec<&str>| {
+        let db_url = db_url.clone();
+        let args: Vec<String> = args.into_iter().map(str::to_string).collect();
+        async move {
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"))
+                .args(&args)
+                .env("DATABASE_URL", db_url)
+                .env("ONCEPAY_LOG", "warn")
+                .output()
+                .await
+                .expect("oncepay runs");
+            (
+                out.status.success(),
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ),
+            )
+        }
+    };
+    let (ok, text) = run(vec![
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-a",
+        "--issuer",
+        ISSUER,
+        "--jwks-url",
+        "https://id.shop-a.example/jwks.json",
+        "--audience",
+        AUDIENCE,
+        "--roles-claim",
+        "https://shop-a.example/roles",
+    ])
+    .await;
+    assert!(ok, "{text}");
+    let (ok, text) = run(vec!["merchant", "show", "--merchant", "merchant-a"]).await;
+    assert!(ok, "{text}");
+    assert!(text.contains(ISSUER) && text.contains(AUDIENCE), "{text}");
+    assert!(text.contains("https://shop-a.example/roles"), "{text}");
+    // One issuer, one merchant.
+    oncepay::api_keys::create(&app.db, "merchant-b")
+        .await
+        .expect("b");
+    let (ok, text) = run(vec![
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-b",
+        "--issuer",
+        ISSUER,
+        "--jwks-url",
+        "https://id.shop-a.example/jwks.json",
+        "--audience",
+        AUDIENCE,
+    ])
+    .await;
+    assert!(!ok, "{text}");
+    // Plain http only to loopback.
+    let (ok, _) = run(vec![
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-b",
+        "--issuer",
+        "https://b.example",
+        "--jwks-url",
+        "http://b.example/jwks.json",
+        "--audience",
+        AUDIENCE,
+    ])
+    .await;
+    assert!(!ok);
+    let (ok, text) = run(vec![
+        "merchant",
+        "identity",
+        "--merchant",
+        "merchant-a",
+        "--remove",
+    ])
+    .await;
+    assert!(ok, "{text}");
+    let (ok, text) = run(vec!["merchant", "show", "--merchant", "merchant-a"]).await;
+    assert!(ok && text.contains("identity: none"), "{text}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM audit_event WHERE action = 'merchant.identity_changed' AND actor_type = 'cli'")
+            .await,
+        2
+    );
+}

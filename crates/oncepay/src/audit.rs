@@ -93,6 +93,10 @@ pub enum Action {
     WebhookEndpointDeleted,
     /// An event was queued for delivery again.
     EventRedelivered,
+    /// A customer's balance was credited (store credit given).
+    BalanceCredited,
+    /// A customer's balance was debited.
+    BalanceDebited,
 }
 
 impl Action {
@@ -107,6 +111,8 @@ impl Action {
             Action::WebhookEndpointCreated => "webhook_endpoint.created",
             Action::WebhookEndpointDeleted => "webhook_endpoint.deleted",
             Action::EventRedelivered => "event.redelivered",
+            Action::BalanceCredited => "balance.credited",
+            Action::BalanceDebited => "balance.debited",
         }
     }
 
@@ -117,11 +123,12 @@ impl Action {
             Action::RateLimitChanged | Action::DisplayNameChanged => "merchant",
             Action::WebhookEndpointCreated | Action::WebhookEndpointDeleted => "webhook_endpoint",
             Action::EventRedelivered => "event",
+            Action::BalanceCredited | Action::BalanceDebited => "balance_transaction",
         }
     }
 
     /// Every action.
-    pub const ALL: [Action; 8] = [
+    pub const ALL: [Action; 10] = [
         Action::ApiKeyCreated,
         Action::ApiKeyRotated,
         Action::ApiKeyRevoked,
@@ -130,5 +137,7 @@ impl Action {
         Action::WebhookEndpointCreated,
         Action::WebhookEndpointDeleted,
         Action::EventRedelivered,
+        Action::BalanceCredited,
+        Action::BalanceDebited,
     ];
 }

@@ -292,6 +292,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             reconcile_after: self.duration("ONCEPAY_RECONCILE_AFTER", Duration::from_secs(10))?,
             pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
             action_timeout: self.duration("ONCEPAY_ACTION_TIMEOUT", Duration::from_secs(3600))?,
+            balance_hold_ttl: self
+                .duration("ONCEPAY_BALANCE_HOLD_TTL", Duration::from_secs(900))?,
             webhook_command_wait: self
                 .duration("ONCEPAY_WEBHOOK_COMMAND_WAIT", Duration::from_millis(250))?,
             checkout_ttl: self.duration("ONCEPAY_CHECKOUT_TTL", Duration::from_secs(3600))?,
@@ -630,6 +632,9 @@ pub struct ServeConfig {
     /// the reconciler fails it as `authentication_expired`, having asked
     /// the provider first (`ONCEPAY_ACTION_TIMEOUT`, 1 h).
     pub action_timeout: Duration,
+    /// `ONCEPAY_BALANCE_HOLD_TTL`: how long a balance hold lasts when its
+    /// request names no `expires_in` (15 minutes).
+    pub balance_hold_ttl: Duration,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (see `inbound`).
     pub webhook_command_wait: Duration,

@@ -136,6 +136,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         reconcile_after: config.reconcile_after,
         pending_alarm: crate::commands::PendingAlarm::new(config.pending_alarm),
         action_timeout: config.action_timeout,
+        balance_hold_ttl: config.balance_hold_ttl,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),
         event_retention: config.event_retention,
@@ -261,6 +262,13 @@ fn spawn_workers(
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "swept expired idempotency records"),
                     Err(e) => tracing::warn!(error = %e, "sweep failed; retrying next interval"),
+                }
+                match workers::sweeper::expire_holds(&ctx).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(holders = n, "voided balance holds past their expiry"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "hold expiry failed; retrying next interval")
+                    }
                 }
                 match workers::sweeper::retention(&ctx).await {
                     Ok(d) if d.events == 0 => {}

@@ -541,6 +541,7 @@ pub async fn pay(
     let page_url = format!("{}/checkout/{}", state.ctx.checkout.public_url, token.text);
     let input = CommandInput {
         path_id: None,
+        path_text: None,
         body: json!({"order_id": session.order_id, "payment_method": method, "return_url": page_url}),
         actor: None,
     };

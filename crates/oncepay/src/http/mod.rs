@@ -4,6 +4,7 @@
 //! call a command or a store read, answer.
 
 mod api_keys;
+mod balances;
 mod body;
 mod checkout;
 pub mod checkout_text;

@@ -89,6 +89,7 @@ macro_rules! row_statement {
 
 pub mod alarms;
 pub mod audit;
+pub mod balances;
 pub mod books;
 pub mod checkout;
 pub mod deliveries;
@@ -96,6 +97,7 @@ pub mod disputes;
 pub mod events;
 pub mod group_commit;
 pub mod inbound;
+pub mod ledger;
 pub mod incidents;
 pub mod merchants;
 pub mod migrate;

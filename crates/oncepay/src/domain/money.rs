@@ -70,11 +70,6 @@ const ISO_4217: &[&str] = &[
 ];
 
 impl Currency {
-    /// The codes of every currency oncepay accepts.
-    pub fn codes() -> &'static [&'static str] {
-        ISO_4217
-    }
-
     /// Every currency oncepay accepts.
     pub fn all() -> impl Iterator<Item = Currency> {
         ISO_4217.iter().filter_map(|c| Currency::try_from(*c).ok())

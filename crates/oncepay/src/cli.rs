@@ -36,6 +36,9 @@ pub enum Command {
     /// Manage merchants.
     #[command(subcommand)]
     Merchant(MerchantCommand),
+    /// The double-entry ledger of customer balances.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
     /// Reconcile a window of every configured provider's books with the
     /// database: rebuild rows the database lost from the providers'
     /// metadata, refund (or hold) charges no order can own, and record
@@ -120,6 +123,21 @@ pub enum MerchantCommand {
         /// Drop the merchant's own limit.
         #[arg(long, conflicts_with_all = ["per_second", "burst"])]
         default: bool,
+    },
+}
+
+/// `oncepay ledger …`.
+#[derive(Debug, Subcommand, PartialEq, Eq)]
+pub enum LedgerCommand {
+    /// Verify the ledger's rules: per merchant, ledger and unit the
+    /// accounts sum to zero, every holder's totals equal its transfers, no
+    /// holder is below zero or holds more than it has, no hold is resolved
+    /// twice, captured above itself or after its expiry. Prints one line
+    /// per merchant and unit; exits non-zero on any breach.
+    Check {
+        /// Only this merchant.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: Option<String>,
     },
 }
 
@@ -217,6 +235,16 @@ mod tests {
         assert!(p("merchant rate-limit --merchant acme --per-second 5").is_err());
         assert!(p("merchant rate-limit --merchant acme --per-second 0 --burst 1").is_err());
         assert!(p("merchant rate-limit --merchant acme --default --burst 1").is_err());
+        assert_eq!(
+            command("ledger check"),
+            Command::Ledger(LedgerCommand::Check { merchant: None })
+        );
+        assert_eq!(
+            command("ledger check --merchant acme"),
+            Command::Ledger(LedgerCommand::Check {
+                merchant: Some("acme".into())
+            })
+        );
     }
 
     #[test]

@@ -555,3 +555,14 @@ pub async fn check(pool: &PgPool, merchant: Option<&str>) -> Result<Vec<CheckLin
         })
         .collect()
 }
+
+/// Whether a merchant of this name exists (for `oncepay ledger check
+/// --merchant`, which must not pass a name it does not know).
+pub async fn merchant_exists(pool: &PgPool, name: &str) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM merchant WHERE name = $1)")
+            .bind(name)
+            .fetch_one(pool)
+            .await?,
+    )
+}

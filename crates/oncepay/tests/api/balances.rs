@@ -769,3 +769,61 @@ async fn the_database_refuses_edits_negative_balances_and_second_resolutions() {
     assert_eq!(triple(&balance(&app, "cus_10").await), (60, 0, 60));
     ledger_holds(&app).await;
 }
+
+/// Runs `oncepay ledger check` with the service's environment.
+async fn ledger_check(app: &TestApp, args: &[&str]) -> (bool, String) {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"));
+    cmd.args(["ledger", "check"])
+        .args(args)
+        .env("ONCEPAY_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (k, v) in &app.serve_env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().await.expect("oncepay ledger check runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn ledger_check_prints_a_line_per_merchant_and_unit_and_fails_on_a_breach() {
+    let app = spawn_app().await;
+    credit(&app, "cus_11", 500).await;
+    let r = app
+        .post(
+            "/customers/cus_11/balance/credits",
+            &key(),
+            &json!({"amount": 7, "currency": "USD"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    hold(&app, "cus_11", 100, None).await;
+    let (ok, out) = ledger_check(&app, &[]).await;
+    assert!(ok, "{out}");
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("merchant-a\t")).collect();
+    assert_eq!(lines.len(), 2, "{out}");
+    assert!(lines[0].contains("\tEUR\t") && lines[0].ends_with("\tok"), "{out}");
+    assert!(lines[1].contains("\tUSD\t") && lines[1].ends_with("\tok"), "{out}");
+    let (ok, out) = ledger_check(&app, &["--merchant", "merchant-a"]).await;
+    assert!(ok, "{out}");
+    let (ok, out) = ledger_check(&app, &["--merchant", "nobody"]).await;
+    assert!(!ok, "{out}");
+    assert!(out.contains("no merchant named"), "{out}");
+
+    // A holder's row changed behind the ledger's back (the guard trigger
+    // lets totals change: the transfers' trigger writes them): a breach.
+    sqlx::query("UPDATE ledger_account SET posted = posted + 1 WHERE owner = 'cus_11' AND unit = 'EUR'")
+        .execute(&app.db)
+        .await
+        .expect("totals may be written");
+    let (ok, out) = ledger_check(&app, &[]).await;
+    assert!(!ok, "{out}");
+    assert!(out.contains("BREACH"), "{out}");
+    assert!(out.contains("breaks its rules"), "{out}");
+}

@@ -242,3 +242,9 @@ ALTER TABLE ledger_transfer SET (autovacuum_analyze_threshold = 1000,
     autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_threshold = 1000);
 ALTER TABLE ledger_open_pending SET (autovacuum_analyze_threshold = 1000,
     autovacuum_vacuum_threshold = 1000, autovacuum_vacuum_insert_threshold = 1000);
+
+-- Where a refund's money goes: back to the payment's method ('original'),
+-- or to the order's customer's balance ('balance', through the balance
+-- provider, whatever provider took the payment).
+ALTER TABLE refund ADD COLUMN destination text NOT NULL DEFAULT 'original'
+    CHECK (destination IN ('original', 'balance'));

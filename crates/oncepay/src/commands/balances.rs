@@ -21,15 +21,15 @@ use super::{
 use crate::audit::{Action, Actor};
 use crate::domain::event::{Cause, EventType};
 use crate::domain::ledger::balance::Code;
-use crate::domain::ledger::{self, AccountRef, HoldRefusal, Phase, Resolve, Totals};
+use crate::domain::ledger::{self, AccountRef, HoldRefusal, Phase, Resolve};
 use crate::domain::money::{Amount, Currency};
 use crate::domain::RuleViolation;
 use crate::idempotency::StoredResponse;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::store::balances::{self, BalanceHold, BalanceTransaction};
-use crate::store::ledger::{Locked, NewTransfer, Transfer, TransferError};
-use crate::store::{self, StoreError};
+use crate::store::ledger::{NewTransfer, Transfer, TransferError};
+use crate::store;
 
 /// The longest description kept with a transaction or hold.
 const DESCRIPTION_MAX: usize = 500;
@@ -135,61 +135,6 @@ fn made_before(
     )))
 }
 
-/// Step 1 and 2 of a transfer on a customer's balance: locks the
-/// customer's account (creating it and `system` if need be), and voids
-/// the holds past their expiry, each with its `balance_hold.expired`.
-/// Returns the lock and the totals once they are voided.
-pub(crate) async fn lock_and_expire(
-    tx: &mut sqlx::PgConnection,
-    ctx: &AppContext,
-    account: &AccountRef,
-    system: &AccountRef,
-    cause: Cause,
-) -> Result<(Locked, Totals), StoreError> {
-    let locked = store::ledger::lock_holder(tx, account, &[system]).await?;
-    let mut totals = locked.totals;
-    if locked.overdue > 0 {
-        let voids =
-            store::ledger::void_overdue(tx, locked.account_id, Code::HoldExpiry.as_str()).await?;
-        for void in &voids {
-            totals = void.after;
-            hold_event(tx, ctx, void, EventType::BalanceHoldExpired, cause).await?;
-        }
-    }
-    Ok((locked, totals))
-}
-
-/// Writes the event of a hold that `transfer` placed or resolved.
-async fn hold_event(
-    tx: &mut sqlx::PgConnection,
-    ctx: &AppContext,
-    transfer: &Transfer,
-    event_type: EventType,
-    cause: Cause,
-) -> Result<BalanceHold, StoreError> {
-    let hold_id = transfer.pending_id.unwrap_or(transfer.id);
-    let pending = store::ledger::pending(
-        tx,
-        transfer.merchant_id,
-        ledger::Ledger::Balance,
-        hold_id,
-    )
-    .await?
-    .ok_or_else(|| store::Corrupt::vanished("balance hold", hold_id))?;
-    let hold = BalanceHold::of(&pending);
-    crate::events::ledger_changed(
-        tx,
-        &ctx.metrics,
-        transfer.merchant_id,
-        event_type,
-        hold.id,
-        &hold,
-        cause,
-    )
-    .await?;
-    Ok(hold)
-}
-
 /// Credit, debit or hold: one transfer between the customer's account
 /// and the merchant's system account of `code`.
 async fn move_balance(
@@ -210,7 +155,7 @@ async fn move_balance(
         return respond(tx, ctx, &before, code).await;
     }
     let (locked, totals) =
-        lock_and_expire(&mut tx, ctx, &account, &system, Cause::Command).await?;
+        crate::balances::lock_and_expire(&mut tx, &ctx.metrics, &account, &system, Cause::Command).await?;
     if holder_is_debit {
         totals
             .after_debit(phase, amount, 0)
@@ -258,9 +203,9 @@ async fn move_balance(
     }
     match code {
         Code::Hold => {
-            hold_event(
+            crate::balances::hold_event(
                 &mut tx,
-                ctx,
+                &ctx.metrics,
                 &transfer,
                 EventType::BalanceHoldCreated,
                 Cause::Command,
@@ -535,7 +480,7 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
         let account = balances::account(run.merchant_id, &p.holder, &p.unit);
         let (_, _, system) = code.shape();
         let system = account.system(system);
-        lock_and_expire(&mut tx, ctx, &account, &system, Cause::Command).await?;
+        crate::balances::lock_and_expire(&mut tx, &ctx.metrics, &account, &system, Cause::Command).await?;
         // Read again under the lock: a release, capture or expiry that
         // committed while this waited decides the answer.
         let pending =
@@ -579,7 +524,7 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
             }
             other => rejected(other, 0),
         })?;
-        hold_event(&mut tx, ctx, &transfer, event_type, Cause::Command).await?;
+        crate::balances::hold_event(&mut tx, &ctx.metrics, &transfer, event_type, Cause::Command).await?;
         hold_answer(tx, self.hold_id, run.merchant_id).await
     }
 }
@@ -633,18 +578,4 @@ impl Command for ReleaseBalanceHold {
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         self.resolve(ctx, run).await
     }
-}
-
-/// The sweeper's pass over holds past their expiry: each holder found is
-/// locked and its overdue holds voided with their `balance_hold.expired`,
-/// as a transfer on it would. Returns how many holders it swept.
-pub async fn expire_holds(ctx: &AppContext, limit: i64) -> Result<usize, StoreError> {
-    let holders = store::ledger::overdue(&ctx.pool, limit).await?;
-    for account in &holders {
-        let mut tx = ctx.pool.begin().await?;
-        let system = account.system(Code::HoldExpiry.shape().2);
-        lock_and_expire(&mut tx, ctx, account, &system, Cause::Reconciler).await?;
-        tx.commit().await?;
-    }
-    Ok(holders.len())
 }

@@ -219,3 +219,71 @@ pub async fn list(
     .await?;
     Ok((rows.iter().map(BalanceTransaction::from).collect(), more))
 }
+
+/// Who pays or is paid, and how much: what a balance payment or refund
+/// reads from its own rows.
+#[derive(Debug, Clone)]
+pub struct Party {
+    /// The merchant.
+    pub merchant_id: Uuid,
+    /// The order's customer.
+    pub customer_id: String,
+    /// The order's currency.
+    pub currency: String,
+    /// The payment's or refund's amount.
+    pub amount: i64,
+    /// The payment (paid, or refunded).
+    pub payment_id: Uuid,
+}
+
+/// Who pays a balance payment (attempt `payment_id`) and how much: its
+/// order's merchant, customer and currency, its amount.
+pub async fn payer(
+    conn: &mut PgConnection,
+    payment_id: Uuid,
+) -> Result<Option<Party>, StoreError> {
+    let row = sqlx::query(
+        "SELECT a.merchant_id, o.customer_id, a.currency, a.amount
+           FROM payment_attempt a JOIN orders o ON o.id = a.order_id WHERE a.id = $1",
+    )
+    .bind(payment_id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(|r| {
+        use sqlx::Row;
+        Ok(Party {
+            merchant_id: r.try_get("merchant_id")?,
+            customer_id: r.try_get("customer_id")?,
+            currency: r.try_get::<String, _>("currency")?.trim().to_string(),
+            amount: r.try_get("amount")?,
+            payment_id,
+        })
+    })
+    .transpose()
+}
+
+/// Who a refund credits (its payment's order's customer) and how much.
+pub async fn payee(
+    conn: &mut PgConnection,
+    refund_id: Uuid,
+) -> Result<Option<Party>, StoreError> {
+    let row = sqlx::query(
+        "SELECT r.merchant_id, o.customer_id, a.currency, r.amount, a.id AS payment_id
+           FROM refund r JOIN payment_attempt a ON a.id = r.payment_id
+           JOIN orders o ON o.id = a.order_id WHERE r.id = $1",
+    )
+    .bind(refund_id)
+    .fetch_optional(conn)
+    .await?;
+    row.map(|r| {
+        use sqlx::Row;
+        Ok(Party {
+            merchant_id: r.try_get("merchant_id")?,
+            customer_id: r.try_get("customer_id")?,
+            currency: r.try_get::<String, _>("currency")?.trim().to_string(),
+            amount: r.try_get("amount")?,
+            payment_id: r.try_get("payment_id")?,
+        })
+    })
+    .transpose()
+}

@@ -35,7 +35,7 @@ pub(crate) const HOLDS_BATCH: i64 = 500;
 pub async fn expire_holds(ctx: &AppContext) -> Result<usize, StoreError> {
     let mut total = 0;
     loop {
-        let swept = crate::commands::balances::expire_holds(ctx, HOLDS_BATCH).await?;
+        let swept = crate::balances::expire_holds(&ctx.pool, &ctx.metrics, HOLDS_BATCH).await?;
         total += swept;
         if swept < HOLDS_BATCH as usize {
             return Ok(total);

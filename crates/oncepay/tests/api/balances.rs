@@ -827,3 +827,96 @@ async fn ledger_check_prints_a_line_per_merchant_and_unit_and_fails_on_a_breach(
     assert!(out.contains("BREACH"), "{out}");
     assert!(out.contains("breaks its rules"), "{out}");
 }
+
+#[tokio::test]
+async fn paying_with_the_balance_succeeds_at_once_or_fails_and_its_refund_credits_it_back() {
+    let app = spawn_app().await;
+    // order_body: cus_42, EUR, 2800.
+    let order_id = app.create_order().await;
+    let (status, failed) = app.pay(&order_id, "balance").await;
+    assert_eq!(status, StatusCode::CREATED, "{failed}");
+    assert_eq!(failed["status"], "failed");
+    assert_eq!(failed["failure_code"], "insufficient_funds");
+    assert_eq!(failed["provider"], "balance");
+    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "awaiting_payment");
+
+    credit(&app, "cus_42", 3000).await;
+    let (status, paid) = app.pay(&order_id, "balance").await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    assert_eq!(paid["status"], "succeeded");
+    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
+    assert_eq!(triple(&balance(&app, "cus_42").await), (200, 0, 200));
+    let list = json_of(app.get("/customers/cus_42/balance/transactions").await).await;
+    let payment_tx = &list["data"][0];
+    assert_eq!(payment_tx["type"], "payment");
+    assert_eq!(payment_tx["amount"], 2800);
+    assert_eq!(payment_tx["payment_id"], paid["id"]);
+    assert_eq!(
+        events_of(&app, payment_tx["id"].as_str().expect("id")).await,
+        ["balance.debited"]
+    );
+
+    // A refund of it goes back to the balance, once.
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app.post(&path, "refund-1", &json!({"amount": 800})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refund = json_of(r).await;
+    assert_eq!(refund["status"], "succeeded");
+    let again = app.post(&path, "refund-1", &json!({"amount": 800})).await;
+    assert_eq!(json_of(again).await, refund);
+    assert_eq!(triple(&balance(&app, "cus_42").await), (1000, 0, 1000));
+    let list = json_of(app.get("/customers/cus_42/balance/transactions").await).await;
+    assert_eq!(list["data"][0]["type"], "refund");
+    assert_eq!(list["data"][0]["refund_id"], refund["id"]);
+    assert_eq!(
+        app.count("SELECT count(*) FROM ledger_transfer WHERE code IN ('payment', 'refund')")
+            .await,
+        2
+    );
+    // The hosted checkout never spends store credit.
+    let other = app.create_order().await;
+    let url = app.checkout_url(&other).await;
+    let r = app.pay_on_page(&url, &key(), "balance").await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    ledger_holds(&app).await;
+}
+
+#[tokio::test]
+async fn a_card_payment_refunded_to_the_balance_credits_the_customer_within_the_cap() {
+    let app = spawn_app().await;
+    let order_id = app.create_order().await;
+    let (_, paid) = app.pay(&order_id, "tok_visa").await;
+    assert_eq!(paid["status"], "succeeded");
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app
+        .post(&path, &key(), &json!({"amount": 500, "destination": "elsewhere"}))
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    let r = app
+        .post(&path, "to-balance", &json!({"amount": 500, "destination": "balance"}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let refund = json_of(r).await;
+    assert_eq!(refund["status"], "succeeded");
+    assert_eq!(refund["destination"], "balance");
+    assert_eq!(triple(&balance(&app, "cus_42").await), (500, 0, 500));
+    // Nothing went back to the card.
+    assert_eq!(app.ledger().await["totals"]["refunds"], 0);
+    let replay = app
+        .post(&path, "to-balance", &json!({"amount": 500, "destination": "balance"}))
+        .await;
+    assert_eq!(json_of(replay).await, refund);
+    // It counts against the payment's cap like any refund.
+    let r = app
+        .post(&path, &key(), &json!({"amount": 2301, "destination": "balance"}))
+        .await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(json_of(r).await["code"], "refund_exceeds_payment");
+    let r = app.post(&path, &key(), &json!({"amount": 2300})).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(json_of(r).await["destination"], "original");
+    assert_eq!(app.ledger().await["totals"]["refunds"], 1);
+    assert_eq!(triple(&balance(&app, "cus_42").await), (500, 0, 500));
+    ledger_holds(&app).await;
+}

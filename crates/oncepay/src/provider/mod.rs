@@ -442,6 +442,13 @@ impl Providers {
     pub fn all(&self) -> &[Arc<dyn PaymentProvider>] {
         &self.all
     }
+
+    /// The providers whose books are kept outside this database, the ones
+    /// a reconciliation of books walks: not the balance, whose books are
+    /// this database's ledger (a restore takes both back together).
+    pub fn with_outside_books(&self) -> impl Iterator<Item = &Arc<dyn PaymentProvider>> {
+        self.all.iter().filter(|p| p.name() != balance::NAME)
+    }
 }
 
 /// A provider named by a stored row but not configured in this process.

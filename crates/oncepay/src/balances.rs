@@ -47,14 +47,10 @@ pub async fn hold_event(
     cause: Cause,
 ) -> Result<BalanceHold, StoreError> {
     let hold_id = transfer.pending_id.unwrap_or(transfer.id);
-    let pending = store::ledger::pending(
-        tx,
-        transfer.merchant_id,
-        ledger::Ledger::Balance,
-        hold_id,
-    )
-    .await?
-    .ok_or_else(|| store::Corrupt::vanished("balance hold", hold_id))?;
+    let pending =
+        store::ledger::pending(tx, transfer.merchant_id, ledger::Ledger::Balance, hold_id)
+            .await?
+            .ok_or_else(|| store::Corrupt::vanished("balance hold", hold_id))?;
     let hold = BalanceHold::of(&pending);
     crate::events::ledger_changed(
         tx,
@@ -91,7 +87,7 @@ pub async fn expire_holds(
 #[derive(Debug)]
 pub enum Paid {
     /// The payment's transfer (made now, or before under its key).
-    Done(Transfer),
+    Done(Box<Transfer>),
     /// The balance had this much available: less than the amount.
     Insufficient(i64),
 }
@@ -111,11 +107,15 @@ pub use crate::store::balances::Party;
 /// Pays `party.amount` from the customer's balance for its payment, once:
 /// the transfer carries the payment's key, so a repeat (a retry, a
 /// resume) finds it instead of paying twice. `balance.debited` with it.
-pub async fn pay(pool: &sqlx::PgPool, metrics: &Metrics, party: &Party) -> Result<Paid, StoreError> {
+pub async fn pay(
+    pool: &sqlx::PgPool,
+    metrics: &Metrics,
+    party: &Party,
+) -> Result<Paid, StoreError> {
     let key = payment_key(party.payment_id);
     let mut tx = pool.begin().await?;
     if let Some(made) = store::ledger::by_key(&mut tx, party.merchant_id, &key).await? {
-        return Ok(Paid::Done(made));
+        return Ok(Paid::Done(Box::new(made)));
     }
     let account = store::balances::account(party.merchant_id, &party.customer_id, &party.currency);
     let (phase, _, system) = Code::Payment.shape();
@@ -152,7 +152,7 @@ pub async fn pay(pool: &sqlx::PgPool, metrics: &Metrics, party: &Party) -> Resul
     };
     transaction_event(&mut tx, metrics, &transfer, EventType::BalanceDebited).await?;
     tx.commit().await?;
-    Ok(Paid::Done(transfer))
+    Ok(Paid::Done(Box::new(transfer)))
 }
 
 /// Credits a refund to the customer's balance, once (the refund's key);

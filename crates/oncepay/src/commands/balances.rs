@@ -27,9 +27,9 @@ use crate::domain::RuleViolation;
 use crate::idempotency::StoredResponse;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
+use crate::store;
 use crate::store::balances::{self, BalanceHold, BalanceTransaction};
 use crate::store::ledger::{NewTransfer, Transfer, TransferError};
-use crate::store;
 
 /// The longest description kept with a transaction or hold.
 const DESCRIPTION_MAX: usize = 500;
@@ -58,10 +58,7 @@ struct Movement {
 }
 
 impl Movement {
-    fn parse<'a>(
-        input: &'a CommandInput,
-        extra: &[&str],
-    ) -> Result<(Movement, Obj<'a>), Problem> {
+    fn parse<'a>(input: &'a CommandInput, extra: &[&str]) -> Result<(Movement, Obj<'a>), Problem> {
         let customer = input
             .path_text
             .as_deref()
@@ -155,7 +152,8 @@ async fn move_balance(
         return respond(tx, ctx, &before, code).await;
     }
     let (locked, totals) =
-        crate::balances::lock_and_expire(&mut tx, &ctx.metrics, &account, &system, Cause::Command).await?;
+        crate::balances::lock_and_expire(&mut tx, &ctx.metrics, &account, &system, Cause::Command)
+            .await?;
     if holder_is_debit {
         totals
             .after_debit(phase, amount, 0)
@@ -385,15 +383,7 @@ impl Command for CreateBalanceHold {
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         let ttl = i64::try_from(ctx.balance_hold_ttl.as_secs()).unwrap_or(MAX_HOLD_SECONDS);
         let expires_in = self.expires_in.unwrap_or(ttl);
-        move_balance(
-            ctx,
-            run,
-            &self.movement,
-            Code::Hold,
-            Some(expires_in),
-            None,
-        )
-        .await
+        move_balance(ctx, run, &self.movement, Code::Hold, Some(expires_in), None).await
     }
 }
 
@@ -417,7 +407,10 @@ fn refusal(e: HoldRefusal) -> Problem {
     match e {
         HoldRefusal::NotActive(status) => Problem::new(
             ProblemCode::HoldNotActive,
-            format!("the hold is {}; only a held hold can be resolved", status.as_str()),
+            format!(
+                "the hold is {}; only a held hold can be resolved",
+                status.as_str()
+            ),
         )
         .with_member("hold_status", json!(status.as_str())),
         HoldRefusal::ExceedsHold(amount) => Problem::new(
@@ -461,9 +454,13 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
             false => (Code::HoldRelease, EventType::BalanceHoldReleased),
         };
         let mut tx = ctx.pool.begin().await?;
-        let Some(pending) =
-            store::ledger::pending(&mut tx, run.merchant_id, ledger::Ledger::Balance, self.hold_id)
-                .await?
+        let Some(pending) = store::ledger::pending(
+            &mut tx,
+            run.merchant_id,
+            ledger::Ledger::Balance,
+            self.hold_id,
+        )
+        .await?
         else {
             return Err(CommandError::Reject(hold_not_found()));
         };
@@ -480,13 +477,18 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
         let account = balances::account(run.merchant_id, &p.holder, &p.unit);
         let (_, _, system) = code.shape();
         let system = account.system(system);
-        crate::balances::lock_and_expire(&mut tx, &ctx.metrics, &account, &system, Cause::Command).await?;
+        crate::balances::lock_and_expire(&mut tx, &ctx.metrics, &account, &system, Cause::Command)
+            .await?;
         // Read again under the lock: a release, capture or expiry that
         // committed while this waited decides the answer.
-        let pending =
-            store::ledger::pending(&mut tx, run.merchant_id, ledger::Ledger::Balance, self.hold_id)
-                .await?
-            .ok_or_else(|| store::Corrupt::vanished("balance hold", self.hold_id))?;
+        let pending = store::ledger::pending(
+            &mut tx,
+            run.merchant_id,
+            ledger::Ledger::Balance,
+            self.hold_id,
+        )
+        .await?
+        .ok_or_else(|| store::Corrupt::vanished("balance hold", self.hold_id))?;
         let hold = BalanceHold::of(&pending);
         let how = match CAPTURE {
             true => Resolve::Capture(self.amount),
@@ -524,7 +526,8 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
             }
             other => rejected(other, 0),
         })?;
-        crate::balances::hold_event(&mut tx, &ctx.metrics, &transfer, event_type, Cause::Command).await?;
+        crate::balances::hold_event(&mut tx, &ctx.metrics, &transfer, event_type, Cause::Command)
+            .await?;
         hold_answer(tx, self.hold_id, run.merchant_id).await
     }
 }

@@ -141,7 +141,11 @@ impl Command for CreatePayment {
         ctx: &AppContext,
         _merchant_id: Uuid,
     ) -> FirstStepClaiming<PaymentPoint, PaymentMemo> {
-        if ctx.providers.for_payment_method(&self.payment_method).restricts_amounts() {
+        if ctx
+            .providers
+            .for_payment_method(&self.payment_method)
+            .restricts_amounts()
+        {
             // The amount is checked against the order before any write:
             // the engine's full protocol, whose first step reads it.
             return Ok(None);
@@ -158,7 +162,9 @@ impl Command for CreatePayment {
             ..Payment::pending(
                 attempt_id,
                 (self.order_id, 0, ""),
-                ctx.providers.for_payment_method(&self.payment_method).name(),
+                ctx.providers
+                    .for_payment_method(&self.payment_method)
+                    .name(),
                 &self.payment_method,
                 now,
             )
@@ -341,7 +347,10 @@ impl CreatePayment {
             fingerprint: Some(run.fingerprint),
             amount: order.amount,
             currency: &order.currency,
-            provider: ctx.providers.for_payment_method(&self.payment_method).name(),
+            provider: ctx
+                .providers
+                .for_payment_method(&self.payment_method)
+                .name(),
             payment_method: &self.payment_method,
             now: Utc::now(),
             check_after: ctx.reconcile_after,

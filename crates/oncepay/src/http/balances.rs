@@ -80,8 +80,7 @@ pub async fn hold(
     path: web::Path<String>,
     payload: web::Payload,
 ) -> Reply {
-    balance_command::<CreateBalanceHold>(&state, &req, payload, Ok(None), Some(&path), false)
-        .await
+    balance_command::<CreateBalanceHold>(&state, &req, payload, Ok(None), Some(&path), false).await
 }
 
 fn hold_id(raw: &str) -> Result<Option<uuid::Uuid>, Problem> {

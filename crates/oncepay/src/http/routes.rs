@@ -6,7 +6,9 @@
 //! who may call it, and one documented but not routed (or routed but not
 //! documented) fails `every_route_is_documented_and_every_documented_operation_is_routed`.
 
-use super::{api_keys, balances, checkout, events, inbound, lists, ops, resources, webhook_endpoints};
+use super::{
+    api_keys, balances, checkout, events, inbound, lists, ops, resources, webhook_endpoints,
+};
 use crate::api_keys::Scope::{self, Admin, Read, Write};
 
 /// Who may call a route. Checked in `authenticate`, before anything is

@@ -238,10 +238,7 @@ pub struct Party {
 
 /// Who pays a balance payment (attempt `payment_id`) and how much: its
 /// order's merchant, customer and currency, its amount.
-pub async fn payer(
-    conn: &mut PgConnection,
-    payment_id: Uuid,
-) -> Result<Option<Party>, StoreError> {
+pub async fn payer(conn: &mut PgConnection, payment_id: Uuid) -> Result<Option<Party>, StoreError> {
     let row = sqlx::query(
         "SELECT a.merchant_id, o.customer_id, a.currency, a.amount
            FROM payment_attempt a JOIN orders o ON o.id = a.order_id WHERE a.id = $1",
@@ -263,10 +260,7 @@ pub async fn payer(
 }
 
 /// Who a refund credits (its payment's order's customer) and how much.
-pub async fn payee(
-    conn: &mut PgConnection,
-    refund_id: Uuid,
-) -> Result<Option<Party>, StoreError> {
+pub async fn payee(conn: &mut PgConnection, refund_id: Uuid) -> Result<Option<Party>, StoreError> {
     let row = sqlx::query(
         "SELECT r.merchant_id, o.customer_id, a.currency, r.amount, a.id AS payment_id
            FROM refund r JOIN payment_attempt a ON a.id = r.payment_id

@@ -196,10 +196,13 @@ pub async fn append_for_merchant(
     merchant_id: Uuid,
     event: &NewEvent<'_>,
 ) -> Result<i32, StoreError> {
-    let row = bind_events(sqlx::query(APPEND_FOR_MERCHANT), std::slice::from_ref(event))
-        .bind(merchant_id)
-        .fetch_one(tx)
-        .await?;
+    let row = bind_events(
+        sqlx::query(APPEND_FOR_MERCHANT),
+        std::slice::from_ref(event),
+    )
+    .bind(merchant_id)
+    .fetch_one(tx)
+    .await?;
     Ok(row.try_get("sequence")?)
 }
 

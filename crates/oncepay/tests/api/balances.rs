@@ -41,7 +41,11 @@ async fn hold(app: &TestApp, customer: &str, amount: i64, expires_in: Option<i64
         body["expires_in"] = json!(s);
     }
     let r = app
-        .post(&format!("/customers/{customer}/balance/holds"), &key(), &body)
+        .post(
+            &format!("/customers/{customer}/balance/holds"),
+            &key(),
+            &body,
+        )
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     json_of(r).await
@@ -102,7 +106,13 @@ async fn credits_and_debits_move_the_balance_once_with_their_events_and_audit() 
         .to_string();
     let first_bytes = first.bytes().await.expect("body");
     let credit: Value = serde_json::from_slice(&first_bytes).expect("json");
-    assert_eq!(location, format!("/balance_transactions/{}", credit["id"].as_str().expect("id")));
+    assert_eq!(
+        location,
+        format!(
+            "/balance_transactions/{}",
+            credit["id"].as_str().expect("id")
+        )
+    );
     assert_eq!(credit["type"], "credit");
     assert_eq!(credit["amount"], 1000);
     assert_eq!(credit["customer_id"], "cus_1");
@@ -117,7 +127,10 @@ async fn credits_and_debits_move_the_balance_once_with_their_events_and_audit() 
     let replay = app.post(path, "credit-1", &body).await;
     assert_eq!(replay.status(), StatusCode::CREATED);
     assert_eq!(
-        replay.headers().get("idempotent-replayed").map(|v| v.as_bytes()),
+        replay
+            .headers()
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
         Some(&b"true"[..])
     );
     assert_eq!(replay.bytes().await.expect("body"), first_bytes);
@@ -132,7 +145,9 @@ async fn credits_and_debits_move_the_balance_once_with_their_events_and_audit() 
             path,
             None,
             Some(&app.key),
-            json!({"amount": 5, "currency": "EUR"}).to_string().into_bytes(),
+            json!({"amount": 5, "currency": "EUR"})
+                .to_string()
+                .into_bytes(),
         )
         .await;
     assert_eq!(keyless.status(), StatusCode::BAD_REQUEST);
@@ -140,14 +155,22 @@ async fn credits_and_debits_move_the_balance_once_with_their_events_and_audit() 
 
     let debits = "/customers/cus_1/balance/debits";
     let r = app
-        .post(debits, "debit-1", &json!({"amount": 300, "currency": "EUR"}))
+        .post(
+            debits,
+            "debit-1",
+            &json!({"amount": 300, "currency": "EUR"}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let debit = json_of(r).await;
     assert_eq!(debit["type"], "debit");
     assert_eq!(triple(&debit["balance"]), (700, 0, 700));
     let again = app
-        .post(debits, "debit-1", &json!({"amount": 300, "currency": "EUR"}))
+        .post(
+            debits,
+            "debit-1",
+            &json!({"amount": 300, "currency": "EUR"}),
+        )
         .await;
     assert_eq!(again.status(), StatusCode::CREATED);
     assert_eq!(json_of(again).await, debit);
@@ -166,7 +189,10 @@ async fn credits_and_debits_move_the_balance_once_with_their_events_and_audit() 
         .await
         .expect("sent");
     assert_eq!(theirs.status(), StatusCode::NOT_FOUND);
-    assert_eq!(json_of(theirs).await["code"], "balance_transaction_not_found");
+    assert_eq!(
+        json_of(theirs).await["code"],
+        "balance_transaction_not_found"
+    );
     let theirs = app
         .http
         .get(format!("{}/customers/cus_1/balance?currency=EUR", app.base))
@@ -242,7 +268,10 @@ async fn a_debit_refused_for_funds_is_kept_and_replayed_even_after_a_credit() {
     credit(&app, "cus_2", 1).await;
     let r = app.post(holds, "hold-k", &too_much).await;
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "replayed");
-    assert_eq!(app.count("SELECT count(*) FROM ledger_open_pending").await, 0);
+    assert_eq!(
+        app.count("SELECT count(*) FROM ledger_open_pending").await,
+        0
+    );
     ledger_holds(&app).await;
 }
 
@@ -311,10 +340,10 @@ async fn a_hold_counts_until_captured_or_released_once() {
     assert_eq!(h["customer_id"], "cus_4");
     assert_eq!(triple(&balance(&app, "cus_4").await), (1000, 400, 600));
     // The default lifetime is ONCEPAY_BALANCE_HOLD_TTL, 15 minutes.
-    let created = chrono::DateTime::parse_from_rfc3339(h["created_at"].as_str().expect("t"))
-        .expect("time");
-    let expires = chrono::DateTime::parse_from_rfc3339(h["expires_at"].as_str().expect("t"))
-        .expect("time");
+    let created =
+        chrono::DateTime::parse_from_rfc3339(h["created_at"].as_str().expect("t")).expect("time");
+    let expires =
+        chrono::DateTime::parse_from_rfc3339(h["expires_at"].as_str().expect("t")).expect("time");
     let ttl = (expires - created).num_seconds();
     assert!((899..=901).contains(&ttl), "{ttl}");
 
@@ -368,7 +397,11 @@ async fn a_hold_counts_until_captured_or_released_once() {
     let id2 = h2["id"].as_str().expect("id").to_string();
     assert_eq!(triple(&balance(&app, "cus_4").await), (700, 200, 500));
     let r = app
-        .post(&format!("/balance_holds/{id2}/release"), "rel-1", &json!({}))
+        .post(
+            &format!("/balance_holds/{id2}/release"),
+            "rel-1",
+            &json!({}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::OK);
     let released = json_of(r).await;
@@ -378,7 +411,11 @@ async fn a_hold_counts_until_captured_or_released_once() {
 
     // Not found: unknown, another merchant's, not a UUID.
     let r = app
-        .post(&format!("/balance_holds/{}/release", Uuid::now_v7()), &key(), &json!({}))
+        .post(
+            &format!("/balance_holds/{}/release", Uuid::now_v7()),
+            &key(),
+            &json!({}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     assert_eq!(json_of(r).await["code"], "balance_hold_not_found");
@@ -392,17 +429,27 @@ async fn a_hold_counts_until_captured_or_released_once() {
         )
         .await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    assert_eq!(app.get("/balance_holds/nope").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(
+        app.get("/balance_holds/nope").await.status(),
+        StatusCode::NOT_FOUND
+    );
 
     // The transactions, newest first, each with the balance after it.
-    let list = json_of(app.get("/customers/cus_4/balance/transactions?limit=100").await).await;
+    let list = json_of(
+        app.get("/customers/cus_4/balance/transactions?limit=100")
+            .await,
+    )
+    .await;
     let types: Vec<&str> = list["data"]
         .as_array()
         .expect("data")
         .iter()
         .map(|t| t["type"].as_str().expect("type"))
         .collect();
-    assert_eq!(types, ["hold_release", "hold", "hold_capture", "hold", "credit"]);
+    assert_eq!(
+        types,
+        ["hold_release", "hold", "hold_capture", "hold", "credit"]
+    );
     let capture_tx = &list["data"][2];
     assert_eq!(capture_tx["amount"], 300);
     assert_eq!(capture_tx["hold_id"], id.as_str());
@@ -529,11 +576,17 @@ async fn a_hold_expiring_while_its_captures_race_the_sweep_has_one_outcome() {
             .fetch_one(&app.db)
             .await
             .expect("count");
-            assert!(resolutions <= 1, "round {round}: resolved {resolutions} times");
+            assert!(
+                resolutions <= 1,
+                "round {round}: resolved {resolutions} times"
+            );
             if resolutions == 1 {
                 break;
             }
-            assert!(std::time::Instant::now() < deadline, "round {round}: never resolved");
+            assert!(
+                std::time::Instant::now() < deadline,
+                "round {round}: never resolved"
+            );
         }
         assert!(captured <= 1, "round {round}: captured {captured} times");
         let status = app.status_of(&format!("/balance_holds/{id}")).await;
@@ -595,7 +648,10 @@ async fn concurrent_debits_and_holds_against_a_balance_covering_k_of_them_exactl
         ));
     }
     let statuses = fire(&app, requests).await;
-    let ok = statuses.iter().filter(|s| **s == StatusCode::CREATED).count();
+    let ok = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CREATED)
+        .count();
     let refused = statuses
         .iter()
         .filter(|s| **s == StatusCode::UNPROCESSABLE_ENTITY)
@@ -623,8 +679,10 @@ async fn concurrent_debits_and_holds_against_a_balance_covering_k_of_them_exactl
         0
     );
     assert_eq!(
-        app.count("SELECT count(*) FROM event WHERE type IN ('balance.debited', 'balance_hold.created')")
-            .await,
+        app.count(
+            "SELECT count(*) FROM event WHERE type IN ('balance.debited', 'balance_hold.created')"
+        )
+        .await,
         10
     );
     ledger_holds(&app).await;
@@ -643,7 +701,10 @@ async fn concurrent_captures_and_releases_of_one_hold_have_one_outcome() {
     }
     let statuses = fire(&app, requests).await;
     let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
-    let conflicts = statuses.iter().filter(|s| **s == StatusCode::CONFLICT).count();
+    let conflicts = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CONFLICT)
+        .count();
     assert_eq!((ok, conflicts), (1, 15), "{statuses:?}");
     assert_eq!(
         app.count(&format!(
@@ -681,7 +742,11 @@ async fn transactions_page_newest_first_with_cursors_and_a_currency_filter() {
     let usd = json_of(r).await;
     credit(&app, "someone_else", 9).await;
 
-    let page = json_of(app.get("/customers/cus_9/balance/transactions?limit=2").await).await;
+    let page = json_of(
+        app.get("/customers/cus_9/balance/transactions?limit=2")
+            .await,
+    )
+    .await;
     assert_eq!(page["has_more"], true);
     assert_eq!(page["data"][0]["id"], usd["id"]);
     assert_eq!(page["data"][1]["id"], ids[2]);
@@ -696,10 +761,17 @@ async fn transactions_page_newest_first_with_cursors_and_a_currency_filter() {
     assert_eq!(next["has_more"], false);
     assert_eq!(next["data"][0]["id"], ids[1]);
     assert_eq!(next["data"][1]["id"], ids[0]);
-    let eur = json_of(app.get("/customers/cus_9/balance/transactions?currency=EUR").await).await;
+    let eur = json_of(
+        app.get("/customers/cus_9/balance/transactions?currency=EUR")
+            .await,
+    )
+    .await;
     assert_eq!(eur["data"].as_array().expect("data").len(), 3);
-    let usd_page =
-        json_of(app.get("/customers/cus_9/balance/transactions?currency=USD").await).await;
+    let usd_page = json_of(
+        app.get("/customers/cus_9/balance/transactions?currency=USD")
+            .await,
+    )
+    .await;
     assert_eq!(usd_page["data"].as_array().expect("data").len(), 1);
     for bad in ["currency=eur", "limit=0", "status=held", "customer_id=x"] {
         let r = app
@@ -806,10 +878,19 @@ async fn ledger_check_prints_a_line_per_merchant_and_unit_and_fails_on_a_breach(
     hold(&app, "cus_11", 100, None).await;
     let (ok, out) = ledger_check(&app, &[]).await;
     assert!(ok, "{out}");
-    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("merchant-a\t")).collect();
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("merchant-a\t"))
+        .collect();
     assert_eq!(lines.len(), 2, "{out}");
-    assert!(lines[0].contains("\tEUR\t") && lines[0].ends_with("\tok"), "{out}");
-    assert!(lines[1].contains("\tUSD\t") && lines[1].ends_with("\tok"), "{out}");
+    assert!(
+        lines[0].contains("\tEUR\t") && lines[0].ends_with("\tok"),
+        "{out}"
+    );
+    assert!(
+        lines[1].contains("\tUSD\t") && lines[1].ends_with("\tok"),
+        "{out}"
+    );
     let (ok, out) = ledger_check(&app, &["--merchant", "merchant-a"]).await;
     assert!(ok, "{out}");
     let (ok, out) = ledger_check(&app, &["--merchant", "nobody"]).await;
@@ -818,10 +899,12 @@ async fn ledger_check_prints_a_line_per_merchant_and_unit_and_fails_on_a_breach(
 
     // A holder's row changed behind the ledger's back (the guard trigger
     // lets totals change: the transfers' trigger writes them): a breach.
-    sqlx::query("UPDATE ledger_account SET posted = posted + 1 WHERE owner = 'cus_11' AND unit = 'EUR'")
-        .execute(&app.db)
-        .await
-        .expect("totals may be written");
+    sqlx::query(
+        "UPDATE ledger_account SET posted = posted + 1 WHERE owner = 'cus_11' AND unit = 'EUR'",
+    )
+    .execute(&app.db)
+    .await
+    .expect("totals may be written");
     let (ok, out) = ledger_check(&app, &[]).await;
     assert!(!ok, "{out}");
     assert!(out.contains("BREACH"), "{out}");
@@ -838,7 +921,10 @@ async fn paying_with_the_balance_succeeds_at_once_or_fails_and_its_refund_credit
     assert_eq!(failed["status"], "failed");
     assert_eq!(failed["failure_code"], "insufficient_funds");
     assert_eq!(failed["provider"], "balance");
-    assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "awaiting_payment");
+    assert_eq!(
+        app.status_of(&format!("/orders/{order_id}")).await,
+        "awaiting_payment"
+    );
 
     credit(&app, "cus_42", 3000).await;
     let (status, paid) = app.pay(&order_id, "balance").await;
@@ -889,12 +975,20 @@ async fn a_card_payment_refunded_to_the_balance_credits_the_customer_within_the_
     assert_eq!(paid["status"], "succeeded");
     let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
     let r = app
-        .post(&path, &key(), &json!({"amount": 500, "destination": "elsewhere"}))
+        .post(
+            &path,
+            &key(),
+            &json!({"amount": 500, "destination": "elsewhere"}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
 
     let r = app
-        .post(&path, "to-balance", &json!({"amount": 500, "destination": "balance"}))
+        .post(
+            &path,
+            "to-balance",
+            &json!({"amount": 500, "destination": "balance"}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
     let refund = json_of(r).await;
@@ -904,12 +998,20 @@ async fn a_card_payment_refunded_to_the_balance_credits_the_customer_within_the_
     // Nothing went back to the card.
     assert_eq!(app.ledger().await["totals"]["refunds"], 0);
     let replay = app
-        .post(&path, "to-balance", &json!({"amount": 500, "destination": "balance"}))
+        .post(
+            &path,
+            "to-balance",
+            &json!({"amount": 500, "destination": "balance"}),
+        )
         .await;
     assert_eq!(json_of(replay).await, refund);
     // It counts against the payment's cap like any refund.
     let r = app
-        .post(&path, &key(), &json!({"amount": 2301, "destination": "balance"}))
+        .post(
+            &path,
+            &key(),
+            &json!({"amount": 2301, "destination": "balance"}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(json_of(r).await["code"], "refund_exceeds_payment");

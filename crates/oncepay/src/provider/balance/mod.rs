@@ -25,8 +25,8 @@ use uuid::Uuid;
 
 use super::card_form::CardForm;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Event, Headers, Health,
-    Opened, PaymentProvider, ProviderObject, RefundRequest, SubjectKind,
+    BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Event, Headers, Health, Opened,
+    PaymentProvider, ProviderObject, RefundRequest, SubjectKind,
 };
 use crate::balances::{self as ledger_ops, Paid};
 use crate::domain::payment::PaymentStatus;

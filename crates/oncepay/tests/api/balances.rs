@@ -1022,3 +1022,33 @@ async fn a_card_payment_refunded_to_the_balance_credits_the_customer_within_the_
     assert_eq!(triple(&balance(&app, "cus_42").await), (500, 0, 500));
     ledger_holds(&app).await;
 }
+
+#[tokio::test]
+async fn after_its_record_expired_a_key_finds_the_transfer_it_made() {
+    let app = spawn_app().await;
+    let path = "/customers/cus_12/balance/credits";
+    let body = json!({"amount": 250, "currency": "EUR"});
+    let r = app.post(path, "old-key", &body).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let first = json_of(r).await;
+    // The sweeper deleted the record (24 h later); the transfer keeps the key.
+    sqlx::query("DELETE FROM idempotency_record WHERE idempotency_key = 'old-key'")
+        .execute(&app.db)
+        .await
+        .expect("deleted");
+    let r = app.post(path, "old-key", &body).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(json_of(r).await["id"], first["id"], "the same transaction");
+    assert_eq!(triple(&balance(&app, "cus_12").await), (250, 0, 250));
+    // Another movement under that key is refused, not made.
+    sqlx::query("DELETE FROM idempotency_record WHERE idempotency_key = 'old-key'")
+        .execute(&app.db)
+        .await
+        .expect("deleted");
+    let r = app
+        .post(path, "old-key", &json!({"amount": 999, "currency": "EUR"}))
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(r).await["code"], "idempotency_key_reused");
+    assert_eq!(app.count("SELECT count(*) FROM ledger_transfer").await, 1);
+}

@@ -9,8 +9,8 @@ use uuid::Uuid;
 
 use crate::error::{ApiError, Error};
 use crate::model::{
-    ApiKeyInfo, CheckoutOptions, CheckoutSession, EventRecord, ListQuery, NewOrder, Order, Page,
-    Payment, Refund, Status, WebhookEndpoint,
+    ApiKeyInfo, BalanceHold, BalanceTransaction, CheckoutOptions, CheckoutSession, CustomerBalance,
+    EventRecord, ListQuery, NewOrder, Order, Page, Payment, Refund, Status, WebhookEndpoint,
 };
 use crate::retry::{decide, retry_after, Decision, RetryPolicy};
 use crate::store::{
@@ -283,6 +283,63 @@ impl Client {
     /// (as JSON: for a person looking into a delivery).
     pub async fn get_event(&self, id: &str) -> Result<Value, Error> {
         self.read(&format!("/events/{id}")).await
+    }
+
+    /// `GET /customers/{customer_id}/balance?currency=`: zeros for a
+    /// customer whose balance never moved.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client) -> Result<(), oncepay_client::Error> {
+    /// let balance = client.get_balance("cus_1", "EUR").await?;
+    /// println!("{} available", balance.available);
+    /// # Ok(()) }
+    /// ```
+    pub async fn get_balance(
+        &self,
+        customer_id: &str,
+        currency: &str,
+    ) -> Result<CustomerBalance, Error> {
+        let query = serde_urlencoded::to_string([("currency", currency)]).unwrap_or_default();
+        self.read(&format!(
+            "/customers/{}/balance?{query}",
+            path_segment(customer_id)
+        ))
+        .await
+    }
+
+    /// `GET /customers/{customer_id}/balance/transactions`: a page, newest
+    /// first, of one currency when `currency` is given.
+    pub async fn list_balance_transactions(
+        &self,
+        customer_id: &str,
+        currency: Option<&str>,
+        query: &ListQuery,
+    ) -> Result<Page<BalanceTransaction>, Error> {
+        let mut q = query.to_query();
+        if let Some(currency) = currency {
+            let pair = serde_urlencoded::to_string([("currency", currency)]).unwrap_or_default();
+            q = if q.is_empty() {
+                format!("?{pair}")
+            } else {
+                format!("{q}&{pair}")
+            };
+        }
+        self.read(&format!(
+            "/customers/{}/balance/transactions{q}",
+            path_segment(customer_id)
+        ))
+        .await
+    }
+
+    /// `GET /balance_transactions/{id}`.
+    pub async fn get_balance_transaction(&self, id: Uuid) -> Result<BalanceTransaction, Error> {
+        self.read(&format!("/balance_transactions/{id}")).await
+    }
+
+    /// `GET /balance_holds/{id}`: its status now (past `expires_at` it
+    /// reads `expired`).
+    pub async fn get_balance_hold(&self, id: Uuid) -> Result<BalanceHold, Error> {
+        self.read(&format!("/balance_holds/{id}")).await
     }
 
     /// `GET /webhook_endpoints` (never their secrets).
@@ -751,6 +808,117 @@ impl Intent {
         serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
     }
 
+    /// `POST /customers/{customer_id}/balance/credits`: store credit given
+    /// (CreditBalance), once per intent.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client) -> Result<(), oncepay_client::Error> {
+    /// let credit = client.intent("goodwill for ticket 88").credit_balance("cus_1", 500, "EUR", Some("sorry")).await?;
+    /// println!("now {}", credit.balance.available);
+    /// # Ok(()) }
+    /// ```
+    pub async fn credit_balance(
+        &self,
+        customer_id: &str,
+        amount: i64,
+        currency: &str,
+        description: Option<&str>,
+    ) -> Result<BalanceTransaction, Error> {
+        let body = move_body(amount, currency, description);
+        let path = format!("/customers/{}/balance/credits", path_segment(customer_id));
+        self.send_as(Command::CreditBalance, path, body).await
+    }
+
+    /// `POST /customers/{customer_id}/balance/debits` (ChargeBalance). A
+    /// balance that does not cover it is [`Error::Api`] with code
+    /// `insufficient_funds`: final for this intent (its key answers the
+    /// same even after a credit); a new attempt is a new intent.
+    pub async fn debit_balance(
+        &self,
+        customer_id: &str,
+        amount: i64,
+        currency: &str,
+        description: Option<&str>,
+    ) -> Result<BalanceTransaction, Error> {
+        let body = move_body(amount, currency, description);
+        let path = format!("/customers/{}/balance/debits", path_segment(customer_id));
+        self.send_as(Command::DebitBalance, path, body).await
+    }
+
+    /// `POST /customers/{customer_id}/balance/holds`: holds `amount` for
+    /// `expires_in` seconds (the service's default when `None`).
+    pub async fn hold_balance(
+        &self,
+        customer_id: &str,
+        amount: i64,
+        currency: &str,
+        expires_in: Option<i64>,
+    ) -> Result<BalanceHold, Error> {
+        let mut body = move_body(amount, currency, None);
+        if let Some(seconds) = expires_in {
+            body["expires_in"] = json!(seconds);
+        }
+        let path = format!("/customers/{}/balance/holds", path_segment(customer_id));
+        self.send_as(Command::HoldBalance, path, body).await
+    }
+
+    /// `POST /balance_holds/{id}/capture`: all of it, or `amount` of it
+    /// (the rest is released).
+    pub async fn capture_hold(
+        &self,
+        hold_id: Uuid,
+        amount: Option<i64>,
+    ) -> Result<BalanceHold, Error> {
+        let body = match amount {
+            Some(amount) => json!({"amount": amount}),
+            None => json!({}),
+        };
+        let path = format!("/balance_holds/{hold_id}/capture");
+        self.send_as(Command::CaptureHold, path, body).await
+    }
+
+    /// `POST /balance_holds/{id}/release`.
+    pub async fn release_hold(&self, hold_id: Uuid) -> Result<BalanceHold, Error> {
+        let path = format!("/balance_holds/{hold_id}/release");
+        self.send_as(Command::ReleaseHold, path, json!({})).await
+    }
+
+    /// `POST /payments/{id}/refunds` with `destination: balance`: the
+    /// amount (default: what is left) goes to the order's customer's
+    /// balance instead of the card.
+    pub async fn refund_to_balance(
+        &self,
+        payment_id: Uuid,
+        amount: Option<i64>,
+        reason: Option<&str>,
+    ) -> Result<Refund, Error> {
+        let mut body = json!({"destination": "balance"});
+        if let Some(amount) = amount {
+            body["amount"] = json!(amount);
+        }
+        if let Some(reason) = reason {
+            body["reason"] = json!(reason);
+        }
+        let path = format!("/payments/{payment_id}/refunds");
+        self.send_as(Command::Refund, path, body).await
+    }
+
+    async fn send_as<T: DeserializeOwned>(
+        &self,
+        command: Command,
+        path: String,
+        body: Value,
+    ) -> Result<T, Error> {
+        let answer = self
+            .run(StoredRequest {
+                command,
+                path,
+                body,
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
     /// The intent's record: made (with a new key) and stored before the
     /// first send, or found; and whether it was found (made earlier, so an
     /// earlier call may have sent it).
@@ -898,4 +1066,27 @@ impl Intent {
         }
         current
     }
+}
+
+/// The body of a credit, debit or hold.
+fn move_body(amount: i64, currency: &str, description: Option<&str>) -> Value {
+    let mut body = json!({"amount": amount, "currency": currency});
+    if let Some(d) = description {
+        body["description"] = json!(d);
+    }
+    body
+}
+
+/// A customer id as one path segment: everything but RFC 3986's
+/// unreserved characters percent-encoded.
+fn path_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

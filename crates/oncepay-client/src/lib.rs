@@ -59,8 +59,9 @@ pub mod webhooks;
 pub use client::{AttemptReport, Client, ClientBuilder, Intent};
 pub use error::{ApiError, Error};
 pub use model::{
-    ApiKeyInfo, CheckoutOptions, CheckoutSession, EventRecord, LineItem, ListQuery, NewOrder,
-    NextAction, Order, Page, Payment, Refund, Status, WebhookEndpoint,
+    ApiKeyInfo, BalanceFigures, BalanceHold, BalanceTransaction, CheckoutOptions, CheckoutSession,
+    CustomerBalance, EventRecord, LineItem, ListQuery, NewOrder, NextAction, Order, Page, Payment,
+    Refund, Status, WebhookEndpoint,
 };
 pub use retry::RetryPolicy;
 pub use store::{

@@ -153,6 +153,87 @@ pub struct Refund {
     pub status: Status,
     /// Your reason.
     pub reason: Option<String>,
+    /// `original` or `balance` (absent from answers stored before it).
+    #[serde(default)]
+    pub destination: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub updated_at: String,
+}
+
+/// A balance's three figures: `available = posted - held`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub struct BalanceFigures {
+    /// What the customer has.
+    pub posted: i64,
+    /// What live holds hold.
+    pub held: i64,
+    /// What a debit or hold may take.
+    pub available: i64,
+}
+
+/// `GET /customers/{customer_id}/balance`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CustomerBalance {
+    /// The customer.
+    pub customer_id: String,
+    /// ISO 4217.
+    pub currency: String,
+    /// What the customer has.
+    pub posted: i64,
+    /// What live holds hold.
+    pub held: i64,
+    /// `posted - held`.
+    pub available: i64,
+}
+
+/// One movement of a customer's balance.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BalanceTransaction {
+    /// UUID v7.
+    pub id: Uuid,
+    /// The customer.
+    pub customer_id: String,
+    /// ISO 4217.
+    pub currency: String,
+    /// `credit`, `debit`, `hold`, `hold_capture`, `hold_release`,
+    /// `hold_expiry`, `payment`, `refund`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Always positive.
+    pub amount: i64,
+    /// The balance right after it.
+    pub balance: BalanceFigures,
+    /// Your description.
+    pub description: Option<String>,
+    /// The payment it paid.
+    pub payment_id: Option<Uuid>,
+    /// The refund it credited.
+    pub refund_id: Option<Uuid>,
+    /// The hold it placed or resolved.
+    pub hold_id: Option<Uuid>,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// A hold on a customer's balance.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BalanceHold {
+    /// UUID v7.
+    pub id: Uuid,
+    /// The customer.
+    pub customer_id: String,
+    /// ISO 4217.
+    pub currency: String,
+    /// What it holds.
+    pub amount: i64,
+    /// What its capture took.
+    pub captured_amount: i64,
+    /// `held`, `captured`, `released` or `expired`.
+    pub status: String,
+    /// RFC 3339.
+    pub expires_at: String,
     /// RFC 3339.
     pub created_at: String,
     /// RFC 3339.

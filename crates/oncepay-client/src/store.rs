@@ -51,6 +51,16 @@ pub enum Command {
     CreateCheckout,
     /// `POST /webhook_endpoints`.
     CreateWebhookEndpoint,
+    /// `POST /customers/{customer_id}/balance/credits`.
+    CreditBalance,
+    /// `POST /customers/{customer_id}/balance/debits`.
+    DebitBalance,
+    /// `POST /customers/{customer_id}/balance/holds`.
+    HoldBalance,
+    /// `POST /balance_holds/{id}/capture`.
+    CaptureHold,
+    /// `POST /balance_holds/{id}/release`.
+    ReleaseHold,
 }
 
 /// The request an intent sends, every time, with its key.

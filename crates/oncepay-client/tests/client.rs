@@ -750,3 +750,118 @@ fn the_docs_endpoint_table_is_every_route_and_real_calls() {
         }
     }
 }
+
+#[tokio::test]
+async fn balances_and_holds_take_one_key_per_intent() {
+    let stack = stack(&[]).await;
+    let client = stack.client(quick());
+    // A customer id that needs escaping in a path.
+    let customer = "cus 1/ü";
+    let credit = client
+        .intent("goodwill 1")
+        .credit_balance(customer, 1000, "EUR", Some("sorry"))
+        .await
+        .expect("credited");
+    assert_eq!(credit.kind, "credit");
+    assert_eq!(credit.customer_id, customer);
+    assert_eq!(credit.balance.available, 1000);
+    // The same intent again: the same transaction, not a second credit.
+    let again = client
+        .intent("goodwill 1")
+        .credit_balance(customer, 1000, "EUR", Some("sorry"))
+        .await
+        .expect("the same answer");
+    assert_eq!(again, credit);
+    let refused = client
+        .intent("spend 5000")
+        .debit_balance(customer, 5000, "EUR", None)
+        .await
+        .expect_err("not covered");
+    assert_eq!(refused.code(), Some("insufficient_funds"));
+    client
+        .intent("goodwill 2")
+        .credit_balance(customer, 5000, "EUR", None)
+        .await
+        .expect("credited");
+    let still = client
+        .intent("spend 5000")
+        .debit_balance(customer, 5000, "EUR", None)
+        .await
+        .expect_err("the intent's answer stands");
+    assert_eq!(still.code(), Some("insufficient_funds"));
+
+    let hold = client
+        .intent("hold cart 7")
+        .hold_balance(customer, 600, "EUR", Some(600))
+        .await
+        .expect("held");
+    assert_eq!(hold.status, "held");
+    assert_eq!(
+        client
+            .get_balance(customer, "EUR")
+            .await
+            .expect("balance")
+            .available,
+        5400
+    );
+    let captured = client
+        .intent("capture cart 7")
+        .capture_hold(hold.id, Some(400))
+        .await
+        .expect("captured");
+    assert_eq!(
+        (captured.status.as_str(), captured.captured_amount),
+        ("captured", 400)
+    );
+    let not_active = client
+        .intent("release cart 7")
+        .release_hold(hold.id)
+        .await
+        .expect_err("already captured");
+    assert_eq!(not_active.code(), Some("hold_not_active"));
+    assert_eq!(
+        client.get_balance_hold(hold.id).await.expect("hold"),
+        captured
+    );
+    let balance = client.get_balance(customer, "EUR").await.expect("balance");
+    assert_eq!(
+        (balance.posted, balance.held, balance.available),
+        (5600, 0, 5600)
+    );
+    let page = client
+        .list_balance_transactions(customer, Some("EUR"), &Default::default())
+        .await
+        .expect("page");
+    let kinds: Vec<&str> = page.data.iter().map(|t| t.kind.as_str()).collect();
+    assert_eq!(kinds, ["hold_capture", "hold", "credit", "credit"]);
+    assert_eq!(
+        client
+            .get_balance_transaction(credit.id)
+            .await
+            .expect("transaction"),
+        credit
+    );
+    assert_eq!(stack.count("SELECT count(*) FROM ledger_transfer").await, 4);
+
+    // A card payment refunded to the balance.
+    let order = stack.order(&client).await;
+    let paid = client
+        .intent("pay for store credit test")
+        .pay(order, "tok_visa")
+        .await
+        .expect("paid");
+    let refund = client
+        .intent("refund to credit")
+        .refund_to_balance(paid.id, Some(500), None)
+        .await
+        .expect("refunded");
+    assert_eq!(refund.destination.as_deref(), Some("balance"));
+    assert_eq!(
+        client
+            .get_balance("cus_1", "EUR")
+            .await
+            .expect("balance")
+            .available,
+        500
+    );
+}

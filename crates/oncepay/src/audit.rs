@@ -155,6 +155,10 @@ pub enum Action {
     EventRedelivered,
     /// The merchant's identity provider was set, changed or removed.
     IdentityChanged,
+    /// A customer's balance was credited (store credit given).
+    BalanceCredited,
+    /// A customer's balance was debited.
+    BalanceDebited,
 }
 
 impl Action {
@@ -170,6 +174,8 @@ impl Action {
             Action::WebhookEndpointDeleted => "webhook_endpoint.deleted",
             Action::EventRedelivered => "event.redelivered",
             Action::IdentityChanged => "merchant.identity_changed",
+            Action::BalanceCredited => "balance.credited",
+            Action::BalanceDebited => "balance.debited",
         }
     }
 
@@ -182,11 +188,12 @@ impl Action {
             }
             Action::WebhookEndpointCreated | Action::WebhookEndpointDeleted => "webhook_endpoint",
             Action::EventRedelivered => "event",
+            Action::BalanceCredited | Action::BalanceDebited => "balance_transaction",
         }
     }
 
     /// Every action.
-    pub const ALL: [Action; 9] = [
+    pub const ALL: [Action; 11] = [
         Action::ApiKeyCreated,
         Action::ApiKeyRotated,
         Action::ApiKeyRevoked,
@@ -196,5 +203,7 @@ impl Action {
         Action::WebhookEndpointDeleted,
         Action::EventRedelivered,
         Action::IdentityChanged,
+        Action::BalanceCredited,
+        Action::BalanceDebited,
     ];
 }

@@ -36,6 +36,9 @@ pub enum Command {
     /// Manage merchants.
     #[command(subcommand)]
     Merchant(MerchantCommand),
+    /// The double-entry ledger of customer balances.
+    #[command(subcommand)]
+    Ledger(LedgerCommand),
     /// Reconcile a window of every configured provider's books with the
     /// database: rebuild rows the database lost from the providers'
     /// metadata, refund (or hold) charges no order can own, and record
@@ -178,6 +181,21 @@ fn jwks_url(text: &str) -> Result<String, String> {
     crate::identity::jwks::check_url(text).map(|_| text.to_string())
 }
 
+/// `oncepay ledger …`.
+#[derive(Debug, Subcommand, PartialEq, Eq)]
+pub enum LedgerCommand {
+    /// Verify the ledger's rules: per merchant, ledger and unit the
+    /// accounts sum to zero, every holder's totals equal its transfers, no
+    /// holder is below zero or holds more than it has, no hold is resolved
+    /// twice, captured above itself or after its expiry. Prints one line
+    /// per merchant and unit; exits non-zero on any breach.
+    Check {
+        /// Only this merchant.
+        #[arg(long, value_parser = merchant_name)]
+        merchant: Option<String>,
+    },
+}
+
 /// `oncepay api-key …`.
 #[derive(Debug, Subcommand, PartialEq, Eq)]
 pub enum ApiKeyCommand {
@@ -296,6 +314,16 @@ mod tests {
             command("merchant show --merchant acme"),
             Command::Merchant(MerchantCommand::Show {
                 merchant: "acme".into()
+            })
+        );
+        assert_eq!(
+            command("ledger check"),
+            Command::Ledger(LedgerCommand::Check { merchant: None })
+        );
+        assert_eq!(
+            command("ledger check --merchant acme"),
+            Command::Ledger(LedgerCommand::Check {
+                merchant: Some("acme".into())
             })
         );
     }

@@ -320,6 +320,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             pending_alarm: self.duration("ONCEPAY_PENDING_ALARM", Duration::from_secs(900))?,
             action_timeout: self.duration("ONCEPAY_ACTION_TIMEOUT", Duration::from_secs(3600))?,
             jwks: self.jwks_bounds()?,
+            balance_hold_ttl: self
+                .duration("ONCEPAY_BALANCE_HOLD_TTL", Duration::from_secs(900))?,
             webhook_command_wait: self
                 .duration("ONCEPAY_WEBHOOK_COMMAND_WAIT", Duration::from_millis(250))?,
             checkout_ttl: self.duration("ONCEPAY_CHECKOUT_TTL", Duration::from_secs(3600))?,
@@ -661,6 +663,9 @@ pub struct ServeConfig {
     /// How fresh merchants' identity providers' key sets are kept
     /// (`ONCEPAY_JWKS_MIN_REFRESH`, `ONCEPAY_JWKS_MAX_AGE`).
     pub jwks: crate::identity::JwksBounds,
+    /// `ONCEPAY_BALANCE_HOLD_TTL`: how long a balance hold lasts when its
+    /// request names no `expires_in` (15 minutes).
+    pub balance_hold_ttl: Duration,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (see `inbound`).
     pub webhook_command_wait: Duration,

@@ -22,6 +22,7 @@
 
 pub mod api_keys;
 pub mod audit;
+pub mod balances;
 pub mod books;
 pub mod cli;
 pub mod commands;

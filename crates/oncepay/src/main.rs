@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use oncepay::cli::{ApiKeyCommand, Cli, Command, MerchantCommand, PointInTime};
+use oncepay::cli::{ApiKeyCommand, Cli, Command, LedgerCommand, MerchantCommand, PointInTime};
 use oncepay::config::Env;
 
 /// The process environment, as every subcommand reads it.
@@ -39,6 +39,9 @@ async fn run(command: Command) -> anyhow::Result<()> {
         }
         Command::ApiKey(command) => api_key(&env, command).await?,
         Command::Merchant(command) => merchant(&env, command).await?,
+        Command::Ledger(LedgerCommand::Check { merchant }) => {
+            ledger_check(&env, merchant.as_deref()).await?
+        }
         Command::Reconcile {
             since,
             until,
@@ -234,6 +237,48 @@ async fn merchant(env: &ProcessEnv, command: MerchantCommand) -> anyhow::Result<
             }
         }
     }
+    Ok(())
+}
+
+/// `oncepay ledger check`: one line per merchant, ledger and unit, and a
+/// failure when any breaks a rule.
+async fn ledger_check(env: &ProcessEnv, merchant: Option<&str>) -> anyhow::Result<()> {
+    let url = env.database_url()?;
+    let pool = oncepay::store::pool(&url, 1).context("connecting to the database")?;
+    let lines = oncepay::store::ledger::check(&pool, merchant)
+        .await
+        .context("checking the ledger")?;
+    if let Some(name) = merchant {
+        if lines.is_empty() && !oncepay::store::ledger::merchant_exists(&pool, name).await? {
+            anyhow::bail!("no merchant named {name:?}");
+        }
+    }
+    println!(
+        "merchant\tledger\tunit\taccounts\ttransfers\tsum\tpending\tmismatched\tnegative\tbad_holds\tverdict"
+    );
+    let mut breaches = 0;
+    for l in &lines {
+        let verdict = if l.holds() { "ok" } else { "BREACH" };
+        breaches += usize::from(!l.holds());
+        println!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            l.merchant,
+            l.ledger,
+            l.unit,
+            l.accounts,
+            l.transfers,
+            l.posted_sum,
+            l.pending_sum,
+            l.totals_mismatched,
+            l.negative,
+            l.bad_resolutions,
+            verdict
+        );
+    }
+    anyhow::ensure!(
+        breaches == 0,
+        "the ledger breaks its rules in {breaches} merchant unit(s)"
+    );
     Ok(())
 }
 

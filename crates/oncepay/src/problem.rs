@@ -67,6 +67,11 @@ problem_codes! {
     PaymentNotFound = "payment_not_found", 404, "Payment not found";
     RefundNotFound = "refund_not_found", 404, "Refund not found";
     DisputeNotFound = "dispute_not_found", 404, "Dispute not found";
+    BalanceTransactionNotFound = "balance_transaction_not_found", 404, "Balance transaction not found";
+    BalanceHoldNotFound = "balance_hold_not_found", 404, "Balance hold not found";
+    InsufficientFunds = "insufficient_funds", 422, "The balance does not cover this";
+    HoldNotActive = "hold_not_active", 409, "The hold is no longer held";
+    AmountExceedsHold = "amount_exceeds_hold", 422, "The capture exceeds the hold";
     OrderNotPayable = "order_not_payable", 409, "Order is not payable";
     OrderNotCancellable = "order_not_cancellable", 409, "Order cannot be cancelled";
     PaymentInProgress = "payment_in_progress", 409, "A payment for this order is in progress";

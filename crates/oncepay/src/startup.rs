@@ -65,7 +65,11 @@ pub struct Application {
 
 /// The registry of providers: the sandbox (always: its rows and the
 /// default), and Stripe when its key is set.
-fn providers(config: &ServeConfig, metrics: &Arc<Metrics>) -> Result<Providers, StartError> {
+fn providers(
+    config: &ServeConfig,
+    metrics: &Arc<Metrics>,
+    pool: &sqlx::PgPool,
+) -> Result<Providers, StartError> {
     let public = config
         .provider_public_url
         .as_deref()
@@ -82,6 +86,11 @@ fn providers(config: &ServeConfig, metrics: &Arc<Metrics>) -> Result<Providers, 
         }
         all.push(Arc::new(Stripe::new(stripe.clone(), metrics.clone())?));
     }
+    // Always there: a payment names it with `payment_method: "balance"`.
+    all.push(Arc::new(crate::provider::balance::Balance::new(
+        pool.clone(),
+        metrics.clone(),
+    )));
     Providers::new(all, &config.provider).ok_or_else(|| {
         StartError::Config(format!(
             "ONCEPAY_PROVIDER={} is not configured",
@@ -98,7 +107,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
     let claims = store::claims_pool(&config.database_url, (config.db_pool_size / 2).max(2))?;
     let metrics = Arc::new(Metrics::new());
     metrics.know_providers(crate::provider::NAMES);
-    let providers = providers(config, &metrics)?;
+    let providers = providers(config, &metrics, &pool)?;
     let engine = Engine::new(
         pool.clone(),
         claims,
@@ -136,6 +145,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         reconcile_after: config.reconcile_after,
         pending_alarm: crate::commands::PendingAlarm::new(config.pending_alarm),
         action_timeout: config.action_timeout,
+        balance_hold_ttl: config.balance_hold_ttl,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),
         event_retention: config.event_retention,
@@ -261,6 +271,13 @@ fn spawn_workers(
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "swept expired idempotency records"),
                     Err(e) => tracing::warn!(error = %e, "sweep failed; retrying next interval"),
+                }
+                match workers::sweeper::expire_holds(&ctx).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(holders = n, "voided balance holds past their expiry"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "hold expiry failed; retrying next interval")
+                    }
                 }
                 match workers::sweeper::retention(&ctx).await {
                     Ok(d) if d.events == 0 => {}

@@ -137,7 +137,7 @@ pub async fn reconcile(
     }
     let mut reports = Vec::new();
     let mut result = Ok(());
-    for provider in ctx.providers.all() {
+    for provider in ctx.providers.with_outside_books() {
         match reconcile_provider(ctx, provider.as_ref(), window, options).await {
             Ok(run) => reports.push(run),
             Err(e) => {

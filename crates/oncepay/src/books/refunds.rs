@@ -114,6 +114,7 @@ impl Owner for Payment {
             idempotency_key: f.key.as_deref(),
             fingerprint: f.fingerprint.as_deref(),
             cancels_order: f.trace.cancels_order,
+            destination: "original",
             incident: false,
             now: at(f.entry.created),
             check_after: f.ctx.reconcile_after,

@@ -13,6 +13,7 @@
 //! the key and what waits.
 
 pub mod api_keys;
+pub mod balances;
 pub mod checkout;
 pub mod fast_path;
 pub mod gate;
@@ -64,6 +65,9 @@ pub struct AppContext {
     /// How long a payment or refund may stay pending before it raises an
     /// alarm, and when this process last looked for such rows.
     pub pending_alarm: PendingAlarm,
+    /// How long a balance hold lasts when its request names no
+    /// `expires_in` (`ONCEPAY_BALANCE_HOLD_TTL`).
+    pub balance_hold_ttl: Duration,
     /// How long a payment may wait for its customer (`next_action`) before
     /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
     pub action_timeout: Duration,
@@ -148,6 +152,10 @@ pub struct CheckoutSettings {
 pub struct CommandInput {
     /// The `{id}` of the path, for commands on an existing resource.
     pub path_id: Option<Uuid>,
+    /// A path parameter that is not a UUID (`{customer_id}`), for
+    /// commands on what the merchant names.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_text: Option<String>,
     /// The request body.
     pub body: Value,
     /// Who sent it, for commands that write the audit trail (absent in
@@ -379,6 +387,16 @@ command_kinds! {
     CreateWebhookEndpoint = "create_webhook_endpoint" => webhook_endpoints::CreateWebhookEndpoint,
     /// `POST /api_keys`.
     CreateApiKey = "create_api_key" => api_keys::CreateApiKey,
+    /// `POST /customers/{customer_id}/balance/credits`.
+    CreditBalance = "credit_balance" => balances::CreditBalance,
+    /// `POST /customers/{customer_id}/balance/debits`.
+    ChargeBalance = "charge_balance" => balances::ChargeBalance,
+    /// `POST /customers/{customer_id}/balance/holds`.
+    CreateBalanceHold = "create_balance_hold" => balances::CreateBalanceHold,
+    /// `POST /balance_holds/{id}/capture`.
+    CaptureBalanceHold = "capture_balance_hold" => balances::CaptureBalanceHold,
+    /// `POST /balance_holds/{id}/release`.
+    ReleaseBalanceHold = "release_balance_hold" => balances::ReleaseBalanceHold,
 }
 
 impl CommandKind {
@@ -789,6 +807,11 @@ mod tests {
             "create_webhook_endpoint"
         );
         assert_eq!(api_keys::CreateApiKey::NAME, "create_api_key");
+        assert_eq!(balances::CreditBalance::NAME, "credit_balance");
+        assert_eq!(balances::ChargeBalance::NAME, "charge_balance");
+        assert_eq!(balances::CreateBalanceHold::NAME, "create_balance_hold");
+        assert_eq!(balances::CaptureBalanceHold::NAME, "capture_balance_hold");
+        assert_eq!(balances::ReleaseBalanceHold::NAME, "release_balance_hold");
         assert_eq!(CommandKind::parse("refund_everything"), None);
     }
 

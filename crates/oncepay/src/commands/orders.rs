@@ -236,6 +236,7 @@ impl CancelOrder {
                     // that happen to share a client key never meet.
                     key: format!("cancel:{}", run.key),
                     cancels_order: true,
+                    destination: refunds::Destination::Original,
                 };
                 // All or nothing: while another refund of the payment is
                 // pending its outcome decides how much is left, so cancelling

@@ -129,7 +129,7 @@ impl Command for CreatePayment {
             )));
         }
         ctx.providers
-            .current()
+            .for_payment_method(&self.payment_method)
             .check_payment_method(&self.payment_method)
             .map_err(|rule| {
                 Problem::rule(crate::domain::RuleViolation::new("payment_method", rule))
@@ -141,7 +141,11 @@ impl Command for CreatePayment {
         ctx: &AppContext,
         _merchant_id: Uuid,
     ) -> FirstStepClaiming<PaymentPoint, PaymentMemo> {
-        if ctx.providers.current().restricts_amounts() {
+        if ctx
+            .providers
+            .for_payment_method(&self.payment_method)
+            .restricts_amounts()
+        {
             // The amount is checked against the order before any write:
             // the engine's full protocol, whose first step reads it.
             return Ok(None);
@@ -158,7 +162,9 @@ impl Command for CreatePayment {
             ..Payment::pending(
                 attempt_id,
                 (self.order_id, 0, ""),
-                ctx.providers.current().name(),
+                ctx.providers
+                    .for_payment_method(&self.payment_method)
+                    .name(),
                 &self.payment_method,
                 now,
             )
@@ -325,7 +331,7 @@ impl CreatePayment {
             _ => {}
         }
         super::ensure_payable(&order, "can be paid")?;
-        let provider = ctx.providers.current();
+        let provider = ctx.providers.for_payment_method(&self.payment_method);
         super::provider_amounts::provider_takes(
             provider.as_ref(),
             order.amount,
@@ -341,7 +347,10 @@ impl CreatePayment {
             fingerprint: Some(run.fingerprint),
             amount: order.amount,
             currency: &order.currency,
-            provider: ctx.providers.current().name(),
+            provider: ctx
+                .providers
+                .for_payment_method(&self.payment_method)
+                .name(),
             payment_method: &self.payment_method,
             now: Utc::now(),
             check_after: ctx.reconcile_after,

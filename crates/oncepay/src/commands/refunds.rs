@@ -38,6 +38,36 @@ pub struct CreateRefund {
     payment_id: Uuid,
     amount: Option<Amount>,
     reason: Option<String>,
+    destination: Destination,
+}
+
+/// Where a refund's money goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Destination {
+    /// Back to the payment's method, through its provider.
+    Original,
+    /// To the order's customer's balance (store credit), through the
+    /// `balance` provider whatever provider took the payment.
+    Balance,
+}
+
+impl Destination {
+    /// As stored and sent.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Destination::Original => "original",
+            Destination::Balance => "balance",
+        }
+    }
+}
+
+/// The provider that makes `refund` of `payment`: the payment's, or the
+/// balance's for a refund to the customer's balance.
+pub(crate) fn refund_provider(payment: &Payment, destination: &str) -> String {
+    match destination {
+        "balance" => crate::provider::balance::NAME.to_string(),
+        _ => payment.provider.clone(),
+    }
 }
 
 impl Command for CreateRefund {
@@ -51,7 +81,7 @@ impl Command for CreateRefund {
             .path_id
             .ok_or_else(|| Problem::not_found(ProblemCode::PaymentNotFound, "payment"))?;
         let body = Obj::root(&input.body)?;
-        body.only(&["amount", "reason"])?;
+        body.only(&["amount", "reason", "destination"])?;
         let amount = body
             .opt_integer("amount")?
             .map(|a| {
@@ -72,10 +102,21 @@ impl Command for CreateRefund {
                 format!("must be at most {REASON_MAX} characters long"),
             )));
         }
+        let destination = match body.opt_string("destination")?.as_deref() {
+            None | Some("original") => Destination::Original,
+            Some("balance") => Destination::Balance,
+            Some(_) => {
+                return Err(Problem::rule(RuleViolation::new(
+                    "destination",
+                    "must be original or balance",
+                )))
+            }
+        };
         Ok(CreateRefund {
             payment_id,
             amount,
             reason,
+            destination,
         })
     }
 
@@ -141,6 +182,7 @@ impl CreateRefund {
             reason: self.reason.as_deref(),
             key: run.key.to_string(),
             cancels_order: false,
+            destination: self.destination,
         };
         let (refund_id, outstanding) = start(&mut tx, ctx, run, &payment, &plan).await?;
         Ok(Step::Record {
@@ -162,6 +204,8 @@ pub struct Plan<'a> {
     pub key: String,
     /// Whether settling it cancels the order.
     pub cancels_order: bool,
+    /// Where its money goes.
+    pub destination: Destination,
 }
 
 /// What step 2 of a refund must do.
@@ -199,7 +243,7 @@ pub async fn start(
         }
         let outstanding = match existing.status {
             PaymentStatus::Pending => Some(Outstanding {
-                provider: payment.provider.clone(),
+                provider: refund_provider(payment, &existing.destination),
                 request: refund_request(&existing, payment)?,
                 reference: existing.provider_refund_id.clone(),
                 maybe_sent: true,
@@ -219,8 +263,9 @@ pub async fn start(
         };
         CommandError::Reject(Problem::new(code, e.to_string()).with_field("amount"))
     })?;
+    let provider = refund_provider(payment, plan.destination.as_str());
     super::provider_amounts::provider_takes(
-        ctx.providers.named(&payment.provider).as_ref(),
+        ctx.providers.named(&provider).as_ref(),
         amount,
         &payment.currency,
         super::provider_amounts::Movement::Refund,
@@ -235,6 +280,7 @@ pub async fn start(
         idempotency_key: Some(&plan.key),
         fingerprint: Some(run.fingerprint),
         cancels_order: plan.cancels_order,
+        destination: plan.destination.as_str(),
         incident: false,
         now: Utc::now(),
         check_after: ctx.reconcile_after,
@@ -250,7 +296,7 @@ pub async fn start(
     Ok((
         refund.id,
         Some(Outstanding {
-            provider: payment.provider.clone(),
+            provider,
             request,
             reference: None,
             maybe_sent: false,
@@ -311,7 +357,7 @@ pub async fn sent(ctx: &AppContext, refund: &Refund) -> Result<Outstanding, Stor
         .await?
         .ok_or_else(|| Corrupt::vanished("payment", refund.payment_id))?;
     Ok(Outstanding {
-        provider: payment.provider.clone(),
+        provider: refund_provider(&payment, &refund.destination),
         request: refund_request(refund, &payment)?,
         reference: refund.provider_refund_id.clone(),
         maybe_sent: true,

@@ -61,6 +61,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_PENDING_ALARM", "serve", "15m"),
     v("ONCEPAY_CHECKOUT_TTL", "serve", "1h"),
     v("ONCEPAY_ACTION_TIMEOUT", "serve", "1h"),
+    v("ONCEPAY_BALANCE_HOLD_TTL", "serve", "15m"),
     v(
         "ONCEPAY_PROVIDER_PUBLIC_URL",
         "serve",

@@ -18,6 +18,10 @@ pub enum ObjectKind {
     Refund,
     /// A dispute (chargeback).
     Dispute,
+    /// A customer balance's transaction.
+    Balance,
+    /// A hold on a customer balance.
+    BalanceHold,
 }
 
 impl ObjectKind {
@@ -28,6 +32,8 @@ impl ObjectKind {
             ObjectKind::Payment => "payment",
             ObjectKind::Refund => "refund",
             ObjectKind::Dispute => "dispute",
+            ObjectKind::Balance => "balance",
+            ObjectKind::BalanceHold => "balance_hold",
         }
     }
 }
@@ -70,6 +76,12 @@ event_types! {
     DisputeCreated = "dispute.created", Dispute;
     DisputeUpdated = "dispute.updated", Dispute;
     DisputeClosed = "dispute.closed", Dispute;
+    BalanceCredited = "balance.credited", Balance;
+    BalanceDebited = "balance.debited", Balance;
+    BalanceHoldCreated = "balance_hold.created", BalanceHold;
+    BalanceHoldCaptured = "balance_hold.captured", BalanceHold;
+    BalanceHoldReleased = "balance_hold.released", BalanceHold;
+    BalanceHoldExpired = "balance_hold.expired", BalanceHold;
 }
 
 impl EventType {

@@ -60,7 +60,12 @@ pub struct NewOrder {
     pub amount: Amount,
 }
 
-fn chars_between(field: &str, value: &str, min: usize, max: usize) -> Result<(), RuleViolation> {
+pub(crate) fn chars_between(
+    field: &str,
+    value: &str,
+    min: usize,
+    max: usize,
+) -> Result<(), RuleViolation> {
     no_nul(field, value)?;
     let n = value.chars().count();
     if n < min || n > max {

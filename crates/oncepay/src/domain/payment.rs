@@ -236,6 +236,9 @@ pub struct Refund {
     pub failure_code: Option<String>,
     /// The merchant's reason, if given.
     pub reason: Option<String>,
+    /// Where the money goes: `original` (the payment's method) or
+    /// `balance` (the order's customer's balance).
+    pub destination: String,
     /// When it was created.
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When it last changed.

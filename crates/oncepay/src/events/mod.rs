@@ -227,6 +227,29 @@ pub(crate) async fn dispute_changed(
     write(tx, metrics, Some(event)).await
 }
 
+/// A customer balance changed (`balance.*`, `balance_hold.*`): an event
+/// of `merchant_id` about `object_id` (a balance transaction or a hold),
+/// whose `data.object` is `object` as its `GET` shows it. Written in the
+/// transaction of the transfer, under its holder's row lock.
+pub(crate) async fn ledger_changed<T: Serialize>(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    merchant_id: Uuid,
+    event_type: EventType,
+    object_id: Uuid,
+    object: &T,
+    cause: Cause,
+) -> Result<(), StoreError> {
+    // No order: the nil id stands in the batch's column, and the
+    // statement stores none.
+    let event = build(event_type, (object_id, Uuid::nil()), object, |r| {
+        cause_of(cause, r)
+    })?;
+    store::events::append_for_merchant(tx, merchant_id, &event.as_new()).await?;
+    count(metrics, std::slice::from_ref(&event));
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

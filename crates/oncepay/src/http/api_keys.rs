@@ -52,6 +52,7 @@ pub async fn create(state: web::Data<AppState>, req: HttpRequest, payload: web::
     let bytes = read_body(&state, &req, payload).await?;
     let input = CommandInput {
         path_id: None,
+        path_text: None,
         body: parse_body(&bytes, true)?,
         actor: Some(caller.actor()),
     };

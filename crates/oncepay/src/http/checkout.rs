@@ -537,10 +537,20 @@ pub async fn pay(
     let obj = Obj::root(&body)?;
     obj.only(&["payment_method"])?;
     let method = obj.string("payment_method")?;
+    // A page anyone with its link can open never spends the customer's
+    // store credit: paying from a balance is the merchant's call (its API
+    // key), not the page's.
+    if method == crate::provider::balance::PAYMENT_METHOD {
+        return Err(Problem::rule(crate::domain::RuleViolation::new(
+            "payment_method",
+            "the checkout page does not pay from a customer's balance",
+        )));
+    }
     // The customer comes back to this page from their bank (3-D Secure).
     let page_url = format!("{}/checkout/{}", state.ctx.checkout.public_url, token.text);
     let input = CommandInput {
         path_id: None,
+        path_text: None,
         body: json!({"order_id": session.order_id, "payment_method": method, "return_url": page_url}),
         actor: None,
     };

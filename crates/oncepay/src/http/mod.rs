@@ -5,6 +5,7 @@
 
 mod api_keys;
 pub(crate) mod auth;
+mod balances;
 mod body;
 mod checkout;
 pub mod checkout_text;

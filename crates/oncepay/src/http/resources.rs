@@ -34,6 +34,7 @@ pub(super) async fn money_command<C: Command + 'static>(
     let bytes = read_body(state, req, payload).await?;
     let input = CommandInput {
         path_id,
+        path_text: None,
         body: parse_body(&bytes, body_optional)?,
         // Stored with the record: the events of the command's changes
         // name who asked, even when the reconciler finishes it.

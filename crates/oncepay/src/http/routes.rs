@@ -11,7 +11,9 @@
 //! `write`, a customer's token only where the route says how what it
 //! touches is its own ([`Customers`]).
 
-use super::{api_keys, checkout, events, inbound, lists, ops, resources, webhook_endpoints};
+use super::{
+    api_keys, balances, checkout, events, inbound, lists, ops, resources, webhook_endpoints,
+};
 use crate::api_keys::Scope::{self, Admin, Read, Write};
 
 /// Who may call a route. Checked in `authenticate`, before anything is
@@ -230,6 +232,65 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/disputes/{id}", Needs(Read, Refused), Unused, |r| {
         r.to(resources::get_dispute)
     }),
+    route(
+        "GET",
+        "/customers/{customer_id}/balance",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(balances::get_balance),
+    ),
+    route(
+        "POST",
+        "/customers/{customer_id}/balance/credits",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(balances::credit),
+    ),
+    route(
+        "POST",
+        "/customers/{customer_id}/balance/debits",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(balances::debit),
+    ),
+    route(
+        "POST",
+        "/customers/{customer_id}/balance/holds",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(balances::hold),
+    ),
+    route(
+        "GET",
+        "/customers/{customer_id}/balance/transactions",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(balances::list_transactions),
+    ),
+    route(
+        "GET",
+        "/balance_transactions/{id}",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(balances::get_transaction),
+    ),
+    route("GET", "/balance_holds/{id}", Needs(Read, Refused), Unused, |r| {
+        r.to(balances::get_hold)
+    }),
+    route(
+        "POST",
+        "/balance_holds/{id}/capture",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(balances::capture),
+    ),
+    route(
+        "POST",
+        "/balance_holds/{id}/release",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(balances::release),
+    ),
     route(
         "GET",
         "/orders/{id}/events",

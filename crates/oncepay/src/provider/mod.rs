@@ -8,6 +8,9 @@
 //!
 //! - [`sandbox`]: oncepay's own test provider (`oncepay sandbox`).
 //! - [`stripe`]: Stripe's PaymentIntents API.
+//! - [`balance`]: the customer's balance on oncepay's own ledger
+//!   (`payment_method: "balance"`), always registered, never
+//!   `ONCEPAY_PROVIDER`.
 //!
 //! [`Providers`] is the registry, keyed by name: a payment attempt stores
 //! the name of the provider it was made with, and is charged, looked up,
@@ -19,6 +22,7 @@
 //! A call whose outcome we cannot know (timeout, dropped connection) says so
 //! with [`CallOutcome::Unknown`]: it is never taken for a failure.
 
+pub mod balance;
 pub mod call;
 pub mod card_form;
 pub mod classify;
@@ -408,6 +412,17 @@ impl Providers {
         &self.all[self.current]
     }
 
+    /// Where a new payment with `payment_method` goes: the customer's
+    /// balance for `"balance"` (when registered), else the current provider.
+    pub fn for_payment_method(&self, payment_method: &str) -> &Arc<dyn PaymentProvider> {
+        if payment_method == balance::PAYMENT_METHOD {
+            if let Some(p) = self.all.iter().find(|p| p.name() == balance::NAME) {
+                return p;
+            }
+        }
+        self.current()
+    }
+
     /// The provider named `name`: the one an attempt was made with. A name
     /// this process has no configuration for answers every call with an
     /// unknown outcome, so its rows wait (and raise alarms) rather than
@@ -430,6 +445,13 @@ impl Providers {
     /// Every configured provider.
     pub fn all(&self) -> &[Arc<dyn PaymentProvider>] {
         &self.all
+    }
+
+    /// The providers whose books are kept outside this database, the ones
+    /// a reconciliation of books walks: not the balance, whose books are
+    /// this database's ledger (a restore takes both back together).
+    pub fn with_outside_books(&self) -> impl Iterator<Item = &Arc<dyn PaymentProvider>> {
+        self.all.iter().filter(|p| p.name() != balance::NAME)
     }
 }
 

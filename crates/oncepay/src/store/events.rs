@@ -194,6 +194,49 @@ pub(crate) const APPEND: &str = concat!(
      SELECT ev.sequence FROM ev"
 );
 
+/// Writes one event of an object that belongs to no order (a balance's
+/// transaction or hold), for `merchant_id`, with its deliveries, in one
+/// statement. The object's own row lock (its holder's account) makes
+/// `max + 1` race-free, as for the events of orders.
+pub async fn append_for_merchant(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    event: &NewEvent<'_>,
+) -> Result<i32, StoreError> {
+    let row = bind_events(
+        sqlx::query(APPEND_FOR_MERCHANT),
+        std::slice::from_ref(event),
+    )
+    .bind(merchant_id)
+    .fetch_one(tx)
+    .await?;
+    Ok(row.try_get("sequence")?)
+}
+
+/// See [`append_for_merchant`]: [`APPEND`] with the merchant given (`$9`)
+/// and no order.
+const APPEND_FOR_MERCHANT: &str = concat!(
+    "WITH new_events AS (SELECT * FROM ",
+    new_events_from_params!(),
+    "),
+     ev AS (
+        INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
+                           data, cause, request_id)
+        SELECT n.id, $9, n.type, n.object_type, n.object_id, NULL,
+               COALESCE((SELECT max(e.sequence) FROM event e WHERE e.object_id = n.object_id), 0) + 1,
+               n.data, n.cause, n.request_id
+          FROM new_events n
+        RETURNING id, merchant_id, type, object_id, sequence),
+     fan AS (
+        INSERT INTO webhook_delivery (event_id, endpoint_id, object_id, sequence)
+        SELECT ev.id, w.id, ev.object_id, ev.sequence
+          ",
+    subscribers_of_ev!(),
+    "
+        RETURNING 1)
+     SELECT ev.sequence FROM ev"
+);
+
 /// An event as the API shows it: what receivers get (`id`, `type`,
 /// `created_at`, `sequence`, `data.object`) and, for the trail, what made
 /// the change.

@@ -89,6 +89,7 @@ macro_rules! row_statement {
 
 pub mod alarms;
 pub mod audit;
+pub mod balances;
 pub mod books;
 pub mod checkout;
 pub mod deliveries;
@@ -98,6 +99,7 @@ pub mod group_commit;
 pub mod identity;
 pub mod inbound;
 pub mod incidents;
+pub mod ledger;
 pub mod merchants;
 pub mod migrate;
 pub mod order_batch;

@@ -14,14 +14,14 @@ use crate::domain::payment::{PaymentStatus, Refund};
 /// The columns every read of a refund returns, in `from_row`'s order.
 macro_rules! refund_columns {
     () => {
-        "id, payment_id, amount, status, failure_code, reason, created_at, updated_at, provider_refund_id, cancels_order, incident, idempotency_key, request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = refund.payment_id) AS currency"
+        "id, payment_id, amount, status, failure_code, reason, destination, created_at, updated_at, provider_refund_id, cancels_order, incident, idempotency_key, request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = refund.payment_id) AS currency"
     };
 }
 
 /// The same columns qualified with the alias `r`, for joins and updates.
 macro_rules! refund_columns_r {
     () => {
-        "r.id, r.payment_id, r.amount, r.status, r.failure_code, r.reason, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident, r.idempotency_key, r.request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = r.payment_id) AS currency"
+        "r.id, r.payment_id, r.amount, r.status, r.failure_code, r.reason, r.destination, r.created_at, r.updated_at, r.provider_refund_id, r.cancels_order, r.incident, r.idempotency_key, r.request_fingerprint, (SELECT pa.currency FROM payment_attempt pa WHERE pa.id = r.payment_id) AS currency"
     };
 }
 
@@ -36,6 +36,7 @@ fn from_row(row: &PgRow) -> Result<Refund, StoreError> {
             .ok_or_else(|| Corrupt::unknown("refund status", &status))?,
         failure_code: row.try_get("failure_code")?,
         reason: row.try_get("reason")?,
+        destination: row.try_get("destination")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         provider_refund_id: row.try_get("provider_refund_id")?,
@@ -67,6 +68,8 @@ pub struct NewRefund<'a> {
     pub fingerprint: Option<&'a [u8]>,
     /// Whether settling it cancels the order.
     pub cancels_order: bool,
+    /// `original` or `balance`.
+    pub destination: &'a str,
     /// Whether it returns money taken for a failed attempt (an incident).
     pub incident: bool,
     /// Creation time.
@@ -96,9 +99,9 @@ pub async fn insert(
     let result = sqlx::query(concat!(
         "INSERT INTO refund (id, merchant_id, payment_id, amount, status, reason, cancels_order,
                              incident, idempotency_key, next_check_at, created_at, updated_at,
-                             request_fingerprint)
+                             request_fingerprint, destination)
          VALUES ($1, $2, $3, $4, 'pending', $5, $6, $7, $8,
-                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11)
+                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11, $12)
          RETURNING ",
         refund_columns!()
     ))
@@ -113,6 +116,7 @@ pub async fn insert(
     .bind(new.now)
     .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
     .bind(new.fingerprint)
+    .bind(new.destination)
     .fetch_one(tx)
     .await;
     match result {

@@ -23,6 +23,27 @@ pub async fn sweep(ctx: &AppContext) -> Result<u64, StoreError> {
     }
 }
 
+/// Holders whose overdue balance holds one pass voids, at most.
+pub(crate) const HOLDS_BATCH: i64 = 500;
+
+/// Voids the balance holds past their expiry (each with its
+/// `balance_hold.expired`), batch after batch; returns how many holders
+/// were swept. A hold already stops counting at its expiry (reads use the
+/// database's clock); this writes its void, so it reads `expired` in the
+/// ledger too. Each holder is locked as by a transfer on it, so an expiry
+/// and a capture of one hold never both happen.
+pub async fn expire_holds(ctx: &AppContext) -> Result<usize, StoreError> {
+    let mut total = 0;
+    loop {
+        let swept = crate::balances::expire_holds(&ctx.pool, &ctx.metrics, HOLDS_BATCH).await?;
+        total += swept;
+        if swept < HOLDS_BATCH as usize {
+            return Ok(total);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Events looked at per statement.
 pub(crate) const RETENTION_BATCH: i64 = 500;
 

@@ -3,6 +3,7 @@
 
 mod alerting;
 mod api_keys;
+mod balances;
 mod books;
 mod cards;
 mod checkout;

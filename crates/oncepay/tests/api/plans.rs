@@ -20,6 +20,9 @@ const GROWING: &[&str] = &[
     "event",
     "webhook_delivery",
     "webhook_attempt",
+    "ledger_account",
+    "ledger_transfer",
+    "ledger_open_pending",
 ];
 
 /// The lookups every create and payment makes, each in the shape of the

@@ -195,6 +195,35 @@ async function everyOperation(key: string): Promise<void> {
   await client.GET("/refunds/{id}", { ...auth, params: { path: { id: refundId } } });
   await client.GET("/refunds/{id}/events", { ...auth, params: { path: { id: refundId } } });
 
+  // Customer balances: credit, debit, hold, capture, release, reads.
+  const customer = { customer_id: "cus_42" };
+  const credit = await client.POST("/customers/{customer_id}/balance/credits", {
+    ...auth,
+    params: { path: customer, header: idem },
+    body: { amount: 1000, currency: "EUR", description: "goodwill" },
+  });
+  if (!credit.data) return;
+  const after: number = credit.data.balance.available;
+  void after;
+  await client.POST("/customers/{customer_id}/balance/debits", {
+    ...auth,
+    params: { path: customer, header: idem },
+    body: { amount: 100, currency: "EUR" },
+  });
+  const hold = await client.POST("/customers/{customer_id}/balance/holds", {
+    ...auth,
+    params: { path: customer, header: idem },
+    body: { amount: 100, currency: "EUR", expires_in: 600 },
+  });
+  if (!hold.data) return;
+  const holdId: string = hold.data.id;
+  await client.GET("/balance_holds/{id}", { ...auth, params: { path: { id: holdId } } });
+  await client.POST("/balance_holds/{id}/capture", { ...auth, params: { path: { id: holdId }, header: idem }, body: { amount: 50 } });
+  await client.POST("/balance_holds/{id}/release", { ...auth, params: { path: { id: holdId }, header: idem } });
+  await client.GET("/customers/{customer_id}/balance", { ...auth, params: { path: customer, query: { currency: "EUR" } } });
+  await client.GET("/customers/{customer_id}/balance/transactions", { ...auth, params: { path: customer, query: { currency: "EUR", limit: 10 } } });
+  await client.GET("/balance_transactions/{id}", { ...auth, params: { path: { id: credit.data.id } } });
+
   // Disputes (opened by the provider; read only).
   const disputes = await client.GET("/disputes", {
     ...auth,

@@ -11,15 +11,15 @@ use serde_json::json;
 use super::lists::{page_request, ListSpec};
 use super::resources::run_command;
 use super::{
-    actor_of, authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
-    path_uuid, read_body, AppState,
+    authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime, path_uuid,
+    read_body, AppState,
 };
 use crate::commands::balances::{
     customer_id, CaptureBalanceHold, ChargeBalance, CreateBalanceHold, CreditBalance,
     ReleaseBalanceHold,
 };
 use crate::commands::{Command, CommandInput};
-use crate::idempotency::{store_problem, Fingerprint, RecordId};
+use crate::idempotency::{store_problem, Fingerprint};
 use crate::input::parse_body;
 use crate::problem::{Problem, ProblemCode};
 use crate::store;
@@ -46,9 +46,9 @@ async fn balance_command<C: Command + 'static>(
         path_id,
         path_text,
         body: parse_body(&bytes, body_optional)?,
-        actor: Some(actor_of(&caller)),
+        actor: Some(caller.actor()),
     };
-    let id = RecordId::merchant(caller.merchant_id, &key);
+    let id = caller.record_id(&key);
     let fingerprint = Fingerprint::of("POST", req.path(), &input.body);
     run_command::<C>(state, id, fingerprint, input).await
 }

@@ -274,9 +274,13 @@ pub const ROUTES: &[Route] = &[
         Unused,
         |r| r.to(balances::get_transaction),
     ),
-    route("GET", "/balance_holds/{id}", Needs(Read, Refused), Unused, |r| {
-        r.to(balances::get_hold)
-    }),
+    route(
+        "GET",
+        "/balance_holds/{id}",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(balances::get_hold),
+    ),
     route(
         "POST",
         "/balance_holds/{id}/capture",

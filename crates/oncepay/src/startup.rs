@@ -136,6 +136,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         reconcile_after: config.reconcile_after,
         pending_alarm: crate::commands::PendingAlarm::new(config.pending_alarm),
         action_timeout: config.action_timeout,
+        capture_reminder: config.capture_reminder,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),
         event_retention: config.event_retention,
@@ -261,6 +262,19 @@ fn spawn_workers(
                     Ok(0) => {}
                     Ok(n) => tracing::info!(deleted = n, "swept expired idempotency records"),
                     Err(e) => tracing::warn!(error = %e, "sweep failed; retrying next interval"),
+                }
+                match workers::sweeper::authorizations(&ctx).await {
+                    Ok(h) if h == workers::sweeper::Holds::default() => {}
+                    Ok(h) => tracing::info!(
+                        voided = h.voided,
+                        captured = h.captured,
+                        unknown = h.unknown,
+                        reminded = h.reminded,
+                        "ended holds past their deadline or asked to be voided"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "hold sweep failed; retrying next interval")
+                    }
                 }
                 match workers::sweeper::retention(&ctx).await {
                     Ok(d) if d.events == 0 => {}

@@ -13,6 +13,7 @@
 //! the key and what waits.
 
 pub mod api_keys;
+pub mod captures;
 pub mod checkout;
 pub mod fast_path;
 pub mod gate;
@@ -67,6 +68,9 @@ pub struct AppContext {
     /// How long a payment may wait for its customer (`next_action`) before
     /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
     pub action_timeout: Duration,
+    /// How long before a hold's deadline its reminder event is written
+    /// (`ONCEPAY_CAPTURE_REMINDER`).
+    pub capture_reminder: Duration,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (`ONCEPAY_WEBHOOK_COMMAND_WAIT`).
     pub webhook_command_wait: Duration,
@@ -379,6 +383,10 @@ command_kinds! {
     CreateWebhookEndpoint = "create_webhook_endpoint" => webhook_endpoints::CreateWebhookEndpoint,
     /// `POST /api_keys`.
     CreateApiKey = "create_api_key" => api_keys::CreateApiKey,
+    /// `POST /payments/{id}/capture`.
+    CapturePayment = "capture_payment" => captures::CapturePayment,
+    /// `POST /payments/{id}/void`.
+    VoidPayment = "void_payment" => captures::VoidPayment,
 }
 
 impl CommandKind {
@@ -768,6 +776,8 @@ mod tests {
             "create_webhook_endpoint"
         );
         assert_eq!(api_keys::CreateApiKey::NAME, "create_api_key");
+        assert_eq!(captures::CapturePayment::NAME, "capture_payment");
+        assert_eq!(captures::VoidPayment::NAME, "void_payment");
         assert_eq!(CommandKind::parse("refund_everything"), None);
     }
 
@@ -785,6 +795,8 @@ mod tests {
         round_trip::<payments::PaymentPoint>();
         round_trip::<refunds::RefundPoint>();
         round_trip::<orders::CancelPoint>();
+        round_trip::<captures::CapturePoint>();
+        round_trip::<captures::VoidPoint>();
         assert!(NoRecoveryPoint::ALL.is_empty());
     }
 }

@@ -260,12 +260,20 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
     let initial = match order.status {
         OrderStatus::AwaitingPayment => "idle",
         OrderStatus::Paid => "succeeded",
+        // Held: the card was authorized, not charged; nothing to pay.
+        OrderStatus::Authorized => "authorized",
         OrderStatus::Refunded | OrderStatus::Cancelled => "closed",
     };
     let paid_by = attempts
         .iter()
         .rev()
-        .find(|p| p.status == crate::domain::payment::PaymentStatus::Succeeded)
+        .find(|p| {
+            use crate::domain::payment::PaymentStatus;
+            matches!(
+                p.status,
+                PaymentStatus::Succeeded | PaymentStatus::RequiresCapture
+            )
+        })
         .map(|p| p.id.to_string())
         .unwrap_or_default();
     let provider = state.ctx.providers.current();
@@ -541,7 +549,12 @@ pub async fn pay(
     let page_url = format!("{}/checkout/{}", state.ctx.checkout.public_url, token.text);
     let input = CommandInput {
         path_id: None,
-        body: json!({"order_id": session.order_id, "payment_method": method, "return_url": page_url}),
+        body: json!({
+            "order_id": session.order_id,
+            "payment_method": method,
+            "return_url": page_url,
+            "capture_method": session.capture_method,
+        }),
         actor: None,
     };
     let id = RecordId::checkout(session.merchant_id, session.id, &key);

@@ -90,6 +90,7 @@ macro_rules! row_statement {
 pub mod alarms;
 pub mod audit;
 pub mod books;
+pub mod captures;
 pub mod checkout;
 pub mod deliveries;
 pub mod disputes;

@@ -4,6 +4,7 @@
 mod alerting;
 mod api_keys;
 mod books;
+mod capture;
 mod cards;
 mod checkout;
 mod checkout_card;

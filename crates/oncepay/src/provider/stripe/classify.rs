@@ -171,6 +171,8 @@ pub fn known(body: &[u8]) -> CallOutcome {
             status,
             failure_code,
             failure_message,
+            capture_before: None,
+            amount_captured: None,
         }),
         _ => CallOutcome::Unknown(format!(
             "Stripe {} in status {}, which oncepay never leaves it in",
@@ -213,6 +215,8 @@ pub(crate) fn classify(
                 failure_code: Some(e.decline_code.clone().unwrap_or_else(|| code.to_string())),
                 failure_message: Some(e.message.unwrap_or_else(|| "declined".into())),
                 next_action: None,
+                capture_before: None,
+                amount_captured: None,
             }))
         }
         (404, _, _) if kind == CallKind::Read => Verdict::Done(CallOutcome::NotFound),
@@ -265,6 +269,8 @@ pub fn creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict
                         .unwrap_or_else(|| "Stripe refused the payment".into()),
                 ),
                 next_action: None,
+                capture_before: None,
+                amount_captured: None,
             }));
         }
     }
@@ -304,6 +310,8 @@ pub fn refund_creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> 
                         .unwrap_or_else(|| "Stripe refused the refund".into()),
                 ),
                 next_action: None,
+                capture_before: None,
+                amount_captured: None,
             }));
         }
     }

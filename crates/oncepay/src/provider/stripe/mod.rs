@@ -42,8 +42,8 @@ use super::call::{BuildError, Caller};
 use super::card_form::CardForm;
 use super::trace::Trace;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Event, Headers, Health, Opened,
-    PaymentProvider, RefundRequest, SubjectKind,
+    BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
+    Health, Opened, PaymentProvider, RefundRequest, SubjectKind,
 };
 use crate::domain::money::Currency;
 use crate::metrics::Metrics;
@@ -459,6 +459,22 @@ impl PaymentProvider for Stripe {
                 _ => self.find_charge(attempt_id, Some(intent)).await,
             }
         })
+    }
+
+    fn captures_later(&self) -> bool {
+        false
+    }
+
+    fn capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async { CallOutcome::Unknown("manual capture is not supported yet".into()) })
+    }
+
+    fn find_capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async { CallOutcome::Unknown("manual capture is not supported yet".into()) })
+    }
+
+    fn void<'a>(&'a self, _: Uuid, _: &'a str) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async { CallOutcome::Unknown("manual capture is not supported yet".into()) })
     }
 
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {

@@ -169,6 +169,8 @@ pub(crate) fn of_request(
             failure_code: Some("amount_not_supported_by_provider".into()),
             failure_message: Some(why),
             next_action: None,
+            capture_before: None,
+            amount_captured: None,
         })
     };
     let currency = Currency::try_from(currency)

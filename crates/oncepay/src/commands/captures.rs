@@ -29,7 +29,9 @@ use super::{
 };
 use crate::domain::money::Amount;
 use crate::domain::payment::VoidReason;
-use crate::domain::payment::{capture_plan, void_plan, CaptureRefusal, Payment, PaymentStatus};
+use crate::domain::payment::{
+    capture_plan, void_plan, CaptureMethod, CaptureRefusal, Payment, PaymentStatus,
+};
 use crate::domain::RuleViolation;
 use crate::idempotency::StoredResponse;
 use crate::input::Obj;
@@ -54,6 +56,15 @@ recovery_points! {
         /// The void was asked for on the hold (step 1): resuming asks the
         /// provider to release it again (idempotent).
         VoidRequested = "void_requested",
+    }
+}
+
+/// Reads `capture_method` (`automatic` when absent).
+pub(crate) fn capture_method_field(obj: &Obj<'_>) -> Result<CaptureMethod, Problem> {
+    match obj.opt_string("capture_method")? {
+        None => Ok(CaptureMethod::Automatic),
+        Some(text) => CaptureMethod::parse(&text)
+            .ok_or_else(|| Problem::invalid_field("capture_method", "must be automatic or manual")),
     }
 }
 
@@ -160,7 +171,7 @@ fn not_capturable(payment: &Payment) -> Problem {
             payment.status.as_str()
         ),
     )
-    .with_member("status", serde_json::json!(payment.status.as_str()))
+    .with_member("payment_status", serde_json::json!(payment.status.as_str()))
 }
 
 impl CapturePayment {
@@ -188,10 +199,11 @@ impl CapturePayment {
         let amount = capture_plan(&payment, existing.is_some(), self.amount, Utc::now()).map_err(
             |refusal| {
                 CommandError::Reject(match refusal {
-                    CaptureRefusal::NotCapturable(why) => {
-                        Problem::new(ProblemCode::PaymentNotCapturable, why)
-                            .with_member("status", serde_json::json!(payment.status.as_str()))
-                    }
+                    CaptureRefusal::NotCapturable(why) => Problem::new(
+                        ProblemCode::PaymentNotCapturable,
+                        why,
+                    )
+                    .with_member("payment_status", serde_json::json!(payment.status.as_str())),
                     CaptureRefusal::ExceedsCapturable { capturable } => {
                         Problem::new(ProblemCode::AmountExceedsCapturable, refusal.to_string())
                             .with_field("amount")
@@ -220,7 +232,7 @@ impl CapturePayment {
                         ProblemCode::PaymentNotCapturable,
                         "the payment is requires_capture with a capture already made for it; a payment is captured once",
                     )
-                    .with_member("status", serde_json::json!(payment.status.as_str())),
+                    .with_member("payment_status", serde_json::json!(payment.status.as_str())),
                 ))
             }
             Err(InsertCaptureError::Store(e)) => return Err(e.into()),
@@ -388,7 +400,7 @@ impl Command for VoidPayment {
             void_plan(&payment, capturing).map_err(|why| {
                 CommandError::Reject(
                     Problem::new(ProblemCode::PaymentNotVoidable, why)
-                        .with_member("status", serde_json::json!(payment.status.as_str())),
+                        .with_member("payment_status", serde_json::json!(payment.status.as_str())),
                 )
             })?;
             let requested = store::payments::request_void(
@@ -423,7 +435,7 @@ impl Command for VoidPayment {
                         payment.status.as_str()
                     ),
                 )
-                .with_member("status", serde_json::json!(payment.status.as_str())),
+                .with_member("payment_status", serde_json::json!(payment.status.as_str())),
             ),
         };
         Ok(Step::Complete { tx, response })

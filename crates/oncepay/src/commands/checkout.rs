@@ -116,7 +116,7 @@ impl Command for CreateCheckout {
                 .transpose()?
                 .flatten(),
         };
-        let capture_method = super::payments::capture_method_field(&body)?;
+        let capture_method = super::captures::capture_method_field(&body)?;
         Ok(CreateCheckout {
             order_id,
             way_back,

@@ -91,15 +91,6 @@ pub struct CreatePayment {
     capture_method: CaptureMethod,
 }
 
-/// Reads `capture_method` (`automatic` when absent).
-pub(crate) fn capture_method_field(obj: &Obj<'_>) -> Result<CaptureMethod, Problem> {
-    match obj.opt_string("capture_method")? {
-        None => Ok(CaptureMethod::Automatic),
-        Some(text) => CaptureMethod::parse(&text)
-            .ok_or_else(|| Problem::invalid_field("capture_method", "must be automatic or manual")),
-    }
-}
-
 /// Reads a UUID field: a string that is not a UUID is a shape error.
 pub(crate) fn uuid_field(obj: &Obj<'_>, name: &str) -> Result<Uuid, Problem> {
     let text = obj.string(name)?;
@@ -120,7 +111,7 @@ impl Command for CreatePayment {
             .opt_string("return_url")?
             .map(|u| super::checkout::way_back_url("return_url", &u))
             .transpose()?;
-        let capture_method = capture_method_field(&body)?;
+        let capture_method = super::captures::capture_method_field(&body)?;
         Ok(CreatePayment {
             order_id,
             payment_method,

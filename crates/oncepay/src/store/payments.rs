@@ -573,8 +573,14 @@ row_statement! {
     payment_columns_p!(),
     ", ",
     command_executing!(),
-    " FROM payment_attempt p
-              WHERE p.provider = i.provider AND (p.provider_charge_id = i.charge_id OR p.id = i.attempt_id)
+    // Two lookups by key, not one `OR`: planned on a new deployment's
+    // empty table (as wide as a payment's row is since V19), the `OR`
+    // was a scan of the whole table.
+    " FROM (SELECT * FROM payment_attempt
+                     WHERE id = i.attempt_id AND provider = i.provider
+                    UNION ALL
+                    SELECT * FROM payment_attempt
+                     WHERE provider = i.provider AND provider_charge_id = i.charge_id) p
               ORDER BY p.id = i.attempt_id DESC LIMIT 1) f),
      repeat AS (
         INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)

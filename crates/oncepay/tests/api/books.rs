@@ -246,11 +246,14 @@ async fn rows_that_disagree_with_the_books_and_rows_the_books_lack_are_incidents
     let order = app.create_order().await;
     let (_, paid) = app.pay(&order, "tok_visa").await;
     let payment = Uuid::parse_str(paid["id"].as_str().unwrap()).unwrap();
-    sqlx::query("UPDATE payment_attempt SET amount = amount - 1 WHERE id = $1")
-        .bind(payment)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE payment_attempt SET amount = amount - 1, amount_captured = amount_captured - 1
+          WHERE id = $1",
+    )
+    .bind(payment)
+    .execute(&app.db)
+    .await
+    .unwrap();
     // A succeeded row whose charge the provider never made.
     let other = app.create_order().await;
     sqlx::query(

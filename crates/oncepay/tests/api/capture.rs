@@ -252,7 +252,7 @@ async fn every_capture_error_is_a_problem_kept_and_replayed() {
     let (status, problem) = capture(&app, &id_of(&automatic), "auto", json!({})).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(problem["code"], "payment_not_capturable");
-    assert_eq!(problem["status"], "succeeded");
+    assert_eq!(problem["payment_status"], "succeeded");
     assert!(problem["detail"]
         .as_str()
         .expect("detail")
@@ -299,7 +299,7 @@ async fn a_void_releases_the_hold_and_the_order_is_payable_again() {
     let (status, problem) = capture(&app, &payment_id, "after-void", json!({})).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(problem["code"], "payment_not_capturable");
-    assert_eq!(problem["status"], "voided");
+    assert_eq!(problem["payment_status"], "voided");
     let charge = sandbox_charge(&app, &payment_id).await;
     assert!(sandbox_captures(&app, &charge["id"]).await.is_empty());
     assert_eq!(event_count(&app, &payment_id, "payment.voided").await, 1);

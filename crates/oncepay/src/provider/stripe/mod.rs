@@ -284,6 +284,16 @@ impl Stripe {
     }
 }
 
+/// `expand[]=latest_charge` for a hold's confirm: its deadline
+/// (`payment_method_details.card.capture_before`) is on its charge.
+fn expand_charge(
+    method: crate::domain::payment::CaptureMethod,
+) -> impl Iterator<Item = (String, String)> {
+    (method == crate::domain::payment::CaptureMethod::Manual)
+        .then(|| ("expand[]".to_string(), "latest_charge".to_string()))
+        .into_iter()
+}
+
 /// A `pm_…` PaymentMethod id.
 pub(crate) fn check_payment_method(payment_method: &str) -> Result<(), &'static str> {
     let valid = payment_method.starts_with("pm_")
@@ -354,7 +364,7 @@ impl PaymentProvider for Stripe {
                 ("currency".into(), r.currency.to_ascii_lowercase()),
                 ("payment_method".into(), r.payment_method.clone()),
                 ("payment_method_types[]".into(), "card".into()),
-                ("capture_method".into(), "automatic".into()),
+                ("capture_method".into(), r.capture_method.as_str().into()),
             ]
             .into_iter()
             .chain(metadata(&r.trace))
@@ -397,6 +407,8 @@ impl PaymentProvider for Stripe {
                 .return_url
                 .iter()
                 .map(|u| ("return_url".to_string(), u.clone()))
+                // A hold's deadline is on its charge.
+                .chain(expand_charge(r.capture_method))
                 .collect();
             self.post(
                 "charge",
@@ -422,7 +434,7 @@ impl PaymentProvider for Stripe {
             };
             self.get(
                 "find_charge",
-                format!("/v1/payment_intents/{intent}"),
+                format!("/v1/payment_intents/{intent}?expand[]=latest_charge"),
                 move |status, retry, body| classify::intent_read(attempt_id, status, retry, body),
             )
             .await
@@ -462,19 +474,63 @@ impl PaymentProvider for Stripe {
     }
 
     fn captures_later(&self) -> bool {
-        false
+        true
     }
 
-    fn capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(async { CallOutcome::Unknown("manual capture is not supported yet".into()) })
+    fn capture<'a>(&'a self, r: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            let amount = match units::of_request(&r.currency, r.amount, units::to_stripe) {
+                Ok(amount) => amount,
+                Err(refused) => return refused,
+            };
+            // The capture's own id makes its key: a repeat is the same
+            // capture, never one made from the amount.
+            self.post(
+                "capture",
+                format!("/v1/payment_intents/{}/capture", r.charge_id),
+                key(r.idempotency_key, "capture"),
+                vec![
+                    ("amount_to_capture".into(), amount.to_string()),
+                    ("expand[]".into(), "latest_charge".into()),
+                ],
+                classify::hold_answer,
+            )
+            .await
+        })
     }
 
-    fn find_capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(async { CallOutcome::Unknown("manual capture is not supported yet".into()) })
+    fn find_capture<'a>(&'a self, r: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            match self.find_charge(r.payment_id, Some(&r.charge_id)).await {
+                // Still held: never captured, and capturing again (same
+                // key) is safe.
+                CallOutcome::Known(intent)
+                    if intent.status == crate::domain::payment::PaymentStatus::RequiresCapture =>
+                {
+                    CallOutcome::NotFound
+                }
+                CallOutcome::NotFound => {
+                    CallOutcome::Unknown("the held PaymentIntent reads as unconfirmed".into())
+                }
+                other => other,
+            }
+        })
     }
 
-    fn void<'a>(&'a self, _: Uuid, _: &'a str) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(async { CallOutcome::Unknown("manual capture is not supported yet".into()) })
+    fn void<'a>(&'a self, payment_id: Uuid, charge_id: &'a str) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            self.post(
+                "void",
+                format!("/v1/payment_intents/{charge_id}/cancel"),
+                key(payment_id, "void"),
+                vec![
+                    ("cancellation_reason".into(), "requested_by_customer".into()),
+                    ("expand[]".into(), "latest_charge".into()),
+                ],
+                classify::hold_answer,
+            )
+            .await
+        })
     }
 
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {

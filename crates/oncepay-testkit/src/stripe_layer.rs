@@ -178,6 +178,9 @@ struct State {
     expired: std::collections::HashSet<String>,
     /// How long a hold lasts (`None`: Stripe's 7 days).
     capture_window: Option<Duration>,
+    /// What each held intent's capture took (localstripe's charge does
+    /// not say: it refunds the rest instead).
+    captured: HashMap<String, i64>,
 }
 
 struct Shared {
@@ -544,6 +547,23 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             return relay(status, bytes, false);
         }
     }
+    if call == Call::Capture {
+        expire_hold(&shared, &req).await;
+        let intent = intent_of(&req).unwrap_or_default();
+        let pi = upstream_json(&shared, &req, &format!("/v1/payment_intents/{intent}")).await;
+        // localstripe captures a cancelled intent's charge; Stripe
+        // captures only an intent in `requires_capture`.
+        if pi.is_some_and(|pi| pi["status"] != "requires_capture") {
+            let (status, bytes) = capture_refused(&shared, &req).await;
+            let bytes = with_holds(&shared, &req, bytes, false).await;
+            let mut state = shared.state();
+            *state.refused.entry(call).or_insert(0) += 1;
+            if let Some(saved) = key.as_ref().and_then(|k| state.keys.get_mut(k)) {
+                saved.answer = Some((status, bytes.clone()));
+            }
+            return relay(status, bytes, false);
+        }
+    }
     if fault == Some(StripeFault::Stall) {
         // Registered before it is counted, so a release that follows the
         // count is never missed.
@@ -561,7 +581,16 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
     let body = match call {
         // localstripe refuses `cancellation_reason`, which Stripe takes.
         Call::Cancel => without_param(&without_param(&body, "cancellation_reason"), "expand[]"),
-        Call::Capture => without_param(&body, "expand[]"),
+        Call::Capture => {
+            if let Some(intent) = intent_of(&req) {
+                let form: HashMap<String, String> =
+                    serde_urlencoded::from_bytes(&body).unwrap_or_default();
+                if let Some(amount) = form.get("amount_to_capture").and_then(|a| a.parse().ok()) {
+                    shared.state().captured.entry(intent).or_insert(amount);
+                }
+            }
+            without_param(&body, "expand[]")
+        }
         Call::Confirm => {
             let intent = req.path().trim_start_matches("/v1/payment_intents/");
             let intent = intent.trim_end_matches("/confirm");
@@ -890,6 +919,15 @@ async fn with_holds(shared: &Shared, req: &HttpRequest, body: Bytes, wants_charg
     if shared.state().expired.contains(&id) && intent["status"] == "canceled" {
         intent["cancellation_reason"] = json!("automatic");
     }
+    // What a captured hold took, where Stripe shows it.
+    let captured = shared.state().captured.get(&id).copied();
+    if intent["status"] == "succeeded" && intent["capture_method"] == "manual" {
+        let amount = captured.or_else(|| intent["amount"].as_i64());
+        intent["amount_received"] = json!(amount);
+        if let Some(charge) = intent["latest_charge"].as_object_mut() {
+            charge.insert("amount_captured".into(), json!(amount));
+        }
+    }
     if wants_charge {
         if let Some(charge_id) = intent["latest_charge"].as_str().map(str::to_string) {
             if let Some(charge) =
@@ -1030,6 +1068,15 @@ impl StripeLayer {
     /// days unless told.
     pub fn set_capture_window(&self, window: Duration) {
         self.shared.state().capture_window = Some(window);
+    }
+
+    /// The hold of `intent` reaches its deadline now: the next call naming
+    /// it finds it cancelled (`automatic`), as Stripe expires it.
+    pub fn expire_hold(&self, intent: &str) {
+        self.shared
+            .state()
+            .holds
+            .insert(intent.to_string(), now_unix() - 1);
     }
 
     /// The layer's base URL, to use as `ONCEPAY_STRIPE_API_BASE`.

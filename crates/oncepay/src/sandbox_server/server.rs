@@ -8,7 +8,12 @@
 //! fails after it succeeded), disputes (`POST /v1/charges/{id}/disputes`
 //! opens one, `POST /v1/disputes/{id}/close` closes it, each sending its
 //! `charge.dispute.*` webhook; `GET /v1/disputes/{id}`), `GET /v1/ledger`,
-//! `GET /v1/ledger/totals`, `GET /healthz`.
+//! `GET /v1/ledger/totals`, `GET /healthz`. Holds: `POST /v1/charges` with
+//! `"capture": false` authorizes only (`authorized`, `capture_before` after
+//! `ONCEPAY_SANDBOX_CAPTURE_WINDOW`); `POST /v1/charges/{id}/capture`
+//! (`Idempotency-Key`, `{"amount"}`) and `POST /v1/charges/{id}/void` end
+//! the hold; past its deadline it expires (`charge.expired`), at once with
+//! `POST /v1/charges/{id}/expire` (a test's lever).
 
 use std::net::TcpListener;
 use std::pin::Pin;
@@ -1247,6 +1252,36 @@ async fn void_charge(sandbox: Shared, req: HttpRequest, path: web::Path<String>)
     hold_answer(answer, delivery).await
 }
 
+/// `POST /v1/charges/{id}/expire`: the hold's deadline passes now (as
+/// if its window had run out): an authorized charge expires and
+/// `charge.expired` is sent; any other is answered as it is.
+async fn expire_charge(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
+    let (charge, events) = {
+        let mut books = sandbox.books();
+        let Some(key) = books.charge_keys.get(path.as_str()).cloned() else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let Some(charge) = books.charges.get_mut(&key) else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        if charge.status == "authorized" {
+            charge.capture_before = Some(now_unix());
+        }
+        let events = if expire_if_due(charge) {
+            vec![charge_event(charge, "expired")]
+        } else {
+            Vec::new()
+        };
+        (charge.clone(), events)
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
+    HttpResponse::Ok().json(&charge)
+}
+
 /// `POST /v1/tokens`: a card (Stripe's form fields) becomes a token, as a
 /// provider's tokenization does for a checkout page, so the card number
 /// never reaches the merchant's service. Any origin may call it (the page
@@ -1363,6 +1398,7 @@ pub fn start(
             .route("/v1/charges/{id}/cancel", web::post().to(cancel_charge))
             .route("/v1/charges/{id}/capture", web::post().to(capture_charge))
             .route("/v1/charges/{id}/void", web::post().to(void_charge))
+            .route("/v1/charges/{id}/expire", web::post().to(expire_charge))
             .route("/v1/refunds", web::post().to(create_refund))
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))

@@ -51,6 +51,12 @@ pub enum Command {
     CreateCheckout,
     /// `POST /webhook_endpoints`.
     CreateWebhookEndpoint,
+    /// `POST /payments` with `capture_method: manual`.
+    PayManual,
+    /// `POST /payments/{id}/capture`.
+    Capture,
+    /// `POST /payments/{id}/void`.
+    Void,
 }
 
 /// The request an intent sends, every time, with its key.

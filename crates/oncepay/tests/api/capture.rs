@@ -733,10 +733,37 @@ async fn a_checkout_page_can_authorize_only() {
     let session = json_of(r).await;
     assert_eq!(session["capture_method"], "manual");
     let url = session["url"].as_str().expect("url").to_string();
+    let page = app
+        .http
+        .get(&url)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        page.contains("id=\"authorize-note\""),
+        "the page says it only authorizes"
+    );
+    assert!(page.contains("data-capture=\"manual\""));
     let r = app.pay_on_page(&url, "page-key", "tok_visa").await;
     let paid = json_of(r).await;
     assert_eq!(paid["status"], "requires_capture", "{paid}");
     assert_eq!(order_status(&app, &order_id).await, "authorized");
+    let page = app
+        .http
+        .get(&url)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("html");
+    assert!(
+        page.contains("data-initial=\"authorized\""),
+        "a held order's page shows it authorized, not paid"
+    );
 }
 
 #[tokio::test]

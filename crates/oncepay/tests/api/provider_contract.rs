@@ -1429,6 +1429,109 @@ async fn settles_a_lost_capture_answer(app: TestApp) {
     assert_eq!(app.hold_at_provider(&held).await, ("captured".into(), 1));
 }
 
+impl TestApp {
+    /// Posts the provider's event saying `payment`'s hold is `state`
+    /// (`authorized`, or `expired`): the sandbox's `charge.authorized` /
+    /// `charge.expired`, Stripe's `payment_intent.amount_capturable_updated`
+    /// / `payment_intent.canceled` (`automatic`); returns the outcome.
+    async fn hold_event(&self, payment: &Value, state: &str) -> String {
+        let charge = payment["provider_charge_id"].as_str().unwrap_or_default();
+        let event_id = format!("evt_{}", Uuid::new_v4().simple());
+        let r = match &self.stripe {
+            None => {
+                let event = json!({
+                    "id": event_id,
+                    "type": format!("charge.{state}"),
+                    "data": {"object": {
+                        "id": charge, "status": state, "amount": payment["amount"],
+                        "currency": payment["currency"], "idempotency_key": payment["id"],
+                    }},
+                });
+                post_signed_webhook(self, &event).await
+            }
+            Some(_) => {
+                let (kind, status, reason) = match state {
+                    "authorized" => (
+                        "payment_intent.amount_capturable_updated",
+                        "requires_capture",
+                        Value::Null,
+                    ),
+                    _ => ("payment_intent.canceled", "canceled", json!("automatic")),
+                };
+                let event = json!({
+                    "id": event_id, "object": "event", "type": kind,
+                    "created": chrono::Utc::now().timestamp(),
+                    "data": {"object": {
+                        "id": charge, "object": "payment_intent", "status": status,
+                        "capture_method": "manual", "cancellation_reason": reason,
+                        "amount": payment["amount"],
+                        "currency": payment["currency"].as_str().map(str::to_ascii_lowercase),
+                        "metadata": {"oncepay_attempt_id": payment["id"]},
+                    }},
+                });
+                post_stripe_event(self, &event).await
+            }
+        };
+        assert_eq!(r.status(), StatusCode::OK, "the event is accepted");
+        json_of(r).await["outcome"]
+            .as_str()
+            .expect("outcome")
+            .to_string()
+    }
+}
+
+async fn an_expiry_event_voids_the_hold(app: TestApp) {
+    let (order, held) = app.held().await;
+    app.provider_expires(&held).await;
+    assert_eq!(app.hold_event(&held, "expired").await, "processed");
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (p["status"].as_str(), p["void_reason"].as_str()),
+        (Some("voided"), Some("expired"))
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    let events = app
+        .count(&format!(
+            "SELECT count(*) FROM event WHERE object_id = '{}' AND type = 'payment.voided'",
+            held["id"].as_str().expect("id")
+        ))
+        .await;
+    assert_eq!(events, 1);
+    assert_eq!(
+        app.hold_event(&held, "expired").await,
+        "processed",
+        "a repeat moves nothing"
+    );
+    assert_eq!(app.hold_at_provider(&held).await, ("released".into(), 0));
+}
+
+async fn an_authorization_event_is_read_back(app: TestApp) {
+    let order = app.create_order().await;
+    app.trouble(Trouble::AfterTheCharge);
+    let r = app
+        .post(
+            "/payments",
+            "held-late",
+            &json!({"order_id": order, "payment_method": app.card(), "capture_method": "manual"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let pending = json_of(r).await;
+    app.heal();
+    let pending = payment(&app, &pending["id"]).await;
+    assert_eq!(app.hold_event(&pending, "authorized").await, "processed");
+    let p = payment(&app, &pending["id"]).await;
+    assert_eq!(p["status"], "requires_capture", "{p}");
+    assert!(p["capture_before"].is_string());
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "authorized"
+    );
+}
+
 macro_rules! contract {
     ($($scenario:ident),+ $(,)?) => {
         mod sandbox {
@@ -1486,4 +1589,6 @@ contract!(
     refuses_a_capture_after_expiry,
     captures_once_with_two_keys,
     settles_a_lost_capture_answer,
+    an_expiry_event_voids_the_hold,
+    an_authorization_event_is_read_back,
 );

@@ -1057,7 +1057,7 @@ fn refusal(code: &str, detail: &str, charge: &Charge) -> Value {
 
 /// What a capture or a void found, decided under the books' lock.
 enum HoldAnswer {
-    Charge(Charge),
+    Charge(Box<Charge>),
     Refused(Value),
     Error(HttpResponse),
 }
@@ -1105,7 +1105,7 @@ async fn capture_charge(
                 "this key captured another charge",
             )),
             Some(_) => match books.charges.get(&charge_key) {
-                Some(charge) => HoldAnswer::Charge(charge.clone()),
+                Some(charge) => HoldAnswer::Charge(Box::new(charge.clone())),
                 None => HoldAnswer::Error(error(404, "charge_not_found", "no such charge")),
             },
             None => {
@@ -1136,7 +1136,7 @@ async fn capture_charge(
                         };
                         books.captures.insert(key.clone(), capture);
                         *books.effects.entry(key.clone()).or_insert(0) += 1;
-                        HoldAnswer::Charge(charge)
+                        HoldAnswer::Charge(Box::new(charge))
                     }
                     "captured" => HoldAnswer::Refused(refusal(
                         "charge_already_captured",
@@ -1227,9 +1227,9 @@ async fn void_charge(sandbox: Shared, req: HttpRequest, path: web::Path<String>)
             "authorized" => {
                 charge.status = "voided";
                 events.push(charge_event(charge, "voided"));
-                HoldAnswer::Charge(charge.clone())
+                HoldAnswer::Charge(Box::new(charge.clone()))
             }
-            "voided" | "expired" => HoldAnswer::Charge(charge.clone()),
+            "voided" | "expired" => HoldAnswer::Charge(Box::new(charge.clone())),
             "captured" => HoldAnswer::Refused(refusal(
                 "charge_already_captured",
                 "the charge was captured already",

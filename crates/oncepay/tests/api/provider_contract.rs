@@ -1150,7 +1150,6 @@ async fn waits_out_a_credential_outage(app: TestApp) {
     assert_eq!(app.charges_at_provider(&order).await, (1, 1));
 }
 
-/// Declares each scenario once per provider.
 // ---- holds (authorize now, capture later) ----
 
 impl TestApp {
@@ -1532,6 +1531,7 @@ async fn an_authorization_event_is_read_back(app: TestApp) {
     );
 }
 
+/// Declares each scenario once per provider.
 macro_rules! contract {
     ($($scenario:ident),+ $(,)?) => {
         mod sandbox {

@@ -357,7 +357,7 @@ impl PaymentProvider for Stripe {
                 Ok(amount) => amount,
                 // Refused before the attempt was written, unless it was
                 // written before this rule existed: nothing was created.
-                Err(refused) => return Opened::Settled(refused),
+                Err(refused) => return Opened::Settled(*refused),
             };
             let form: Vec<(String, String)> = [
                 ("amount".to_string(), amount.to_string()),
@@ -481,7 +481,7 @@ impl PaymentProvider for Stripe {
         Box::pin(async move {
             let amount = match units::of_request(&r.currency, r.amount, units::to_stripe) {
                 Ok(amount) => amount,
-                Err(refused) => return refused,
+                Err(refused) => return *refused,
             };
             // The capture's own id makes its key: a repeat is the same
             // capture, never one made from the amount.
@@ -537,7 +537,7 @@ impl PaymentProvider for Stripe {
         Box::pin(async move {
             let amount = match units::of_request(&r.currency, r.amount, units::refund_to_stripe) {
                 Ok(amount) => amount,
-                Err(refused) => return refused,
+                Err(refused) => return *refused,
             };
             let form: Vec<(String, String)> = [
                 ("payment_intent".to_string(), r.charge_id.clone()),

@@ -262,8 +262,8 @@ async fn every_capture_error_is_a_problem_kept_and_replayed() {
     assert_eq!(problem["code"], "payment_not_voidable");
 
     // Captured once: a second capture (another key) and a void are refused.
-    let (status, _) = capture(&app, &payment_id, "first", json!({"amount": 5})).await;
-    assert_eq!(status, StatusCode::OK);
+    let (status, first) = capture(&app, &payment_id, "first", json!({"amount": 5})).await;
+    assert_eq!(status, StatusCode::OK, "{first}");
     let (status, problem) = capture(&app, &payment_id, "second", json!({"amount": 5})).await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(problem["code"], "payment_not_capturable");

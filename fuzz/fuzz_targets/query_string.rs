@@ -129,8 +129,9 @@ fn check_page(
 /// The statuses a list filters by (none: it takes no `status`).
 fn statuses(route: &str) -> &'static [&'static str] {
     match route {
-        "/orders" => &["awaiting_payment", "paid", "refunded", "cancelled"],
-        "/payments" | "/refunds" => &["pending", "succeeded", "failed"],
+        "/orders" => &["awaiting_payment", "authorized", "paid", "refunded", "cancelled"],
+        "/payments" => &["pending", "requires_capture", "succeeded", "failed", "voided"],
+        "/refunds" => &["pending", "succeeded", "failed"],
         "/disputes" => &["needs_response", "under_review", "won", "lost"],
         _ => &[],
     }

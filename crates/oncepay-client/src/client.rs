@@ -714,6 +714,71 @@ impl Intent {
         serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
     }
 
+    /// `POST /payments` with `capture_method: manual`: the card is
+    /// authorized and held (`requires_capture`) until [`Intent::capture`]
+    /// or [`Intent::void`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, order_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let held = client.intent("authorize order 123").authorize(order_id, "tok_visa").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn authorize(&self, order_id: Uuid, payment_method: &str) -> Result<Payment, Error> {
+        let answer = self
+            .run(StoredRequest {
+                command: Command::PayManual,
+                path: "/payments".into(),
+                body: json!({"order_id": order_id, "payment_method": payment_method, "capture_method": "manual"}),
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// `POST /payments/{id}/capture`: `amount` (default: all that is
+    /// capturable), once per payment. One intent, one key: a retry of a
+    /// capture whose answer was lost is the same capture, never a second.
+    /// A capture the provider has not answered yet is polled until the
+    /// payment is `succeeded` (or `voided`: the hold expired first), and
+    /// returned still `requires_capture` at the deadline.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let paid = client.intent("ship order 123").capture(payment_id, Some(1500)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn capture(&self, payment_id: Uuid, amount: Option<i64>) -> Result<Payment, Error> {
+        let body = match amount {
+            Some(amount) => json!({ "amount": amount }),
+            None => json!({}),
+        };
+        let answer = self
+            .run(StoredRequest {
+                command: Command::Capture,
+                path: format!("/payments/{payment_id}/capture"),
+                body,
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// `POST /payments/{id}/void`: releases the hold (`voided`).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: oncepay_client::Client, payment_id: uuid::Uuid) -> Result<(), oncepay_client::Error> {
+    /// let released = client.intent("release order 123").void(payment_id).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn void(&self, payment_id: Uuid) -> Result<Payment, Error> {
+        let answer = self
+            .run(StoredRequest {
+                command: Command::Void,
+                path: format!("/payments/{payment_id}/void"),
+                body: json!({}),
+            })
+            .await?;
+        serde_json::from_value(answer).map_err(|e| Error::Decode(e.to_string()))
+    }
+
     /// `POST /payments/{id}/refunds`: `amount` (default: what is left) and
     /// a reason. Pending at the deadline is returned as pending.
     ///
@@ -997,8 +1062,7 @@ impl Intent {
             }
         };
         let answer = self.follow(answer, &request, deadline).await;
-        let settled =
-            answer.status >= 400 || !matches!(answer.body["status"].as_str(), Some("pending"));
+        let settled = answer.status >= 400 || !waits(&request, &answer);
         if settled {
             let mut closed = record.clone();
             closed.closed = Some(Closed {
@@ -1016,14 +1080,22 @@ impl Intent {
     /// read is the answer.
     async fn follow(&self, answer: Answer, request: &StoredRequest, deadline: Instant) -> Answer {
         let resource = match request.command {
-            Command::Pay => "payments",
+            Command::Pay | Command::PayManual | Command::Capture | Command::Void => "payments",
             Command::Refund => "refunds",
             _ => return answer,
         };
-        let (Some("pending"), Some(id)) =
-            (answer.body["status"].as_str(), answer.body["id"].as_str())
-        else {
+        let (true, Some(id)) = (waits(request, &answer), answer.body["id"].as_str()) else {
             return answer;
+        };
+        // A capture or void ends when the payment does; a payment when it
+        // is known (a hold is known: 201).
+        let ends = |status: Option<Status>| match request.command {
+            Command::Capture | Command::Void => status.is_some_and(Status::is_final),
+            _ => status.is_some_and(|s| s != Status::Pending),
+        };
+        let done_status = match request.command {
+            Command::Capture | Command::Void => 200,
+            _ => 201,
         };
         let path = format!("/{resource}/{id}");
         // It waits for the customer (3-D Secure): polling cannot help until
@@ -1057,9 +1129,10 @@ impl Intent {
                     status: current.status,
                     body: latest,
                 };
-                if status.is_some_and(Status::is_final) {
-                    // A settled payment reads as its creation would have: 201.
-                    current.status = 201;
+                if ends(status) {
+                    // A settled payment reads as its creation would have
+                    // (201), a settled capture or void as theirs (200).
+                    current.status = done_status;
                     break;
                 }
             }
@@ -1089,4 +1162,16 @@ fn path_segment(text: &str) -> String {
         }
     }
     out
+}
+
+/// Whether an answer leaves its intent waiting for the outcome: a payment
+/// or refund `pending`, or a capture or void answered `202` (the payment
+/// still `requires_capture` while the provider's answer is not known).
+fn waits(request: &StoredRequest, answer: &Answer) -> bool {
+    match request.command {
+        Command::Capture | Command::Void => {
+            answer.status == 202 && answer.body["status"].as_str() == Some("requires_capture")
+        }
+        _ => answer.body["status"].as_str() == Some("pending"),
+    }
 }

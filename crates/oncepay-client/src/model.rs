@@ -84,12 +84,18 @@ pub enum Status {
     Succeeded,
     /// Final: it did not (a decline has a `failure_code`).
     Failed,
+    /// A manual payment authorized and held: capture or void it
+    /// ([`crate::Intent::capture`], [`crate::Intent::void`]). Known, not
+    /// final.
+    RequiresCapture,
+    /// Final: the hold was released without a capture (`void_reason`).
+    Voided,
 }
 
 impl Status {
-    /// True for `succeeded` and `failed`.
+    /// True for `succeeded`, `failed` and `voided`.
     pub fn is_final(self) -> bool {
-        self != Status::Pending
+        matches!(self, Status::Succeeded | Status::Failed | Status::Voided)
     }
 }
 
@@ -116,6 +122,22 @@ pub struct Payment {
     pub failure_message: Option<String>,
     /// Sum of its succeeded refunds.
     pub refunded_amount: i64,
+    /// `automatic` or `manual` (absent from answers of earlier builds).
+    #[serde(default)]
+    pub capture_method: Option<String>,
+    /// What a capture may take now (the amount while `requires_capture`).
+    #[serde(default)]
+    pub amount_capturable: i64,
+    /// What was captured; refunds are capped by it.
+    #[serde(default)]
+    pub amount_captured: i64,
+    /// RFC 3339: until when the hold can be captured (`requires_capture`).
+    #[serde(default)]
+    pub capture_before: Option<String>,
+    /// Why the hold was released (`requested`, `order_cancelled`,
+    /// `expired`), once `voided`.
+    #[serde(default)]
+    pub void_reason: Option<String>,
     /// While `pending` and waiting for the customer (3-D Secure): where to
     /// send them; the intent stays open until the payment is final.
     #[serde(default)]

@@ -61,6 +61,12 @@ pub enum Command {
     CaptureHold,
     /// `POST /balance_holds/{id}/release`.
     ReleaseHold,
+    /// `POST /payments` with `capture_method: manual`.
+    PayManual,
+    /// `POST /payments/{id}/capture`.
+    Capture,
+    /// `POST /payments/{id}/void`.
+    Void,
 }
 
 /// The request an intent sends, every time, with its key.

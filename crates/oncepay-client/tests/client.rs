@@ -255,6 +255,56 @@ async fn a_process_killed_mid_payment_is_finished_by_the_next_with_the_same_key(
 }
 
 #[tokio::test]
+async fn a_hold_is_captured_once_per_intent_and_another_is_voided() {
+    let stack = stack(&[]).await;
+    let client = stack.client(quick());
+    let order = stack.order(&client).await;
+    let held = client
+        .intent("authorize order")
+        .authorize(order, "tok_visa")
+        .await
+        .expect("held");
+    assert_eq!(held.status, Status::RequiresCapture);
+    assert_eq!(held.amount_capturable, 2500);
+    assert!(held.capture_before.is_some());
+    let shipping = client.intent("ship order");
+    let paid = shipping
+        .capture(held.id, Some(1500))
+        .await
+        .expect("captured");
+    assert_eq!(paid.status, Status::Succeeded);
+    assert_eq!(paid.amount_captured, 1500);
+    // The same intent again: the same capture, replayed.
+    let again = shipping
+        .capture(held.id, Some(1500))
+        .await
+        .expect("replayed");
+    assert_eq!(again, paid);
+    // Another intent is another capture: refused, the payment captured once.
+    let err = client
+        .intent("ship order again")
+        .capture(held.id, None)
+        .await
+        .expect_err("one capture per payment");
+    assert_eq!(err.code(), Some("payment_not_capturable"));
+    assert_eq!(stack.count("SELECT count(*) FROM payment_capture").await, 1);
+
+    let other = stack.order(&client).await;
+    let held = client
+        .intent("authorize other")
+        .authorize(other, "tok_visa")
+        .await
+        .expect("held");
+    let released = client
+        .intent("release other")
+        .void(held.id)
+        .await
+        .expect("voided");
+    assert_eq!(released.status, Status::Voided);
+    assert_eq!(released.void_reason.as_deref(), Some("requested"));
+}
+
+#[tokio::test]
 async fn a_decline_is_final_and_a_new_intent_pays_with_a_new_key() {
     let stack = stack(&[]).await;
     let tries = Arc::new(AtomicU32::new(0));

@@ -56,6 +56,20 @@
 //!   resource_missing` for another id). The `charge.dispute.*` event is
 //!   the test's to send, as for a refund that fails later.
 //!
+//! - **Holds** (`capture_method=manual`), which localstripe captures and
+//!   cancels but never expires nor dates: a PaymentIntent first seen in
+//!   `requires_capture` gets its deadline (the window,
+//!   [`StripeLayer::set_capture_window`], 7 days as Stripe documents for
+//!   online card payments), shown where Stripe shows it, its charge's
+//!   `payment_method_details.card.capture_before` (with
+//!   `expand[]=latest_charge`, which the layer answers on `POST`s too).
+//!   Past it, the next call naming the intent finds it cancelled with
+//!   `cancellation_reason: automatic`, as Stripe cancels an expired
+//!   authorization. A capture Stripe would refuse (captured already,
+//!   cancelled) is `400 payment_intent_unexpected_state` carrying the
+//!   intent, as a refused cancel is. The `payment_intent.*` event is the
+//!   test's to send.
+//!
 //! What passes through is counted per kind, so a test can prove how many
 //! calls reached the provider.
 
@@ -77,6 +91,8 @@ pub enum Call {
     Confirm,
     /// `POST /v1/payment_intents/{id}/cancel`.
     Cancel,
+    /// `POST /v1/payment_intents/{id}/capture`.
+    Capture,
     /// `POST /v1/refunds`.
     Refund,
     /// Any `GET` (retrieve, list).
@@ -92,6 +108,7 @@ impl Call {
             Method::GET => Call::Read,
             Method::POST if intents && path.ends_with("/confirm") => Call::Confirm,
             Method::POST if intents && path.ends_with("/cancel") => Call::Cancel,
+            Method::POST if intents && path.ends_with("/capture") => Call::Capture,
             Method::POST if path == "/v1/payment_intents" => Call::CreateIntent,
             Method::POST if path == "/v1/refunds" => Call::Refund,
             _ => Call::Other,
@@ -157,6 +174,15 @@ struct State {
     return_urls: HashMap<String, String>,
     /// Disputes by id, as Stripe's API shows them.
     disputes: HashMap<String, Value>,
+    /// Each hold's deadline (Unix seconds), by PaymentIntent.
+    holds: HashMap<String, i64>,
+    /// Holds cancelled at their deadline.
+    expired: std::collections::HashSet<String>,
+    /// How long a hold lasts (`None`: Stripe's 7 days).
+    capture_window: Option<Duration>,
+    /// What each held intent's capture took (localstripe's charge does
+    /// not say: it refunds the rest instead).
+    captured: HashMap<String, i64>,
 }
 
 struct Shared {
@@ -523,6 +549,23 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             return relay(status, bytes, false);
         }
     }
+    if call == Call::Capture {
+        expire_hold(&shared, &req).await;
+        let intent = intent_of(&req).unwrap_or_default();
+        let pi = upstream_json(&shared, &req, &format!("/v1/payment_intents/{intent}")).await;
+        // localstripe captures a cancelled intent's charge; Stripe
+        // captures only an intent in `requires_capture`.
+        if pi.is_some_and(|pi| pi["status"] != "requires_capture") {
+            let (status, bytes) = capture_refused(&shared, &req).await;
+            let bytes = with_holds(&shared, &req, bytes, false).await;
+            let mut state = shared.state();
+            *state.refused.entry(call).or_insert(0) += 1;
+            if let Some(saved) = key.as_ref().and_then(|k| state.keys.get_mut(k)) {
+                saved.answer = Some((status, bytes.clone()));
+            }
+            return relay(status, bytes, false);
+        }
+    }
     if fault == Some(StripeFault::Stall) {
         // Registered before it is counted, so a release that follows the
         // count is never missed.
@@ -533,14 +576,27 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         released.await;
         shared.state().stalled -= 1;
     }
+    expire_hold(&shared, &req).await;
+    let wants_charge = req.query_string().contains("latest_charge")
+        || String::from_utf8_lossy(&body).contains("latest_charge");
     *shared.state().forwarded.entry(call).or_insert(0) += 1;
     let body = match call {
         // localstripe refuses `cancellation_reason`, which Stripe takes.
-        Call::Cancel => without_param(&body, "cancellation_reason"),
+        Call::Cancel => without_param(&without_param(&body, "cancellation_reason"), "expand[]"),
+        Call::Capture => {
+            if let Some(intent) = intent_of(&req) {
+                let form: HashMap<String, String> =
+                    serde_urlencoded::from_bytes(&body).unwrap_or_default();
+                if let Some(amount) = form.get("amount_to_capture").and_then(|a| a.parse().ok()) {
+                    shared.state().captured.entry(intent).or_insert(amount);
+                }
+            }
+            without_param(&body, "expand[]")
+        }
         Call::Confirm => {
             let intent = req.path().trim_start_matches("/v1/payment_intents/");
             let intent = intent.trim_end_matches("/confirm");
-            without_return_url(&shared, intent, &body)
+            without_param(&without_return_url(&shared, intent, &body), "expand[]")
         }
         _ => body,
     };
@@ -550,7 +606,12 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
     });
     let forwarded = match (call, forwarded) {
         (Call::Cancel, Ok((400, _))) => Ok(cancel_refused(&shared, &req).await),
+        (Call::Capture, Ok((400, _))) => Ok(capture_refused(&shared, &req).await),
         (_, other) => other,
+    };
+    let forwarded = match forwarded {
+        Ok((status, bytes)) => Ok((status, with_holds(&shared, &req, bytes, wants_charge).await)),
+        other => other,
     };
     let mut state = shared.state();
     match forwarded {
@@ -759,6 +820,138 @@ async fn cancel_refused(shared: &Shared, req: &HttpRequest) -> (u16, Bytes) {
     (400, Bytes::from(error.to_string()))
 }
 
+/// Stripe's answer to capturing a PaymentIntent that cannot be (captured
+/// already, cancelled): `400 payment_intent_unexpected_state` with the
+/// intent, as [`cancel_refused`].
+async fn capture_refused(shared: &Shared, req: &HttpRequest) -> (u16, Bytes) {
+    let intent = req
+        .path()
+        .trim_start_matches("/v1/payment_intents/")
+        .trim_end_matches("/capture")
+        .to_string();
+    let pi = upstream_json(shared, req, &format!("/v1/payment_intents/{intent}"))
+        .await
+        .unwrap_or(Value::Null);
+    let status = pi["status"].as_str().unwrap_or("unknown").to_string();
+    let error = json!({"error": {
+        "type": "invalid_request_error",
+        "code": "payment_intent_unexpected_state",
+        "message": format!("This PaymentIntent could not be captured because it has a status of {status}. Only a PaymentIntent with one of the following statuses may be captured: requires_capture."),
+        "payment_intent": pi,
+    }});
+    (400, Bytes::from(error.to_string()))
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// The PaymentIntent a request's path names, if any.
+fn intent_of(req: &HttpRequest) -> Option<String> {
+    let rest = req.path().strip_prefix("/v1/payment_intents/")?;
+    let id = rest.split('/').next()?;
+    id.starts_with("pi_").then(|| id.to_string())
+}
+
+/// A hold of the intent the request names, past its deadline, is
+/// cancelled first (once), as Stripe cancels an expired authorization.
+async fn expire_hold(shared: &Shared, req: &HttpRequest) {
+    let Some(intent) = intent_of(req) else {
+        return;
+    };
+    let due = {
+        let state = shared.state();
+        !state.expired.contains(&intent)
+            && state.holds.get(&intent).is_some_and(|at| now_unix() >= *at)
+    };
+    if !due {
+        return;
+    }
+    let mut cancel = shared.http.post(format!(
+        "{}/v1/payment_intents/{intent}/cancel",
+        shared.upstream
+    ));
+    if let Some(auth) = req.headers().get("authorization") {
+        cancel = cancel.header("authorization", auth.as_bytes());
+    }
+    if cancel.send().await.is_ok_and(|a| a.status().is_success()) {
+        shared.state().expired.insert(intent);
+    }
+}
+
+/// Every PaymentIntent in `body` (the answer, or a refusal's
+/// `error.payment_intent`) as Stripe shows a hold: its deadline learnt the
+/// first time it is seen held, shown on its charge (expanded from its id
+/// where the request asked, `expand[]=latest_charge`); an expired one
+/// cancelled `automatic`.
+async fn with_holds(shared: &Shared, req: &HttpRequest, body: Bytes, wants_charge: bool) -> Bytes {
+    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    let pointer = if value.get("object") == Some(&json!("payment_intent")) {
+        ""
+    } else if value.pointer("/error/payment_intent/object") == Some(&json!("payment_intent")) {
+        "/error/payment_intent"
+    } else {
+        return body;
+    };
+    let Some(intent) = value.pointer_mut(pointer) else {
+        return body;
+    };
+    let id = intent["id"].as_str().unwrap_or_default().to_string();
+    let window = shared
+        .state()
+        .capture_window
+        .unwrap_or(Duration::from_secs(7 * 86_400));
+    let deadline = if intent["status"] == "requires_capture" {
+        let window = window.as_secs_f64().ceil() as i64;
+        Some(
+            *shared
+                .state()
+                .holds
+                .entry(id.clone())
+                .or_insert(now_unix() + window.max(1)),
+        )
+    } else {
+        None
+    };
+    if shared.state().expired.contains(&id) && intent["status"] == "canceled" {
+        intent["cancellation_reason"] = json!("automatic");
+    }
+    // What a captured hold took, where Stripe shows it.
+    let captured = shared.state().captured.get(&id).copied();
+    if intent["status"] == "succeeded" && intent["capture_method"] == "manual" {
+        let amount = captured.or_else(|| intent["amount"].as_i64());
+        intent["amount_received"] = json!(amount);
+        if let Some(charge) = intent["latest_charge"].as_object_mut() {
+            charge.insert("amount_captured".into(), json!(amount));
+        }
+    }
+    if wants_charge {
+        if let Some(charge_id) = intent["latest_charge"].as_str().map(str::to_string) {
+            if let Some(charge) =
+                upstream_json(shared, req, &format!("/v1/charges/{charge_id}")).await
+            {
+                intent["latest_charge"] = charge;
+            }
+        }
+        if let (Some(deadline), Some(charge)) = (deadline, intent["latest_charge"].as_object_mut())
+        {
+            let details = charge
+                .entry("payment_method_details")
+                .or_insert_with(|| json!({"type": "card", "card": {}}));
+            if !details["card"].is_object() {
+                details["card"] = json!({});
+            }
+            details["card"]["capture_before"] = json!(deadline);
+        }
+    }
+    Bytes::from(value.to_string())
+}
+
 /// The JSON localstripe answers a `GET` of `path` with (`None`: `404`).
 async fn upstream_json(shared: &Shared, req: &HttpRequest, path: &str) -> Option<Value> {
     let mut get = shared.http.get(format!("{}{path}", shared.upstream));
@@ -892,6 +1085,21 @@ impl StripeLayer {
         );
         let _ = shared.url.set(url.clone());
         Ok(StripeLayer { shared, url })
+    }
+
+    /// How long a hold lasts before Stripe cancels it (`automatic`); 7
+    /// days unless told.
+    pub fn set_capture_window(&self, window: Duration) {
+        self.shared.state().capture_window = Some(window);
+    }
+
+    /// The hold of `intent` reaches its deadline now: the next call naming
+    /// it finds it cancelled (`automatic`), as Stripe expires it.
+    pub fn expire_hold(&self, intent: &str) {
+        self.shared
+            .state()
+            .holds
+            .insert(intent.to_string(), now_unix() - 1);
     }
 
     /// The layer's base URL, to use as `ONCEPAY_STRIPE_API_BASE`.

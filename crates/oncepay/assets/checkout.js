@@ -136,10 +136,14 @@
     var id = (payment && payment.id) || form.dataset.paidBy;
     if (id) document.getElementById("receipt-id").textContent = id;
     var verb = document.querySelector("h1 .verb");
-    if (verb) verb.textContent = T.paid_label || "Paid";
-    show("succeeded", T.succeeded || "Payment succeeded.");
+    // A page that authorizes only: the card is held, not charged.
+    var held = (payment && payment.status === "requires_capture") ||
+      form.dataset.initial === "authorized";
+    var said = held ? T.authorized : T.succeeded;
+    if (verb) verb.textContent = (held ? T.authorized_label : T.paid_label) || "Paid";
+    show("succeeded", said || "Payment succeeded.");
     if (successUrl && payment) {
-      show("succeeded", (T.succeeded || "") + " " + (T.returning || ""));
+      show("succeeded", (said || "") + " " + (T.returning || ""));
       window.setTimeout(function () { window.location.assign(successUrl); }, 800);
     }
   }
@@ -231,7 +235,7 @@
     }, 8000).then(function (r) {
       return r.json().catch(function () { return {}; }).then(function (body) {
         if (r.status === 201 || r.status === 202) {
-          if (body.status === "succeeded") return succeeded(body);
+          if (body.status === "succeeded" || body.status === "requires_capture") return succeeded(body);
           if (body.status === "failed") return failed(body);
           if (body.next_action && body.next_action.url) return toBank(intent, body.next_action.url);
           return poll(intent, POLL_FIRST_MS);
@@ -270,8 +274,8 @@
         .then(function (s) {
           if (s.expired) return expired();
           if (s.order_status) {
-            if (s.attempt && s.attempt.status === "succeeded") return succeeded(s.attempt);
-            if (s.order_status === "paid") return succeeded(s.latest);
+            if (s.attempt && (s.attempt.status === "succeeded" || s.attempt.status === "requires_capture")) return succeeded(s.attempt);
+            if (s.order_status === "paid" || s.order_status === "authorized") return succeeded(s.latest);
             if (s.attempt && s.attempt.status === "failed") return failed(s.attempt);
             if (s.order_status !== "awaiting_payment") return closed();
             var waiting = s.attempt && s.attempt.next_action && s.attempt.next_action.url;
@@ -336,7 +340,7 @@
     if (busy) { event.preventDefault(); }
   });
 
-  if (form.dataset.initial === "succeeded") {
+  if (form.dataset.initial === "succeeded" || form.dataset.initial === "authorized") {
     // Paid: by this tab's own intent (back from the bank, a reload) it is
     // this visit's success, and the shop's success URL follows.
     var mine = saved();

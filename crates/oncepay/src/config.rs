@@ -322,6 +322,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             jwks: self.jwks_bounds()?,
             balance_hold_ttl: self
                 .duration("ONCEPAY_BALANCE_HOLD_TTL", Duration::from_secs(900))?,
+            capture_reminder: self
+                .duration("ONCEPAY_CAPTURE_REMINDER", Duration::from_secs(86_400))?,
             webhook_command_wait: self
                 .duration("ONCEPAY_WEBHOOK_COMMAND_WAIT", Duration::from_millis(250))?,
             checkout_ttl: self.duration("ONCEPAY_CHECKOUT_TTL", Duration::from_secs(3600))?,
@@ -404,6 +406,10 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             webhook_secret: self.webhook_secret_for(bind, "ONCEPAY_SANDBOX_BIND")?,
             webhooks_enabled: self.flag("ONCEPAY_SANDBOX_WEBHOOKS", true)?,
             async_delay: self.duration("ONCEPAY_SANDBOX_ASYNC_DELAY", Duration::from_secs(2))?,
+            capture_window: self.duration(
+                "ONCEPAY_SANDBOX_CAPTURE_WINDOW",
+                Duration::from_secs(7 * 86_400),
+            )?,
             public_url: match (self.lookup)("ONCEPAY_SANDBOX_PUBLIC_URL") {
                 Some(v) if !v.trim().is_empty() => {
                     Some(self.url("ONCEPAY_SANDBOX_PUBLIC_URL", "")?)
@@ -666,6 +672,10 @@ pub struct ServeConfig {
     /// `ONCEPAY_BALANCE_HOLD_TTL`: how long a balance hold lasts when its
     /// request names no `expires_in` (15 minutes).
     pub balance_hold_ttl: Duration,
+    /// How long before a hold's `capture_before` its
+    /// `payment.capture_deadline_approaching` is written
+    /// (`ONCEPAY_CAPTURE_REMINDER`, 24 h).
+    pub capture_reminder: Duration,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (see `inbound`).
     pub webhook_command_wait: Duration,
@@ -743,6 +753,9 @@ pub struct SandboxConfig {
     pub webhooks_enabled: bool,
     /// How long a `tok_async` charge stays pending.
     pub async_delay: Duration,
+    /// How long an authorized charge (`capture: false`) can be captured
+    /// before it expires (`ONCEPAY_SANDBOX_CAPTURE_WINDOW`, 7 d).
+    pub capture_window: Duration,
     /// Faults injected at random into every request.
     pub faults: FaultRates,
     /// How customers' browsers reach the sandbox, for its authentication

@@ -101,7 +101,13 @@ pub mod fuzzing {
     // The lists whose specs are written inside their handlers, as they are
     // written there (payments and refunds are the lists module's own).
     const ORDERS_SPEC: ListSpec = ListSpec {
-        statuses: &["awaiting_payment", "paid", "refunded", "cancelled"],
+        statuses: &[
+            "awaiting_payment",
+            "authorized",
+            "paid",
+            "refunded",
+            "cancelled",
+        ],
         filters: &[],
     };
     const EVENTS_SPEC: ListSpec = ListSpec {

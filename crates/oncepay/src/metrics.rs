@@ -165,7 +165,13 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
     (
         "transitions",
         &[
-            &["pending", "succeeded", "failed"],
+            &[
+                "pending",
+                "succeeded",
+                "failed",
+                "requires_capture",
+                "voided",
+            ],
             &["command", "webhook", "reconciler"],
         ],
     ),
@@ -182,10 +188,15 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
                 "abandon",
                 "list_books",
                 "find_dispute",
+                "capture",
+                "find_capture",
+                "void",
             ],
             &[
                 "succeeded",
                 "pending",
+                "requires_capture",
+                "voided",
                 "failed",
                 "not_found",
                 "unknown",
@@ -200,7 +211,9 @@ const KNOWN_LABELS: &[(&str, &[&[&str]])] = &[
     (
         "reconciler",
         &[
-            &["command", "payment", "refund", "decline", "recovery"],
+            &[
+                "command", "payment", "refund", "decline", "recovery", "capture", "hold",
+            ],
             &[
                 "resumed",
                 "freed",
@@ -512,6 +525,9 @@ impl Metrics {
             "probe",
             "abandon",
             "find_dispute",
+            "capture",
+            "find_capture",
+            "void",
         ];
         const DISPUTES: &[&str] = &["needs_response", "under_review", "won", "lost"];
         for provider in providers {

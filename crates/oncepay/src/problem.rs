@@ -80,6 +80,10 @@ problem_codes! {
     RefundExceedsPayment = "refund_exceeds_payment", 422, "Refund exceeds what is left of the payment";
     AmountNotSupportedByProvider = "amount_not_supported_by_provider", 422, "The provider cannot take this amount";
     RefundInProgress = "refund_in_progress", 409, "A refund for this payment is in progress";
+    PaymentNotCapturable = "payment_not_capturable", 409, "Payment cannot be captured";
+    AmountExceedsCapturable = "amount_exceeds_capturable", 422, "Amount exceeds what the payment can capture";
+    AuthorizationExpired = "authorization_expired", 409, "The payment's authorization expired";
+    PaymentNotVoidable = "payment_not_voidable", 409, "Payment cannot be voided";
     CheckoutNotFound = "checkout_not_found", 404, "Checkout not found";
     ApiKeyNotFound = "api_key_not_found", 404, "API key not found";
     CheckoutExpired = "checkout_expired", 410, "Checkout expired";

@@ -146,6 +146,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         pending_alarm: crate::commands::PendingAlarm::new(config.pending_alarm),
         action_timeout: config.action_timeout,
         balance_hold_ttl: config.balance_hold_ttl,
+        capture_reminder: config.capture_reminder,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),
         event_retention: config.event_retention,
@@ -277,6 +278,19 @@ fn spawn_workers(
                     Ok(n) => tracing::info!(holders = n, "voided balance holds past their expiry"),
                     Err(e) => {
                         tracing::warn!(error = %e, "hold expiry failed; retrying next interval")
+                    }
+                }
+                match workers::sweeper::authorizations(&ctx).await {
+                    Ok(h) if h == workers::sweeper::Holds::default() => {}
+                    Ok(h) => tracing::info!(
+                        voided = h.voided,
+                        captured = h.captured,
+                        unknown = h.unknown,
+                        reminded = h.reminded,
+                        "ended holds past their deadline or asked to be voided"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "hold sweep failed; retrying next interval")
                     }
                 }
                 match workers::sweeper::retention(&ctx).await {

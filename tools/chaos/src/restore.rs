@@ -547,9 +547,12 @@ fn compare(
                 Verdict::Breach(format!("{name}: {status} {body} after {had_status} {had}"))
             }
         }
-        Command::Pay | Command::Refund => {
+        // A hold, its capture and its void answer the payment, as a pay.
+        Command::Pay | Command::PayManual | Command::Capture | Command::Void | Command::Refund => {
             let settled = |then: &Value, now: &Value| {
-                then["status"] == now["status"] || then["status"] == "pending"
+                then["status"] == now["status"]
+                    || then["status"] == "pending"
+                    || then["status"] == "requires_capture"
             };
             if !(200..300).contains(&had_status) {
                 // A rejection before (order not payable…): any rejection now.
@@ -565,8 +568,8 @@ fn compare(
                 Verdict::Same
             } else if body["id"] == had["id"] {
                 let kind = match record.request.command {
-                    Command::Pay => "payments",
-                    _ => "refunds",
+                    Command::Refund => "refunds",
+                    _ => "payments",
                 };
                 let id = body["id"].as_str().unwrap_or_default();
                 Verdict::Recheck(format!("/{kind}/{id}"), had["status"].clone())

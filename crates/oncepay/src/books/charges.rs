@@ -12,7 +12,7 @@ use crate::commands::settle::{self, Cause};
 use crate::commands::{AppContext, Command as _};
 use crate::domain::adoption::{adoption, Adoption};
 use crate::domain::order::Order;
-use crate::domain::payment::Payment;
+use crate::domain::payment::{CaptureMethod, Payment, PaymentStatus};
 use crate::provider::trace::Trace;
 use crate::provider::{BookEntry, PaymentProvider};
 use crate::store;
@@ -113,6 +113,17 @@ impl Owner for Order {
             now: at(f.entry.created),
             check_after: f.ctx.reconcile_after,
             return_url: None,
+            // An authorization (or a hold captured or released) was made
+            // manual: it is adopted as the hold it is, never captured here.
+            capture_method: if f.entry.state.amount_captured.is_some()
+                || matches!(
+                    f.entry.state.status,
+                    PaymentStatus::RequiresCapture | PaymentStatus::Voided
+                ) {
+                CaptureMethod::Manual
+            } else {
+                CaptureMethod::Automatic
+            },
         };
         let attempt = match store::payments::insert(tx, &new).await {
             Ok(a) => a,

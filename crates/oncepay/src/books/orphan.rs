@@ -85,6 +85,24 @@ pub(super) async fn orphan(
     if options.policy == OrphanPolicy::Hold {
         return Ok(one(|c| c.held += 1));
     }
+    // An authorization no order can own is released, never captured (and
+    // so never refunded: no money moved).
+    if entry.state.status == PaymentStatus::RequiresCapture {
+        let payment_id = trace.payment_id;
+        let resolution = match provider.void(payment_id, &entry.state.id).await {
+            CallOutcome::Known(ProviderObject {
+                status: PaymentStatus::Voided,
+                ..
+            }) => "voided",
+            other => {
+                tracing::warn!(charge = %entry.state.id, outcome = ?other, "the void of an orphan authorization is not known yet; the next pass asks again");
+                return Ok(Counts::default());
+            }
+        };
+        let mut conn = ctx.pool.acquire().await?;
+        sql::resolve_orphan(&mut conn, provider.name(), &entry.state.id, resolution).await?;
+        return Ok(one(|c| c.refunded += 1));
+    }
     let refund_id = orphan_refund_id(provider.name(), &entry.state.id);
     // What the merchant refunded before the rows were lost stays refunded;
     // the rest goes back.

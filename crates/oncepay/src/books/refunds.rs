@@ -85,7 +85,7 @@ async fn decide(
     let committed = store::refunds::committed_sum(tx, payment.id).await?;
     // A failed refund moved no money: what is left does not bound it.
     let moves_money = entry.state.status != PaymentStatus::Failed;
-    let fits = refund::plan(payment.amount, committed, 0, Some(entry.amount)).is_ok();
+    let fits = refund::plan(payment.amount_captured, committed, 0, Some(entry.amount)).is_ok();
     if payment.status == PaymentStatus::Succeeded && (fits || !moves_money) {
         return Ok(Decision::Adopt(payment));
     }

@@ -35,6 +35,8 @@ pub fn token_hash(token: &str) -> [u8; 32] {
 pub struct CreateCheckout {
     order_id: Uuid,
     way_back: WayBack,
+    /// `manual`: the page authorizes only; its payments are held.
+    capture_method: crate::domain::payment::CaptureMethod,
 }
 
 pub use crate::domain::checkout::WayBack;
@@ -99,7 +101,7 @@ impl Command for CreateCheckout {
             .path_id
             .ok_or_else(|| Problem::not_found(ProblemCode::OrderNotFound, "order"))?;
         let body = Obj::root(&input.body)?;
-        body.only(&["success_url", "cancel_url", "locale"])?;
+        body.only(&["success_url", "cancel_url", "locale", "capture_method"])?;
         let url = |name: &str| {
             body.opt_string(name)?
                 .map(|u| way_back_url(name, &u))
@@ -114,7 +116,23 @@ impl Command for CreateCheckout {
                 .transpose()?
                 .flatten(),
         };
-        Ok(CreateCheckout { order_id, way_back })
+        let capture_method = super::captures::capture_method_field(&body)?;
+        Ok(CreateCheckout {
+            order_id,
+            way_back,
+            capture_method,
+        })
+    }
+
+    fn check(&self, ctx: &AppContext) -> Result<(), Problem> {
+        let manual = self.capture_method == crate::domain::payment::CaptureMethod::Manual;
+        if manual && !ctx.providers.current().captures_later() {
+            return Err(Problem::rule(crate::domain::RuleViolation::new(
+                "capture_method",
+                "manual is not supported by the current provider",
+            )));
+        }
+        Ok(())
     }
 
     async fn step(
@@ -141,7 +159,7 @@ impl Command for CreateCheckout {
             (id, run.merchant_id, order.id),
             &token_hash(&token),
             ttl_ms,
-            &self.way_back,
+            (&self.way_back, self.capture_method),
         )
         .await?;
         let body = json!({
@@ -152,6 +170,7 @@ impl Command for CreateCheckout {
             "success_url": self.way_back.success_url,
             "cancel_url": self.way_back.cancel_url,
             "locale": self.way_back.locale,
+            "capture_method": self.capture_method,
         });
         let response = json_response(201, &body, None)?;
         Ok(Step::Complete { tx, response })

@@ -14,6 +14,7 @@
 
 pub mod api_keys;
 pub mod balances;
+pub mod captures;
 pub mod checkout;
 pub mod fast_path;
 pub mod gate;
@@ -71,6 +72,9 @@ pub struct AppContext {
     /// How long a payment may wait for its customer (`next_action`) before
     /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
     pub action_timeout: Duration,
+    /// How long before a hold's deadline its reminder event is written
+    /// (`ONCEPAY_CAPTURE_REMINDER`).
+    pub capture_reminder: Duration,
     /// How long a provider event that would settle a charge waits for the
     /// command still executing on it (`ONCEPAY_WEBHOOK_COMMAND_WAIT`).
     pub webhook_command_wait: Duration,
@@ -397,6 +401,10 @@ command_kinds! {
     CaptureBalanceHold = "capture_balance_hold" => balances::CaptureBalanceHold,
     /// `POST /balance_holds/{id}/release`.
     ReleaseBalanceHold = "release_balance_hold" => balances::ReleaseBalanceHold,
+    /// `POST /payments/{id}/capture`.
+    CapturePayment = "capture_payment" => captures::CapturePayment,
+    /// `POST /payments/{id}/void`.
+    VoidPayment = "void_payment" => captures::VoidPayment,
 }
 
 impl CommandKind {
@@ -812,6 +820,8 @@ mod tests {
         assert_eq!(balances::CreateBalanceHold::NAME, "create_balance_hold");
         assert_eq!(balances::CaptureBalanceHold::NAME, "capture_balance_hold");
         assert_eq!(balances::ReleaseBalanceHold::NAME, "release_balance_hold");
+        assert_eq!(captures::CapturePayment::NAME, "capture_payment");
+        assert_eq!(captures::VoidPayment::NAME, "void_payment");
         assert_eq!(CommandKind::parse("refund_everything"), None);
     }
 
@@ -829,6 +839,8 @@ mod tests {
         round_trip::<payments::PaymentPoint>();
         round_trip::<refunds::RefundPoint>();
         round_trip::<orders::CancelPoint>();
+        round_trip::<captures::CapturePoint>();
+        round_trip::<captures::VoidPoint>();
         assert!(NoRecoveryPoint::ALL.is_empty());
     }
 }

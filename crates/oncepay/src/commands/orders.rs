@@ -9,7 +9,7 @@ use super::{
     json_response, recovery_points, AppContext, At, Command, CommandError, CommandInput,
     NoRecoveryPoint, Run, Step,
 };
-use crate::domain::order::{CancelPlan, NewOrder, Order, RawLineItem};
+use crate::domain::order::{CancelPlan, NewOrder, Order, OrderStatus, RawLineItem};
 use crate::domain::payment::PaymentStatus;
 use crate::idempotency::{BoxedWrite, ClaimingCompleted, StoredResponse};
 use crate::input::Obj;
@@ -104,6 +104,9 @@ recovery_points! {
     CancelPoint {
         /// The refund of what is left was created (step 1).
         RefundCreated = "refund_created",
+        /// The void of an authorized order's hold was asked for (step 1,
+        /// `order_cancelled`): resuming asks its provider again.
+        VoidRequested = "void_requested",
     }
 }
 
@@ -137,6 +140,11 @@ impl Command for CancelOrder {
         let (refund_id, outstanding) = match at {
             At::Start => return self.cancel_or_start_refund(ctx, run).await,
             At::After {
+                point: CancelPoint::VoidRequested,
+                resource,
+                ..
+            } => return self.void_then_cancel(ctx, run, resource).await,
+            At::After {
                 point: CancelPoint::RefundCreated,
                 resource,
                 memo,
@@ -160,10 +168,50 @@ impl Command for CancelOrder {
             // The provider has not answered yet: accepted, the order turns
             // `cancelled` when the refund settles.
             PaymentStatus::Pending => order_response(202, &order)?,
-            PaymentStatus::Failed => {
+            PaymentStatus::Failed | PaymentStatus::RequiresCapture | PaymentStatus::Voided => {
                 let problem = Problem::new(
                     ProblemCode::OrderNotCancellable,
                     "the provider declined the refund, so the paid order stays paid",
+                );
+                StoredResponse {
+                    status: problem.status,
+                    body: problem.body(),
+                    location: None,
+                }
+            }
+        };
+        Ok(Step::Complete { tx, response })
+    }
+}
+
+impl CancelOrder {
+    /// Steps 2 and 3 of cancelling an authorized order: its provider
+    /// releases the hold, and the void cancels the order (`settle`): `200`
+    /// once cancelled, `202` while the provider's answer is not known (the
+    /// sweeper asks again), `409` if the provider answered that it was
+    /// captured first.
+    async fn void_then_cancel(
+        &self,
+        ctx: &AppContext,
+        run: Run<'_>,
+        payment_id: Uuid,
+    ) -> Result<Step<CancelPoint, Option<refunds::Outstanding>>, CommandError> {
+        let (mut tx, _payment) =
+            super::captures::void_and_settle(ctx, payment_id, super::settle::Cause::Command)
+                .await?;
+        let order = store::orders::lock(&mut tx, run.merchant_id, self.order_id)
+            .await?
+            .ok_or_else(|| Corrupt::vanished("order", self.order_id))?;
+        let response = match order.status {
+            OrderStatus::Cancelled => order_response(200, &order)?,
+            OrderStatus::Authorized => order_response(202, &order)?,
+            other => {
+                let problem = Problem::new(
+                    ProblemCode::OrderNotCancellable,
+                    format!(
+                        "the provider answered that the order's payment was captured first; the order is {}",
+                        other.as_str()
+                    ),
                 );
                 StoredResponse {
                     status: problem.status,
@@ -219,6 +267,42 @@ impl CancelOrder {
                     ProblemCode::InsufficientScope,
                     "a customer's token cannot cancel a paid order: that would refund it, and refunds are the merchant's",
                 )))
+            }
+            CancelPlan::VoidThenCancel => {
+                let held = store::payments::live_attempt(&mut tx, order.id)
+                    .await?
+                    .filter(|p| p.status == PaymentStatus::RequiresCapture)
+                    .ok_or_else(|| {
+                        StoreError::from(Corrupt::Broken(format!(
+                            "authorized order {} has no payment in requires_capture",
+                            order.id
+                        )))
+                    })?;
+                let held = store::payments::lock(&mut tx, held.id)
+                    .await?
+                    .ok_or_else(|| Corrupt::vanished("payment", held.id))?;
+                let capture = store::captures::of_payment(&mut tx, held.id).await?;
+                let capturing = capture.is_some_and(|c| c.status != PaymentStatus::Failed);
+                crate::domain::payment::void_plan(&held, capturing).map_err(|why| {
+                    CommandError::Reject(Problem::new(
+                        ProblemCode::OrderNotCancellable,
+                        format!("the order's payment cannot be voided now: {why}"),
+                    ))
+                })?;
+                store::payments::request_void(
+                    &mut tx,
+                    held.id,
+                    crate::domain::payment::VoidReason::OrderCancelled,
+                    ctx.reconcile_after,
+                )
+                .await?
+                .ok_or_else(|| Corrupt::vanished("hold", held.id))?;
+                Ok(Step::Record {
+                    tx,
+                    point: CancelPoint::VoidRequested,
+                    resource: held.id,
+                    memo: None,
+                })
             }
             CancelPlan::RefundThenCancel => {
                 let payment = store::payments::lock_succeeded_for_order(&mut tx, order.id)

@@ -31,7 +31,7 @@ use super::{
     CommandInput, FirstStepClaiming, Run, Step,
 };
 use crate::domain::order::Order;
-use crate::domain::payment::{Payment, PaymentStatus};
+use crate::domain::payment::{CaptureMethod, Payment, PaymentStatus};
 use crate::idempotency::StoredResponse;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
@@ -87,6 +87,8 @@ pub struct CreatePayment {
     /// Where the customer comes back after acting at their bank (3-D
     /// Secure): the checkout page sets its own URL.
     return_url: Option<String>,
+    /// `manual`: authorize only, captured or voided later.
+    capture_method: CaptureMethod,
 }
 
 /// Reads a UUID field: a string that is not a UUID is a shape error.
@@ -102,17 +104,19 @@ impl Command for CreatePayment {
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let body = Obj::root(&input.body)?;
-        body.only(&["order_id", "payment_method", "return_url"])?;
+        body.only(&["order_id", "payment_method", "return_url", "capture_method"])?;
         let order_id = uuid_field(&body, "order_id")?;
         let payment_method = body.string("payment_method")?;
         let return_url = body
             .opt_string("return_url")?
             .map(|u| super::checkout::way_back_url("return_url", &u))
             .transpose()?;
+        let capture_method = super::captures::capture_method_field(&body)?;
         Ok(CreatePayment {
             order_id,
             payment_method,
             return_url,
+            capture_method,
         })
     }
 
@@ -128,6 +132,13 @@ impl Command for CreatePayment {
                 "is a card number, which oncepay never accepts: send the card to the provider's tokenization (the checkout page does) and pay with the token it returns",
             )));
         }
+        if self.capture_method == CaptureMethod::Manual && !ctx.providers.current().captures_later()
+        {
+            return Err(Problem::rule(crate::domain::RuleViolation::new(
+                "capture_method",
+                "manual is not supported by the current provider",
+            )));
+        }
         ctx.providers
             .for_payment_method(&self.payment_method)
             .check_payment_method(&self.payment_method)
@@ -141,10 +152,13 @@ impl Command for CreatePayment {
         ctx: &AppContext,
         _merchant_id: Uuid,
     ) -> FirstStepClaiming<PaymentPoint, PaymentMemo> {
+        // A hold is written the locking way (the one-statement claim makes
+        // automatic payments).
         if ctx
             .providers
             .for_payment_method(&self.payment_method)
             .restricts_amounts()
+            || self.capture_method == CaptureMethod::Manual
         {
             // The amount is checked against the order before any write:
             // the engine's full protocol, whose first step reads it.
@@ -295,7 +309,7 @@ async fn as_it_is(
         .await?
         .ok_or_else(|| Corrupt::vanished("attempt", id))?;
     drop(conn);
-    let observed = if attempt.status.is_final() {
+    let observed = if attempt.status.is_known() {
         None
     } else {
         look_up_or_charge(ctx, &attempt).await
@@ -303,9 +317,10 @@ async fn as_it_is(
     Ok((attempt, observed))
 }
 
-/// The answer: `201` once the payment is final, `202` while pending.
+/// The answer: `201` once the provider's answer is known (final, or a
+/// hold), `202` while pending.
 pub(crate) fn payment_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
-    let status = if payment.status.is_final() { 201 } else { 202 };
+    let status = if payment.status.is_known() { 201 } else { 202 };
     json_response(status, payment, Some(format!("/payments/{}", payment.id)))
 }
 
@@ -355,6 +370,7 @@ impl CreatePayment {
             now: Utc::now(),
             check_after: ctx.reconcile_after,
             return_url: self.return_url.as_deref(),
+            capture_method: self.capture_method,
         };
         let attempt = match store::payments::insert(&mut tx, &new).await {
             Ok(a) => a,
@@ -412,6 +428,7 @@ fn charge_request(attempt: &Payment) -> ChargeRequest {
         // Stored with the attempt: a charge sent again after a crash (by
         // the reconciler) sends the customer back to the same place.
         return_url: attempt.return_url.clone(),
+        capture_method: attempt.capture_method,
     }
 }
 

@@ -256,13 +256,15 @@ pub async fn start(
     // this transaction (`store::disputes::apply` locks it too).
     let committed = store::refunds::committed_sum(tx, payment.id).await?;
     let disputed = store::disputes::held_sum(tx, payment.id).await?;
-    let amount = refund::plan(payment.amount, committed, disputed, plan.amount).map_err(|e| {
-        let code = match e {
-            refund::RefundRejection::Disputed { .. } => ProblemCode::PaymentDisputed,
-            _ => ProblemCode::RefundExceedsPayment,
-        };
-        CommandError::Reject(Problem::new(code, e.to_string()).with_field("amount"))
-    })?;
+    // Capped by what was captured: a hold captured in part released the rest.
+    let amount =
+        refund::plan(payment.amount_captured, committed, disputed, plan.amount).map_err(|e| {
+            let code = match e {
+                refund::RefundRejection::Disputed { .. } => ProblemCode::PaymentDisputed,
+                _ => ProblemCode::RefundExceedsPayment,
+            };
+            CommandError::Reject(Problem::new(code, e.to_string()).with_field("amount"))
+        })?;
     let provider = refund_provider(payment, plan.destination.as_str());
     super::provider_amounts::provider_takes(
         ctx.providers.named(&provider).as_ref(),

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::fast_path::SettleKnown;
 use super::AppContext;
 use crate::domain::order::Order;
-use crate::domain::payment::{Payment, PaymentStatus, Refund, Transition};
+use crate::domain::payment::{CaptureMethod, Payment, PaymentStatus, Refund, Transition};
 use crate::domain::settlement::{self, Report, Settlement};
 use crate::metrics::Metrics;
 use crate::provider::ProviderObject;
@@ -59,6 +59,11 @@ pub async fn payment(
         charge_id: non_empty(&observed.id),
         failure_code: observed.failure_code.as_deref(),
         failure_message: observed.failure_message.as_deref(),
+        capture_before: observed
+            .capture_before
+            .and_then(|s| chrono::DateTime::from_timestamp(s, 0)),
+        amount_captured: observed.amount_captured,
+        void_reason: Some(settlement::void_reason(&current)),
     };
     let report = Report {
         status: observed.status,
@@ -71,6 +76,19 @@ pub async fn payment(
             order: next,
         } => {
             let p = store::payments::set_status(tx, attempt_id, status, &facts).await?;
+            // A capture under way ends with its hold: made, or refused
+            // because the hold ended first.
+            match status {
+                PaymentStatus::Succeeded if current.capture_method == CaptureMethod::Manual => {
+                    store::captures::settle_of_payment(tx, attempt_id, status, None).await?;
+                }
+                PaymentStatus::Voided => {
+                    let code = Some("authorization_released");
+                    store::captures::settle_of_payment(tx, attempt_id, PaymentStatus::Failed, code)
+                        .await?;
+                }
+                _ => {}
+            }
             if decline_to_confirm(status, cause) {
                 store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
             }
@@ -89,8 +107,7 @@ pub async fn payment(
             };
             let no_failure = store::payments::ChargeFacts {
                 charge_id: facts.charge_id,
-                failure_code: None,
-                failure_message: None,
+                ..Default::default()
             };
             store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?;
             match store::payments::require_action(tx, attempt_id, action).await? {
@@ -104,8 +121,7 @@ pub async fn payment(
         Settlement::LearnChargeId => {
             let no_failure = store::payments::ChargeFacts {
                 charge_id: facts.charge_id,
-                failure_code: None,
-                failure_message: None,
+                ..Default::default()
             };
             store::payments::set_status(tx, attempt_id, current.status, &no_failure).await?
         }
@@ -135,8 +151,7 @@ async fn contradicted(
         (None, Some(_)) => {
             let keep_failure = store::payments::ChargeFacts {
                 charge_id: facts.charge_id,
-                failure_code: None,
-                failure_message: None,
+                ..Default::default()
             };
             store::payments::set_status(tx, attempt_id, current.status, &keep_failure).await?
         }
@@ -191,6 +206,11 @@ impl Known {
             charge_id: non_empty(&observed.id),
             requires_action: observed.next_action.is_some(),
         };
+        // A hold's facts (its deadline, its capture) are written the
+        // locking way.
+        if attempt.capture_method == CaptureMethod::Manual {
+            return Ok(None);
+        }
         let Settlement::Advance {
             status,
             order: next,
@@ -303,7 +323,7 @@ pub async fn refund(
                 } else {
                     order.status.after_refund(
                         payment.refunded_amount,
-                        payment.amount,
+                        payment.amount_captured,
                         r.cancels_order,
                     )
                 };

@@ -62,6 +62,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_CHECKOUT_TTL", "serve", "1h"),
     v("ONCEPAY_ACTION_TIMEOUT", "serve", "1h"),
     v("ONCEPAY_BALANCE_HOLD_TTL", "serve", "15m"),
+    v("ONCEPAY_CAPTURE_REMINDER", "serve", "24h"),
     v(
         "ONCEPAY_PROVIDER_PUBLIC_URL",
         "serve",
@@ -120,6 +121,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     ),
     v("ONCEPAY_SANDBOX_WEBHOOKS", "sandbox", "on"),
     v("ONCEPAY_SANDBOX_ASYNC_DELAY", "sandbox", "2s"),
+    v("ONCEPAY_SANDBOX_CAPTURE_WINDOW", "sandbox", "7d"),
     v("ONCEPAY_SANDBOX_ERROR_RATE", "sandbox", "0"),
     v("ONCEPAY_SANDBOX_DROP_RATE", "sandbox", "0"),
     v("ONCEPAY_SANDBOX_DELAY_RATE", "sandbox", "0"),

@@ -26,7 +26,8 @@ pub fn adoption(
     charge: PaymentStatus,
     (amount, currency): (i64, &str),
 ) -> Adoption {
-    let failed = charge == PaymentStatus::Failed;
+    // A charge declined, or a hold released, moved no money.
+    let failed = matches!(charge, PaymentStatus::Failed | PaymentStatus::Voided);
     match order {
         None if failed => Adoption::Ignore,
         None => Adoption::Orphan("its order is gone"),
@@ -65,10 +66,10 @@ pub(crate) fn agreement(ours: PaymentStatus, theirs: PaymentStatus) -> Agreement
     use PaymentStatus::*;
     match (ours, theirs) {
         (a, b) if a == b => Agreement::Agree,
-        (Pending, _) => Agreement::Settle {
+        (Pending, _) | (RequiresCapture, Succeeded | Voided) => Agreement::Settle {
             contradicted: false,
         },
-        (Failed, Succeeded) => Agreement::Settle { contradicted: true },
+        (Failed | Voided, Succeeded) => Agreement::Settle { contradicted: true },
         _ => Agreement::Disagree,
     }
 }

@@ -64,13 +64,17 @@ macro_rules! event_types {
 }
 
 event_types! {
+    OrderAuthorized = "order.authorized", Order;
     OrderPaid = "order.paid", Order;
     OrderCancelled = "order.cancelled", Order;
     OrderRefunded = "order.refunded", Order;
     PaymentPending = "payment.pending", Payment;
     PaymentRequiresAction = "payment.requires_action", Payment;
+    PaymentRequiresCapture = "payment.requires_capture", Payment;
+    PaymentCaptureDeadlineApproaching = "payment.capture_deadline_approaching", Payment;
     PaymentSucceeded = "payment.succeeded", Payment;
     PaymentFailed = "payment.failed", Payment;
+    PaymentVoided = "payment.voided", Payment;
     RefundSucceeded = "refund.succeeded", Refund;
     RefundFailed = "refund.failed", Refund;
     DisputeCreated = "dispute.created", Dispute;
@@ -95,6 +99,7 @@ impl EventType {
     pub fn of_order(status: OrderStatus) -> Option<EventType> {
         match status {
             OrderStatus::AwaitingPayment => None,
+            OrderStatus::Authorized => Some(EventType::OrderAuthorized),
             OrderStatus::Paid => Some(EventType::OrderPaid),
             OrderStatus::Cancelled => Some(EventType::OrderCancelled),
             OrderStatus::Refunded => Some(EventType::OrderRefunded),
@@ -107,6 +112,8 @@ impl EventType {
             PaymentStatus::Pending => EventType::PaymentPending,
             PaymentStatus::Succeeded => EventType::PaymentSucceeded,
             PaymentStatus::Failed => EventType::PaymentFailed,
+            PaymentStatus::RequiresCapture => EventType::PaymentRequiresCapture,
+            PaymentStatus::Voided => EventType::PaymentVoided,
         }
     }
 
@@ -127,6 +134,8 @@ impl EventType {
             PaymentStatus::Pending => None,
             PaymentStatus::Succeeded => Some(EventType::RefundSucceeded),
             PaymentStatus::Failed => Some(EventType::RefundFailed),
+            // Not refund statuses.
+            PaymentStatus::RequiresCapture | PaymentStatus::Voided => None,
         }
     }
 }

@@ -222,6 +222,9 @@ impl Order {
 pub enum OrderStatus {
     /// Created; may be paid or cancelled.
     AwaitingPayment,
+    /// A manual payment's hold stands (`requires_capture`): a capture
+    /// pays it, a void or an expiry makes it await payment again.
+    Authorized,
     /// A payment succeeded.
     Paid,
     /// Refunds add up to the whole amount.
@@ -237,6 +240,9 @@ pub enum CancelPlan {
     CancelNow,
     /// It was paid: refund what is left, and cancel when the refund succeeds.
     RefundThenCancel,
+    /// A hold stands: void it (`order_cancelled`), and cancel when the
+    /// void is confirmed.
+    VoidThenCancel,
     /// Already cancelled or refunded: nothing to cancel.
     NotCancellable,
 }
@@ -246,6 +252,7 @@ impl OrderStatus {
     pub fn as_str(self) -> &'static str {
         match self {
             OrderStatus::AwaitingPayment => "awaiting_payment",
+            OrderStatus::Authorized => "authorized",
             OrderStatus::Paid => "paid",
             OrderStatus::Refunded => "refunded",
             OrderStatus::Cancelled => "cancelled",
@@ -253,8 +260,9 @@ impl OrderStatus {
     }
 
     /// Every status.
-    pub const ALL: [OrderStatus; 4] = [
+    pub const ALL: [OrderStatus; 5] = [
         OrderStatus::AwaitingPayment,
+        OrderStatus::Authorized,
         OrderStatus::Paid,
         OrderStatus::Refunded,
         OrderStatus::Cancelled,
@@ -264,6 +272,7 @@ impl OrderStatus {
     pub fn parse(text: &str) -> Option<Self> {
         Some(match text {
             "awaiting_payment" => OrderStatus::AwaitingPayment,
+            "authorized" => OrderStatus::Authorized,
             "paid" => OrderStatus::Paid,
             "refunded" => OrderStatus::Refunded,
             "cancelled" => OrderStatus::Cancelled,
@@ -281,8 +290,29 @@ impl OrderStatus {
     /// (the one-live-attempt index makes that impossible in practice).
     pub fn after_payment_succeeded(self) -> Self {
         match self {
-            OrderStatus::AwaitingPayment => OrderStatus::Paid,
+            OrderStatus::AwaitingPayment | OrderStatus::Authorized => OrderStatus::Paid,
             other => other,
+        }
+    }
+
+    /// The status after its manual payment was authorized and is held.
+    pub fn after_payment_authorized(self) -> Self {
+        match self {
+            OrderStatus::AwaitingPayment => OrderStatus::Authorized,
+            other => other,
+        }
+    }
+
+    /// The status after its hold was released: cancelled if its cancel
+    /// asked for the void, otherwise payable again (the customer can pay
+    /// anew).
+    pub fn after_void(self, reason: super::payment::VoidReason) -> Self {
+        match (self, reason) {
+            (OrderStatus::Authorized, super::payment::VoidReason::OrderCancelled) => {
+                OrderStatus::Cancelled
+            }
+            (OrderStatus::Authorized, _) => OrderStatus::AwaitingPayment,
+            (other, _) => other,
         }
     }
 
@@ -311,6 +341,7 @@ impl OrderStatus {
     pub fn cancel_plan(self) -> CancelPlan {
         match self {
             OrderStatus::AwaitingPayment => CancelPlan::CancelNow,
+            OrderStatus::Authorized => CancelPlan::VoidThenCancel,
             OrderStatus::Paid => CancelPlan::RefundThenCancel,
             OrderStatus::Refunded | OrderStatus::Cancelled => CancelPlan::NotCancellable,
         }
@@ -445,7 +476,19 @@ mod tests {
         assert_eq!(Refunded.cancel_plan(), CancelPlan::NotCancellable);
         assert_eq!(Cancelled.cancel_plan(), CancelPlan::NotCancellable);
         assert!(AwaitingPayment.is_payable());
-        for s in [Paid, Refunded, Cancelled] {
+        use crate::domain::payment::VoidReason;
+        assert_eq!(AwaitingPayment.after_payment_authorized(), Authorized);
+        assert_eq!(Cancelled.after_payment_authorized(), Cancelled);
+        assert_eq!(Authorized.after_payment_succeeded(), Paid);
+        assert_eq!(
+            Authorized.after_void(VoidReason::Requested),
+            AwaitingPayment
+        );
+        assert_eq!(Authorized.after_void(VoidReason::Expired), AwaitingPayment);
+        assert_eq!(Authorized.after_void(VoidReason::OrderCancelled), Cancelled);
+        assert_eq!(Paid.after_void(VoidReason::Expired), Paid);
+        assert_eq!(Authorized.cancel_plan(), CancelPlan::VoidThenCancel);
+        for s in [Authorized, Paid, Refunded, Cancelled] {
             assert!(!s.is_payable());
             assert_eq!(OrderStatus::parse(s.as_str()), Some(s));
         }

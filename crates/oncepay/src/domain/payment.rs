@@ -1,5 +1,8 @@
 //! The one-way state machine shared by payment attempts and refunds:
-//! `pending → succeeded | failed`, and nothing leaves a final state. No I/O.
+//! `pending → succeeded | failed`, and for a payment captured later
+//! (`capture_method: manual`) `pending → requires_capture → succeeded |
+//! voided`; nothing leaves a final state. Which holds may be captured or
+//! voided is decided here too ([`capture_plan`], [`void_plan`]). No I/O.
 
 /// Status of a payment attempt or a refund.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -11,6 +14,12 @@ pub enum PaymentStatus {
     Succeeded,
     /// The provider refused it.
     Failed,
+    /// A manual payment the provider authorized: the money is held until
+    /// it is captured, voided, or the hold expires. Payments only.
+    RequiresCapture,
+    /// A manual payment's hold released without a capture (asked for, its
+    /// order cancelled, or expired). Payments only.
+    Voided,
 }
 
 /// What applying an observed status to a stored one does.
@@ -41,6 +50,8 @@ impl PaymentStatus {
             PaymentStatus::Pending => "pending",
             PaymentStatus::Succeeded => "succeeded",
             PaymentStatus::Failed => "failed",
+            PaymentStatus::RequiresCapture => "requires_capture",
+            PaymentStatus::Voided => "voided",
         }
     }
 
@@ -50,22 +61,38 @@ impl PaymentStatus {
             "pending" => PaymentStatus::Pending,
             "succeeded" => PaymentStatus::Succeeded,
             "failed" => PaymentStatus::Failed,
+            "requires_capture" => PaymentStatus::RequiresCapture,
+            "voided" => PaymentStatus::Voided,
             _ => return None,
         })
     }
 
-    /// True for `succeeded` and `failed`.
+    /// True for `succeeded`, `failed` and `voided`.
     pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            PaymentStatus::Succeeded | PaymentStatus::Failed | PaymentStatus::Voided
+        )
+    }
+
+    /// True once the provider's answer is known: final, or authorized and
+    /// held (`requires_capture`), which a payment's request answers `201`.
+    pub fn is_known(self) -> bool {
         self != PaymentStatus::Pending
     }
 
-    /// Decides what an observed status does to this one. Only
-    /// `pending → succeeded` and `pending → failed` move anything.
+    /// Decides what an observed status does to this one. Only `pending →
+    /// succeeded | failed | requires_capture | voided` and
+    /// `requires_capture → succeeded | voided` move anything.
     pub fn transition(self, observed: PaymentStatus) -> Transition {
         use PaymentStatus::*;
         match (self, observed) {
-            (Pending, Succeeded) | (Pending, Failed) => Transition::Advance(observed),
-            (Failed, Succeeded) => Transition::Contradicted,
+            (Pending, Succeeded | Failed | RequiresCapture | Voided)
+            | (RequiresCapture, Succeeded | Voided) => Transition::Advance(observed),
+            // A hold that failed at the provider was never ours to hold:
+            // the payment is over, as a void.
+            (RequiresCapture, Failed) => Transition::Advance(Voided),
+            (Failed | Voided, Succeeded) => Transition::Contradicted,
             (a, b) if a == b => Transition::Unchanged,
             _ => Transition::Ignored,
         }
@@ -95,6 +122,22 @@ pub struct Payment {
     pub failure_message: Option<String>,
     /// Sum of its succeeded refunds.
     pub refunded_amount: i64,
+    /// `automatic` (captured as it is authorized) or `manual` (held, then
+    /// captured or voided by the merchant).
+    pub capture_method: CaptureMethod,
+    /// What a capture may take now: the amount while `requires_capture`,
+    /// 0 otherwise.
+    pub amount_capturable: i64,
+    /// What was captured: the amount of an automatic payment that
+    /// succeeded, a manual one's capture; 0 otherwise. Refunds are capped
+    /// by it.
+    pub amount_captured: i64,
+    /// Until when the hold can be captured: `null` unless
+    /// `requires_capture`.
+    pub capture_before: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why the hold was released (`requested`, `order_cancelled`,
+    /// `expired`): `null` unless `voided`.
+    pub void_reason: Option<VoidReason>,
     /// What the customer must do before the payment can settle (3-D
     /// Secure at their bank): `null` unless the payment is `pending` and
     /// waits for them.
@@ -123,6 +166,148 @@ pub struct Payment {
     /// metadata.
     #[serde(skip)]
     pub origin: crate::domain::origin::Origin,
+    /// A void asked for and not answered yet (the hold is still
+    /// `requires_capture`, and no capture may start); internal.
+    #[serde(skip)]
+    pub void_requested: Option<VoidReason>,
+}
+
+/// Whether a payment is captured as it is authorized, or held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CaptureMethod {
+    /// Captured at once (today's payments).
+    #[default]
+    Automatic,
+    /// Authorized and held; captured or voided later.
+    Manual,
+}
+
+impl CaptureMethod {
+    /// The name used in the API and the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CaptureMethod::Automatic => "automatic",
+            CaptureMethod::Manual => "manual",
+        }
+    }
+
+    /// Parses a stored or requested method.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "automatic" => Some(CaptureMethod::Automatic),
+            "manual" => Some(CaptureMethod::Manual),
+            _ => None,
+        }
+    }
+}
+
+/// Why a hold was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VoidReason {
+    /// `POST /payments/{id}/void`.
+    Requested,
+    /// Its order was cancelled.
+    OrderCancelled,
+    /// Not captured before `capture_before` (voided by oncepay's sweeper,
+    /// or reported expired or cancelled by the provider).
+    Expired,
+}
+
+impl VoidReason {
+    /// The name used in the API and the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VoidReason::Requested => "requested",
+            VoidReason::OrderCancelled => "order_cancelled",
+            VoidReason::Expired => "expired",
+        }
+    }
+
+    /// Parses a stored reason.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "requested" => Some(VoidReason::Requested),
+            "order_cancelled" => Some(VoidReason::OrderCancelled),
+            "expired" => Some(VoidReason::Expired),
+            _ => None,
+        }
+    }
+}
+
+/// Why a hold cannot be captured now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CaptureRefusal {
+    /// Not `requires_capture`, or a capture or a void already started.
+    #[error("{0}")]
+    NotCapturable(String),
+    /// More than the hold.
+    #[error("the amount exceeds what the payment can capture ({capturable})")]
+    ExceedsCapturable {
+        /// What the hold allows.
+        capturable: i64,
+    },
+    /// `capture_before` has passed.
+    #[error("the authorization expired at {0}; it can no longer be captured")]
+    Expired(chrono::DateTime<chrono::Utc>),
+}
+
+/// What a capture of `payment` for `amount` (`None`: all that is
+/// capturable) takes, given whether a capture already started for it and
+/// the time now: the amount, or why not.
+pub fn capture_plan(
+    payment: &Payment,
+    capture_started: bool,
+    amount: Option<i64>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<i64, CaptureRefusal> {
+    if payment.status != PaymentStatus::RequiresCapture {
+        return Err(CaptureRefusal::NotCapturable(format!(
+            "the payment is {}; only a payment in requires_capture can be captured",
+            payment.status.as_str()
+        )));
+    }
+    if capture_started {
+        return Err(CaptureRefusal::NotCapturable(
+            "the payment is requires_capture with a capture already made for it; a payment is captured once".into(),
+        ));
+    }
+    if payment.void_requested.is_some() {
+        return Err(CaptureRefusal::NotCapturable(
+            "the payment is requires_capture with a void in progress; it can no longer be captured"
+                .into(),
+        ));
+    }
+    if let Some(deadline) = payment.capture_before {
+        if now >= deadline {
+            return Err(CaptureRefusal::Expired(deadline));
+        }
+    }
+    let capturable = payment.amount;
+    match amount {
+        None => Ok(capturable),
+        Some(a) if a > capturable => Err(CaptureRefusal::ExceedsCapturable { capturable }),
+        Some(a) => Ok(a),
+    }
+}
+
+/// Whether `payment` can be voided now, given whether a capture already
+/// started for it: only a hold with no capture or void under way.
+pub fn void_plan(payment: &Payment, capture_started: bool) -> Result<(), String> {
+    if payment.status != PaymentStatus::RequiresCapture {
+        return Err(format!(
+            "the payment is {}; only a payment in requires_capture can be voided",
+            payment.status.as_str()
+        ));
+    }
+    if capture_started {
+        return Err("the payment is being captured; it can no longer be voided".into());
+    }
+    if payment.void_requested.is_some() {
+        return Err("a void of the payment is already in progress".into());
+    }
+    Ok(())
 }
 
 impl Payment {
@@ -147,6 +332,11 @@ impl Payment {
             failure_code: None,
             failure_message: None,
             refunded_amount: 0,
+            capture_method: CaptureMethod::Automatic,
+            amount_capturable: 0,
+            amount_captured: 0,
+            capture_before: None,
+            void_reason: None,
             next_action: None,
             dispute: None,
             created_at: now,
@@ -156,6 +346,7 @@ impl Payment {
             return_url: None,
             merchant_id: uuid::Uuid::nil(),
             origin: crate::domain::origin::Origin::default(),
+            void_requested: None,
         }
     }
 
@@ -183,6 +374,13 @@ impl Payment {
                 .map(str::to_string)
                 .or_else(|| self.failure_message.clone()),
             updated_at: now,
+            // As the database's trigger writes it: an automatic payment
+            // captures its amount when it succeeds.
+            amount_captured: match (status, self.capture_method) {
+                (PaymentStatus::Succeeded, CaptureMethod::Automatic) => self.amount,
+                _ => self.amount_captured,
+            },
+            amount_capturable: 0,
             ..self.clone()
         }
     }
@@ -276,6 +474,23 @@ mod tests {
             (Failed, Pending, Transition::Ignored),
             (Failed, Succeeded, Transition::Contradicted),
             (Failed, Failed, Transition::Unchanged),
+            (
+                Pending,
+                RequiresCapture,
+                Transition::Advance(RequiresCapture),
+            ),
+            (Pending, Voided, Transition::Advance(Voided)),
+            (RequiresCapture, RequiresCapture, Transition::Unchanged),
+            (RequiresCapture, Succeeded, Transition::Advance(Succeeded)),
+            (RequiresCapture, Voided, Transition::Advance(Voided)),
+            (RequiresCapture, Failed, Transition::Advance(Voided)),
+            (RequiresCapture, Pending, Transition::Ignored),
+            (Succeeded, RequiresCapture, Transition::Ignored),
+            (Succeeded, Voided, Transition::Ignored),
+            (Voided, RequiresCapture, Transition::Ignored),
+            (Voided, Succeeded, Transition::Contradicted),
+            (Voided, Voided, Transition::Unchanged),
+            (Failed, RequiresCapture, Transition::Ignored),
         ];
         for (from, observed, expected) in table {
             assert_eq!(
@@ -288,11 +503,96 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for s in [Pending, Succeeded, Failed] {
+        for s in [Pending, Succeeded, Failed, RequiresCapture, Voided] {
             assert_eq!(PaymentStatus::parse(s.as_str()), Some(s));
         }
         assert_eq!(PaymentStatus::parse("refunded"), None);
-        assert!(!Pending.is_final());
-        assert!(Succeeded.is_final() && Failed.is_final());
+        assert!(!Pending.is_final() && !RequiresCapture.is_final());
+        assert!(Succeeded.is_final() && Failed.is_final() && Voided.is_final());
+        assert!(RequiresCapture.is_known() && !Pending.is_known());
+        for m in [CaptureMethod::Automatic, CaptureMethod::Manual] {
+            assert_eq!(CaptureMethod::parse(m.as_str()), Some(m));
+        }
+        for r in [
+            VoidReason::Requested,
+            VoidReason::OrderCancelled,
+            VoidReason::Expired,
+        ] {
+            assert_eq!(VoidReason::parse(r.as_str()), Some(r));
+        }
+    }
+
+    fn hold(amount: i64) -> Payment {
+        let now = chrono::Utc::now();
+        Payment {
+            status: RequiresCapture,
+            capture_method: CaptureMethod::Manual,
+            amount_capturable: amount,
+            capture_before: Some(now + chrono::Duration::days(7)),
+            ..Payment::pending(
+                uuid::Uuid::nil(),
+                (uuid::Uuid::nil(), amount, "EUR"),
+                "sandbox",
+                "tok_visa",
+                now,
+            )
+        }
+    }
+
+    #[test]
+    fn a_hold_is_captured_once_within_its_amount_and_deadline() {
+        let now = chrono::Utc::now();
+        let p = hold(1000);
+        assert_eq!(capture_plan(&p, false, None, now), Ok(1000));
+        assert_eq!(capture_plan(&p, false, Some(1), now), Ok(1));
+        assert_eq!(capture_plan(&p, false, Some(1000), now), Ok(1000));
+        assert_eq!(
+            capture_plan(&p, false, Some(1001), now),
+            Err(CaptureRefusal::ExceedsCapturable { capturable: 1000 })
+        );
+        assert!(matches!(
+            capture_plan(&p, true, None, now),
+            Err(CaptureRefusal::NotCapturable(_))
+        ));
+        let late = p.capture_before.expect("deadline");
+        assert_eq!(
+            capture_plan(&p, false, None, late),
+            Err(CaptureRefusal::Expired(late))
+        );
+        let voiding = Payment {
+            void_requested: Some(VoidReason::Requested),
+            ..hold(1000)
+        };
+        assert!(matches!(
+            capture_plan(&voiding, false, None, now),
+            Err(CaptureRefusal::NotCapturable(_))
+        ));
+        for status in [Pending, Succeeded, Failed, Voided] {
+            let p = Payment {
+                status,
+                ..hold(1000)
+            };
+            match capture_plan(&p, false, None, now) {
+                Err(CaptureRefusal::NotCapturable(why)) => {
+                    assert!(why.contains(status.as_str()), "{why}")
+                }
+                other => panic!("{status:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn only_a_hold_with_nothing_under_way_is_voided() {
+        assert_eq!(void_plan(&hold(10), false), Ok(()));
+        assert!(void_plan(&hold(10), true).is_err());
+        let voiding = Payment {
+            void_requested: Some(VoidReason::Expired),
+            ..hold(10)
+        };
+        assert!(void_plan(&voiding, false).is_err());
+        for status in [Pending, Succeeded, Failed, Voided] {
+            let p = Payment { status, ..hold(10) };
+            assert!(void_plan(&p, false).is_err(), "{status:?}");
+        }
     }
 }

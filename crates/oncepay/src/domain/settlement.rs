@@ -5,7 +5,7 @@
 //! (`commands::settle::payment`) — and writes only what it says.
 
 use super::order::OrderStatus;
-use super::payment::{Payment, PaymentStatus, Transition};
+use super::payment::{Payment, PaymentStatus, Transition, VoidReason};
 
 /// What a provider says of a charge, as far as the rule needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +41,12 @@ pub enum Settlement {
     Nothing,
 }
 
+/// Why a hold the provider reports released ended: the void asked for,
+/// or else it expired (the provider let it lapse or cancelled it itself).
+pub fn void_reason(attempt: &Payment) -> VoidReason {
+    attempt.void_requested.unwrap_or(VoidReason::Expired)
+}
+
 /// The one settlement rule.
 pub fn decide(attempt: &Payment, order: OrderStatus, report: &Report<'_>) -> Settlement {
     match attempt.status.transition(report.status) {
@@ -48,6 +54,8 @@ pub fn decide(attempt: &Payment, order: OrderStatus, report: &Report<'_>) -> Set
             status,
             order: match status {
                 PaymentStatus::Succeeded => Some(order.after_payment_succeeded()),
+                PaymentStatus::RequiresCapture => Some(order.after_payment_authorized()),
+                PaymentStatus::Voided => Some(order.after_void(void_reason(attempt))),
                 _ => None,
             }
             .filter(|next| *next != order),
@@ -142,6 +150,44 @@ mod tests {
         assert_eq!(
             decide(&attempt(Succeeded), OrderStatus::Paid, &report(Failed)),
             Settlement::Nothing
+        );
+        let held = OrderStatus::Authorized;
+        assert_eq!(
+            decide(&attempt(Pending), waiting, &report(RequiresCapture)),
+            Settlement::Advance {
+                status: RequiresCapture,
+                order: Some(held)
+            }
+        );
+        assert_eq!(
+            decide(&attempt(RequiresCapture), held, &report(Succeeded)),
+            Settlement::Advance {
+                status: Succeeded,
+                order: Some(OrderStatus::Paid)
+            }
+        );
+        assert_eq!(
+            decide(&attempt(RequiresCapture), held, &report(Voided)),
+            Settlement::Advance {
+                status: Voided,
+                order: Some(waiting)
+            },
+            "an expired hold makes the order payable again"
+        );
+        let cancelling = Payment {
+            void_requested: Some(VoidReason::OrderCancelled),
+            ..attempt(RequiresCapture)
+        };
+        assert_eq!(
+            decide(&cancelling, held, &report(Voided)),
+            Settlement::Advance {
+                status: Voided,
+                order: Some(OrderStatus::Cancelled)
+            }
+        );
+        assert_eq!(
+            decide(&attempt(Voided), waiting, &report(Succeeded)),
+            Settlement::Contradicted
         );
         let known =
             attempt(Succeeded).with_facts(Succeeded, Some("ch_1"), None, None, chrono::Utc::now());

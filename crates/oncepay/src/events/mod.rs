@@ -184,6 +184,23 @@ pub(crate) async fn payment_requires_action(
     write(tx, metrics, Some(event)).await
 }
 
+/// A hold's `capture_before` is within `ONCEPAY_CAPTURE_REMINDER`
+/// (`payment.capture_deadline_approaching`, once per payment: the sweeper
+/// marks the payment as it writes this).
+pub(crate) async fn payment_capture_deadline_approaching(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    payment: &Payment,
+) -> Result<(), StoreError> {
+    let event = build(
+        EventType::PaymentCaptureDeadlineApproaching,
+        (payment.id, payment.order_id),
+        payment,
+        |r| cause_of(Cause::Reconciler, r),
+    )?;
+    write(tx, metrics, Some(event)).await
+}
+
 /// A refund reached a final status. A refund oncepay made itself, to
 /// return a charge it did not expect, is caused by that incident.
 pub(crate) async fn refund_changed(

@@ -260,12 +260,20 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
     let initial = match order.status {
         OrderStatus::AwaitingPayment => "idle",
         OrderStatus::Paid => "succeeded",
+        // Held: the card was authorized, not charged; nothing to pay.
+        OrderStatus::Authorized => "authorized",
         OrderStatus::Refunded | OrderStatus::Cancelled => "closed",
     };
     let paid_by = attempts
         .iter()
         .rev()
-        .find(|p| p.status == crate::domain::payment::PaymentStatus::Succeeded)
+        .find(|p| {
+            use crate::domain::payment::PaymentStatus;
+            matches!(
+                p.status,
+                PaymentStatus::Succeeded | PaymentStatus::RequiresCapture
+            )
+        })
         .map(|p| p.id.to_string())
         .unwrap_or_default();
     let provider = state.ctx.providers.current();
@@ -292,14 +300,15 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
         })
         .unwrap_or_default();
     let cancel = cancel_link(session.cancel_url.as_deref(), t);
+    let manual = session.capture_method == crate::domain::payment::CaptureMethod::Manual;
     let text = serde_json::to_string(t).map_err(Problem::internal_from)?;
     let main = format!(
         "<header>\n<p class=\"merchant\" id=\"merchant\">{merchant}</p>\n{banner}<h1><span class=\"verb\">{pay}</span> {total}</h1>\n\
          <p class=\"order\">{order_word} <span class=\"ref\">{order_id}</span></p>\n</header>\n\
          <table class=\"items\">\n<thead><tr><th scope=\"col\">{item}</th><th scope=\"col\" class=\"qty\">{qty}</th><th scope=\"col\" class=\"money\">{amount}</th></tr></thead>\n\
          <tbody>\n{rows}</tbody>\n<tfoot><tr><th scope=\"row\" colspan=\"2\">{total_word}</th><td class=\"money\">{total}</td></tr></tfoot>\n</table>\n\
-         <form id=\"checkout\" data-token=\"{token_path}\" data-order=\"{order_id}\" data-initial=\"{initial}\" data-paid-by=\"{paid_by}\" \
-         data-lang=\"{lang}\" data-card=\"{card_kind}\"{card_data} data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
+         {authorize_note}<form id=\"checkout\" data-token=\"{token_path}\" data-order=\"{order_id}\" data-initial=\"{initial}\" data-paid-by=\"{paid_by}\" \
+         data-capture=\"{capture}\" data-lang=\"{lang}\" data-card=\"{card_kind}\"{card_data} data-success-url=\"{success}\" data-text=\"{text}\" novalidate>\n\
          {fields}{token}<button id=\"pay\" type=\"submit\">{pay} {total}</button>\n{cancel}</form>\n\
          <div id=\"status\" role=\"status\" aria-live=\"polite\" data-status=\"idle\">{ready}</div>\n\
          <p id=\"bank\" hidden><a id=\"continue\" href=\"#\">{continue_at_bank}</a></p>\n\
@@ -307,6 +316,15 @@ pub async fn show(state: web::Data<AppState>, req: HttpRequest, path: web::Path<
          <p class=\"ref\">{payment_ref} <span id=\"receipt-id\"></span></p>\n</section>\n\
          {card_script}<script src=\"/checkout/assets/checkout.js\" defer></script>",
         merchant = escape(&session.merchant_name),
+        capture = session.capture_method.as_str(),
+        authorize_note = if manual {
+            format!(
+                "<p class=\"notice\" id=\"authorize-note\">{}</p>\n",
+                escape(t.authorize_note)
+            )
+        } else {
+            String::new()
+        },
         pay = escape(t.pay),
         order_word = escape(t.order),
         order_id = order.id,
@@ -551,7 +569,12 @@ pub async fn pay(
     let input = CommandInput {
         path_id: None,
         path_text: None,
-        body: json!({"order_id": session.order_id, "payment_method": method, "return_url": page_url}),
+        body: json!({
+            "order_id": session.order_id,
+            "payment_method": method,
+            "return_url": page_url,
+            "capture_method": session.capture_method,
+        }),
         actor: None,
     };
     let id = RecordId::checkout(session.merchant_id, session.id, &key);

@@ -208,7 +208,13 @@ pub async fn orders(
     query: web::Query<HashMap<String, String>>,
 ) -> Reply {
     const SPEC: ListSpec = ListSpec {
-        statuses: &["awaiting_payment", "paid", "refunded", "cancelled"],
+        statuses: &[
+            "awaiting_payment",
+            "authorized",
+            "paid",
+            "refunded",
+            "cancelled",
+        ],
         filters: &[],
     };
     list(
@@ -221,13 +227,22 @@ pub async fn orders(
     .await
 }
 
-/// Payments and refunds share their statuses.
+/// Refunds' statuses; payments have these and a hold's two.
 const ATTEMPT_STATUSES: &[&str] = &["pending", "succeeded", "failed"];
+
+/// A payment's statuses.
+const PAYMENT_STATUSES: &[&str] = &[
+    "pending",
+    "requires_capture",
+    "succeeded",
+    "failed",
+    "voided",
+];
 
 /// `GET /payments` also filters by order: the paged form of
 /// `GET /orders/{id}/payments`.
 pub(crate) const PAYMENT_SPEC: ListSpec = ListSpec {
-    statuses: ATTEMPT_STATUSES,
+    statuses: PAYMENT_STATUSES,
     filters: &[("order_id", FilterKind::Id)],
 };
 

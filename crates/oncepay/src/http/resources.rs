@@ -7,6 +7,7 @@ use super::{
     answer, auth, authenticate, authenticate_caller, idempotency_key, ok_json, on_service_runtime,
     path_uuid, read_body, AppState,
 };
+use crate::commands::captures::{CapturePayment, VoidPayment};
 use crate::commands::orders::{CancelOrder, CreateOrder};
 use crate::commands::payments::CreatePayment;
 use crate::commands::refunds::CreateRefund;
@@ -103,6 +104,26 @@ pub(crate) async fn create_refund(
 ) -> Reply {
     let id = path_uuid(&path, ProblemCode::PaymentNotFound, "payment").map(Some);
     money_command::<CreateRefund>(&state, &req, payload, id, true).await
+}
+
+pub(crate) async fn capture_payment(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    let id = path_uuid(&path, ProblemCode::PaymentNotFound, "payment").map(Some);
+    money_command::<CapturePayment>(&state, &req, payload, id, true).await
+}
+
+pub(crate) async fn void_payment(
+    state: web::Data<AppState>,
+    req: HttpRequest,
+    path: web::Path<String>,
+    payload: web::Payload,
+) -> Reply {
+    let id = path_uuid(&path, ProblemCode::PaymentNotFound, "payment").map(Some);
+    money_command::<VoidPayment>(&state, &req, payload, id, true).await
 }
 
 /// Runs a scoped read on the service runtime.

@@ -223,6 +223,20 @@ pub const ROUTES: &[Route] = &[
         Required,
         |r| r.to(resources::create_refund),
     ),
+    route(
+        "POST",
+        "/payments/{id}/capture",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(resources::capture_payment),
+    ),
+    route(
+        "POST",
+        "/payments/{id}/void",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(resources::void_payment),
+    ),
     route("GET", "/refunds/{id}", Needs(Read, Refused), Unused, |r| {
         r.to(resources::get_refund)
     }),

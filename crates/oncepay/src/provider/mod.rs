@@ -66,6 +66,24 @@ pub struct ChargeRequest {
     pub trace: trace::Trace,
     /// Where the customer comes back after acting at their bank.
     pub return_url: Option<String>,
+    /// `manual`: authorize only; the charge waits for [`PaymentProvider::capture`].
+    pub capture_method: crate::domain::payment::CaptureMethod,
+}
+
+/// A capture of an authorized charge (or its repeat, with the same key).
+#[derive(Debug, Clone)]
+pub struct CaptureRequest {
+    /// Our capture's id: the provider's idempotency key for it, never
+    /// derived from the amount.
+    pub idempotency_key: Uuid,
+    /// The payment attempt captured.
+    pub payment_id: Uuid,
+    /// The provider's id of the authorized charge, as the attempt records it.
+    pub charge_id: String,
+    /// Minor units, at most what was authorized.
+    pub amount: i64,
+    /// The payment's ISO 4217 code (the unit of `amount`).
+    pub currency: String,
 }
 
 /// A refund to make (or to repeat, with the same key), or to look up.
@@ -98,6 +116,27 @@ pub struct ProviderObject {
     /// For a pending charge that waits for its customer (3-D Secure): where
     /// to send them.
     pub next_action: Option<crate::domain::payment::NextAction>,
+    /// For an authorized charge (`requires_capture`): until when it can be
+    /// captured, Unix seconds, where the provider says.
+    pub capture_before: Option<i64>,
+    /// For a captured charge: how much was captured, where the provider
+    /// says (`None`: the whole amount).
+    pub amount_captured: Option<i64>,
+}
+
+impl ProviderObject {
+    /// An object of `id` in `status`, with no other facts.
+    pub fn bare(id: impl Into<String>, status: PaymentStatus) -> ProviderObject {
+        ProviderObject {
+            id: id.into(),
+            status,
+            failure_code: None,
+            failure_message: None,
+            next_action: None,
+            capture_before: None,
+            amount_captured: None,
+        }
+    }
 }
 
 /// The result of a provider call, after the adapter's table decided what
@@ -358,6 +397,25 @@ pub trait PaymentProvider: Send + Sync {
         attempt_id: Uuid,
         reference: Option<&'a str>,
     ) -> BoxFuture<'a, CallOutcome>;
+    /// Whether it authorizes now and captures later (`capture_method:
+    /// manual`); a manual payment is refused (`422`) by one that does not.
+    fn captures_later(&self) -> bool;
+    /// Captures `request.amount` of an authorized charge, releasing the
+    /// rest; repeated with the same key, answers the capture already made.
+    /// `Known` with the charge as it is after the call: `succeeded` (with
+    /// `amount_captured`), or `voided` when the provider refused because
+    /// the hold expired or was released (the provider decides, never our
+    /// clock), or `requires_capture` if it still holds it uncaptured.
+    fn capture<'a>(&'a self, request: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome>;
+    /// Reads whether a capture that may have been sent happened: `Known`
+    /// with the charge once it is captured or released, `NotFound` while
+    /// the provider still holds it uncaptured (sending the capture again,
+    /// same key, is then safe); a safe, retried read.
+    fn find_capture<'a>(&'a self, request: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome>;
+    /// Releases the authorization of `payment_id`'s charge `charge_id`
+    /// without capturing it; idempotent. `Known` with the charge: `voided`,
+    /// or `succeeded` if it was captured first (which stands).
+    fn void<'a>(&'a self, payment_id: Uuid, charge_id: &'a str) -> BoxFuture<'a, CallOutcome>;
     /// Reads a refund (`reference`: its id we recorded, if any).
     fn find_refund<'a>(
         &'a self,
@@ -500,6 +558,18 @@ impl PaymentProvider for Unconfigured {
         Box::pin(async move { self.unknown() })
     }
     fn refund<'a>(&'a self, _: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn captures_later(&self) -> bool {
+        false
+    }
+    fn capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn find_capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move { self.unknown() })
+    }
+    fn void<'a>(&'a self, _: Uuid, _: &'a str) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move { self.unknown() })
     }
     fn find_refund<'a>(

@@ -8,7 +8,12 @@
 //! fails after it succeeded), disputes (`POST /v1/charges/{id}/disputes`
 //! opens one, `POST /v1/disputes/{id}/close` closes it, each sending its
 //! `charge.dispute.*` webhook; `GET /v1/disputes/{id}`), `GET /v1/ledger`,
-//! `GET /v1/ledger/totals`, `GET /healthz`.
+//! `GET /v1/ledger/totals`, `GET /healthz`. Holds: `POST /v1/charges` with
+//! `"capture": false` authorizes only (`authorized`, `capture_before` after
+//! `ONCEPAY_SANDBOX_CAPTURE_WINDOW`); `POST /v1/charges/{id}/capture`
+//! (`Idempotency-Key`, `{"amount"}`) and `POST /v1/charges/{id}/void` end
+//! the hold; past its deadline it expires (`charge.expired`), at once with
+//! `POST /v1/charges/{id}/expire` (a test's lever).
 
 use std::net::TcpListener;
 use std::pin::Pin;
@@ -23,7 +28,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::faults::TokenFaults;
-use super::state::{Books, Charge, Dispute, Refund};
+use super::state::{Books, Capture, Charge, Dispute, Refund};
 use crate::config::SandboxConfig;
 
 /// A running sandbox's shared state.
@@ -172,8 +177,76 @@ struct ChargeBody {
     /// Where the bank page sends the customer back (3-D Secure tokens).
     #[serde(default)]
     return_url: Option<String>,
+    /// `false`: authorize only; the charge is `authorized` until captured
+    /// (`POST /v1/charges/{id}/capture`), voided or expired.
+    #[serde(default = "capture_at_once")]
+    capture: bool,
 }
 
+fn capture_at_once() -> bool {
+    true
+}
+
+/// A charge reaching `status`: an approved manual charge is held
+/// (`authorized`, until `capture_before`) instead of succeeding, and an
+/// automatic one captures its whole amount. True when a hold began (its
+/// expiry is to be scheduled).
+fn reach(charge: &mut Charge, status: &'static str, window: Duration) -> bool {
+    if status == "succeeded" && charge.capture_method == "manual" {
+        charge.status = "authorized";
+        let window = window.as_secs_f64().ceil() as i64;
+        charge.capture_before = Some(now_unix() + window.max(1));
+        return true;
+    }
+    charge.status = status;
+    if status == "succeeded" {
+        charge.amount_captured = charge.amount;
+    }
+    false
+}
+
+/// A held charge past its deadline expires (once): true if it did now, and
+/// its `charge.expired` is to be sent.
+fn expire_if_due(charge: &mut Charge) -> bool {
+    let due =
+        charge.status == "authorized" && charge.capture_before.is_some_and(|at| now_unix() >= at);
+    if due {
+        charge.status = "expired";
+    }
+    due
+}
+
+/// Expires the hold of `key` at its deadline, with its webhook, unless it
+/// was captured or voided before. Not counted as work in flight: a hold
+/// may stand for days, and harnesses wait for that count to be zero.
+fn schedule_expiry(sandbox: Arc<Sandbox>, key: String) {
+    let Some(deadline) = sandbox
+        .books()
+        .charges
+        .get(&key)
+        .and_then(|c| c.capture_before)
+    else {
+        return;
+    };
+    tokio::spawn(async move {
+        let wait = (deadline - now_unix()).max(0) as u64;
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+        // The deadline is whole seconds: past it for sure.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let event = {
+            let mut books = sandbox.books();
+            let Some(charge) = books.charges.get_mut(&key) else {
+                return;
+            };
+            if !expire_if_due(charge) {
+                return;
+            }
+            charge_event(charge, "expired")
+        };
+        let copies = sandbox.config.faults.duplicate_webhooks;
+        send_webhooks(sandbox, vec![event], copies);
+    });
+}
 fn charge_event(charge: &Charge, status: &'static str) -> Value {
     let mut object = charge.clone();
     object.status = status;
@@ -208,6 +281,7 @@ async fn create_charge(
         Ok(f) => f,
         Err(unknown) => return error(400, "unknown_fault", &unknown.to_string()),
     };
+    let window = sandbox.config.capture_window;
     let (charge, delivery, events, later) = {
         let mut books = sandbox.books();
         let n = books.count_request(&key);
@@ -237,7 +311,14 @@ async fn create_charge(
                     None => faults.base.clone(),
                 };
                 let bank = format!("{}/v1/authenticate", sandbox.public_url);
-                new_charge(&mut books, &key, &body, metadata, (&base, &bank), reorder)
+                new_charge(
+                    &mut books,
+                    &key,
+                    &body,
+                    metadata,
+                    (&base, &bank),
+                    (reorder, window),
+                )
             }
         };
         let delivery = sandbox.delivery(&mut books, &faults, n);
@@ -250,6 +331,9 @@ async fn create_charge(
     };
     let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
     send_webhooks(sandbox.clone().into_inner(), events, copies);
+    if charge.status == "authorized" {
+        schedule_expiry(sandbox.clone().into_inner(), key.clone());
+    }
     if let Some(final_status) = later {
         settle_later(
             sandbox.clone().into_inner(),
@@ -317,11 +401,11 @@ fn new_charge(
     body: &ChargeBody,
     metadata: Value,
     (token, bank): (&str, &str),
-    reorder: bool,
+    (reorder, window): (bool, Duration),
 ) -> (Charge, Vec<Value>, Option<&'static str>) {
     let outcome = outcome_of(token);
     let id = new_id("ch");
-    let charge = Charge {
+    let mut charge = Charge {
         next_action: outcome
             .on_approval
             .map(|_| json!({"type": "redirect", "url": format!("{bank}/{id}")})),
@@ -332,7 +416,10 @@ fn new_charge(
         idempotency_key: key.to_string(),
         amount: body.amount,
         currency: body.currency.clone(),
-        status: outcome.status,
+        status: "pending",
+        capture_method: if body.capture { "automatic" } else { "manual" },
+        amount_captured: 0,
+        capture_before: None,
         failure_code: outcome.failure.map(|f| f.0.to_string()),
         failure_message: outcome.failure.map(|f| f.1.to_string()),
         amount_refunded: 0,
@@ -340,6 +427,8 @@ fn new_charge(
         created: now_unix(),
         source: body.source.clone(),
     };
+    reach(&mut charge, outcome.status, window);
+    let status = charge.status;
     books.charge_keys.insert(charge.id.clone(), key.to_string());
     books.charges.insert(key.to_string(), charge.clone());
     *books.effects.entry(key.to_string()).or_insert(0) += 1;
@@ -348,9 +437,9 @@ fn new_charge(
         // both later with the final one first.
         (Some(_), false) => vec![charge_event(&charge, "pending")],
         (Some(_), true) => Vec::new(),
-        (None, false) => vec![charge_event(&charge, outcome.status)],
+        (None, false) => vec![charge_event(&charge, status)],
         (None, true) => vec![
-            charge_event(&charge, outcome.status),
+            charge_event(&charge, status),
             charge_event(&charge, "pending"),
         ],
     };
@@ -374,7 +463,11 @@ fn settle_later(
             let Some(charge) = books.charges.get_mut(&key) else {
                 return;
             };
-            charge.status = final_status;
+            let held = reach(charge, final_status, sandbox.config.capture_window);
+            let final_status = charge.status;
+            if held {
+                schedule_expiry(sandbox.clone(), key.clone());
+            }
             if final_status == "failed" {
                 charge.failure_code = Some("card_declined".into());
                 charge.failure_message = Some("The card was declined.".into());
@@ -562,8 +655,8 @@ async fn create_refund(
                 let Some(charge) = books.charges.get_mut(&charge_key) else {
                     return error(404, "charge_not_found", "no such charge");
                 };
-                let left = charge.amount - charge.amount_refunded;
-                let (status, code) = if charge.status != "succeeded" {
+                let left = charge.amount_captured - charge.amount_refunded;
+                let (status, code) = if !matches!(charge.status, "succeeded" | "captured") {
                     ("failed", Some("charge_not_refundable"))
                 } else if charged_back > 0 && body.amount > left - charged_back {
                     ("failed", Some("charge_disputed"))
@@ -739,7 +832,7 @@ async fn open_dispute(
         else {
             return error(404, "charge_not_found", "no such charge");
         };
-        if charge.status != "succeeded" {
+        if !matches!(charge.status, "succeeded" | "captured") {
             return error(
                 409,
                 "charge_not_succeeded",
@@ -895,14 +988,18 @@ async fn bank_decision(sandbox: Shared, path: web::Path<(String, String)>) -> Ht
                     )),
                 ),
             };
-            charge.status = status;
+            if reach(charge, status, sandbox.config.capture_window) {
+                schedule_expiry(sandbox.clone().into_inner(), key.clone());
+            }
             charge.next_action = None;
             charge.failure_code = failure.map(|f| f.0.to_string());
             charge.failure_message = failure.map(|f| f.1.to_string());
         }
         (charge.clone(), sandbox.config.faults.duplicate_webhooks)
     };
-    if charge.next_action.is_none() && matches!(charge.status, "succeeded" | "failed") {
+    if charge.next_action.is_none()
+        && matches!(charge.status, "succeeded" | "failed" | "authorized")
+    {
         let event = charge_event(&charge, charge.status);
         send_webhooks(sandbox.clone().into_inner(), vec![event], copies);
     }
@@ -953,6 +1050,245 @@ async fn cancel_charge(sandbox: Shared, path: web::Path<String>) -> HttpResponse
         let event = charge_event(&charge, charge.status);
         send_webhooks(sandbox.clone().into_inner(), vec![event], copies);
     }
+    HttpResponse::Ok().json(&charge)
+}
+
+#[derive(Deserialize, Default)]
+struct CaptureBody {
+    #[serde(default)]
+    amount: Option<i64>,
+}
+
+/// A refusal of a capture or a void: `409` with its code and the charge
+/// as it is (the provider's word on the hold).
+fn refusal(code: &str, detail: &str, charge: &Charge) -> Value {
+    json!({"code": code, "detail": detail, "charge": charge})
+}
+
+/// What a capture or a void found, decided under the books' lock.
+enum HoldAnswer {
+    Charge(Box<Charge>),
+    Refused(Value),
+    Error(HttpResponse),
+}
+
+/// `POST /v1/charges/{id}/capture` (`Idempotency-Key`; body `{"amount"}`,
+/// default all of it): captures an authorized charge once, for at most
+/// its amount, and releases the rest (`charge.captured`). The same key
+/// answers the same capture; a charge captured, voided or expired is
+/// refused `409` with the charge. The token's fault suffixes apply to
+/// each call, counted per key.
+async fn capture_charge(
+    sandbox: Shared,
+    req: HttpRequest,
+    path: web::Path<String>,
+    body: Option<web::Json<CaptureBody>>,
+) -> HttpResponse {
+    let Some(key) = key_of(&req) else {
+        return error(
+            400,
+            "idempotency_key_missing",
+            "Idempotency-Key is required",
+        );
+    };
+    let amount = body.and_then(|b| b.into_inner().amount);
+    let (answer, delivery, events) = {
+        let mut books = sandbox.books();
+        let Some(charge_key) = books.charge_keys.get(path.as_str()).cloned() else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let source = books
+            .charges
+            .get(&charge_key)
+            .map(|c| c.source.clone())
+            .unwrap_or_default();
+        let faults = TokenFaults::parse(&source).unwrap_or_default();
+        let n = books.count_request(&key);
+        if sandbox.fails_first(&mut books, faults.error, n) {
+            return error(500, "sandbox_fault", "injected failure before capturing");
+        }
+        let mut events = Vec::new();
+        let answer = match books.captures.get(&key).cloned() {
+            Some(done) if done.charge_id != *path => HoldAnswer::Error(error(
+                409,
+                "idempotency_key_reused",
+                "this key captured another charge",
+            )),
+            Some(_) => match books.charges.get(&charge_key) {
+                Some(charge) => HoldAnswer::Charge(Box::new(charge.clone())),
+                None => HoldAnswer::Error(error(404, "charge_not_found", "no such charge")),
+            },
+            None => {
+                let Some(charge) = books.charges.get_mut(&charge_key) else {
+                    return error(404, "charge_not_found", "no such charge");
+                };
+                if expire_if_due(charge) {
+                    events.push(charge_event(charge, "expired"));
+                }
+                let take = amount.unwrap_or(charge.amount);
+                match charge.status {
+                    "authorized" if take < 1 || take > charge.amount => HoldAnswer::Error(error(
+                        400,
+                        "invalid_amount",
+                        "amount must be from 1 to the authorized amount",
+                    )),
+                    "authorized" => {
+                        charge.status = "captured";
+                        charge.amount_captured = take;
+                        let charge = charge.clone();
+                        events.push(charge_event(&charge, "captured"));
+                        let capture = Capture {
+                            id: new_id("cp"),
+                            idempotency_key: key.clone(),
+                            charge_id: charge.id.clone(),
+                            amount: take,
+                            created: now_unix(),
+                        };
+                        books.captures.insert(key.clone(), capture);
+                        *books.effects.entry(key.clone()).or_insert(0) += 1;
+                        HoldAnswer::Charge(Box::new(charge))
+                    }
+                    "captured" => HoldAnswer::Refused(refusal(
+                        "charge_already_captured",
+                        "the charge was captured already",
+                        charge,
+                    )),
+                    "expired" => HoldAnswer::Refused(refusal(
+                        "charge_expired_for_capture",
+                        "the authorization expired",
+                        charge,
+                    )),
+                    "voided" => HoldAnswer::Refused(refusal(
+                        "charge_voided",
+                        "the authorization was voided",
+                        charge,
+                    )),
+                    _ => HoldAnswer::Refused(refusal(
+                        "charge_not_capturable",
+                        "only an authorized charge can be captured",
+                        charge,
+                    )),
+                }
+            }
+        };
+        let delivery = sandbox.delivery(&mut books, &faults, n);
+        (answer, delivery, events)
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
+    hold_answer(answer, delivery).await
+}
+
+async fn hold_answer(answer: HoldAnswer, delivery: Delivery) -> HttpResponse {
+    match answer {
+        HoldAnswer::Error(response) => response,
+        HoldAnswer::Charge(charge) => {
+            deliver(
+                delivery,
+                serde_json::to_value(&charge).unwrap_or(Value::Null),
+            )
+            .await
+        }
+        HoldAnswer::Refused(body) => match delivery {
+            Delivery::Drop => HttpResponse::Conflict()
+                .content_type("application/json")
+                .body(Dropped),
+            Delivery::Delay(d) => {
+                tokio::time::sleep(d).await;
+                HttpResponse::Conflict().json(body)
+            }
+            Delivery::Answer => HttpResponse::Conflict().json(body),
+        },
+    }
+}
+
+/// `POST /v1/charges/{id}/void`: releases an authorized charge
+/// (`charge.voided`). Idempotent: a charge voided or expired is answered
+/// as it is; one captured first is refused `409` with the charge. The
+/// token's fault suffixes apply, counted per `Idempotency-Key`.
+async fn void_charge(sandbox: Shared, req: HttpRequest, path: web::Path<String>) -> HttpResponse {
+    let key = key_of(&req).unwrap_or_else(|| format!("void:{path}"));
+    let (answer, delivery, events) = {
+        let mut books = sandbox.books();
+        let Some(charge_key) = books.charge_keys.get(path.as_str()).cloned() else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let source = books
+            .charges
+            .get(&charge_key)
+            .map(|c| c.source.clone())
+            .unwrap_or_default();
+        let faults = TokenFaults::parse(&source).unwrap_or_default();
+        let n = books.count_request(&key);
+        if sandbox.fails_first(&mut books, faults.error, n) {
+            return error(500, "sandbox_fault", "injected failure before voiding");
+        }
+        let Some(charge) = books.charges.get_mut(&charge_key) else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let mut events = Vec::new();
+        if expire_if_due(charge) {
+            events.push(charge_event(charge, "expired"));
+        }
+        let answer = match charge.status {
+            "authorized" => {
+                charge.status = "voided";
+                events.push(charge_event(charge, "voided"));
+                HoldAnswer::Charge(Box::new(charge.clone()))
+            }
+            "voided" | "expired" => HoldAnswer::Charge(Box::new(charge.clone())),
+            "captured" => HoldAnswer::Refused(refusal(
+                "charge_already_captured",
+                "the charge was captured already",
+                charge,
+            )),
+            _ => HoldAnswer::Refused(refusal(
+                "charge_not_capturable",
+                "only an authorized charge can be voided",
+                charge,
+            )),
+        };
+        let delivery = sandbox.delivery(&mut books, &faults, n);
+        (answer, delivery, events)
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
+    hold_answer(answer, delivery).await
+}
+
+/// `POST /v1/charges/{id}/expire`: the hold's deadline passes now (as
+/// if its window had run out): an authorized charge expires and
+/// `charge.expired` is sent; any other is answered as it is.
+async fn expire_charge(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
+    let (charge, events) = {
+        let mut books = sandbox.books();
+        let Some(key) = books.charge_keys.get(path.as_str()).cloned() else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        let Some(charge) = books.charges.get_mut(&key) else {
+            return error(404, "charge_not_found", "no such charge");
+        };
+        if charge.status == "authorized" {
+            charge.capture_before = Some(now_unix());
+        }
+        let events = if expire_if_due(charge) {
+            vec![charge_event(charge, "expired")]
+        } else {
+            Vec::new()
+        };
+        (charge.clone(), events)
+    };
+    send_webhooks(
+        sandbox.clone().into_inner(),
+        events,
+        sandbox.config.faults.duplicate_webhooks,
+    );
     HttpResponse::Ok().json(&charge)
 }
 
@@ -1070,6 +1406,9 @@ pub fn start(
             .route("/v1/charges", web::get().to(find_charge))
             .route("/v1/charges/{id}", web::get().to(get_charge))
             .route("/v1/charges/{id}/cancel", web::post().to(cancel_charge))
+            .route("/v1/charges/{id}/capture", web::post().to(capture_charge))
+            .route("/v1/charges/{id}/void", web::post().to(void_charge))
+            .route("/v1/charges/{id}/expire", web::post().to(expire_charge))
             .route("/v1/refunds", web::post().to(create_refund))
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))

@@ -19,8 +19,18 @@ pub struct Charge {
     pub amount: i64,
     /// ISO 4217 code.
     pub currency: String,
-    /// pending, succeeded or failed.
+    /// pending, succeeded or failed; a charge made with `capture: false`
+    /// is authorized, then captured, voided or expired.
     pub status: &'static str,
+    /// `automatic` or `manual` (`capture: false`).
+    pub capture_method: &'static str,
+    /// What its capture took (an automatic charge: all of it once
+    /// succeeded).
+    pub amount_captured: i64,
+    /// An authorized charge's deadline, Unix seconds: past it the hold
+    /// expires (`ONCEPAY_SANDBOX_CAPTURE_WINDOW` after the authorization).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capture_before: Option<i64>,
     /// Why it failed.
     pub failure_code: Option<String>,
     /// A readable reason.
@@ -45,6 +55,21 @@ pub struct Charge {
     /// Where the bank page sends the customer back.
     #[serde(skip)]
     pub return_url: Option<String>,
+}
+
+/// One capture of an authorized charge.
+#[derive(Debug, Clone, Serialize)]
+pub struct Capture {
+    /// `cp_…`.
+    pub id: String,
+    /// The key it was made with (the merchant's capture id).
+    pub idempotency_key: String,
+    /// The captured charge.
+    pub charge_id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// Unix seconds.
+    pub created: i64,
 }
 
 /// One refund.
@@ -125,6 +150,8 @@ pub struct Books {
     pub faults: HashMap<&'static str, u64>,
     /// Disputes by id.
     pub disputes: BTreeMap<String, Dispute>,
+    /// Captures by idempotency key.
+    pub captures: BTreeMap<String, Capture>,
     /// Tokens made by `POST /v1/tokens`, and the test token each behaves as.
     pub tokens: HashMap<String, &'static str>,
 }
@@ -153,6 +180,9 @@ impl Books {
                     "idempotency_key": c.idempotency_key,
                     "id": c.id,
                     "status": c.status,
+                    "capture_method": c.capture_method,
+                    "amount_captured": c.amount_captured,
+                    "capture_before": c.capture_before,
                     "amount": c.amount,
                     "amount_refunded": c.amount_refunded,
                     "order_id": c.metadata.get(crate::provider::trace::ORDER),
@@ -176,9 +206,23 @@ impl Books {
                 })
             })
             .collect();
+        let captures: Vec<Value> = self
+            .captures
+            .values()
+            .map(|c| {
+                serde_json::json!({
+                    "id": c.id,
+                    "charge_id": c.charge_id,
+                    "amount": c.amount,
+                    "idempotency_key": c.idempotency_key,
+                    "requests": self.requests.get(&c.idempotency_key).copied().unwrap_or(0),
+                })
+            })
+            .collect();
         serde_json::json!({
             "charges": charges,
             "refunds": refunds,
+            "captures": captures,
             "totals": self.totals(),
         })
     }
@@ -191,6 +235,9 @@ impl Books {
         serde_json::json!({
             "charges": self.charges.len(),
             "charges_succeeded": self.charges.values().filter(|c| c.status == "succeeded").count(),
+            "charges_authorized": self.charges.values().filter(|c| c.capture_method == "manual").count(),
+            "captures": self.captures.len(),
+            "captured_amount": self.captures.values().map(|c| c.amount).sum::<i64>(),
             "refunds": self.refunds.len(),
             "refunded_amount": self.refunds.values().filter(|r| r.status == "succeeded").map(|r| r.amount).sum::<i64>(),
             "requests": self.requests.values().map(|n| *n as u64).sum::<u64>(),

@@ -27,6 +27,8 @@ pub struct Session {
     pub locale: Option<String>,
     /// The merchant as customers see it (its display name, else its name).
     pub merchant_name: String,
+    /// `manual`: the page authorizes only.
+    pub capture_method: crate::domain::payment::CaptureMethod,
 }
 
 /// Inserts a session; only the token's hash is stored.
@@ -35,13 +37,16 @@ pub async fn insert(
     (id, merchant_id, order_id): (Uuid, Uuid, Uuid),
     token_hash: &[u8; 32],
     ttl_ms: i64,
-    way_back: &crate::domain::checkout::WayBack,
+    (way_back, capture_method): (
+        &crate::domain::checkout::WayBack,
+        crate::domain::payment::CaptureMethod,
+    ),
 ) -> Result<DateTime<Utc>, StoreError> {
     let row = sqlx::query(
         "INSERT INTO checkout_session (id, merchant_id, order_id, token_hash, expires_at,
-                                       success_url, cancel_url, locale)
+                                       success_url, cancel_url, locale, capture_method)
          VALUES ($1, $2, $3, $4, date_trunc('milliseconds', now()) + $5::bigint * interval '1 millisecond',
-                 $6, $7, $8)
+                 $6, $7, $8, $9)
          RETURNING expires_at",
     )
     .bind(id)
@@ -52,6 +57,7 @@ pub async fn insert(
     .bind(&way_back.success_url)
     .bind(&way_back.cancel_url)
     .bind(way_back.locale)
+    .bind(capture_method.as_str())
     .fetch_one(tx)
     .await?;
     Ok(row.try_get("expires_at")?)
@@ -64,7 +70,8 @@ pub(crate) async fn by_token_hash(
 ) -> Result<Option<Session>, StoreError> {
     let row = sqlx::query(
         "SELECT s.id, s.merchant_id, s.order_id, s.expires_at, s.expires_at <= now() AS expired,
-                s.success_url, s.cancel_url, s.locale, coalesce(m.display_name, m.name) AS shown_as
+                s.success_url, s.cancel_url, s.locale, coalesce(m.display_name, m.name) AS shown_as,
+                s.capture_method
            FROM checkout_session s JOIN merchant m ON m.id = s.merchant_id
           WHERE s.token_hash = $1",
     )
@@ -82,6 +89,11 @@ pub(crate) async fn by_token_hash(
             cancel_url: r.try_get("cancel_url")?,
             locale: r.try_get("locale")?,
             merchant_name: r.try_get("shown_as")?,
+            capture_method: {
+                let m: String = r.try_get("capture_method")?;
+                crate::domain::payment::CaptureMethod::parse(&m)
+                    .ok_or_else(|| super::Corrupt::unknown("capture method", &m))?
+            },
         })
     })
     .transpose()

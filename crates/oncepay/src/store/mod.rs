@@ -91,6 +91,7 @@ pub mod alarms;
 pub mod audit;
 pub mod balances;
 pub mod books;
+pub mod captures;
 pub mod checkout;
 pub mod deliveries;
 pub mod disputes;

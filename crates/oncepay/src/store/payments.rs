@@ -13,21 +13,21 @@ use super::group_commit::{GroupCommit, Statement};
 use super::{form, Corrupt, PgQuery, StoreError};
 use crate::domain::order::Order;
 use crate::domain::origin::Origin;
-use crate::domain::payment::{NextAction, Payment, PaymentStatus};
+use crate::domain::payment::{CaptureMethod, NextAction, Payment, PaymentStatus, VoidReason};
 use crate::idempotency::persistence::millis;
 use crate::idempotency::{Claiming, Completing};
 
 /// The columns every read of a payment attempt returns, in `from_row`'s order.
 macro_rules! payment_columns {
     () => {
-        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint, next_action_url, next_action_client_secret, action_required_at, return_url"
+        "id, order_id, amount, currency, status, provider, provider_charge_id, failure_code, failure_message, refunded_amount, created_at, updated_at, payment_method, merchant_id, idempotency_key, request_fingerprint, next_action_url, next_action_client_secret, action_required_at, return_url, capture_method, amount_captured, capture_before, void_reason"
     };
 }
 
 /// The same columns qualified with the alias `p`, for joins and updates.
 macro_rules! payment_columns_p {
     () => {
-        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint, p.next_action_url, p.next_action_client_secret, p.action_required_at, p.return_url"
+        "p.id, p.order_id, p.amount, p.currency, p.status, p.provider, p.provider_charge_id, p.failure_code, p.failure_message, p.refunded_amount, p.created_at, p.updated_at, p.payment_method, p.merchant_id, p.idempotency_key, p.request_fingerprint, p.next_action_url, p.next_action_client_secret, p.action_required_at, p.return_url, p.capture_method, p.amount_captured, p.capture_before, p.void_reason"
     };
 }
 
@@ -36,7 +36,8 @@ macro_rules! payment_columns_p {
 macro_rules! new_attempt_columns {
     () => {
         "(id, merchant_id, order_id, idempotency_key, amount, currency, status, provider,
-          payment_method, next_check_at, created_at, updated_at, request_fingerprint, return_url)"
+          payment_method, next_check_at, created_at, updated_at, request_fingerprint, return_url,
+          capture_method)"
     };
 }
 
@@ -56,13 +57,31 @@ macro_rules! priced_new_events {
 
 fn from_row(row: &PgRow) -> Result<Payment, StoreError> {
     let status: String = row.try_get("status")?;
+    let status =
+        PaymentStatus::parse(&status).ok_or_else(|| Corrupt::unknown("payment status", &status))?;
+    let method: String = row.try_get("capture_method")?;
+    let capture_method =
+        CaptureMethod::parse(&method).ok_or_else(|| Corrupt::unknown("capture method", &method))?;
+    let void_reason = row
+        .try_get::<Option<String>, _>("void_reason")?
+        .map(|r| VoidReason::parse(&r).ok_or_else(|| Corrupt::unknown("void reason", &r)))
+        .transpose()?;
+    let held = status == PaymentStatus::RequiresCapture;
+    let amount: i64 = row.try_get("amount")?;
     Ok(Payment {
+        capture_method,
+        amount_capturable: if held { amount } else { 0 },
+        amount_captured: row.try_get("amount_captured")?,
+        capture_before: row
+            .try_get::<Option<DateTime<Utc>>, _>("capture_before")?
+            .filter(|_| held),
+        void_reason: void_reason.filter(|_| status == PaymentStatus::Voided),
+        void_requested: void_reason.filter(|_| held),
         id: row.try_get("id")?,
         order_id: row.try_get("order_id")?,
-        amount: row.try_get("amount")?,
+        amount,
         currency: row.try_get("currency")?,
-        status: PaymentStatus::parse(&status)
-            .ok_or_else(|| Corrupt::unknown("payment status", &status))?,
+        status,
         provider: row.try_get("provider")?,
         provider_charge_id: row.try_get("provider_charge_id")?,
         failure_code: row.try_get("failure_code")?,
@@ -116,6 +135,8 @@ pub struct NewAttempt<'a> {
     pub check_after: Duration,
     /// Where the customer's bank sends them back (3-D Secure).
     pub return_url: Option<&'a str>,
+    /// Captured at once, or held.
+    pub capture_method: CaptureMethod,
 }
 
 /// Why an attempt could not be inserted.
@@ -138,7 +159,7 @@ pub const INSERT: &str = concat!(
     new_attempt_columns!(),
     "
          VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8,
-                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11, $12)
+                 now() + $10::bigint * interval '1 millisecond', $9, $9, $11, $12, $13)
          RETURNING ",
     payment_columns!()
 );
@@ -161,6 +182,7 @@ pub async fn insert(
         .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
         .bind(new.fingerprint)
         .bind(new.return_url)
+        .bind(new.capture_method.as_str())
         .fetch_one(tx)
         .await;
     match result {
@@ -183,7 +205,7 @@ macro_rules! live_attempts_of {
         concat!(
             "payment_attempt p WHERE p.order_id = ",
             $order,
-            " AND p.status IN ('pending', 'succeeded')"
+            " AND p.status IN ('pending', 'requires_capture', 'succeeded')"
         )
     };
 }
@@ -268,7 +290,7 @@ row_statement! {
         SELECT i.attempt_id, i.merchant_id, o.id, i.idempotency_key, o.amount, o.currency,
                'pending', i.provider, i.payment_method,
                now() + i.check_ms * interval '1 millisecond', i.created_at, i.created_at,
-               i.fingerprint, i.return_url
+               i.fingerprint, i.return_url, 'automatic'
           FROM i JOIN o USING (n) JOIN claim c ON c.resource_id = i.attempt_id
         RETURNING order_id),
      new_events AS (
@@ -551,8 +573,14 @@ row_statement! {
     payment_columns_p!(),
     ", ",
     command_executing!(),
-    " FROM payment_attempt p
-              WHERE p.provider = i.provider AND (p.provider_charge_id = i.charge_id OR p.id = i.attempt_id)
+    // Two lookups by key, not one `OR`: planned on a new deployment's
+    // empty table (as wide as a payment's row is since V19), the `OR`
+    // was a scan of the whole table.
+    " FROM (SELECT * FROM payment_attempt
+                     WHERE id = i.attempt_id AND provider = i.provider
+                    UNION ALL
+                    SELECT * FROM payment_attempt
+                     WHERE provider = i.provider AND provider_charge_id = i.charge_id) p
               ORDER BY p.id = i.attempt_id DESC LIMIT 1) f),
      repeat AS (
         INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
@@ -668,6 +696,7 @@ pub(crate) async fn list_for_order(
 }
 
 /// What the provider said about a charge.
+#[derive(Default)]
 pub struct ChargeFacts<'a> {
     /// The provider's charge id, if it gave one.
     pub charge_id: Option<&'a str>,
@@ -675,16 +704,30 @@ pub struct ChargeFacts<'a> {
     pub failure_code: Option<&'a str>,
     /// Failure message, for a failed charge.
     pub failure_message: Option<&'a str>,
+    /// A hold's deadline, for an authorized charge.
+    pub capture_before: Option<DateTime<Utc>>,
+    /// What was captured, for a manual charge that succeeded (`None`: all).
+    pub amount_captured: Option<i64>,
+    /// Why a hold ended, for a voided one (kept if a void was asked for).
+    pub void_reason: Option<VoidReason>,
 }
 
-/// Writes an attempt's status and provider facts.
+/// Writes an attempt's status and provider facts. A hold's deadline is
+/// kept once known; a manual capture's amount is written as it succeeds
+/// (an automatic one's by the table's trigger); the reason a void was
+/// asked for is kept.
 pub(crate) const SET_STATUS: &str = concat!(
     "UPDATE payment_attempt
             SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
                 failure_code = COALESCE($4, failure_code),
                 failure_message = COALESCE($5, failure_message), updated_at = now(),
                 next_action_url = CASE WHEN $2 = 'pending' THEN next_action_url END,
-                next_action_client_secret = CASE WHEN $2 = 'pending' THEN next_action_client_secret END
+                next_action_client_secret = CASE WHEN $2 = 'pending' THEN next_action_client_secret END,
+                capture_before = COALESCE(capture_before, $6),
+                amount_captured = CASE WHEN $2 = 'succeeded' AND status <> 'succeeded'
+                                       THEN COALESCE($7, amount) ELSE amount_captured END,
+                void_reason = CASE WHEN $2 = 'voided' THEN COALESCE(void_reason, $8, 'expired')
+                                   ELSE void_reason END
           WHERE id = $1 RETURNING ",
     payment_columns!()
 );
@@ -702,8 +745,87 @@ pub(crate) async fn set_status(
         .bind(status.as_str())
         .bind(facts.charge_id)
         .bind(facts.failure_code)
-        .bind(facts.failure_message);
+        .bind(facts.failure_message)
+        .bind(facts.capture_before)
+        .bind(facts.amount_captured)
+        .bind(facts.void_reason.map(VoidReason::as_str));
     one(tx, query).await
+}
+
+/// Asks for the void of a hold (`reason`), which stays `requires_capture`
+/// until its provider confirms: from now no capture may start. `None` if
+/// it is no longer a hold, or a void was asked for already.
+pub(crate) async fn request_void(
+    tx: &mut PgConnection,
+    id: Uuid,
+    reason: VoidReason,
+    check_after: Duration,
+) -> Result<Option<Payment>, StoreError> {
+    let query = sqlx::query(concat!(
+        "UPDATE payment_attempt
+            SET void_reason = $2, updated_at = now(),
+                next_check_at = now() + $3::bigint * interval '1 millisecond', check_count = 0
+          WHERE id = $1 AND status = 'requires_capture' AND void_reason IS NULL
+          RETURNING ",
+        payment_columns!()
+    ));
+    let ms = i64::try_from(check_after.as_millis()).unwrap_or(i64::MAX);
+    optional(tx, query.bind(id).bind(reason.as_str()).bind(ms)).await
+}
+
+/// Claims up to `limit` holds due for a void (one asked for, or past
+/// their deadline) with no capture under way or made, pushing their next
+/// look back (a lease, so processes share them): the sweeper's work.
+pub(crate) async fn claim_holds_to_void(
+    pool: &sqlx::PgPool,
+    limit: i64,
+) -> Result<Vec<Payment>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "UPDATE payment_attempt p
+            SET next_check_at = ",
+        next_check_after_claim!("p"),
+        ", check_count = p.check_count + 1
+           FROM (SELECT h.id FROM payment_attempt h
+                  WHERE h.status = 'requires_capture'
+                    AND (h.void_reason IS NOT NULL OR h.capture_before <= now())
+                    AND h.next_check_at <= now()
+                    AND NOT EXISTS (SELECT 1 FROM payment_capture c
+                                     WHERE c.payment_id = h.id AND c.status <> 'failed')
+                  ORDER BY h.capture_before LIMIT $1 FOR UPDATE SKIP LOCKED) due
+          WHERE p.id = due.id
+         RETURNING ",
+        payment_columns_p!()
+    ))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Marks, once each, up to `limit` holds whose deadline is within
+/// `ahead`: the reminder is written for these (in `tx`).
+pub(crate) async fn holds_to_remind(
+    tx: &mut PgConnection,
+    ahead: Duration,
+    limit: i64,
+) -> Result<Vec<Payment>, StoreError> {
+    let ms = i64::try_from(ahead.as_millis()).unwrap_or(i64::MAX);
+    let rows = sqlx::query(concat!(
+        "UPDATE payment_attempt p SET capture_reminded_at = now()
+           FROM (SELECT h.id FROM payment_attempt h
+                  WHERE h.status = 'requires_capture' AND h.capture_reminded_at IS NULL
+                    AND h.void_reason IS NULL
+                    AND h.capture_before <= now() + $1::bigint * interval '1 millisecond'
+                  ORDER BY h.capture_before LIMIT $2 FOR UPDATE SKIP LOCKED) due
+          WHERE p.id = due.id
+         RETURNING ",
+        payment_columns_p!()
+    ))
+    .bind(ms)
+    .bind(limit)
+    .fetch_all(tx)
+    .await?;
+    rows.iter().map(from_row).collect()
 }
 
 /// A pending attempt now waits for its customer, as `action` says (from

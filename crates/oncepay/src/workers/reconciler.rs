@@ -48,6 +48,8 @@ pub struct Pass {
     pub payments_settled: u32,
     /// Refunds moved to a final state.
     pub refunds_settled: u32,
+    /// Captures whose outcome is now known.
+    pub captures_settled: u32,
     /// Declines (of payments and refunds) whose confirming read is done (an
     /// incident if it found the money moved).
     pub declines_confirmed: u32,
@@ -166,6 +168,25 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
                 tracing::warn!(refund_id = %refund.id, error = %e, "settling a refund failed; it is retried at its next check");
                 done.errors += 1;
                 count(ctx, "refund", "error");
+            }
+        }
+    }
+    for (capture, _merchant) in
+        store::queue::claim_due::<store::captures::Capture>(&ctx.pool, BATCH).await?
+    {
+        match settle_capture(ctx, capture.id).await {
+            Ok(settled) => {
+                done.captures_settled += u32::from(settled);
+                count(
+                    ctx,
+                    "capture",
+                    if settled { "settled" } else { "still_pending" },
+                );
+            }
+            Err(e) => {
+                tracing::warn!(capture_id = %capture.id, error = %e, "settling a capture failed; it is retried at its next check");
+                done.errors += 1;
+                count(ctx, "capture", "error");
             }
         }
     }
@@ -362,6 +383,25 @@ async fn settle_refund(ctx: &AppContext, refund: &Refund) -> Result<bool, StoreE
         settle::refund(&mut tx, &ctx.metrics, refund.id, &object, Cause::Reconciler).await?;
     tx.commit().await?;
     Ok(r.status.is_final())
+}
+
+/// A capture whose answer was lost, resumed like a charge: the provider
+/// is read first, and the capture sent again with its own key only while
+/// the charge is still held uncaptured; past `capture_before` the
+/// provider's answer (refused, expired) settles it. True if now known.
+async fn settle_capture(ctx: &AppContext, capture_id: Uuid) -> Result<bool, StoreError> {
+    let Some(outstanding) = commands::captures::pending_capture(ctx, capture_id).await? else {
+        return Ok(true);
+    };
+    let Some(object) = commands::captures::send_or_find(ctx, &outstanding).await else {
+        return Ok(false);
+    };
+    let mut tx = ctx.pool.begin().await?;
+    let payment =
+        commands::captures::finish(&mut tx, ctx, capture_id, Some(object), Cause::Reconciler)
+            .await?;
+    tx.commit().await?;
+    Ok(payment.status.is_final())
 }
 
 /// Logs and counts, once each, payments and refunds pending for longer than

@@ -1,7 +1,10 @@
 //! Deletes expired idempotency records, and events (with their deliveries
 //! and attempts) past `ONCEPAY_EVENT_RETENTION`, in small batches: each
 //! batch is one short statement that skips locked rows, so the sweeper
-//! never holds long locks or blocks requests.
+//! never holds long locks or blocks requests. It also ends holds
+//! ([`authorizations`]): a hold past its `capture_before`, or whose void
+//! was asked for and not answered, is voided at its provider, and a hold
+//! near its deadline gets its reminder event.
 
 use crate::commands::AppContext;
 use crate::store::{self, StoreError};
@@ -42,6 +45,77 @@ pub async fn expire_holds(ctx: &AppContext) -> Result<usize, StoreError> {
         }
         tokio::task::yield_now().await;
     }
+}
+
+/// Holds looked at per pass.
+pub(crate) const HOLD_BATCH: i64 = 100;
+
+/// What one pass over holds did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Holds {
+    /// Holds voided (expired, or their void confirmed).
+    pub voided: u32,
+    /// Holds the provider answered were captured first.
+    pub captured: u32,
+    /// Holds whose provider could not say now (asked again later).
+    pub unknown: u32,
+    /// `payment.capture_deadline_approaching` events written.
+    pub reminded: u32,
+}
+
+/// Ends holds that must end: each one past its `capture_before` (and no
+/// capture under way: a capture still unknown is the reconciler's, which
+/// reads the provider) is voided at its provider and becomes `voided`,
+/// `expired`; a void asked for and not answered is asked again. Only the
+/// provider's answer moves a hold: one that answers it was captured first
+/// makes it `succeeded`. Then writes the reminders due
+/// (`ONCEPAY_CAPTURE_REMINDER` before the deadline), once per payment.
+pub async fn authorizations(ctx: &AppContext) -> Result<Holds, StoreError> {
+    use crate::domain::payment::PaymentStatus;
+    let mut done = Holds::default();
+    for hold in store::payments::claim_holds_to_void(&ctx.pool, HOLD_BATCH).await? {
+        let settled = crate::commands::captures::void_and_settle(
+            ctx,
+            hold.id,
+            crate::commands::settle::Cause::Reconciler,
+        )
+        .await;
+        let outcome = match settled {
+            Ok((tx, payment)) => {
+                tx.commit().await?;
+                match payment.status {
+                    PaymentStatus::Voided => {
+                        done.voided += 1;
+                        "settled"
+                    }
+                    PaymentStatus::Succeeded => {
+                        done.captured += 1;
+                        "settled"
+                    }
+                    _ => {
+                        done.unknown += 1;
+                        "still_pending"
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(payment_id = %hold.id, error = %e, "ending a hold failed; it is retried at its next look");
+                "error"
+            }
+        };
+        ctx.metrics
+            .reconciler
+            .with_label_values(&["hold", outcome])
+            .inc();
+    }
+    let mut tx = ctx.pool.begin().await?;
+    let due = store::payments::holds_to_remind(&mut tx, ctx.capture_reminder, HOLD_BATCH).await?;
+    for payment in &due {
+        crate::events::payment_capture_deadline_approaching(&mut tx, &ctx.metrics, payment).await?;
+    }
+    tx.commit().await?;
+    done.reminded = u32::try_from(due.len()).unwrap_or(u32::MAX);
+    Ok(done)
 }
 
 /// Events looked at per statement.

@@ -39,6 +39,7 @@ pub(crate) async fn lose_payment(app: &TestApp, payment_id: &str) {
         "DELETE FROM event WHERE order_id = $2 AND created_at >= $3",
         "DELETE FROM webhook_event WHERE received_at >= $3",
         "DELETE FROM refund WHERE payment_id = $1",
+        "DELETE FROM payment_capture WHERE payment_id = $1",
         "DELETE FROM payment_attempt WHERE id = $1",
         "UPDATE orders SET status = 'awaiting_payment' WHERE id = $2",
     ] {
@@ -183,6 +184,86 @@ async fn a_charge_whose_rows_were_lost_is_adopted_and_the_clients_retry_gets_its
     assert_eq!(sandbox_counts(&report), [2, 0, 0, 0, 0, 0], "{report}");
 }
 
+/// A manual payment of a new order, held: `(order, payment)`.
+async fn held(app: &TestApp) -> (String, Value) {
+    let order = app.create_order().await;
+    let r = app
+        .post(
+            "/payments",
+            "hold-key",
+            &json!({"order_id": order, "payment_method": "tok_visa", "capture_method": "manual"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let held = json_of(r).await;
+    assert_eq!(held["status"], "requires_capture");
+    (order, held)
+}
+
+#[tokio::test]
+async fn an_authorization_whose_rows_were_lost_is_adopted_as_a_hold_never_captured() {
+    let app = spawn_app().await;
+    let (order, held) = held(&app).await;
+    let payment = held["id"].as_str().unwrap().to_string();
+    lose_payment(&app, &payment).await;
+    let (ok, report) = reconcile(&app, &["--since", "1h"]).await;
+    assert!(ok, "{report}");
+    assert_eq!(sandbox_counts(&report)[1], 1, "adopted: {report}");
+    let adopted = json_of(app.get(&format!("/payments/{payment}")).await).await;
+    assert_eq!(adopted["status"], "requires_capture", "{adopted}");
+    assert_eq!(adopted["capture_method"], "manual");
+    assert_eq!(adopted["capture_before"], held["capture_before"]);
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "authorized"
+    );
+    let ledger = app.ledger().await;
+    assert!(
+        ledger["captures"].as_array().unwrap().is_empty(),
+        "never captured blindly: {ledger}"
+    );
+    assert_eq!(ledger["charges"][0]["status"], "authorized");
+    // The merchant captures it as any hold.
+    let r = app
+        .post(&format!("/payments/{payment}/capture"), "cap", &json!({}))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(app.ledger().await["captures"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_authorization_whose_order_is_gone_is_voided_not_captured_nor_refunded() {
+    let app = spawn_app().await;
+    let (order, held) = held(&app).await;
+    let payment = held["id"].as_str().unwrap().to_string();
+    lose_payment(&app, &payment).await;
+    for sql in [
+        "DELETE FROM event WHERE order_id = $1",
+        "DELETE FROM idempotency_record WHERE resource_id = $1",
+        "DELETE FROM orders WHERE id = $1",
+    ] {
+        sqlx::query(sql)
+            .bind(Uuid::parse_str(&order).unwrap())
+            .execute(&app.db)
+            .await
+            .unwrap();
+    }
+    let (ok, report) = reconcile(&app, &["--since", "1h"]).await;
+    assert!(ok, "{report}");
+    let ledger = app.ledger().await;
+    assert_eq!(ledger["charges"][0]["status"], "voided", "{ledger}");
+    assert!(ledger["captures"].as_array().unwrap().is_empty());
+    assert_eq!(ledger["totals"]["refunds"], 0);
+    let resolution: String = sqlx::query_scalar(
+        "SELECT resolution FROM incident WHERE kind = 'orphan_charge' AND provider_object_id = $1",
+    )
+    .bind(held["provider_charge_id"].as_str().unwrap())
+    .fetch_one(&app.db)
+    .await
+    .unwrap();
+    assert_eq!(resolution, "voided");
+}
+
 #[tokio::test]
 async fn a_charge_whose_order_is_gone_is_refunded_once_as_an_incident() {
     let app = spawn_app().await;
@@ -246,11 +327,14 @@ async fn rows_that_disagree_with_the_books_and_rows_the_books_lack_are_incidents
     let order = app.create_order().await;
     let (_, paid) = app.pay(&order, "tok_visa").await;
     let payment = Uuid::parse_str(paid["id"].as_str().unwrap()).unwrap();
-    sqlx::query("UPDATE payment_attempt SET amount = amount - 1 WHERE id = $1")
-        .bind(payment)
-        .execute(&app.db)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE payment_attempt SET amount = amount - 1, amount_captured = amount_captured - 1
+          WHERE id = $1",
+    )
+    .bind(payment)
+    .execute(&app.db)
+    .await
+    .unwrap();
     // A succeeded row whose charge the provider never made.
     let other = app.create_order().await;
     sqlx::query(

@@ -5,6 +5,7 @@ mod alerting;
 mod api_keys;
 mod balances;
 mod books;
+mod capture;
 mod cards;
 mod checkout;
 mod checkout_card;

@@ -1182,6 +1182,387 @@ async fn waits_out_a_credential_outage(app: TestApp) {
     assert_eq!(app.charges_at_provider(&order).await, (1, 1));
 }
 
+// ---- holds (authorize now, capture later) ----
+
+impl TestApp {
+    /// A manual payment of a new order: `(order, payment)`, held.
+    async fn held(&self) -> (String, Value) {
+        let order = self.create_order().await;
+        let r = self
+            .post(
+                "/payments",
+                &Uuid::new_v4().to_string(),
+                &json!({"order_id": order, "payment_method": self.card(), "capture_method": "manual"}),
+            )
+            .await;
+        let status = r.status();
+        let held = json_of(r).await;
+        assert_eq!(status, StatusCode::CREATED, "{held}");
+        assert_eq!(held["status"], "requires_capture", "{held}");
+        (order, held)
+    }
+
+    /// The hold at the provider: `authorized`, `captured` or `released`,
+    /// and how many captures the provider made of it.
+    async fn hold_at_provider(&self, payment: &Value) -> (String, usize) {
+        let charge = payment["provider_charge_id"].as_str().expect("charge id");
+        match &self.stripe {
+            None => {
+                let ledger = self.ledger().await;
+                let status = ledger["charges"]
+                    .as_array()
+                    .expect("charges")
+                    .iter()
+                    .find(|c| c["id"] == charge)
+                    .map(|c| c["status"].as_str().unwrap_or_default().to_string())
+                    .expect("the charge");
+                let captures = ledger["captures"]
+                    .as_array()
+                    .expect("captures")
+                    .iter()
+                    .filter(|c| c["charge_id"] == charge)
+                    .count();
+                let state = match status.as_str() {
+                    "voided" | "expired" => "released",
+                    other => other,
+                };
+                (state.to_string(), captures)
+            }
+            Some(stack) => {
+                let get = |path: String| async move {
+                    reqwest::Client::new()
+                        .get(format!("{}{path}", stack.localstripe.url()))
+                        .bearer_auth(STRIPE_KEY)
+                        .send()
+                        .await
+                        .expect("localstripe answers")
+                        .json::<Value>()
+                        .await
+                        .expect("json")
+                };
+                let pi = get(format!("/v1/payment_intents/{charge}")).await;
+                let latest = match &pi["latest_charge"] {
+                    Value::String(id) => id.clone(),
+                    charge => charge["id"]
+                        .as_str()
+                        .unwrap_or_else(|| panic!("no latest charge: {pi}"))
+                        .to_string(),
+                };
+                let captured = get(format!("/v1/charges/{latest}")).await["captured"] == true;
+                let state = match pi["status"].as_str() {
+                    Some("requires_capture") => "authorized",
+                    Some("succeeded") => "captured",
+                    Some("canceled") => "released",
+                    other => panic!("a hold in {other:?}"),
+                };
+                (state.to_string(), usize::from(captured))
+            }
+        }
+    }
+
+    /// The provider lets the hold expire now (its window ran out).
+    async fn provider_expires(&self, payment: &Value) {
+        let charge = payment["provider_charge_id"].as_str().expect("charge id");
+        match &self.stripe {
+            None => {
+                let r = self
+                    .http
+                    .post(format!("{}/v1/charges/{charge}/expire", self.sandbox))
+                    .send()
+                    .await
+                    .expect("sandbox answers");
+                assert!(r.status().is_success());
+            }
+            Some(stack) => stack.layer.expire_hold(charge),
+        }
+    }
+
+    /// The capture's answer is lost after the provider captured (the
+    /// sandbox's replaced by a `503`; Stripe's saved `500`).
+    fn capture_answer_lost(&self) {
+        match &self.stripe {
+            None => self.proxy().set(
+                Route::Charge,
+                Fault::ForwardThenAnswer {
+                    status: 503,
+                    body: r#"{"code":"unavailable"}"#.into(),
+                },
+            ),
+            Some(stack) => stack
+                .layer
+                .set(Call::Capture, StripeFault::ErrorAfterEffect),
+        }
+    }
+
+    async fn capture(&self, payment: &Value, key: &str, body: Value) -> (StatusCode, Value) {
+        let path = format!("/payments/{}/capture", payment["id"].as_str().expect("id"));
+        let r = self.post(&path, key, &body).await;
+        let status = r.status();
+        (status, json_of(r).await)
+    }
+
+    async fn void(&self, payment: &Value, key: &str) -> (StatusCode, Value) {
+        let path = format!("/payments/{}/void", payment["id"].as_str().expect("id"));
+        let r = self.post(&path, key, &json!({})).await;
+        let status = r.status();
+        (status, json_of(r).await)
+    }
+}
+
+async fn authorizes(app: TestApp) {
+    let (order, held) = app.held().await;
+    assert_eq!(held["amount_capturable"], held["amount"]);
+    assert_eq!(held["amount_captured"], 0);
+    let deadline = chrono::DateTime::parse_from_rfc3339(
+        held["capture_before"].as_str().expect("capture_before"),
+    )
+    .expect("RFC 3339");
+    assert!(
+        deadline > chrono::Utc::now() + chrono::Duration::days(6),
+        "{deadline}"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "authorized"
+    );
+    assert_eq!(app.hold_at_provider(&held).await, ("authorized".into(), 0));
+}
+
+async fn captures_in_full(app: TestApp) {
+    let (order, held) = app.held().await;
+    let (status, paid) = app.capture(&held, "cap", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{paid}");
+    assert_eq!(paid["status"], "succeeded");
+    assert_eq!(paid["amount_captured"], held["amount"]);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.hold_at_provider(&held).await, ("captured".into(), 1));
+}
+
+async fn captures_in_part(app: TestApp) {
+    let (_, held) = app.held().await;
+    let (status, paid) = app.capture(&held, "cap", json!({"amount": 1000})).await;
+    assert_eq!(status, StatusCode::OK, "{paid}");
+    assert_eq!(paid["amount_captured"], 1000);
+    assert_eq!(app.hold_at_provider(&held).await, ("captured".into(), 1));
+    let refunds = format!("/payments/{}/refunds", held["id"].as_str().expect("id"));
+    let r = app.post(&refunds, "over", &json!({"amount": 1001})).await;
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+async fn voids_a_hold(app: TestApp) {
+    let (order, held) = app.held().await;
+    let (status, voided) = app.void(&held, "void").await;
+    assert_eq!(status, StatusCode::OK, "{voided}");
+    assert_eq!(
+        (voided["status"].as_str(), voided["void_reason"].as_str()),
+        (Some("voided"), Some("requested"))
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    assert_eq!(app.hold_at_provider(&held).await, ("released".into(), 0));
+}
+
+async fn expires_a_hold(app: TestApp) {
+    let (order, held) = app.held().await;
+    app.provider_expires(&held).await;
+    // Our clock reaches the deadline too: the sweeper ends the hold.
+    sqlx::query(
+        "UPDATE payment_attempt SET capture_before = now() - interval '1 second' WHERE id = $1",
+    )
+    .bind(Uuid::parse_str(held["id"].as_str().expect("id")).expect("uuid"))
+    .execute(&app.db)
+    .await
+    .expect("deadline");
+    let holds = oncepay::workers::sweeper::authorizations(&app.ctx)
+        .await
+        .expect("sweep");
+    assert_eq!(holds.voided, 1, "{holds:?}");
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (p["status"].as_str(), p["void_reason"].as_str()),
+        (Some("voided"), Some("expired"))
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    assert_eq!(app.hold_at_provider(&held).await, ("released".into(), 0));
+}
+
+async fn refuses_a_capture_after_a_void(app: TestApp) {
+    let (_, held) = app.held().await;
+    assert_eq!(app.void(&held, "void").await.0, StatusCode::OK);
+    let (status, problem) = app.capture(&held, "cap", json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(problem["code"], "payment_not_capturable");
+    assert_eq!(app.hold_at_provider(&held).await, ("released".into(), 0));
+}
+
+async fn refuses_a_capture_after_expiry(app: TestApp) {
+    let (_, held) = app.held().await;
+    app.provider_expires(&held).await;
+    // Our deadline has not passed: the provider's refusal decides.
+    let (status, problem) = app.capture(&held, "cap", json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{problem}");
+    assert_eq!(problem["code"], "authorization_expired");
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (p["status"].as_str(), p["void_reason"].as_str()),
+        (Some("voided"), Some("expired"))
+    );
+    assert_eq!(app.hold_at_provider(&held).await, ("released".into(), 0));
+}
+
+async fn captures_once_with_two_keys(app: TestApp) {
+    let (_, held) = app.held().await;
+    let (a, b) = tokio::join!(
+        app.capture(&held, "first", json!({"amount": 500})),
+        app.capture(&held, "second", json!({"amount": 700})),
+    );
+    let mut statuses = [a.0, b.0];
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::CONFLICT],
+        "{a:?} {b:?}"
+    );
+    let refused = if a.0 == StatusCode::CONFLICT {
+        &a.1
+    } else {
+        &b.1
+    };
+    assert_eq!(refused["code"], "payment_not_capturable");
+    assert_eq!(app.hold_at_provider(&held).await, ("captured".into(), 1));
+    assert_eq!(app.count("SELECT count(*) FROM payment_capture").await, 1);
+}
+
+async fn settles_a_lost_capture_answer(app: TestApp) {
+    let (order, held) = app.held().await;
+    app.capture_answer_lost();
+    let (status, pending) = app.capture(&held, "cap", json!({"amount": 900})).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "requires_capture");
+    assert_eq!(
+        app.hold_at_provider(&held).await,
+        ("captured".into(), 1),
+        "the money moved"
+    );
+    app.heal();
+    app.reconcile().await;
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (p["status"].as_str(), p["amount_captured"].as_i64()),
+        (Some("succeeded"), Some(900))
+    );
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.hold_at_provider(&held).await, ("captured".into(), 1));
+}
+
+impl TestApp {
+    /// Posts the provider's event saying `payment`'s hold is `state`
+    /// (`authorized`, or `expired`): the sandbox's `charge.authorized` /
+    /// `charge.expired`, Stripe's `payment_intent.amount_capturable_updated`
+    /// / `payment_intent.canceled` (`automatic`); returns the outcome.
+    async fn hold_event(&self, payment: &Value, state: &str) -> String {
+        let charge = payment["provider_charge_id"].as_str().unwrap_or_default();
+        let event_id = format!("evt_{}", Uuid::new_v4().simple());
+        let r = match &self.stripe {
+            None => {
+                let event = json!({
+                    "id": event_id,
+                    "type": format!("charge.{state}"),
+                    "data": {"object": {
+                        "id": charge, "status": state, "amount": payment["amount"],
+                        "currency": payment["currency"], "idempotency_key": payment["id"],
+                    }},
+                });
+                post_signed_webhook(self, &event).await
+            }
+            Some(_) => {
+                let (kind, status, reason) = match state {
+                    "authorized" => (
+                        "payment_intent.amount_capturable_updated",
+                        "requires_capture",
+                        Value::Null,
+                    ),
+                    _ => ("payment_intent.canceled", "canceled", json!("automatic")),
+                };
+                let event = json!({
+                    "id": event_id, "object": "event", "type": kind,
+                    "created": chrono::Utc::now().timestamp(),
+                    "data": {"object": {
+                        "id": charge, "object": "payment_intent", "status": status,
+                        "capture_method": "manual", "cancellation_reason": reason,
+                        "amount": payment["amount"],
+                        "currency": payment["currency"].as_str().map(str::to_ascii_lowercase),
+                        "metadata": {"oncepay_attempt_id": payment["id"]},
+                    }},
+                });
+                post_stripe_event(self, &event).await
+            }
+        };
+        assert_eq!(r.status(), StatusCode::OK, "the event is accepted");
+        json_of(r).await["outcome"]
+            .as_str()
+            .expect("outcome")
+            .to_string()
+    }
+}
+
+async fn an_expiry_event_voids_the_hold(app: TestApp) {
+    let (order, held) = app.held().await;
+    app.provider_expires(&held).await;
+    assert_eq!(app.hold_event(&held, "expired").await, "processed");
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (p["status"].as_str(), p["void_reason"].as_str()),
+        (Some("voided"), Some("expired"))
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    let events = app
+        .count(&format!(
+            "SELECT count(*) FROM event WHERE object_id = '{}' AND type = 'payment.voided'",
+            held["id"].as_str().expect("id")
+        ))
+        .await;
+    assert_eq!(events, 1);
+    assert_eq!(
+        app.hold_event(&held, "expired").await,
+        "processed",
+        "a repeat moves nothing"
+    );
+    assert_eq!(app.hold_at_provider(&held).await, ("released".into(), 0));
+}
+
+async fn an_authorization_event_is_read_back(app: TestApp) {
+    let order = app.create_order().await;
+    app.trouble(Trouble::AfterTheCharge);
+    let r = app
+        .post(
+            "/payments",
+            "held-late",
+            &json!({"order_id": order, "payment_method": app.card(), "capture_method": "manual"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let pending = json_of(r).await;
+    app.heal();
+    let pending = payment(&app, &pending["id"]).await;
+    assert_eq!(app.hold_event(&pending, "authorized").await, "processed");
+    let p = payment(&app, &pending["id"]).await;
+    assert_eq!(p["status"], "requires_capture", "{p}");
+    assert!(p["capture_before"].is_string());
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "authorized"
+    );
+}
+
 /// Declares each scenario once per provider.
 macro_rules! contract {
     ($($scenario:ident),+ $(,)?) => {
@@ -1232,4 +1613,15 @@ contract!(
     ignores_an_event_out_of_order,
     refuses_an_event_the_provider_does_not_confirm,
     waits_out_a_credential_outage,
+    authorizes,
+    captures_in_full,
+    captures_in_part,
+    voids_a_hold,
+    expires_a_hold,
+    refuses_a_capture_after_a_void,
+    refuses_a_capture_after_expiry,
+    captures_once_with_two_keys,
+    settles_a_lost_capture_answer,
+    an_expiry_event_voids_the_hold,
+    an_authorization_event_is_read_back,
 );

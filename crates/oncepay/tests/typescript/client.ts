@@ -178,6 +178,30 @@ async function everyOperation(key: string): Promise<void> {
   await client.GET("/payments/{id}", { ...auth, params: { path: { id: paymentId } } });
   await client.GET("/payments/{id}/events", { ...auth, params: { path: { id: paymentId } } });
 
+  // Authorize now, capture later.
+  const hold = await client.POST("/payments", {
+    ...auth,
+    params: { header: idem },
+    body: { order_id: orderId, payment_method: "tok_visa", capture_method: "manual" },
+  });
+  if (hold.data && hold.data.status === "requires_capture") {
+    const capturable: number = hold.data.amount_capturable;
+    const before: string | null = hold.data.capture_before;
+    void before;
+    const captured = await client.POST("/payments/{id}/capture", {
+      ...auth,
+      params: { path: { id: hold.data.id }, header: idem },
+      body: { amount: capturable },
+    });
+    const reason: string | null | undefined = captured.data?.void_reason;
+    void reason;
+    await client.POST("/payments/{id}/void", {
+      ...auth,
+      params: { path: { id: hold.data.id }, header: idem },
+      body: {},
+    });
+  }
+
   // Refunds.
   const refund = await client.POST("/payments/{id}/refunds", {
     ...auth,

@@ -48,6 +48,26 @@ pub struct Object {
     /// While the charge waits for its customer (`tok_3ds`).
     #[serde(default)]
     next_action: Option<Redirect>,
+    /// An authorized charge's deadline, Unix seconds.
+    #[serde(default)]
+    capture_before: Option<i64>,
+    /// A captured charge's capture.
+    #[serde(default)]
+    amount_captured: Option<i64>,
+}
+
+/// A sandbox status in ours: a held charge is `authorized`, then
+/// `captured`, `voided` or `expired`; the others are ours already.
+fn status_of(sandbox: &str) -> Option<PaymentStatus> {
+    Some(match sandbox {
+        "authorized" => PaymentStatus::RequiresCapture,
+        "captured" => PaymentStatus::Succeeded,
+        "voided" | "expired" => PaymentStatus::Voided,
+        other => {
+            return PaymentStatus::parse(other)
+                .filter(|s| !matches!(s, PaymentStatus::RequiresCapture | PaymentStatus::Voided))
+        }
+    })
 }
 
 /// A charge's `next_action`: `{"type": "redirect", "url": …}`.
@@ -61,13 +81,15 @@ impl Object {
     pub fn to_provider_object(&self) -> Option<ProviderObject> {
         Some(ProviderObject {
             id: self.id.clone(),
-            status: PaymentStatus::parse(&self.status)?,
+            status: status_of(&self.status)?,
             failure_code: self.failure_code.clone(),
             failure_message: self.failure_message.clone(),
             next_action: self
                 .next_action
                 .as_ref()
                 .map(|r| crate::domain::payment::NextAction::redirect(&r.url)),
+            capture_before: self.capture_before,
+            amount_captured: self.amount_captured.filter(|_| self.status == "captured"),
         })
     }
 }
@@ -141,6 +163,37 @@ pub(crate) fn classify(kind: CallKind, status: u16, body: &[u8]) -> Verdict {
     }
 }
 
+/// The codes of the sandbox's refusals of a capture or a void (`409`),
+/// whose body carries the charge as it is: the provider's word on a
+/// hold that expired, was released or was captured first.
+pub(crate) const HOLD_REFUSALS: &[&str] = &[
+    "charge_expired_for_capture",
+    "charge_voided",
+    "charge_already_captured",
+    "charge_not_capturable",
+];
+
+#[derive(Deserialize)]
+struct Refusal {
+    code: String,
+    charge: Object,
+}
+
+/// Classifies the answer to a capture or a void: a documented refusal
+/// (`409` carrying the charge) is the charge's state, a fact; anything
+/// else as any write.
+pub(crate) fn classify_hold(status: u16, body: &[u8]) -> Verdict {
+    if status == 409 {
+        let refusal = serde_json::from_slice::<Refusal>(body)
+            .ok()
+            .filter(|r| HOLD_REFUSALS.contains(&r.code.as_str()) && !r.charge.id.is_empty());
+        if let Some(known) = refusal.and_then(|r| r.charge.to_provider_object()) {
+            return Verdict::Done(CallOutcome::Known(known));
+        }
+    }
+    classify(CallKind::Write, status, body)
+}
+
 /// A `402` body naming a documented decline code, as a failed object.
 fn decline(body: &[u8]) -> Option<ProviderObject> {
     let error: ErrorBody = serde_json::from_slice(body).ok()?;
@@ -151,6 +204,8 @@ fn decline(body: &[u8]) -> Option<ProviderObject> {
         failure_message: Some(error.detail.unwrap_or_else(|| "declined".into())),
         failure_code: Some(code),
         next_action: None,
+        capture_before: None,
+        amount_captured: None,
     })
 }
 
@@ -249,6 +304,51 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+    }
+
+    #[test]
+    fn a_refused_capture_is_the_charge_it_carries() {
+        let expired =
+            br#"{"code":"charge_expired_for_capture","charge":{"id":"ch_1","status":"expired"}}"#;
+        assert_eq!(
+            match classify_hold(409, expired) {
+                Verdict::Done(CallOutcome::Known(o)) => Some(o.status),
+                _ => None,
+            },
+            Some(PaymentStatus::Voided)
+        );
+        let other =
+            br#"{"code":"idempotency_key_in_use","charge":{"id":"ch_1","status":"expired"}}"#;
+        assert!(matches!(
+            classify_hold(409, other),
+            Verdict::Done(CallOutcome::Unknown(_))
+        ));
+        assert!(matches!(classify_hold(500, b""), Verdict::Retry(_)));
+    }
+
+    #[test]
+    fn a_held_charge_reads_in_our_terms() {
+        let read = |body: &[u8]| match classify(CallKind::Read, 200, body) {
+            Verdict::Done(CallOutcome::Known(o)) => Some(o),
+            _ => None,
+        };
+        let held = read(br#"{"id":"ch_1","status":"authorized","capture_before":1700000000}"#)
+            .expect("known");
+        assert_eq!(held.status, PaymentStatus::RequiresCapture);
+        assert_eq!(held.capture_before, Some(1_700_000_000));
+        let captured =
+            read(br#"{"id":"ch_1","status":"captured","amount_captured":400}"#).expect("known");
+        assert_eq!(captured.status, PaymentStatus::Succeeded);
+        assert_eq!(captured.amount_captured, Some(400));
+        for released in ["voided", "expired"] {
+            let body = format!(r#"{{"id":"ch_1","status":"{released}"}}"#);
+            assert_eq!(
+                read(body.as_bytes()).map(|o| o.status),
+                Some(PaymentStatus::Voided)
+            );
+        }
+        // Our own names are not the sandbox's.
+        assert_eq!(read(br#"{"id":"ch_1","status":"requires_capture"}"#), None);
     }
 
     #[test]

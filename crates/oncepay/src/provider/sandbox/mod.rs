@@ -21,8 +21,8 @@ use super::card_form::CardForm;
 use super::classify::CallKind;
 use super::trace::Trace;
 use super::{
-    BookEntry, BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Envelope, Event,
-    Headers, Health, Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
+    BookEntry, BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead,
+    Envelope, Event, Headers, Health, Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::standard_webhooks::WebhookSecret;
@@ -188,6 +188,7 @@ impl PaymentProvider for Sandbox {
                         "source": r.payment_method,
                         "metadata": r.trace.metadata_json(),
                         "return_url": r.return_url,
+                        "capture": r.capture_method == crate::domain::payment::CaptureMethod::Automatic,
                     }))
             },
             |s, _, b| classify(CallKind::Write, s, b),
@@ -232,6 +233,58 @@ impl PaymentProvider for Sandbox {
                     }))
             },
             |s, _, b| classify(CallKind::Write, s, b),
+        ))
+    }
+
+    fn captures_later(&self) -> bool {
+        true
+    }
+
+    fn capture<'a>(&'a self, r: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        let url = format!("{}/v1/charges/{}/capture", self.base_url, r.charge_id);
+        Box::pin(self.caller.call(
+            "capture",
+            move |client| {
+                client
+                    .post(&url)
+                    .header("Idempotency-Key", r.idempotency_key.to_string())
+                    .json(&json!({ "amount": r.amount }))
+            },
+            |s, _, b| classify::classify_hold(s, b),
+        ))
+    }
+
+    fn find_capture<'a>(&'a self, r: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        let url = format!("{}/v1/charges/{}", self.base_url, r.charge_id);
+        Box::pin(async move {
+            match self.read("find_capture", url).await {
+                // Still held: the capture never happened, and sending it
+                // again (same key) is safe.
+                CallOutcome::Known(o)
+                    if o.status == crate::domain::payment::PaymentStatus::RequiresCapture =>
+                {
+                    CallOutcome::NotFound
+                }
+                // The charge named by an authorized attempt exists: a 404
+                // proves nothing about a capture.
+                CallOutcome::NotFound => {
+                    CallOutcome::Unknown("the authorized charge is not found".into())
+                }
+                other => other,
+            }
+        })
+    }
+
+    fn void<'a>(&'a self, payment_id: Uuid, charge_id: &'a str) -> BoxFuture<'a, CallOutcome> {
+        let url = format!("{}/v1/charges/{charge_id}/void", self.base_url);
+        Box::pin(self.caller.call(
+            "void",
+            move |client| {
+                client
+                    .post(&url)
+                    .header("Idempotency-Key", format!("void_{payment_id}"))
+            },
+            |s, _, b| classify::classify_hold(s, b),
         ))
     }
 

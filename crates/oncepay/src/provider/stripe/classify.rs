@@ -68,6 +68,54 @@ struct Object {
     client_secret: Option<String>,
     #[serde(default)]
     cancellation_reason: Option<String>,
+    /// `manual`: authorized, then captured (`POST …/capture`) or cancelled.
+    #[serde(default)]
+    capture_method: Option<String>,
+    /// Its charge: an id, or the Charge where `expand[]=latest_charge`.
+    #[serde(default)]
+    latest_charge: Option<serde_json::Value>,
+    /// What the intent took (Stripe's units of `currency`).
+    #[serde(default)]
+    amount_received: Option<i64>,
+    #[serde(default)]
+    currency: Option<String>,
+    /// Unix seconds.
+    #[serde(default)]
+    created: Option<i64>,
+}
+
+/// How long Stripe holds a card authorization (online card payments: "7
+/// days", Stripe's docs on placing a hold): the deadline of a hold whose
+/// charge does not say (`payment_method_details.card.capture_before`).
+pub(crate) const DOCUMENTED_WINDOW: i64 = 7 * 86_400;
+
+impl Object {
+    fn manual(&self) -> bool {
+        self.capture_method.as_deref() == Some("manual")
+    }
+
+    /// A hold's deadline: its latest charge's
+    /// `payment_method_details.card.capture_before`, else Stripe's
+    /// documented window from the intent's creation.
+    fn capture_before(&self) -> Option<i64> {
+        self.latest_charge
+            .as_ref()
+            .and_then(|c| c.pointer("/payment_method_details/card/capture_before"))
+            .and_then(serde_json::Value::as_i64)
+            .or_else(|| self.created.map(|c| c + DOCUMENTED_WINDOW))
+    }
+
+    /// What a manual intent that succeeded captured, in minor units: its
+    /// charge's `amount_captured`, else the intent's `amount_received`.
+    fn amount_captured(&self) -> Option<i64> {
+        let stripe = self
+            .latest_charge
+            .as_ref()
+            .and_then(|c| c.get("amount_captured"))
+            .and_then(serde_json::Value::as_i64)
+            .or(self.amount_received)?;
+        super::units::from_stripe_code(stripe, self.currency.as_deref()?)
+    }
 }
 
 /// The metadata key of our attempt id on a PaymentIntent.
@@ -119,7 +167,20 @@ pub fn known(body: &[u8]) -> CallOutcome {
     let (status, failure_code, failure_message) = match object.object.as_str() {
         "payment_intent" => {
             let error = object.last_payment_error.as_ref();
-            let status = intent_status(&object.status, error.is_some());
+            let status = match object.status.as_str() {
+                // A hold: only a manual intent is ever left uncaptured.
+                "requires_capture" if object.manual() => Some(PaymentStatus::RequiresCapture),
+                // A manual intent cancelled (by our void, or by Stripe when
+                // the authorization expired: `automatic`) released its
+                // hold; one we gave up waiting for its customer failed.
+                "canceled"
+                    if object.manual()
+                        && object.cancellation_reason.as_deref() != Some("abandoned") =>
+                {
+                    Some(PaymentStatus::Voided)
+                }
+                other => intent_status(other, error.is_some()),
+            };
             let failed = status == Some(PaymentStatus::Failed);
             let code = match (failed, error) {
                 // Cancelled by us because its customer never authenticated
@@ -167,6 +228,12 @@ pub fn known(body: &[u8]) -> CallOutcome {
                             .map(|client_secret| NextAction::UseStripeSdk { client_secret }),
                     },
                 ),
+            capture_before: object
+                .capture_before()
+                .filter(|_| status == PaymentStatus::RequiresCapture),
+            amount_captured: object
+                .amount_captured()
+                .filter(|_| status == PaymentStatus::Succeeded && object.manual()),
             id: object.id,
             status,
             failure_code,
@@ -213,6 +280,8 @@ pub(crate) fn classify(
                 failure_code: Some(e.decline_code.clone().unwrap_or_else(|| code.to_string())),
                 failure_message: Some(e.message.unwrap_or_else(|| "declined".into())),
                 next_action: None,
+                capture_before: None,
+                amount_captured: None,
             }))
         }
         (404, _, _) if kind == CallKind::Read => Verdict::Done(CallOutcome::NotFound),
@@ -265,7 +334,32 @@ pub fn creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict
                         .unwrap_or_else(|| "Stripe refused the payment".into()),
                 ),
                 next_action: None,
+                capture_before: None,
+                amount_captured: None,
             }));
+        }
+    }
+    classify(CallKind::Write, status, should_retry, body)
+}
+
+/// The answer to capturing or cancelling a hold: Stripe refuses one that
+/// can no longer be (captured already, cancelled, expired) with `400
+/// payment_intent_unexpected_state`, its error carrying the PaymentIntent
+/// as it is: that intent is the answer, a fact. Anything else as any write.
+pub fn hold_answer(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
+    if status == 400 {
+        let intent = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .filter(|v| {
+                v.pointer("/error/code").and_then(serde_json::Value::as_str)
+                    == Some("payment_intent_unexpected_state")
+            })
+            .and_then(|v| v.pointer("/error/payment_intent").cloned())
+            .filter(|pi| pi.is_object());
+        if let Some(intent) = intent {
+            if let CallOutcome::Known(object) = known(intent.to_string().as_bytes()) {
+                return Verdict::Done(CallOutcome::Known(object));
+            }
         }
     }
     classify(CallKind::Write, status, should_retry, body)
@@ -304,6 +398,8 @@ pub fn refund_creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> 
                         .unwrap_or_else(|| "Stripe refused the refund".into()),
                 ),
                 next_action: None,
+                capture_before: None,
+                amount_captured: None,
             }));
         }
     }
@@ -472,6 +568,7 @@ pub const EVENTS: &[&str] = &[
     "payment_intent.processing",
     "payment_intent.requires_action",
     "payment_intent.canceled",
+    "payment_intent.amount_capturable_updated",
     "charge.refunded",
     "charge.refund.updated",
     "refund.created",
@@ -624,6 +721,70 @@ pub fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
             .pointer("/evidence_details/due_by")
             .and_then(|v| v.as_i64()),
     })
+}
+
+#[cfg(test)]
+mod hold_tests {
+    use super::*;
+
+    fn status_of(body: serde_json::Value) -> Option<(PaymentStatus, Option<i64>, Option<i64>)> {
+        match known(body.to_string().as_bytes()) {
+            CallOutcome::Known(o) => Some((o.status, o.capture_before, o.amount_captured)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_manual_intent_reads_as_a_hold_then_captured_or_released() {
+        let intent = |status: &str, reason: Option<&str>| {
+            serde_json::json!({
+                "id": "pi_1", "object": "payment_intent", "status": status,
+                "capture_method": "manual", "cancellation_reason": reason,
+                "currency": "eur", "amount_received": 1000, "created": 100,
+                "latest_charge": {"id": "ch_1", "amount_captured": 1000,
+                    "payment_method_details": {"card": {"capture_before": 5000}}},
+            })
+        };
+        assert_eq!(
+            status_of(intent("requires_capture", None)),
+            Some((PaymentStatus::RequiresCapture, Some(5000), None))
+        );
+        assert_eq!(
+            status_of(intent("succeeded", None)),
+            Some((PaymentStatus::Succeeded, None, Some(1000)))
+        );
+        for reason in ["automatic", "requested_by_customer"] {
+            assert_eq!(
+                status_of(intent("canceled", Some(reason))).map(|s| s.0),
+                Some(PaymentStatus::Voided)
+            );
+        }
+        assert_eq!(
+            status_of(intent("canceled", Some("abandoned"))).map(|s| s.0),
+            Some(PaymentStatus::Failed)
+        );
+        let mut unexpanded = intent("requires_capture", None);
+        unexpanded["latest_charge"] = serde_json::json!("ch_1");
+        assert_eq!(
+            status_of(unexpanded).and_then(|s| s.1),
+            Some(100 + DOCUMENTED_WINDOW),
+            "without the charge, Stripe's documented window"
+        );
+        let mut automatic = intent("requires_capture", None);
+        automatic["capture_method"] = serde_json::json!("automatic");
+        assert_eq!(status_of(automatic), None, "never held");
+        let refused = serde_json::json!({"error": {
+            "type": "invalid_request_error", "code": "payment_intent_unexpected_state",
+            "payment_intent": intent("canceled", Some("automatic")),
+        }});
+        assert!(matches!(
+            hold_answer(400, None, refused.to_string().as_bytes()),
+            Verdict::Done(CallOutcome::Known(ProviderObject {
+                status: PaymentStatus::Voided,
+                ..
+            }))
+        ));
+    }
 }
 
 #[cfg(test)]

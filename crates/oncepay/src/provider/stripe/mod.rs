@@ -42,8 +42,8 @@ use super::call::{BuildError, Caller};
 use super::card_form::CardForm;
 use super::trace::Trace;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Event, Headers, Health, Opened,
-    PaymentProvider, RefundRequest, SubjectKind,
+    BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
+    Health, Opened, PaymentProvider, RefundRequest, SubjectKind,
 };
 use crate::domain::money::Currency;
 use crate::metrics::Metrics;
@@ -284,6 +284,16 @@ impl Stripe {
     }
 }
 
+/// `expand[]=latest_charge` for a hold's confirm: its deadline
+/// (`payment_method_details.card.capture_before`) is on its charge.
+fn expand_charge(
+    method: crate::domain::payment::CaptureMethod,
+) -> impl Iterator<Item = (String, String)> {
+    (method == crate::domain::payment::CaptureMethod::Manual)
+        .then(|| ("expand[]".to_string(), "latest_charge".to_string()))
+        .into_iter()
+}
+
 /// A `pm_…` PaymentMethod id.
 pub(crate) fn check_payment_method(payment_method: &str) -> Result<(), &'static str> {
     let valid = payment_method.starts_with("pm_")
@@ -347,14 +357,14 @@ impl PaymentProvider for Stripe {
                 Ok(amount) => amount,
                 // Refused before the attempt was written, unless it was
                 // written before this rule existed: nothing was created.
-                Err(refused) => return Opened::Settled(refused),
+                Err(refused) => return Opened::Settled(*refused),
             };
             let form: Vec<(String, String)> = [
                 ("amount".to_string(), amount.to_string()),
                 ("currency".into(), r.currency.to_ascii_lowercase()),
                 ("payment_method".into(), r.payment_method.clone()),
                 ("payment_method_types[]".into(), "card".into()),
-                ("capture_method".into(), "automatic".into()),
+                ("capture_method".into(), r.capture_method.as_str().into()),
             ]
             .into_iter()
             .chain(metadata(&r.trace))
@@ -397,6 +407,8 @@ impl PaymentProvider for Stripe {
                 .return_url
                 .iter()
                 .map(|u| ("return_url".to_string(), u.clone()))
+                // A hold's deadline is on its charge.
+                .chain(expand_charge(r.capture_method))
                 .collect();
             self.post(
                 "charge",
@@ -422,7 +434,7 @@ impl PaymentProvider for Stripe {
             };
             self.get(
                 "find_charge",
-                format!("/v1/payment_intents/{intent}"),
+                format!("/v1/payment_intents/{intent}?expand[]=latest_charge"),
                 move |status, retry, body| classify::intent_read(attempt_id, status, retry, body),
             )
             .await
@@ -461,11 +473,71 @@ impl PaymentProvider for Stripe {
         })
     }
 
+    fn captures_later(&self) -> bool {
+        true
+    }
+
+    fn capture<'a>(&'a self, r: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            let amount = match units::of_request(&r.currency, r.amount, units::to_stripe) {
+                Ok(amount) => amount,
+                Err(refused) => return *refused,
+            };
+            // The capture's own id makes its key: a repeat is the same
+            // capture, never one made from the amount.
+            self.post(
+                "capture",
+                format!("/v1/payment_intents/{}/capture", r.charge_id),
+                key(r.idempotency_key, "capture"),
+                vec![
+                    ("amount_to_capture".into(), amount.to_string()),
+                    ("expand[]".into(), "latest_charge".into()),
+                ],
+                classify::hold_answer,
+            )
+            .await
+        })
+    }
+
+    fn find_capture<'a>(&'a self, r: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            match self.find_charge(r.payment_id, Some(&r.charge_id)).await {
+                // Still held: never captured, and capturing again (same
+                // key) is safe.
+                CallOutcome::Known(intent)
+                    if intent.status == crate::domain::payment::PaymentStatus::RequiresCapture =>
+                {
+                    CallOutcome::NotFound
+                }
+                CallOutcome::NotFound => {
+                    CallOutcome::Unknown("the held PaymentIntent reads as unconfirmed".into())
+                }
+                other => other,
+            }
+        })
+    }
+
+    fn void<'a>(&'a self, payment_id: Uuid, charge_id: &'a str) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async move {
+            self.post(
+                "void",
+                format!("/v1/payment_intents/{charge_id}/cancel"),
+                key(payment_id, "void"),
+                vec![
+                    ("cancellation_reason".into(), "requested_by_customer".into()),
+                    ("expand[]".into(), "latest_charge".into()),
+                ],
+                classify::hold_answer,
+            )
+            .await
+        })
+    }
+
     fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move {
             let amount = match units::of_request(&r.currency, r.amount, units::refund_to_stripe) {
                 Ok(amount) => amount,
-                Err(refused) => return refused,
+                Err(refused) => return *refused,
             };
             let form: Vec<(String, String)> = [
                 ("payment_intent".to_string(), r.charge_id.clone()),

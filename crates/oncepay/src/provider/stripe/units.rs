@@ -161,15 +161,18 @@ pub(crate) fn of_request(
     currency: &str,
     amount: i64,
     rule: fn(i64, &Currency) -> Result<i64, Unrepresentable>,
-) -> Result<i64, CallOutcome> {
+) -> Result<i64, Box<CallOutcome>> {
+    // Boxed: an outcome is large, and this is the rare path.
     let refused = |why: String| {
-        CallOutcome::Known(ProviderObject {
+        Box::new(CallOutcome::Known(ProviderObject {
             id: String::new(),
             status: PaymentStatus::Failed,
             failure_code: Some("amount_not_supported_by_provider".into()),
             failure_message: Some(why),
             next_action: None,
-        })
+            capture_before: None,
+            amount_captured: None,
+        }))
     };
     let currency = Currency::try_from(currency)
         .map_err(|_| refused(format!("{currency}: not a currency oncepay knows")))?;

@@ -1,0 +1,169 @@
+//! SQL of captures: one row per capture of a held payment, its id the
+//! provider's idempotency key (see migration V19 for the constraints: one
+//! per payment, within the amount, never for a voided payment).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use super::{Corrupt, StoreError};
+use crate::domain::payment::PaymentStatus;
+
+/// A capture as stored.
+#[derive(Debug, Clone)]
+pub struct Capture {
+    /// UUID v7; the provider's idempotency key of the capture.
+    pub id: Uuid,
+    /// The held payment it captures.
+    pub payment_id: Uuid,
+    /// Minor units.
+    pub amount: i64,
+    /// `pending` until the provider's answer is known.
+    pub status: PaymentStatus,
+    /// The client's key that made it.
+    pub idempotency_key: String,
+    /// When it was made.
+    pub created_at: DateTime<Utc>,
+}
+
+const COLUMNS: &str = "id, payment_id, amount, status, idempotency_key, created_at";
+
+fn from_row(row: &PgRow) -> Result<Capture, StoreError> {
+    let status: String = row.try_get("status")?;
+    Ok(Capture {
+        id: row.try_get("id")?,
+        payment_id: row.try_get("payment_id")?,
+        amount: row.try_get("amount")?,
+        status: PaymentStatus::parse(&status)
+            .ok_or_else(|| Corrupt::unknown("capture status", &status))?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        created_at: row.try_get("created_at")?,
+    })
+}
+
+/// A new pending capture.
+pub struct NewCapture<'a> {
+    /// Its id (the provider key).
+    pub id: Uuid,
+    /// The payment's merchant.
+    pub merchant_id: Uuid,
+    /// The held payment.
+    pub payment_id: Uuid,
+    /// Minor units.
+    pub amount: i64,
+    /// The client's key.
+    pub idempotency_key: &'a str,
+    /// The request's fingerprint.
+    pub fingerprint: Option<&'a [u8]>,
+    /// When the reconciler first reads it if it stays pending.
+    pub check_after: Duration,
+}
+
+/// Why a capture could not be inserted.
+#[derive(Debug, thiserror::Error)]
+pub enum InsertCaptureError {
+    /// The payment has a capture already (`payment_capture_one_per_payment`),
+    /// or is no longer a hold the database lets be captured.
+    #[error("the payment cannot take another capture")]
+    NotCapturable,
+    /// Anything else.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Inserts a pending capture; the constraints decide races.
+pub async fn insert(
+    tx: &mut PgConnection,
+    new: &NewCapture<'_>,
+) -> Result<Capture, InsertCaptureError> {
+    let sql = format!(
+        "INSERT INTO payment_capture
+                (id, merchant_id, payment_id, amount, status, idempotency_key,
+                 request_fingerprint, next_check_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6,
+                 now() + $7::bigint * interval '1 millisecond', now(), now())
+         RETURNING {COLUMNS}"
+    );
+    let result = sqlx::query(&sql)
+        .bind(new.id)
+        .bind(new.merchant_id)
+        .bind(new.payment_id)
+        .bind(new.amount)
+        .bind(new.idempotency_key)
+        .bind(new.fingerprint)
+        .bind(i64::try_from(new.check_after.as_millis()).unwrap_or(i64::MAX))
+        .fetch_one(tx)
+        .await;
+    match result {
+        Ok(row) => Ok(from_row(&row)?),
+        Err(e) => match super::violated_constraint(&e) {
+            Some(
+                "payment_capture_one_per_payment"
+                | "payment_capture_of_a_hold"
+                | "payment_capture_within_amount",
+            ) => Err(InsertCaptureError::NotCapturable),
+            _ => Err(InsertCaptureError::Store(e.into())),
+        },
+    }
+}
+
+/// The payment's capture, if it has one.
+pub async fn of_payment(
+    conn: &mut PgConnection,
+    payment_id: Uuid,
+) -> Result<Option<Capture>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM payment_capture WHERE payment_id = $1");
+    let row = sqlx::query(&sql)
+        .bind(payment_id)
+        .fetch_optional(conn)
+        .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// A capture by id, row-locked.
+pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Capture>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM payment_capture WHERE id = $1 FOR UPDATE");
+    let row = sqlx::query(&sql).bind(id).fetch_optional(tx).await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Settles the payment's pending capture, if it has one: `succeeded`
+/// when the payment was captured, `failed` when its hold ended without
+/// (voided, expired). Returns it as it now is.
+pub async fn settle_of_payment(
+    tx: &mut PgConnection,
+    payment_id: Uuid,
+    status: PaymentStatus,
+    failure_code: Option<&str>,
+) -> Result<Option<Capture>, StoreError> {
+    let sql = format!(
+        "UPDATE payment_capture SET status = $2, failure_code = $3, updated_at = now()
+          WHERE payment_id = $1 AND status = 'pending'
+          RETURNING {COLUMNS}"
+    );
+    let row = sqlx::query(&sql)
+        .bind(payment_id)
+        .bind(status.as_str())
+        .bind(failure_code)
+        .fetch_optional(tx)
+        .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// The reconciler's queue of pending captures (`store::queue`).
+impl super::queue::Queued for Capture {
+    const TABLE: super::queue::Table = super::queue::Table {
+        name: "payment_capture",
+        alias: "c",
+        returning:
+            "c.id, c.payment_id, c.amount, c.status, c.idempotency_key, c.created_at, c.merchant_id",
+        next_look: next_check_after_claim!("c"),
+    };
+
+    fn from_row(row: &PgRow) -> Result<Capture, StoreError> {
+        from_row(row)
+    }
+}

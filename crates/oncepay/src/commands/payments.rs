@@ -132,7 +132,11 @@ impl Command for CreatePayment {
                 "is a card number, which oncepay never accepts: send the card to the provider's tokenization (the checkout page does) and pay with the token it returns",
             )));
         }
-        if self.capture_method == CaptureMethod::Manual && !ctx.providers.current().captures_later()
+        if self.capture_method == CaptureMethod::Manual
+            && !ctx
+                .providers
+                .for_payment_method(&self.payment_method)
+                .captures_later()
         {
             return Err(Problem::rule(crate::domain::RuleViolation::new(
                 "capture_method",

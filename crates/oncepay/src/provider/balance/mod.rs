@@ -25,8 +25,8 @@ use uuid::Uuid;
 
 use super::card_form::CardForm;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, ChargeRequest, DisputeRead, Event, Headers, Health, Opened,
-    PaymentProvider, ProviderObject, RefundRequest, SubjectKind,
+    BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
+    Health, Opened, PaymentProvider, ProviderObject, RefundRequest, SubjectKind,
 };
 use crate::balances::{self as ledger_ops, Paid};
 use crate::domain::payment::PaymentStatus;
@@ -66,6 +66,8 @@ impl Balance {
             failure_code: None,
             failure_message: None,
             next_action: None,
+            amount_captured: None,
+            capture_before: None,
         })
     }
 
@@ -94,6 +96,8 @@ impl Balance {
                     party.amount
                 )),
                 next_action: None,
+                amount_captured: None,
+                capture_before: None,
             }),
             Err(e) => Self::unknown(e),
         }
@@ -190,6 +194,21 @@ impl PaymentProvider for Balance {
     fn abandon<'a>(&'a self, attempt_id: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
         // Nothing waits for a customer here: the charge is what it is.
         Box::pin(self.find_payment(attempt_id))
+    }
+    // A balance pays at once: it authorizes nothing to capture later, so a
+    // manual payment with it is refused before any call, and these are
+    // never reached.
+    fn captures_later(&self) -> bool {
+        false
+    }
+    fn capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async { Self::unknown("a balance payment holds nothing to capture") })
+    }
+    fn find_capture<'a>(&'a self, _: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async { Self::unknown("a balance payment holds nothing to capture") })
+    }
+    fn void<'a>(&'a self, _: Uuid, _: &'a str) -> BoxFuture<'a, CallOutcome> {
+        Box::pin(async { Self::unknown("a balance payment holds nothing to void") })
     }
     fn find_refund<'a>(
         &'a self,

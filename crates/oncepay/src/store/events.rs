@@ -213,18 +213,18 @@ pub async fn append_for_merchant(
     Ok(row.try_get("sequence")?)
 }
 
-/// See [`append_for_merchant`]: [`APPEND`] with the merchant given (`$9`)
-/// and no order.
+/// See [`append_for_merchant`]: [`APPEND`] with the merchant given (`$10`,
+/// after the events' nine) and no order.
 const APPEND_FOR_MERCHANT: &str = concat!(
     "WITH new_events AS (SELECT * FROM ",
     new_events_from_params!(),
     "),
      ev AS (
         INSERT INTO event (id, merchant_id, type, object_type, object_id, order_id, sequence,
-                           data, cause, request_id)
-        SELECT n.id, $9, n.type, n.object_type, n.object_id, NULL,
+                           data, cause, request_id, actor)
+        SELECT n.id, $10, n.type, n.object_type, n.object_id, NULL,
                COALESCE((SELECT max(e.sequence) FROM event e WHERE e.object_id = n.object_id), 0) + 1,
-               n.data, n.cause, n.request_id
+               n.data, n.cause, n.request_id, n.actor
           FROM new_events n
         RETURNING id, merchant_id, type, object_id, sequence),
      fan AS (

@@ -234,13 +234,13 @@ async function everyOperation(key: string): Promise<void> {
     params: { path: customer, header: idem },
     body: { amount: 100, currency: "EUR" },
   });
-  const hold = await client.POST("/customers/{customer_id}/balance/holds", {
+  const balanceHold = await client.POST("/customers/{customer_id}/balance/holds", {
     ...auth,
     params: { path: customer, header: idem },
     body: { amount: 100, currency: "EUR", expires_in: 600 },
   });
-  if (!hold.data) return;
-  const holdId: string = hold.data.id;
+  if (!balanceHold.data) return;
+  const holdId: string = balanceHold.data.id;
   await client.GET("/balance_holds/{id}", { ...auth, params: { path: { id: holdId } } });
   await client.POST("/balance_holds/{id}/capture", { ...auth, params: { path: { id: holdId }, header: idem }, body: { amount: 50 } });
   await client.POST("/balance_holds/{id}/release", { ...auth, params: { path: { id: holdId }, header: idem } });

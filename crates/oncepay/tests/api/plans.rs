@@ -20,6 +20,7 @@ const GROWING: &[&str] = &[
     "event",
     "webhook_delivery",
     "webhook_attempt",
+    "payment_capture",
 ];
 
 /// The lookups every create and payment makes, each in the shape of the

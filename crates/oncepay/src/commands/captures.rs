@@ -299,14 +299,14 @@ pub(crate) async fn pending_capture(
     ctx: &AppContext,
     capture_id: Uuid,
 ) -> Result<Option<Outstanding>, StoreError> {
-    let mut tx = ctx.pool.begin().await?;
-    let capture = store::captures::lock(&mut tx, capture_id)
+    let mut conn = ctx.pool.acquire().await?;
+    let capture = store::captures::by_id(&mut conn, capture_id)
         .await?
         .ok_or_else(|| Corrupt::vanished("capture", capture_id))?;
-    let payment = store::payments::by_id(&mut tx, capture.payment_id)
+    let payment = store::payments::by_id(&mut conn, capture.payment_id)
         .await?
         .ok_or_else(|| Corrupt::vanished("payment", capture.payment_id))?;
-    drop(tx);
+    drop(conn);
     if capture.status != PaymentStatus::Pending {
         return Ok(None);
     }
@@ -349,7 +349,8 @@ pub(crate) async fn finish(
     observed: Option<ProviderObject>,
     cause: Cause,
 ) -> Result<Payment, StoreError> {
-    let capture = store::captures::lock(tx, capture_id)
+    // Not locked here: settling locks order, payment, then the capture.
+    let capture = store::captures::by_id(tx, capture_id)
         .await?
         .ok_or_else(|| Corrupt::vanished("capture", capture_id))?;
     let payment = store::payments::by_id(tx, capture.payment_id)

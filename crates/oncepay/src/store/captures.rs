@@ -123,10 +123,12 @@ pub async fn of_payment(
     row.as_ref().map(from_row).transpose()
 }
 
-/// A capture by id, row-locked.
-pub async fn lock(tx: &mut PgConnection, id: Uuid) -> Result<Option<Capture>, StoreError> {
-    let sql = format!("SELECT {COLUMNS} FROM payment_capture WHERE id = $1 FOR UPDATE");
-    let row = sqlx::query(&sql).bind(id).fetch_optional(tx).await?;
+/// A capture by id, unlocked: a capture's row is locked only after its
+/// order and payment (the one lock order: order, payment, capture), by the
+/// statement that settles it.
+pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Capture>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM payment_capture WHERE id = $1");
+    let row = sqlx::query(&sql).bind(id).fetch_optional(conn).await?;
     row.as_ref().map(from_row).transpose()
 }
 

@@ -801,3 +801,45 @@ async fn capture_method_is_checked_and_part_of_the_fingerprint() {
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(problem["code"], "order_not_payable");
 }
+
+#[tokio::test]
+async fn a_void_whose_answer_is_lost_blocks_captures_and_is_asked_again_by_the_sweeper() {
+    let app = spawn_app_with(options().sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")).await;
+    // `+drop=5`: the first five answers to each call of this card are lost
+    // (the charge's, then the void's); the effect is made.
+    let order_id = app.create_order().await;
+    let r = app
+        .post(
+            "/payments",
+            "pay",
+            &json!({"order_id": order_id, "payment_method": "tok_visa+drop=5", "capture_method": "manual"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let payment = json_of(r).await;
+    let payment = app.reconciled_to(&payment["id"], "requires_capture").await;
+    let payment_id = id_of(&payment);
+
+    let (status, pending) = void(&app, &payment_id, "v").await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "requires_capture");
+    let (status, problem) = capture(&app, &payment_id, "too-late", json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "a void is under way");
+    assert_eq!(problem["code"], "payment_not_capturable");
+
+    let voided = ready::until_some(Duration::from_secs(20), || async {
+        oncepay::workers::sweeper::authorizations(&app.ctx)
+            .await
+            .ok();
+        let p = json_of(app.get(&format!("/payments/{payment_id}")).await).await;
+        (p["status"] == "voided").then_some(p)
+    })
+    .await
+    .expect("the sweeper asks again until the provider answers");
+    assert_eq!(voided["void_reason"], "requested");
+    assert_eq!(order_status(&app, &order_id).await, "awaiting_payment");
+    let charge = sandbox_charge(&app, &payment_id).await;
+    assert_eq!(charge["status"], "voided");
+    assert!(sandbox_captures(&app, &charge["id"]).await.is_empty());
+    assert_eq!(event_count(&app, &payment_id, "payment.voided").await, 1);
+}

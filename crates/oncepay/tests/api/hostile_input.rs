@@ -421,6 +421,7 @@ fn nul_in_any_string_of_any_endpoint_is_refused_never_a_500() {
                 app.count("SELECT count(*) FROM webhook_event").await,
                 app.count("SELECT count(*) FROM dispute").await,
                 app.count("SELECT count(*) FROM ledger_transfer").await,
+                app.count("SELECT count(*) FROM payment_capture").await,
             )
         })
     };

@@ -23,6 +23,7 @@ const GROWING: &[&str] = &[
     "ledger_account",
     "ledger_transfer",
     "ledger_open_pending",
+    "payment_capture",
 ];
 
 /// The lookups every create and payment makes, each in the shape of the

@@ -278,7 +278,9 @@ async fn token_caller(state: &AppState, token: &str) -> Result<Caller, Problem> 
             sub: verified.sub,
             issuer: verified.issuer,
         },
-        limit: None,
+        // The merchant's own limit, as its keys carry: a token counts
+        // against its merchant's limit, never the process default instead.
+        limit: verified.limit,
     })
 }
 

@@ -30,6 +30,8 @@ pub struct Verified {
     pub sub: String,
     /// Its `iss`.
     pub issuer: String,
+    /// The merchant's own rate limit, if it has one (as its keys carry).
+    pub limit: Option<crate::rate_limit::Limit>,
 }
 
 /// Why a token was not accepted.
@@ -106,6 +108,7 @@ impl Verifier {
             role: claims.role,
             sub: claims.sub,
             issuer: identity.issuer,
+            limit: identity.rate_limit,
         })
     }
 }

@@ -138,9 +138,9 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
 
 /// The caller behind `Authorization: Bearer <key or token>` (`401`
 /// otherwise: `invalid_token` for a token), allowed by the route table to
-/// call this route (`403 insufficient_scope` otherwise), owning the path's
-/// object if it is a customer (`404` otherwise), and admitted by its rate
-/// limit (`429` otherwise), before anything else is read or written.
+/// call this route (`403 insufficient_scope` otherwise), admitted by its
+/// rate limit (`429` otherwise), and owning the path's object if it is a
+/// customer (`404` otherwise), before anything else is read or written.
 pub(crate) async fn authenticate_caller(
     state: &AppState,
     req: &HttpRequest,
@@ -171,6 +171,7 @@ pub(crate) async fn authenticate_caller(
             ),
         )
     };
+    let mut owning = None;
     match (&caller.principal, caller.customer()) {
         (Principal::Key { .. }, _) if !caller.scopes.has(scope) => {
             return Err(refused("this API key"))
@@ -178,23 +179,28 @@ pub(crate) async fn authenticate_caller(
         (Principal::Token { .. }, None) if !caller.scopes.has(scope) => {
             return Err(refused("a seller's token"))
         }
-        (_, Some(customer)) => match customers {
+        (_, Some(_)) => match customers {
             Customers::Refused => {
                 return Err(Problem::new(
                     ProblemCode::InsufficientScope,
                     format!("a customer's token cannot call {method} {pattern}"),
                 ))
             }
-            Customers::Owning(how) => {
-                owns_path(state, req, caller.merchant_id, customer, how).await?;
-            }
+            Customers::Owning(how) => owning = Some(how),
         },
         _ => {}
     }
-    admit(state, caller)
+    // Admitted before the ownership query: a `404` costs that query, so
+    // probing ids must be throttled like any other request.
+    let caller = admit(state, caller)?;
+    if let (Some(how), Some(customer)) = (owning, caller.customer()) {
+        owns_path(state, req, caller.merchant_id, customer, how).await?;
+    }
+    Ok(caller)
 }
 
-/// The rate limit, last: a refused request is not counted.
+/// The rate limit, after the checks that read nothing (a request refused
+/// for its scope is not counted) and before any that queries the database.
 fn admit(state: &AppState, caller: Caller) -> Result<Caller, Problem> {
     if let Err(wait) = state.rate_limits.check(caller.merchant_id, caller.limit) {
         state.ctx.metrics.rate_limited.inc();

@@ -328,7 +328,9 @@ async fn owns_path(
 
 /// A customer owns what a command's body names (`routes::Ownership`):
 /// the `customer_id` of a new order is its own (`403 not_owner`), the
-/// order of a new payment is its own (`404 order_not_found`). A field
+/// order of a new payment is its own (`404 order_not_found`); and it sets
+/// none of the merchant's fields (`403 insufficient_scope`,
+/// `routes::MERCHANT_FIELDS`). A field
 /// missing or of the wrong shape is left to the command's parser, whose
 /// `400` says so. Checked before the key is claimed: a refused request
 /// consumes nothing.
@@ -352,34 +354,52 @@ pub(crate) async fn owns_body(
     };
     match how {
         Ownership::CustomerInBody => match body.get("customer_id").and_then(Value::as_str) {
-            Some(other) if other != customer => Err(Problem::new(
-                ProblemCode::NotOwner,
-                "a customer's token orders only for itself: customer_id must be the token's sub",
-            )
-            .with_field("customer_id")),
-            _ => Ok(()),
+            Some(other) if other != customer => {
+                return Err(Problem::new(
+                    ProblemCode::NotOwner,
+                    "a customer's token orders only for itself: customer_id must be the token's sub",
+                )
+                .with_field("customer_id"))
+            }
+            _ => {}
         },
         Ownership::OrderInBody => {
-            let Some(order_id) = body
+            if let Some(order_id) = body
                 .get("order_id")
                 .and_then(Value::as_str)
                 .and_then(|raw| Uuid::parse_str(raw).ok())
-            else {
-                return Ok(());
-            };
-            let pool = state.ctx.pool.clone();
-            let merchant_id = caller.merchant_id;
-            let owner = on_service_runtime(state, async move {
-                store::orders::customer_of(&pool, merchant_id, order_id)
-                    .await
-                    .map_err(store_problem)
-            })
-            .await?;
-            match owner {
-                Some(owner) if owner == customer => Ok(()),
-                _ => Err(Problem::not_found(ProblemCode::OrderNotFound, "order")),
+            {
+                let pool = state.ctx.pool.clone();
+                let merchant_id = caller.merchant_id;
+                let owner = on_service_runtime(state, async move {
+                    store::orders::customer_of(&pool, merchant_id, order_id)
+                        .await
+                        .map_err(store_problem)
+                })
+                .await?;
+                if owner.as_deref() != Some(customer) {
+                    return Err(Problem::not_found(ProblemCode::OrderNotFound, "order"));
+                }
             }
         }
-        Ownership::OrderInPath | Ownership::PaymentInPath | Ownership::OwnList => Ok(()),
+        Ownership::OrderInPath | Ownership::PaymentInPath | Ownership::OwnList => {}
+    }
+    merchant_fields(&pattern, req.method().as_str(), body)
+}
+
+/// `403 insufficient_scope` naming the first of the route's merchant's
+/// fields (`routes::MERCHANT_FIELDS`) a customer's body sets; `null` sets
+/// nothing.
+fn merchant_fields(pattern: &str, method: &str, body: &Value) -> Result<(), Problem> {
+    let set = routes::merchant_fields(pattern, method)
+        .iter()
+        .find(|field| body.get(**field).is_some_and(|v| !v.is_null()));
+    match set {
+        Some(field) => Err(Problem::new(
+            ProblemCode::InsufficientScope,
+            format!("`{field}` is the merchant's to choose: a customer's token cannot set it"),
+        )
+        .with_field(*field)),
+        None => Ok(()),
     }
 }

@@ -53,7 +53,7 @@ pub struct Verifier {
 }
 
 /// Bounds of the key sets' freshness (`ONCEPAY_JWKS_MIN_REFRESH`,
-/// `ONCEPAY_JWKS_MAX_AGE`).
+/// `ONCEPAY_JWKS_MAX_AGE`, `ONCEPAY_JWKS_STALE_MAX`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JwksBounds {
     /// The least time a set is fresh, and the least time between two
@@ -61,6 +61,9 @@ pub struct JwksBounds {
     pub min_refresh: Duration,
     /// The most time a set is fresh.
     pub max_age: Duration,
+    /// The most time a set's keys are still used past its freshness while
+    /// no fetch succeeds; then they are dropped.
+    pub stale_max: Duration,
 }
 
 impl Verifier {
@@ -73,7 +76,7 @@ impl Verifier {
     ) -> Result<Verifier, reqwest::Error> {
         Ok(Verifier {
             pool,
-            keys: jwks::Jwks::new(allow_private, bounds.min_refresh, bounds.max_age)?,
+            keys: jwks::Jwks::new(allow_private, bounds)?,
         })
     }
 

@@ -382,9 +382,50 @@ pub(crate) async fn owns_body(
                 }
             }
         }
+        Ownership::OrderInPath if pattern == CANCEL_ORDER && req.method().as_str() == "POST" => {
+            customer_may_cancel(state, req, caller).await?;
+        }
         Ownership::OrderInPath | Ownership::PaymentInPath | Ownership::OwnList => {}
     }
     merchant_fields(&pattern, req.method().as_str(), body)
+}
+
+/// The route of a cancel, which a customer may call for an unpaid order
+/// only.
+const CANCEL_ORDER: &str = "/orders/{id}/cancel";
+
+/// A customer's cancel of a paid order would refund it, and refunds are
+/// the merchant's: `403 insufficient_scope` before the key is claimed, as
+/// every other refusal of a right, consuming nothing. The command decides
+/// again under the order's lock (a payment may succeed in between), where
+/// the refusal is `order_not_cancellable` and kept under the key.
+async fn customer_may_cancel(
+    state: &AppState,
+    req: &HttpRequest,
+    caller: &Caller,
+) -> Result<(), Problem> {
+    let Some(order_id) = req
+        .match_info()
+        .get("id")
+        .and_then(|raw| Uuid::parse_str(raw).ok())
+    else {
+        return Ok(());
+    };
+    let pool = state.ctx.pool.clone();
+    let merchant_id = caller.merchant_id;
+    let status = on_service_runtime(state, async move {
+        store::orders::status_of(&pool, merchant_id, order_id)
+            .await
+            .map_err(store_problem)
+    })
+    .await?;
+    match status.map(|s| s.cancel_plan()) {
+        Some(crate::domain::order::CancelPlan::RefundThenCancel) => Err(Problem::new(
+            ProblemCode::InsufficientScope,
+            "a customer's token cannot cancel a paid order: that would refund it, and refunds are the merchant's",
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// `403 insufficient_scope` naming the first of the route's merchant's

@@ -337,8 +337,10 @@ pub fn access(pattern: &str, method: &str) -> Access {
 /// what they choose is the merchant's. The redirects of the
 /// merchant-branded checkout and of a payment's authentication would
 /// let a token send the shop's customers anywhere with the shop's name on
-/// the way.
+/// the way; an order's `metadata` is where merchants keep their own
+/// references and fulfilment hints, which a customer must not write.
 pub const MERCHANT_FIELDS: &[(&str, &str, &[&str])] = &[
+    ("POST", "/orders", &["metadata"]),
     ("POST", "/orders/{id}/checkout", &["success_url", "cancel_url"]),
     ("POST", "/payments", &["return_url"]),
 ];

@@ -354,13 +354,11 @@ pub(crate) async fn owns_body(
     };
     match how {
         Ownership::CustomerInBody => match body.get("customer_id").and_then(Value::as_str) {
-            Some(other) if other != customer => {
-                return Err(Problem::new(
-                    ProblemCode::NotOwner,
-                    "a customer's token orders only for itself: customer_id must be the token's sub",
-                )
-                .with_field("customer_id"))
-            }
+            Some(other) if other != customer => return Err(Problem::new(
+                ProblemCode::NotOwner,
+                "a customer's token orders only for itself: customer_id must be the token's sub",
+            )
+            .with_field("customer_id")),
             _ => {}
         },
         Ownership::OrderInBody => {

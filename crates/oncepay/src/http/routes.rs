@@ -341,7 +341,11 @@ pub fn access(pattern: &str, method: &str) -> Access {
 /// references and fulfilment hints, which a customer must not write.
 pub const MERCHANT_FIELDS: &[(&str, &str, &[&str])] = &[
     ("POST", "/orders", &["metadata"]),
-    ("POST", "/orders/{id}/checkout", &["success_url", "cancel_url"]),
+    (
+        "POST",
+        "/orders/{id}/checkout",
+        &["success_url", "cancel_url"],
+    ),
     ("POST", "/payments", &["return_url"]),
 ];
 
@@ -456,10 +460,7 @@ mod tests {
     fn merchant_fields_name_customer_routes_with_a_body() {
         for (method, path, fields) in MERCHANT_FIELDS {
             let route = find(path, method).expect("a route");
-            assert!(
-                matches!(route.access, Needs(Write, Owning(_))),
-                "{route:?}"
-            );
+            assert!(matches!(route.access, Needs(Write, Owning(_))), "{route:?}");
             assert_eq!(route.key, Required, "{route:?}");
             assert!(!fields.is_empty());
         }

@@ -345,7 +345,7 @@ pub async fn status_of(
     status
         .map(|status| {
             crate::domain::order::OrderStatus::parse(&status)
-                .ok_or_else(|| StoreError::from(Corrupt::unknown("order status", &status)))
+                .ok_or_else(|| Corrupt::unknown("order status", &status))
         })
         .transpose()
 }

@@ -1180,8 +1180,8 @@ async fn a_token_counts_against_its_merchants_own_limit_in_the_bucket_of_its_key
     let (n, most) = admitted(8, 1, 3, |_| app.get_as(&alice, "/orders")).await;
     assert!(n <= most, "a customer token: {n} admitted, at most {most}");
     tokio::time::sleep(Duration::from_secs(4)).await; // the bucket refills
-    // Keys and tokens alternating share one bucket: no kind of caller
-    // starts it over.
+                                                      // Keys and tokens alternating share one bucket: no kind of caller
+                                                      // starts it over.
     let (n, most) = admitted(12, 1, 3, |i| {
         let bearer = match i % 3 {
             0 => &api_key,
@@ -1237,8 +1237,16 @@ async fn a_customer_token_cannot_choose_the_checkouts_and_payments_redirects() {
     let (order, _) = customer_order(&app, &alice, "alice", false).await;
     let checkout = format!("/orders/{order}/checkout");
     let cases = [
-        (checkout.as_str(), json!({"success_url": "https://phish.example/ok"}), "success_url"),
-        (checkout.as_str(), json!({"cancel_url": "https://phish.example/no"}), "cancel_url"),
+        (
+            checkout.as_str(),
+            json!({"success_url": "https://phish.example/ok"}),
+            "success_url",
+        ),
+        (
+            checkout.as_str(),
+            json!({"cancel_url": "https://phish.example/no"}),
+            "cancel_url",
+        ),
         (
             "/payments",
             json!({"order_id": order, "payment_method": "tok_visa", "return_url": "https://phish.example/back"}),
@@ -1304,7 +1312,10 @@ async fn keys_held_past_jwks_stale_max_are_dropped_while_the_provider_is_down() 
         app.get_as(&token, "/orders").await.status() == StatusCode::SERVICE_UNAVAILABLE
     })
     .await;
-    assert!(dropped.is_ok(), "a stale key kept working past ONCEPAY_JWKS_STALE_MAX");
+    assert!(
+        dropped.is_ok(),
+        "a stale key kept working past ONCEPAY_JWKS_STALE_MAX"
+    );
     let r = app.get_as(&token, "/orders").await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(json_of(r).await["code"], "service_unavailable");
@@ -1333,14 +1344,26 @@ async fn a_customer_cancelling_its_paid_order_is_refused_and_consumes_nothing() 
     let before = app.everything().await;
     let idem = Uuid::new_v4().to_string();
     let r = app
-        .call_as(&alice, Method::POST, &format!("/orders/{paid}/cancel"), Some(&idem), None)
+        .call_as(
+            &alice,
+            Method::POST,
+            &format!("/orders/{paid}/cancel"),
+            Some(&idem),
+            None,
+        )
         .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     assert_eq!(json_of(r).await["code"], "insufficient_scope");
     assert_eq!(app.everything().await, before, "the refusal was stored");
     // The key is still free: it cancels the unpaid order.
     let r = app
-        .call_as(&alice, Method::POST, &format!("/orders/{open}/cancel"), Some(&idem), None)
+        .call_as(
+            &alice,
+            Method::POST,
+            &format!("/orders/{open}/cancel"),
+            Some(&idem),
+            None,
+        )
         .await;
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(json_of(r).await["status"], "cancelled");
@@ -1359,15 +1382,33 @@ async fn claims_that_do_not_fit_an_integer_are_still_enforced() {
     let mut far = claims("alice", "customer");
     far["nbf"] = json!(1e20);
     let token = sign(key, far).await;
-    assert_invalid_token(app.get_as(&token, "/orders").await, &token, "nbf 1e20", "not valid yet").await;
+    assert_invalid_token(
+        app.get_as(&token, "/orders").await,
+        &token,
+        "nbf 1e20",
+        "not valid yet",
+    )
+    .await;
     let mut fractional = claims("alice", "customer");
     fractional["nbf"] = json!(now() as f64 + 600.5);
     let token = sign(key, fractional).await;
-    assert_invalid_token(app.get_as(&token, "/orders").await, &token, "nbf fractional", "not valid yet").await;
+    assert_invalid_token(
+        app.get_as(&token, "/orders").await,
+        &token,
+        "nbf fractional",
+        "not valid yet",
+    )
+    .await;
     let mut expired = claims("alice", "customer");
     expired["exp"] = json!(now() as f64 - 600.5);
     let token = sign(key, expired).await;
-    assert_invalid_token(app.get_as(&token, "/orders").await, &token, "exp fractional", "expired").await;
+    assert_invalid_token(
+        app.get_as(&token, "/orders").await,
+        &token,
+        "exp fractional",
+        "expired",
+    )
+    .await;
     let mut negative = claims("alice", "customer");
     negative["exp"] = json!(-1);
     let token = sign(key, negative).await;

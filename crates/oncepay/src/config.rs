@@ -228,10 +228,12 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
 
     /// How fresh the identity providers' key sets are kept: at least
     /// `ONCEPAY_JWKS_MIN_REFRESH` (also the least time between two fetches
-    /// of one set), at most `ONCEPAY_JWKS_MAX_AGE`.
+    /// of one set), at most `ONCEPAY_JWKS_MAX_AGE`; used at most
+    /// `ONCEPAY_JWKS_STALE_MAX` past that while no fetch succeeds.
     fn jwks_bounds(&self) -> Result<crate::identity::JwksBounds, ConfigError> {
         let min_refresh = self.duration("ONCEPAY_JWKS_MIN_REFRESH", Duration::from_secs(30))?;
         let max_age = self.duration("ONCEPAY_JWKS_MAX_AGE", Duration::from_secs(3600))?;
+        let stale_max = self.duration("ONCEPAY_JWKS_STALE_MAX", Duration::from_secs(86_400))?;
         if min_refresh < Duration::from_millis(100) {
             // Zero would let forged `kid`s fetch the set on every request.
             return Err(ConfigError {
@@ -250,6 +252,7 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         Ok(crate::identity::JwksBounds {
             min_refresh,
             max_age,
+            stale_max,
         })
     }
 

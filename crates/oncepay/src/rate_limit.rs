@@ -3,20 +3,26 @@
 //! authentication, before anything is read or written, so a limited
 //! request is effect-free: its idempotency key stays free for the retry.
 //!
-//! Each merchant has a GCRA limiter (governor) of its rate and burst: the
-//! process default (`ONCEPAY_RATE_LIMIT_PER_SECOND`, `_BURST`), or the
-//! merchant's own (`oncepay merchant rate-limit`). The limit is per
-//! process: N `oncepay serve` processes behind a balancer admit up to N
-//! times the rate (documented in openapi.yaml); a global limit would cost
-//! a database round trip per request.
+//! Each merchant has a GCRA limiter of its rate and burst: the process
+//! default (`ONCEPAY_RATE_LIMIT_PER_SECOND`, `_BURST`), or the merchant's
+//! own (`oncepay merchant rate-limit`), which its keys and its identity
+//! provider's tokens both carry. The limit is per process: N `oncepay
+//! serve` processes behind a balancer admit up to N times the rate
+//! (documented in openapi.yaml); a global limit would cost a database
+//! round trip per request.
+//!
+//! A limit that changes keeps the bucket's state: what was used stays used,
+//! in proportion, under the new limit. Callers may carry the old limit and
+//! the new one side by side for a while (a key's is cached for
+//! `ONCEPAY_AUTH_CACHE_TTL`, a token's is read per request), and a bucket
+//! refilled on every change would hand out a fresh burst each time they
+//! alternate.
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use governor::clock::{Clock, DefaultClock};
-use governor::{DefaultDirectRateLimiter, Quota};
 use uuid::Uuid;
 
 /// A rate and a burst.
@@ -38,14 +44,64 @@ impl Limit {
             burst: nz(burst)?,
         })
     }
+
+    /// The time one request takes out of the bucket.
+    fn emission(self) -> Duration {
+        Duration::from_secs(1) / self.per_second.get()
+    }
+
+    /// The most time the bucket may owe: a full burst.
+    fn tolerance(self) -> Duration {
+        self.emission().saturating_mul(self.burst.get())
+    }
+}
+
+/// The most a bucket may owe after a limit change (a bound for `Instant`'s
+/// arithmetic; a real debt is at most a burst).
+const MAX_DEBT: Duration = Duration::from_secs(86_400);
+
+/// One key's bucket (GCRA): `tat` is when it is full again.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    limit: Limit,
+    tat: Instant,
+}
+
+impl Bucket {
+    fn full(limit: Limit, now: Instant) -> Bucket {
+        Bucket { limit, tat: now }
+    }
+
+    /// The same bucket under `limit`: its debt, counted in requests, kept.
+    fn relimit(&mut self, limit: Limit, now: Instant) {
+        let debt = self.tat.saturating_duration_since(now).as_secs_f64();
+        let requests = debt * f64::from(self.limit.per_second.get());
+        // Not capped at the new burst: a debt cut short would be handed
+        // back as soon as the other limit is seen again.
+        let owed = Duration::try_from_secs_f64(requests / f64::from(limit.per_second.get()))
+            .unwrap_or(MAX_DEBT)
+            .min(MAX_DEBT);
+        self.limit = limit;
+        self.tat = now.checked_add(owed).unwrap_or(now);
+    }
+
+    fn admit(&mut self, now: Instant) -> Result<(), Duration> {
+        let tat = self.tat.max(now) + self.limit.emission();
+        let ahead = tat.saturating_duration_since(now);
+        let tolerance = self.limit.tolerance();
+        if ahead > tolerance {
+            return Err(ahead - tolerance);
+        }
+        self.tat = tat;
+        Ok(())
+    }
 }
 
 /// Every merchant's limiter in this process (or, keyed otherwise, every
 /// checkout session's or client address's: see `http::checkout`).
 pub struct RateLimits<K = Uuid> {
     default: Option<Limit>,
-    limiters: Mutex<HashMap<K, (Limit, Arc<DefaultDirectRateLimiter>)>>,
-    clock: DefaultClock,
+    buckets: Mutex<HashMap<K, Bucket>>,
 }
 
 /// Keys remembered at most; past that the map starts over (a key then gets
@@ -57,8 +113,7 @@ impl<K: std::hash::Hash + Eq> RateLimits<K> {
     pub fn new(default: Option<Limit>) -> RateLimits<K> {
         RateLimits {
             default,
-            limiters: Mutex::new(HashMap::new()),
-            clock: DefaultClock::default(),
+            buckets: Mutex::new(HashMap::new()),
         }
     }
 
@@ -68,27 +123,19 @@ impl<K: std::hash::Hash + Eq> RateLimits<K> {
         let Some(limit) = own.or(self.default) else {
             return Ok(());
         };
-        let limiter = {
-            let mut limiters = self.limiters.lock().unwrap_or_else(|p| p.into_inner());
-            if limiters.len() >= MAX_KEYS && !limiters.contains_key(&key) {
-                limiters.clear();
-            }
-            let entry = limiters.entry(key).or_insert_with(|| fresh(limit));
-            // The merchant's limit changed: start its new limiter.
-            if entry.0 != limit {
-                *entry = fresh(limit);
-            }
-            entry.1.clone()
-        };
-        limiter
-            .check()
-            .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        if buckets.len() >= MAX_KEYS && !buckets.contains_key(&key) {
+            buckets.clear();
+        }
+        let bucket = buckets
+            .entry(key)
+            .or_insert_with(|| Bucket::full(limit, now));
+        if bucket.limit != limit {
+            bucket.relimit(limit, now);
+        }
+        bucket.admit(now)
     }
-}
-
-fn fresh(limit: Limit) -> (Limit, Arc<DefaultDirectRateLimiter>) {
-    let quota = Quota::per_second(limit.per_second).allow_burst(limit.burst);
-    (limit, Arc::new(DefaultDirectRateLimiter::direct(quota)))
 }
 
 /// Whole seconds for `Retry-After`, rounded up and at least 1, so a client
@@ -133,6 +180,25 @@ mod tests {
             Ok(()),
             "a raised limit applies at once"
         );
+    }
+
+    #[test]
+    fn alternating_limits_never_refill_the_bucket() {
+        // A key's cached limit and a token's fresh one, side by side.
+        let limits: RateLimits = RateLimits::new(None);
+        let m = Uuid::now_v7();
+        let (old, new) = (Limit::new(1, 4), Limit::new(1, 3));
+        let admitted = (0..20)
+            .filter(|n| limits.check(m, if n % 2 == 0 { old } else { new }).is_ok())
+            .count();
+        assert!(admitted <= 4, "{admitted} admitted");
+        // The same debt in requests under a slower limit is a longer wait.
+        let slow = Limit::new(1, 2);
+        let fast = Limit::new(1000, 2);
+        let m = Uuid::now_v7();
+        assert_eq!(limits.check(m, fast), Ok(()));
+        assert_eq!(limits.check(m, fast), Ok(()));
+        assert!(limits.check(m, slow).is_err(), "two used of two");
     }
 
     #[test]

@@ -260,12 +260,16 @@ impl CancelOrder {
                 let response = order_response(200, &order)?;
                 Ok(Step::Complete { tx, response })
             }
-            // Decided under the order's lock: a payment that succeeds
-            // between a customer's look and its cancel is seen here.
+            // A customer's cancel of a paid order is refused before its
+            // key is claimed (`http::auth`, `403 insufficient_scope`,
+            // consuming nothing); decided again here under the order's
+            // lock, for a payment that succeeded in between. This answer
+            // is kept under the key, so it is not a refusal of a right
+            // but of this order's state: `order_not_cancellable`.
             CancelPlan::RefundThenCancel if self.by_customer => {
                 Err(CommandError::Reject(Problem::new(
-                    ProblemCode::InsufficientScope,
-                    "a customer's token cannot cancel a paid order: that would refund it, and refunds are the merchant's",
+                    ProblemCode::OrderNotCancellable,
+                    "the order was paid meanwhile: a customer's token cannot cancel a paid order, which would refund it",
                 )))
             }
             CancelPlan::VoidThenCancel => {

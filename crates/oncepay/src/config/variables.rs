@@ -108,6 +108,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_WEBHOOK_INTERVAL", "serve", "250ms"),
     v("ONCEPAY_JWKS_MIN_REFRESH", "serve", "30s"),
     v("ONCEPAY_JWKS_MAX_AGE", "serve", "1h"),
+    v("ONCEPAY_JWKS_STALE_MAX", "serve", "24h"),
     v("ONCEPAY_SANDBOX_BIND", "sandbox", "127.0.0.1:8081"),
     v(
         "ONCEPAY_SANDBOX_PUBLIC_URL",

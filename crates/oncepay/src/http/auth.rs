@@ -138,9 +138,9 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
 
 /// The caller behind `Authorization: Bearer <key or token>` (`401`
 /// otherwise: `invalid_token` for a token), allowed by the route table to
-/// call this route (`403 insufficient_scope` otherwise), owning the path's
-/// object if it is a customer (`404` otherwise), and admitted by its rate
-/// limit (`429` otherwise), before anything else is read or written.
+/// call this route (`403 insufficient_scope` otherwise), admitted by its
+/// rate limit (`429` otherwise), and owning the path's object if it is a
+/// customer (`404` otherwise), before anything else is read or written.
 pub(crate) async fn authenticate_caller(
     state: &AppState,
     req: &HttpRequest,
@@ -171,6 +171,7 @@ pub(crate) async fn authenticate_caller(
             ),
         )
     };
+    let mut owning = None;
     match (&caller.principal, caller.customer()) {
         (Principal::Key { .. }, _) if !caller.scopes.has(scope) => {
             return Err(refused("this API key"))
@@ -178,23 +179,28 @@ pub(crate) async fn authenticate_caller(
         (Principal::Token { .. }, None) if !caller.scopes.has(scope) => {
             return Err(refused("a seller's token"))
         }
-        (_, Some(customer)) => match customers {
+        (_, Some(_)) => match customers {
             Customers::Refused => {
                 return Err(Problem::new(
                     ProblemCode::InsufficientScope,
                     format!("a customer's token cannot call {method} {pattern}"),
                 ))
             }
-            Customers::Owning(how) => {
-                owns_path(state, req, caller.merchant_id, customer, how).await?;
-            }
+            Customers::Owning(how) => owning = Some(how),
         },
         _ => {}
     }
-    admit(state, caller)
+    // Admitted before the ownership query: a `404` costs that query, so
+    // probing ids must be throttled like any other request.
+    let caller = admit(state, caller)?;
+    if let (Some(how), Some(customer)) = (owning, caller.customer()) {
+        owns_path(state, req, caller.merchant_id, customer, how).await?;
+    }
+    Ok(caller)
 }
 
-/// The rate limit, last: a refused request is not counted.
+/// The rate limit, after the checks that read nothing (a request refused
+/// for its scope is not counted) and before any that queries the database.
 fn admit(state: &AppState, caller: Caller) -> Result<Caller, Problem> {
     if let Err(wait) = state.rate_limits.check(caller.merchant_id, caller.limit) {
         state.ctx.metrics.rate_limited.inc();
@@ -278,7 +284,9 @@ async fn token_caller(state: &AppState, token: &str) -> Result<Caller, Problem> 
             sub: verified.sub,
             issuer: verified.issuer,
         },
-        limit: None,
+        // The merchant's own limit, as its keys carry: a token counts
+        // against its merchant's limit, never the process default instead.
+        limit: verified.limit,
     })
 }
 
@@ -320,7 +328,9 @@ async fn owns_path(
 
 /// A customer owns what a command's body names (`routes::Ownership`):
 /// the `customer_id` of a new order is its own (`403 not_owner`), the
-/// order of a new payment is its own (`404 order_not_found`). A field
+/// order of a new payment is its own (`404 order_not_found`); and it sets
+/// none of the merchant's fields (`403 insufficient_scope`,
+/// `routes::MERCHANT_FIELDS`). A field
 /// missing or of the wrong shape is left to the command's parser, whose
 /// `400` says so. Checked before the key is claimed: a refused request
 /// consumes nothing.
@@ -344,34 +354,91 @@ pub(crate) async fn owns_body(
     };
     match how {
         Ownership::CustomerInBody => match body.get("customer_id").and_then(Value::as_str) {
-            Some(other) if other != customer => Err(Problem::new(
+            Some(other) if other != customer => return Err(Problem::new(
                 ProblemCode::NotOwner,
                 "a customer's token orders only for itself: customer_id must be the token's sub",
             )
             .with_field("customer_id")),
-            _ => Ok(()),
+            _ => {}
         },
         Ownership::OrderInBody => {
-            let Some(order_id) = body
+            if let Some(order_id) = body
                 .get("order_id")
                 .and_then(Value::as_str)
                 .and_then(|raw| Uuid::parse_str(raw).ok())
-            else {
-                return Ok(());
-            };
-            let pool = state.ctx.pool.clone();
-            let merchant_id = caller.merchant_id;
-            let owner = on_service_runtime(state, async move {
-                store::orders::customer_of(&pool, merchant_id, order_id)
-                    .await
-                    .map_err(store_problem)
-            })
-            .await?;
-            match owner {
-                Some(owner) if owner == customer => Ok(()),
-                _ => Err(Problem::not_found(ProblemCode::OrderNotFound, "order")),
+            {
+                let pool = state.ctx.pool.clone();
+                let merchant_id = caller.merchant_id;
+                let owner = on_service_runtime(state, async move {
+                    store::orders::customer_of(&pool, merchant_id, order_id)
+                        .await
+                        .map_err(store_problem)
+                })
+                .await?;
+                if owner.as_deref() != Some(customer) {
+                    return Err(Problem::not_found(ProblemCode::OrderNotFound, "order"));
+                }
             }
         }
-        Ownership::OrderInPath | Ownership::PaymentInPath | Ownership::OwnList => Ok(()),
+        Ownership::OrderInPath if pattern == CANCEL_ORDER && req.method().as_str() == "POST" => {
+            customer_may_cancel(state, req, caller).await?;
+        }
+        Ownership::OrderInPath | Ownership::PaymentInPath | Ownership::OwnList => {}
+    }
+    merchant_fields(&pattern, req.method().as_str(), body)
+}
+
+/// The route of a cancel, which a customer may call for an unpaid order
+/// only.
+const CANCEL_ORDER: &str = "/orders/{id}/cancel";
+
+/// A customer's cancel of a paid order would refund it, and refunds are
+/// the merchant's: `403 insufficient_scope` before the key is claimed, as
+/// every other refusal of a right, consuming nothing. The command decides
+/// again under the order's lock (a payment may succeed in between), where
+/// the refusal is `order_not_cancellable` and kept under the key.
+async fn customer_may_cancel(
+    state: &AppState,
+    req: &HttpRequest,
+    caller: &Caller,
+) -> Result<(), Problem> {
+    let Some(order_id) = req
+        .match_info()
+        .get("id")
+        .and_then(|raw| Uuid::parse_str(raw).ok())
+    else {
+        return Ok(());
+    };
+    let pool = state.ctx.pool.clone();
+    let merchant_id = caller.merchant_id;
+    let status = on_service_runtime(state, async move {
+        store::orders::status_of(&pool, merchant_id, order_id)
+            .await
+            .map_err(store_problem)
+    })
+    .await?;
+    match status.map(|s| s.cancel_plan()) {
+        Some(crate::domain::order::CancelPlan::RefundThenCancel) => Err(Problem::new(
+            ProblemCode::InsufficientScope,
+            "a customer's token cannot cancel a paid order: that would refund it, and refunds are the merchant's",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `403 insufficient_scope` naming the first of the route's merchant's
+/// fields (`routes::MERCHANT_FIELDS`) a customer's body sets; `null` sets
+/// nothing.
+fn merchant_fields(pattern: &str, method: &str, body: &Value) -> Result<(), Problem> {
+    let set = routes::merchant_fields(pattern, method)
+        .iter()
+        .find(|field| body.get(**field).is_some_and(|v| !v.is_null()));
+    match set {
+        Some(field) => Err(Problem::new(
+            ProblemCode::InsufficientScope,
+            format!("`{field}` is the merchant's to choose: a customer's token cannot set it"),
+        )
+        .with_field(*field)),
+        None => Ok(()),
     }
 }

@@ -411,6 +411,31 @@ pub fn access(pattern: &str, method: &str) -> Access {
     find(pattern, method).map_or(Needs(Admin, Refused), |r| r.access)
 }
 
+/// Body fields a customer's token may not send (`403 insufficient_scope`
+/// naming the field, before the key is claimed), by method and route:
+/// what they choose is the merchant's. The redirects of the
+/// merchant-branded checkout and of a payment's authentication would
+/// let a token send the shop's customers anywhere with the shop's name on
+/// the way; an order's `metadata` is where merchants keep their own
+/// references and fulfilment hints, which a customer must not write.
+pub const MERCHANT_FIELDS: &[(&str, &str, &[&str])] = &[
+    ("POST", "/orders", &["metadata"]),
+    (
+        "POST",
+        "/orders/{id}/checkout",
+        &["success_url", "cancel_url"],
+    ),
+    ("POST", "/payments", &["return_url"]),
+];
+
+/// The body fields of `method` `pattern` a customer's token may not send.
+pub fn merchant_fields(pattern: &str, method: &str) -> &'static [&'static str] {
+    MERCHANT_FIELDS
+        .iter()
+        .find(|(m, p, _)| *m == method && *p == pattern)
+        .map_or(&[], |(_, _, fields)| fields)
+}
+
 /// The paths of [`ROUTES`], each once, in order.
 pub fn paths() -> Vec<&'static str> {
     let mut out: Vec<&'static str> = Vec::new();
@@ -506,5 +531,17 @@ mod tests {
         assert_eq!(owning, expected);
         assert_eq!(access("/no/such/route", "GET"), Needs(Admin, Refused));
         assert_eq!(access("/orders", "HEAD"), Needs(Read, Owning(OwnList)));
+    }
+
+    /// The merchant's fields are refused on routes a customer may call
+    /// with a body, where `money_command` checks them.
+    #[test]
+    fn merchant_fields_name_customer_routes_with_a_body() {
+        for (method, path, fields) in MERCHANT_FIELDS {
+            let route = find(path, method).expect("a route");
+            assert!(matches!(route.access, Needs(Write, Owning(_))), "{route:?}");
+            assert_eq!(route.key, Required, "{route:?}");
+            assert!(!fields.is_empty());
+        }
     }
 }

@@ -11,7 +11,12 @@
 //! the one fetch. A set replaced by a fetch replaces every key (a key the
 //! provider removed stops working), and a fetch that fails keeps the keys
 //! already held (an identity provider that is down does not sign everyone
-//! out). Nothing else depends on this cache: it holds only public keys.
+//! out), for at most `ONCEPAY_JWKS_STALE_MAX` past the set's freshness: a
+//! key the provider removed (perhaps because it leaked) must not stay
+//! valid for as long as its JWKS cannot be reached, which whoever holds
+//! the key may arrange. Then the keys are dropped, and tokens answer `503`
+//! as when no key was ever held. Nothing else depends on this cache: it
+//! holds only public keys.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -152,6 +157,7 @@ pub struct Jwks {
     allow_private: bool,
     min_refresh: Duration,
     max_age: Duration,
+    stale_max: Duration,
     sets: Mutex<HashMap<(String, String), Arc<Set>>>,
 }
 
@@ -180,6 +186,22 @@ impl Held {
         self.fresh_until.is_some_and(|until| now < until)
     }
 
+    /// Drops the keys once they have been stale for `stale_max`.
+    fn expire(&mut self, now: Instant, stale_max: Duration) {
+        let dead = self
+            .fresh_until
+            .and_then(|until| until.checked_add(stale_max))
+            .is_some_and(|dead| now >= dead);
+        if dead {
+            if self.fetched {
+                tracing::warn!("an identity provider's JWKS could not be fetched for ONCEPAY_JWKS_STALE_MAX past its freshness; dropping its keys");
+            }
+            self.keys = Arc::default();
+            self.fresh_until = None;
+            self.fetched = false;
+        }
+    }
+
     fn lookup(&self, kid: &str) -> Lookup {
         match self.keys.get(kid) {
             Some(key) => Lookup::Found(key.clone()),
@@ -196,12 +218,13 @@ const MAX_SETS: usize = 10_000;
 impl Jwks {
     /// Sets fetched through the guarded client (`allow_private`: as
     /// webhook endpoints, `ONCEPAY_WEBHOOK_ALLOW_PRIVATE`), fresh within
-    /// `[min_refresh, max_age]`.
-    pub fn new(
-        allow_private: bool,
-        min_refresh: Duration,
-        max_age: Duration,
-    ) -> Result<Jwks, reqwest::Error> {
+    /// `[min_refresh, max_age]`, used at most `stale_max` past it.
+    pub fn new(allow_private: bool, bounds: super::JwksBounds) -> Result<Jwks, reqwest::Error> {
+        let super::JwksBounds {
+            min_refresh,
+            max_age,
+            stale_max,
+        } = bounds;
         Ok(Jwks {
             http: outbound::guarded_client(
                 FETCH_TIMEOUT,
@@ -211,6 +234,7 @@ impl Jwks {
             allow_private,
             min_refresh,
             max_age,
+            stale_max,
             sets: Mutex::new(HashMap::new()),
         })
     }
@@ -238,7 +262,7 @@ impl Jwks {
             set.held
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .lookup_state(Instant::now(), self.min_refresh, kid)
+                .lookup_state(Instant::now(), self.min_refresh, self.stale_max, kid)
         };
         // A key held, and no fetch due: answered at once, even while a
         // fetch runs. Anything else waits for a fetch under way (a request
@@ -252,7 +276,8 @@ impl Jwks {
         // answer is this one's (and the ration holds).
         let now = Instant::now();
         {
-            let held = set.held.lock().unwrap_or_else(|p| p.into_inner());
+            let mut held = set.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.expire(now, self.stale_max);
             if !held.may_fetch(now, self.min_refresh) {
                 return held.lookup(kid);
             }
@@ -271,6 +296,7 @@ impl Jwks {
             }
             Err(e) => {
                 tracing::warn!(issuer, error = %e, "could not fetch the identity provider's JWKS; keeping the keys already held");
+                held.expire(Instant::now(), self.stale_max);
             }
         }
         held.lookup(kid)
@@ -311,9 +337,17 @@ impl Jwks {
 }
 
 impl Held {
-    /// What the set holds for `kid` now, and whether a fetch should be
-    /// tried first: the key is missing or stale, and the ration allows.
-    fn lookup_state(&self, now: Instant, min_refresh: Duration, kid: &str) -> (Lookup, bool) {
+    /// What the set holds for `kid` now (nothing once stale for
+    /// `stale_max`), and whether a fetch should be tried first: the key is
+    /// missing or stale, and the ration allows.
+    fn lookup_state(
+        &mut self,
+        now: Instant,
+        min_refresh: Duration,
+        stale_max: Duration,
+        kid: &str,
+    ) -> (Lookup, bool) {
+        self.expire(now, stale_max);
         let found = self.lookup(kid);
         let wanted = match &found {
             Lookup::Found(_) => !self.fresh(now),
@@ -383,13 +417,46 @@ mod tests {
         }
     }
 
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    #[test]
+    fn keys_stale_for_stale_max_are_dropped() {
+        let (min, stale_max) = (Duration::from_secs(30), Duration::from_secs(600));
+        let now = Instant::now();
+        let key = PublicKey {
+            kty: "OKP".into(),
+            alg: None,
+            crv: Some("Ed25519".into()),
+            components: vec!["AA".into()],
+        };
+        let mut held = Held {
+            keys: Arc::new(HashMap::from([("k".to_string(), key.clone())])),
+            fresh_until: Some(now + min),
+            last_attempt: Some(now),
+            fetched: true,
+        };
+        let stale = now + min + stale_max - Duration::from_secs(1);
+        assert_eq!(
+            held.lookup_state(stale, min, stale_max, "k"),
+            (Lookup::Found(key), true),
+            "stale, still used"
+        );
+        let dead = now + min + stale_max;
+        assert_eq!(
+            held.lookup_state(dead, min, stale_max, "k"),
+            (Lookup::Unavailable, true),
+            "dropped"
+        );
+        assert!(held.keys.is_empty());
+    }
+
     #[test]
     fn fetches_are_rationed_per_set() {
         let min = Duration::from_secs(30);
         let now = Instant::now();
         let mut held = Held::default();
         assert_eq!(
-            held.lookup_state(now, min, "k"),
+            held.lookup_state(now, min, DAY, "k"),
             (Lookup::Unavailable, true)
         );
         held.last_attempt = Some(now);
@@ -404,21 +471,21 @@ mod tests {
         held.keys = Arc::new(HashMap::from([("k".to_string(), key.clone())]));
         // Fresh: no fetch. Unknown kid within the ration: no fetch.
         assert_eq!(
-            held.lookup_state(now, min, "k"),
+            held.lookup_state(now, min, DAY, "k"),
             (Lookup::Found(key.clone()), false)
         );
         assert_eq!(
-            held.lookup_state(now, min, "forged"),
+            held.lookup_state(now, min, DAY, "forged"),
             (Lookup::Unknown, false)
         );
         // Past the ration: an unknown kid fetches, a stale key refreshes.
         let later = now + min;
         assert_eq!(
-            held.lookup_state(later, min, "forged"),
+            held.lookup_state(later, min, DAY, "forged"),
             (Lookup::Unknown, true)
         );
         assert_eq!(
-            held.lookup_state(later, min, "k"),
+            held.lookup_state(later, min, DAY, "k"),
             (Lookup::Found(key), true)
         );
     }

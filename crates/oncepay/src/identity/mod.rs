@@ -30,6 +30,8 @@ pub struct Verified {
     pub sub: String,
     /// Its `iss`.
     pub issuer: String,
+    /// The merchant's own rate limit, if it has one (as its keys carry).
+    pub limit: Option<crate::rate_limit::Limit>,
 }
 
 /// Why a token was not accepted.
@@ -51,7 +53,7 @@ pub struct Verifier {
 }
 
 /// Bounds of the key sets' freshness (`ONCEPAY_JWKS_MIN_REFRESH`,
-/// `ONCEPAY_JWKS_MAX_AGE`).
+/// `ONCEPAY_JWKS_MAX_AGE`, `ONCEPAY_JWKS_STALE_MAX`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JwksBounds {
     /// The least time a set is fresh, and the least time between two
@@ -59,6 +61,9 @@ pub struct JwksBounds {
     pub min_refresh: Duration,
     /// The most time a set is fresh.
     pub max_age: Duration,
+    /// The most time a set's keys are still used past its freshness while
+    /// no fetch succeeds; then they are dropped.
+    pub stale_max: Duration,
 }
 
 impl Verifier {
@@ -71,7 +76,7 @@ impl Verifier {
     ) -> Result<Verifier, reqwest::Error> {
         Ok(Verifier {
             pool,
-            keys: jwks::Jwks::new(allow_private, bounds.min_refresh, bounds.max_age)?,
+            keys: jwks::Jwks::new(allow_private, bounds)?,
         })
     }
 
@@ -106,6 +111,7 @@ impl Verifier {
             role: claims.role,
             sub: claims.sub,
             issuer: identity.issuer,
+            limit: identity.rate_limit,
         })
     }
 }

@@ -238,7 +238,10 @@ pub fn verify(
     validation.validate_nbf = true;
     validation.set_audience(&[expected.audience]);
     validation.set_issuer(&[expected.issuer]);
-    validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+    // `exp` is required and checked below, as a number: jsonwebtoken
+    // reads it as a `u64` and takes one that does not fit (a fraction, a
+    // negative, 1e20) as absent.
+    validation.set_required_spec_claims(&["iss", "aud", "sub"]);
     let data =
         jsonwebtoken::decode::<Map<String, Value>>(token, &decoding, &validation).map_err(|e| {
             match e.kind() {
@@ -263,21 +266,26 @@ pub fn verify(
             }
         })?;
     let claims = data.claims;
-    // jsonwebtoken skips a claim of the wrong type as if absent: `exp`
-    // must be a number, or a token without an expiry would pass.
-    if !claims.get("exp").is_some_and(Value::is_number) {
-        return Err(Refusal::Claim("exp"));
+    // jsonwebtoken skips a time claim that does not fit a `u64` (of the
+    // wrong type, a fraction, a negative, 1e20) as if absent: each is
+    // checked here as a number, whatever its size. RFC 7519's NumericDate
+    // may be fractional.
+    let number = |name: &'static str| -> Result<Option<f64>, Refusal> {
+        claims
+            .get(name)
+            .map(|v| v.as_f64().ok_or(Refusal::Claim(name)))
+            .transpose()
+    };
+    let (now, leeway) = (now as f64, LEEWAY_SECONDS as f64);
+    let exp = number("exp")?.ok_or(Refusal::Claim("exp"))?;
+    if exp < now - leeway {
+        return Err(Refusal::Expired);
     }
-    if let Some(nbf) = claims.get("nbf") {
-        if !nbf.is_number() {
-            return Err(Refusal::Claim("nbf"));
-        }
+    if number("nbf")?.is_some_and(|nbf| nbf > now + leeway) {
+        return Err(Refusal::NotYetValid);
     }
-    if let Some(iat) = claims.get("iat") {
-        let iat = iat.as_f64().ok_or(Refusal::Claim("iat"))?;
-        if iat > (now + LEEWAY_SECONDS) as f64 {
-            return Err(Refusal::IssuedInFuture);
-        }
+    if number("iat")?.is_some_and(|iat| iat > now + leeway) {
+        return Err(Refusal::IssuedInFuture);
     }
     let sub = claims
         .get("sub")

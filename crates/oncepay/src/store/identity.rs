@@ -23,6 +23,11 @@ pub struct Identity {
     pub audience: String,
     /// The claim that holds a token's roles.
     pub roles_claim: String,
+    /// The merchant's own rate limit, read with the identity provider (by
+    /// [`by_issuer`] only) so a token counts against the merchant's limit
+    /// as its keys do.
+    #[serde(skip)]
+    pub rate_limit: Option<crate::rate_limit::Limit>,
 }
 
 fn from_row(row: &PgRow) -> Result<Identity, StoreError> {
@@ -32,20 +37,33 @@ fn from_row(row: &PgRow) -> Result<Identity, StoreError> {
         jwks_url: row.try_get("jwks_url")?,
         audience: row.try_get("audience")?,
         roles_claim: row.try_get("roles_claim")?,
+        rate_limit: None,
     })
 }
 
 /// The identity provider whose tokens carry `iss = issuer`, if a merchant
-/// trusts one.
+/// trusts one, with that merchant's own rate limit.
 pub async fn by_issuer(pool: &PgPool, issuer: &str) -> Result<Option<Identity>, StoreError> {
     let row = sqlx::query(
-        "SELECT merchant_id, issuer, jwks_url, audience, roles_claim
-           FROM merchant_identity WHERE issuer = $1",
+        "SELECT i.merchant_id, i.issuer, i.jwks_url, i.audience, i.roles_claim,
+                m.rate_limit_per_second, m.rate_limit_burst
+           FROM merchant_identity i JOIN merchant m ON m.id = i.merchant_id
+          WHERE i.issuer = $1",
     )
     .bind(issuer)
     .fetch_optional(pool)
     .await?;
-    row.as_ref().map(from_row).transpose()
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let rate: Option<i32> = row.try_get("rate_limit_per_second")?;
+    let burst: Option<i32> = row.try_get("rate_limit_burst")?;
+    Ok(Some(Identity {
+        rate_limit: rate
+            .zip(burst)
+            .and_then(|(rate, burst)| crate::rate_limit::Limit::new(rate.into(), burst.into())),
+        ..from_row(&row)?
+    }))
 }
 
 /// The identity provider of the merchant named `name`: `None` if there is

@@ -327,3 +327,25 @@ pub async fn customer_of(
             .await?,
     )
 }
+
+/// The status of one of the merchant's orders (`None`: no such order),
+/// unlocked: what a customer's cancel is refused for before its key is
+/// claimed; the command decides again under the order's lock.
+pub async fn status_of(
+    pool: &sqlx::PgPool,
+    merchant_id: Uuid,
+    id: Uuid,
+) -> Result<Option<crate::domain::order::OrderStatus>, StoreError> {
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM orders WHERE id = $1 AND merchant_id = $2")
+            .bind(id)
+            .bind(merchant_id)
+            .fetch_optional(pool)
+            .await?;
+    status
+        .map(|status| {
+            crate::domain::order::OrderStatus::parse(&status)
+                .ok_or_else(|| Corrupt::unknown("order status", &status))
+        })
+        .transpose()
+}

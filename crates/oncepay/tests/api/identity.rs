@@ -281,6 +281,8 @@ impl TestApp {
     async fn order_as(&self, bearer: &str, customer: &str) -> reqwest::Response {
         let mut body = order_body();
         body["customer_id"] = json!(customer);
+        // An order's metadata is the merchant's, never a customer's.
+        body.as_object_mut().expect("object").remove("metadata");
         let idem = Uuid::new_v4().to_string();
         self.call_as(bearer, Method::POST, "/orders", Some(&idem), Some(&body))
             .await
@@ -865,6 +867,7 @@ async fn two_customers_and_a_merchant_key_racing_one_idempotency_key_get_three_o
     let body_for = |customer: &str| {
         let mut body = order_body();
         body["customer_id"] = json!(customer);
+        body.as_object_mut().expect("object").remove("metadata");
         body
     };
     let (a, b, m) = (body_for("alice"), body_for("bob"), body_for("alice"));
@@ -1110,4 +1113,344 @@ async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
             .await,
         2
     );
+}
+
+// The security review of issue 47: each defect's test over HTTP.
+
+/// Merchant `name`'s own rate limit: `per_second`, `burst`.
+async fn own_limit(app: &TestApp, name: &str, per_second: i64, burst: i64) {
+    assert!(oncepay::store::merchants::set_rate_limit(
+        &app.db,
+        name,
+        oncepay::rate_limit::Limit::new(per_second, burst),
+        &oncepay::audit::Actor::cli(),
+    )
+    .await
+    .expect("rate limit set"));
+}
+
+/// Sends `n` requests (`call(i)` is the i-th) and counts those admitted
+/// (any answer but `429`), with the most a `per_second`/`burst` limit may
+/// admit in the time they took.
+async fn admitted<F, Fut>(n: usize, per_second: u64, burst: u64, call: F) -> (u64, u64)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = reqwest::Response>,
+{
+    let started = std::time::Instant::now();
+    let mut admitted = 0;
+    for i in 0..n {
+        let r = call(i).await;
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert!(r.headers().get("retry-after").is_some());
+            assert_eq!(json_of(r).await["code"], "rate_limited");
+        } else {
+            admitted += 1;
+        }
+    }
+    let most = burst + per_second * (started.elapsed().as_secs() + 1);
+    (admitted, most)
+}
+
+#[tokio::test]
+async fn a_token_counts_against_its_merchants_own_limit_in_the_bucket_of_its_keys() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    // A generous process default: the merchant's own, stricter limit is
+    // the one its tokens must be held to.
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_RATE_LIMIT_PER_SECOND", "1000")
+            .serve("ONCEPAY_RATE_LIMIT_BURST", "1000"),
+    )
+    .await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let seller = sign(key, claims("staff-1", "seller")).await;
+    own_limit(&app, "merchant-a", 1, 3).await;
+    // A key verified after the change, so it carries the merchant's limit.
+    let api_key = oncepay::api_keys::create(&app.db, "merchant-a")
+        .await
+        .expect("key");
+    // Tokens alone.
+    let (n, most) = admitted(8, 1, 3, |_| app.get_as(&alice, "/orders")).await;
+    assert!(n <= most, "a customer token: {n} admitted, at most {most}");
+    tokio::time::sleep(Duration::from_secs(4)).await; // the bucket refills
+                                                      // Keys and tokens alternating share one bucket: no kind of caller
+                                                      // starts it over.
+    let (n, most) = admitted(12, 1, 3, |i| {
+        let bearer = match i % 3 {
+            0 => &api_key,
+            1 => &alice,
+            _ => &seller,
+        };
+        app.get_as(bearer, "/orders")
+    })
+    .await;
+    assert!(n <= most, "keys and tokens: {n} admitted, at most {most}");
+}
+
+#[tokio::test]
+async fn a_customers_requests_for_objects_it_does_not_own_are_throttled() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let bob = sign(key, claims("bob", "customer")).await;
+    let (bob_order, _) = customer_order(&app, &bob, "bob", false).await;
+    own_limit(&app, "merchant-a", 1, 3).await;
+    // Each `404` costs an ownership query: probing ids is throttled like
+    // any other request, before the query.
+    let (n, most) = admitted(10, 1, 3, |i| {
+        let path = if i % 2 == 0 {
+            format!("/orders/{}", Uuid::new_v4())
+        } else {
+            format!("/orders/{bob_order}")
+        };
+        let (app, alice) = (&app, &alice);
+        async move { app.get_as(alice, &path).await }
+    })
+    .await;
+    assert!(n <= most, "{n} probes answered, at most {most}");
+}
+
+#[tokio::test]
+async fn a_customer_token_cannot_choose_the_checkouts_and_payments_redirects() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let (order, _) = customer_order(&app, &alice, "alice", false).await;
+    let checkout = format!("/orders/{order}/checkout");
+    let cases = [
+        (
+            checkout.as_str(),
+            json!({"success_url": "https://phish.example/ok"}),
+            "success_url",
+        ),
+        (
+            checkout.as_str(),
+            json!({"cancel_url": "https://phish.example/no"}),
+            "cancel_url",
+        ),
+        (
+            "/payments",
+            json!({"order_id": order, "payment_method": "tok_visa", "return_url": "https://phish.example/back"}),
+            "return_url",
+        ),
+    ];
+    for (path, body, field) in cases {
+        let before = app.everything().await;
+        let idem = Uuid::new_v4().to_string();
+        let r = app
+            .call_as(&alice, Method::POST, path, Some(&idem), Some(&body))
+            .await;
+        assert_eq!(r.status(), StatusCode::FORBIDDEN, "{field}");
+        let problem = json_of(r).await;
+        assert_eq!(problem["code"], "insufficient_scope", "{field}: {problem}");
+        assert_eq!(problem["field"], field, "{problem}");
+        assert_eq!(app.everything().await, before, "{field}: something changed");
+        // Nothing consumed: the key serves the request without the field.
+        let mut without = body.clone();
+        without.as_object_mut().unwrap().remove(field);
+        let r = app
+            .call_as(&alice, Method::POST, path, Some(&idem), Some(&without))
+            .await;
+        assert!(r.status().is_success(), "{field}: {}", r.status());
+    }
+    // The merchant's key chooses them.
+    let idem = Uuid::new_v4().to_string();
+    let (order_b, _) = customer_order(&app, &alice, "alice", false).await;
+    let r = app
+        .call_as(
+            &app.key,
+            Method::POST,
+            &format!("/orders/{order_b}/checkout"),
+            Some(&idem),
+            Some(&json!({"success_url": "https://shop.example/ok", "cancel_url": "https://shop.example/no"})),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn keys_held_past_jwks_stale_max_are_dropped_while_the_provider_is_down() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_JWKS_MIN_REFRESH", "300ms")
+            .serve("ONCEPAY_JWKS_STALE_MAX", "1s"),
+    )
+    .await;
+    let made = keys(&["RS256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let token = sign(key, claims("alice", "customer")).await;
+    assert_eq!(app.get_as(&token, "/orders").await.status(), StatusCode::OK);
+    idp.set_down(true);
+    // A key the provider may have removed is not trusted for ever: past
+    // its freshness and ONCEPAY_JWKS_STALE_MAX it is dropped, and the
+    // answer is the one given when no key is held.
+    let dropped = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+        app.get_as(&token, "/orders").await.status() == StatusCode::SERVICE_UNAVAILABLE
+    })
+    .await;
+    assert!(
+        dropped.is_ok(),
+        "a stale key kept working past ONCEPAY_JWKS_STALE_MAX"
+    );
+    let r = app.get_as(&token, "/orders").await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(json_of(r).await["code"], "service_unavailable");
+    // The provider back: its keys work again.
+    idp.set_down(false);
+    let back = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+        app.get_as(&token, "/orders").await.status() == StatusCode::OK
+    })
+    .await;
+    assert!(back.is_ok(), "the keys never came back");
+}
+
+#[tokio::test]
+async fn a_customer_cancelling_its_paid_order_is_refused_and_consumes_nothing() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let (paid, _) = customer_order(&app, &alice, "alice", true).await;
+    let (open, _) = customer_order(&app, &alice, "alice", false).await;
+    let before = app.everything().await;
+    let idem = Uuid::new_v4().to_string();
+    let r = app
+        .call_as(
+            &alice,
+            Method::POST,
+            &format!("/orders/{paid}/cancel"),
+            Some(&idem),
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(json_of(r).await["code"], "insufficient_scope");
+    assert_eq!(app.everything().await, before, "the refusal was stored");
+    // The key is still free: it cancels the unpaid order.
+    let r = app
+        .call_as(
+            &alice,
+            Method::POST,
+            &format!("/orders/{open}/cancel"),
+            Some(&idem),
+            None,
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(json_of(r).await["status"], "cancelled");
+}
+
+#[tokio::test]
+async fn claims_that_do_not_fit_an_integer_are_still_enforced() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let mut far = claims("alice", "customer");
+    far["nbf"] = json!(1e20);
+    let token = sign(key, far).await;
+    assert_invalid_token(
+        app.get_as(&token, "/orders").await,
+        &token,
+        "nbf 1e20",
+        "not valid yet",
+    )
+    .await;
+    let mut fractional = claims("alice", "customer");
+    fractional["nbf"] = json!(now() as f64 + 600.5);
+    let token = sign(key, fractional).await;
+    assert_invalid_token(
+        app.get_as(&token, "/orders").await,
+        &token,
+        "nbf fractional",
+        "not valid yet",
+    )
+    .await;
+    let mut expired = claims("alice", "customer");
+    expired["exp"] = json!(now() as f64 - 600.5);
+    let token = sign(key, expired).await;
+    assert_invalid_token(
+        app.get_as(&token, "/orders").await,
+        &token,
+        "exp fractional",
+        "expired",
+    )
+    .await;
+    let mut negative = claims("alice", "customer");
+    negative["exp"] = json!(-1);
+    let token = sign(key, negative).await;
+    let r = app.get_as(&token, "/orders").await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "exp -1");
+}
+
+#[tokio::test]
+async fn a_customer_token_cannot_set_an_orders_metadata() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    let mut body = order_body();
+    body["customer_id"] = json!("alice");
+    body["metadata"] = json!({"fulfilment": "skip-payment-check"});
+    let before = app.everything().await;
+    let idem = Uuid::new_v4().to_string();
+    let r = app
+        .call_as(&alice, Method::POST, "/orders", Some(&idem), Some(&body))
+        .await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let problem = json_of(r).await;
+    assert_eq!(problem["code"], "insufficient_scope", "{problem}");
+    assert_eq!(problem["field"], "metadata", "{problem}");
+    assert_eq!(app.everything().await, before, "something changed");
+    body.as_object_mut().unwrap().remove("metadata");
+    let r = app
+        .call_as(&alice, Method::POST, "/orders", Some(&idem), Some(&body))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    // The merchant's key sets it.
+    let mut body = order_body();
+    body["metadata"] = json!({"fulfilment": "warehouse-2"});
+    let idem = Uuid::new_v4().to_string();
+    let r = app
+        .call_as(&app.key, Method::POST, "/orders", Some(&idem), Some(&body))
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
 }

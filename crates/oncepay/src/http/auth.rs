@@ -115,7 +115,12 @@ pub(crate) async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<
         if let Access::Needs(_, Customers::Owning(how)) =
             routes::access(&pattern, req.method().as_str())
         {
-            if !matches!(how, Ownership::OrderInPath | Ownership::PaymentInPath) {
+            // Path ownership was checked with the caller (`owns_path`).
+            let by_path = matches!(
+                how,
+                Ownership::OrderInPath | Ownership::PaymentInPath | Ownership::CustomerInPath
+            );
+            if !by_path {
                 // Fail closed: a handler that would drop a customer's
                 // ownership check is a bug, never a read of others' data.
                 return Err(Problem::internal_from(format_args!(
@@ -300,6 +305,18 @@ async fn owns_path(
     how: Ownership,
 ) -> Result<(), Problem> {
     let (code, what) = match how {
+        // The path names the customer, as a new order's body does.
+        Ownership::CustomerInPath => {
+            return if req.match_info().get("customer_id") == Some(customer) {
+                Ok(())
+            } else {
+                Err(Problem::new(
+                    ProblemCode::NotOwner,
+                    "a customer's token reads only its own balance: customer_id must be the token's sub",
+                )
+                .with_field("customer_id"))
+            };
+        }
         Ownership::OrderInPath => (ProblemCode::OrderNotFound, "order"),
         Ownership::PaymentInPath => (ProblemCode::PaymentNotFound, "payment"),
         // Checked where the body or the query is read.
@@ -383,7 +400,10 @@ pub(crate) async fn owns_body(
         Ownership::OrderInPath if pattern == CANCEL_ORDER && req.method().as_str() == "POST" => {
             customer_may_cancel(state, req, caller).await?;
         }
-        Ownership::OrderInPath | Ownership::PaymentInPath | Ownership::OwnList => {}
+        Ownership::OrderInPath
+        | Ownership::PaymentInPath
+        | Ownership::OwnList
+        | Ownership::CustomerInPath => {}
     }
     merchant_fields(&pattern, req.method().as_str(), body)
 }

@@ -59,9 +59,12 @@ pub enum Ownership {
     OrderInBody,
     /// A list: its `customer_id` filter is forced to the token's `sub`.
     OwnList,
+    /// The path's `{customer_id}` must be the token's `sub` (`403
+    /// not_owner` otherwise): a customer reads only its own balance.
+    CustomerInPath,
 }
 
-use Ownership::{CustomerInBody, OrderInBody, OrderInPath, OwnList, PaymentInPath};
+use Ownership::{CustomerInBody, CustomerInPath, OrderInBody, OrderInPath, OwnList, PaymentInPath};
 
 /// Whether a route takes an `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,7 +252,7 @@ pub const ROUTES: &[Route] = &[
     route(
         "GET",
         "/customers/{customer_id}/balance",
-        Needs(Read, Refused),
+        Needs(Read, Owning(CustomerInPath)),
         Unused,
         |r| r.to(balances::get_balance),
     ),
@@ -277,7 +280,7 @@ pub const ROUTES: &[Route] = &[
     route(
         "GET",
         "/customers/{customer_id}/balance/transactions",
-        Needs(Read, Refused),
+        Needs(Read, Owning(CustomerInPath)),
         Unused,
         |r| r.to(balances::list_transactions),
     ),
@@ -506,6 +509,9 @@ mod tests {
                 PaymentInPath => route.path.starts_with("/payments/{id}"),
                 CustomerInBody | OrderInBody => route.method == "POST" && !route.path.contains('{'),
                 OwnList => route.method == "GET" && !route.path.contains('{'),
+                CustomerInPath => {
+                    route.method == "GET" && route.path.starts_with("/customers/{customer_id}/")
+                }
             };
             assert!(fits, "{route:?} cannot check ownership as {how:?}");
             // A body's ownership is checked where the body is read, by
@@ -526,6 +532,8 @@ mod tests {
             ("GET", "/payments"),
             ("POST", "/payments"),
             ("GET", "/payments/{id}"),
+            ("GET", "/customers/{customer_id}/balance"),
+            ("GET", "/customers/{customer_id}/balance/transactions"),
         ];
         expected.sort();
         assert_eq!(owning, expected);

@@ -759,6 +759,12 @@ async fn a_customer_reaches_only_its_own_and_another_customers_objects_are_404()
                         StatusCode::NOT_FOUND,
                         "order_not_found",
                     ),
+                    Ownership::CustomerInPath => (
+                        route.path.replace("{customer_id}", "bob") + "?currency=EUR",
+                        json!({}),
+                        StatusCode::FORBIDDEN,
+                        "not_owner",
+                    ),
                     Ownership::OwnList => {
                         // Forced to its own rows; asking for another's gets none.
                         let own = json_of(app.get_as(&alice, route.path).await).await;
@@ -817,6 +823,21 @@ async fn a_customer_reaches_only_its_own_and_another_customers_objects_are_404()
     assert_eq!(app.status_of(&format!("/orders/{bob_paid}")).await, "paid");
     let r = app.get_as(&alice, &format!("/orders/{alice_open}")).await;
     assert_eq!(r.status(), StatusCode::OK);
+    // Its own balance and its transactions: zeros, an empty page.
+    let own = app
+        .get_as(&alice, "/customers/alice/balance?currency=EUR")
+        .await;
+    assert_eq!(own.status(), StatusCode::OK);
+    let own = json_of(own).await;
+    assert_eq!(
+        (own["customer_id"].clone(), own["available"].clone()),
+        (json!("alice"), json!(0))
+    );
+    let own = app
+        .get_as(&alice, "/customers/alice/balance/transactions")
+        .await;
+    assert_eq!(own.status(), StatusCode::OK);
+    assert_eq!(json_of(own).await["data"], json!([]));
     let r = app
         .call_as(
             &alice,

@@ -700,6 +700,8 @@ impl Intent {
     ///     Status::Succeeded => println!("paid"),
     ///     Status::Failed => println!("declined: {:?}; a new intent may try another card", payment.failure_code),
     ///     Status::Pending => println!("not known yet: poll {} or resume later", payment.id),
+    ///     // Only a payment made with `authorize` is held, then captured or voided.
+    ///     Status::RequiresCapture | Status::Voided => unreachable!("pay captures at once"),
     /// }
     /// # Ok(()) }
     /// ```

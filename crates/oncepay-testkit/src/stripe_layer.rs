@@ -183,6 +183,22 @@ struct State {
     /// What each held intent's capture took (localstripe's charge does
     /// not say: it refunds the rest instead).
     captured: HashMap<String, i64>,
+    /// Captures localstripe made (answered `2xx`), by PaymentIntent: a
+    /// second one of an intent would be a double capture.
+    captures_made: HashMap<String, u32>,
+}
+
+/// What the layer knows of holds (see [`StripeLayer::holds`]).
+#[derive(Debug, Clone, Default)]
+pub struct HoldBooks {
+    /// Captures made, by PaymentIntent.
+    pub captures: HashMap<String, u32>,
+    /// The amount a capture took, by PaymentIntent (where it named one).
+    pub captured: HashMap<String, i64>,
+    /// PaymentIntents cancelled at their deadline (`automatic`).
+    pub expired: std::collections::HashSet<String>,
+    /// Each hold's deadline (Unix seconds), by PaymentIntent.
+    pub deadlines: HashMap<String, i64>,
 }
 
 struct Shared {
@@ -616,6 +632,11 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
     let mut state = shared.state();
     match forwarded {
         Ok((status, bytes)) => {
+            if call == Call::Capture && (200..300).contains(&status) {
+                if let Some(intent) = intent_of(&req) {
+                    *state.captures_made.entry(intent).or_insert(0) += 1;
+                }
+            }
             let (status, bytes) = if fault == Some(StripeFault::ErrorAfterEffect) {
                 let error =
                     json!({"error": {"type": "api_error", "message": "An unknown error occurred"}});
@@ -1188,6 +1209,21 @@ impl StripeLayer {
     /// `failure_reason`.
     pub fn failed_refunds(&self) -> HashMap<String, String> {
         self.shared.state().failed_refunds.clone()
+    }
+
+    /// The holds as Stripe's books would show them: by PaymentIntent, the
+    /// captures made (answered `2xx` by localstripe, the effect made even
+    /// where the layer then lost or replaced the answer), the amount each
+    /// capture took, the intents cancelled at their deadline, and each
+    /// hold's deadline.
+    pub fn holds(&self) -> HoldBooks {
+        let state = self.shared.state();
+        HoldBooks {
+            captures: state.captures_made.clone(),
+            captured: state.captured.clone(),
+            expired: state.expired.clone(),
+            deadlines: state.holds.clone(),
+        }
     }
 
     /// Opens a dispute of PaymentIntent `payment_intent` (its charge

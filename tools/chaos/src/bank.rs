@@ -174,7 +174,7 @@ impl<'a> Bank<'a> {
                 .collect()
         };
         let row = sqlx::query(
-            "SELECT p.id::text, p.provider_charge_id, p.amount, p.currency::text
+            "SELECT p.id::text, p.provider_charge_id, p.amount_captured, p.currency::text
                FROM payment_attempt p JOIN orders o ON o.id = p.order_id
               WHERE p.status = 'succeeded' AND p.provider = $1
                 AND p.provider_charge_id IS NOT NULL
@@ -364,7 +364,7 @@ impl<'a> Bank<'a> {
             "SELECT r.id::text, r.provider_refund_id, r.payment_id::text, r.amount
                FROM refund r JOIN payment_attempt p ON p.id = r.payment_id
               WHERE r.status = 'succeeded' AND NOT r.incident AND p.provider = $1
-                AND r.provider_refund_id IS NOT NULL
+                AND r.provider_refund_id IS NOT NULL AND r.destination = 'original'
               ORDER BY random() LIMIT 1",
         )
         .bind(self.provider)
@@ -538,7 +538,7 @@ pub async fn check(db: &PgPool, ledger: &Value, record: &Record) -> Result<Vec<C
     };
     let err = |e: sqlx::Error| e.to_string();
     let mut money: BTreeMap<String, Money> = BTreeMap::new();
-    for r in q("SELECT p.id::text, p.amount,
+    for r in q("SELECT p.id::text, p.amount_captured,
                        COALESCE((SELECT sum(amount) FROM refund r
                                   WHERE r.payment_id = p.id AND r.status = 'succeeded'), 0)::bigint,
                        COALESCE((SELECT sum(amount) FROM dispute d

@@ -2,7 +2,7 @@
 //! key on every retry, retries on timeouts, `5xx`, `409 in_flight` and
 //! dropped connections, with exponential backoff and full jitter.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,35 @@ pub struct Intent {
     pub gave_up: Option<String>,
     /// What its customer did at the bank (3-D Secure), if it went there.
     pub bank: Option<&'static str>,
+    /// A manual payment (authorize now, capture later): what was done with
+    /// its authorization (one of [`HOLD_PLANS`]).
+    pub hold: Option<&'static str>,
+    /// Every final answer to a capture or a void of its payment: (what it
+    /// asked, its key, status, body).
+    pub hold_answers: Vec<(&'static str, String, u16, Value)>,
+    /// Every final answer to a balance command (credit, debit, hold, hold
+    /// capture or release): (key, status, body).
+    pub balance_answers: Vec<(String, u16, Value)>,
+    /// What the intent did with balances, for the table.
+    pub balance_moves: Vec<&'static str>,
+    /// The object each key's first `2xx` named (its effect): a key sent
+    /// again after its record expired may only name it again.
+    pub originals: HashMap<String, String>,
 }
+
+/// What a manual payment's intent does once its payment is authorized.
+pub const HOLD_PLANS: [&str; 7] = [
+    "captured whole",
+    "captured in part (the rest released)",
+    "voided",
+    "voided by cancelling its order",
+    "left to expire (capture_before)",
+    "a capture raced a void (two keys)",
+    "two captures raced (two keys, two amounts)",
+];
+
+/// How many customers share the balances the balance intents contend on.
+const WALLETS: usize = 16;
 
 /// What a customer does at the bank (3-D Secure), as the fault table
 /// counts it.
@@ -234,7 +262,22 @@ impl Clients {
         let Some(order_id) = intent.order_id.clone() else {
             return intent;
         };
-        let pay = json!({"order_id": order_id, "payment_method": token});
+        // A third of the intents authorize only (a manual payment), a third
+        // move balances (and half of those pay the order from the
+        // customer's balance).
+        let manual = i % 3 == 1;
+        let balance = i % 3 == 0;
+        if balance {
+            self.balance_moves(run, i, &mut intent).await;
+        }
+        let pays_from_balance = balance && (i / 12).is_multiple_of(2);
+        let mut pay = json!({"order_id": order_id, "payment_method": token});
+        if pays_from_balance {
+            pay["payment_method"] = json!("balance");
+        }
+        if manual {
+            pay["capture_method"] = json!("manual");
+        }
         let pay_key = format!("pay-{run}-{i}");
         intent
             .sent
@@ -261,6 +304,7 @@ impl Clients {
         let Some(payment_id) = intent.payment_answers[0]["id"].as_str().map(str::to_string) else {
             return intent;
         };
+        intent.originals.insert(pay_key.clone(), payment_id.clone());
         if let Some(url) = intent.payment_answers[0]["next_action"]["url"].as_str() {
             intent.bank = Some(self.at_the_bank(url, i).await);
         }
@@ -276,18 +320,30 @@ impl Clients {
                     .push(p["status"].as_str().unwrap_or("?").to_string());
             }
         }
+        if manual && intent.payment_statuses.last().map(String::as_str) == Some("requires_capture")
+        {
+            self.resolve_hold(run, i, &mut intent, &payment_id, &order_id)
+                .await;
+        }
         if intent.payment_statuses.last().map(String::as_str) != Some("succeeded") {
             return intent;
         }
         let refunds = format!("/payments/{payment_id}/refunds");
         if i.is_multiple_of(4) {
-            let half = json!({"amount": intent.amount.unwrap_or(2) / 2});
+            let mut half = json!({"amount": intent.amount.unwrap_or(2) / 2});
+            // A card payment of a balance intent refunds to store credit.
+            if balance && !pays_from_balance {
+                half["destination"] = json!("balance");
+            }
             let key = format!("refund-{run}-{i}");
             intent
                 .sent
                 .push((refunds.clone(), key.clone(), half.clone()));
             match self.post(&refunds, &key, &half).await {
-                Ok((201 | 202, body)) => intent.refund_answers.push(body),
+                Ok((201 | 202, body)) => {
+                    intent.originals.insert(key.clone(), text(&body["id"]));
+                    intent.refund_answers.push(body)
+                }
                 Ok((status, body)) => {
                     intent.gave_up = Some(format!("refund answered {status}: {body}"))
                 }
@@ -298,6 +354,286 @@ impl Clients {
                 .await;
         }
         intent
+    }
+
+    /// Sends one capture, void or cancel of a manual payment's intent
+    /// (`what`), recording its answer; `None` when it got no final answer.
+    async fn hold_step(
+        &self,
+        intent: &mut Intent,
+        what: &'static str,
+        (path, key): (String, String),
+        body: Value,
+    ) -> Option<(u16, Value)> {
+        intent.sent.push((path.clone(), key.clone(), body.clone()));
+        match self.post(&path, &key, &body).await {
+            Ok((status, answer)) => {
+                if (200..300).contains(&status) {
+                    intent.originals.insert(key.clone(), text(&answer["id"]));
+                }
+                intent
+                    .hold_answers
+                    .push((what, key, status, answer.clone()));
+                Some((status, answer))
+            }
+            Err(e) => {
+                intent.gave_up = Some(e);
+                None
+            }
+        }
+    }
+
+    /// A manual payment, once authorized: captured whole or in part,
+    /// voided, voided by cancelling its order, left to expire, or raced (a
+    /// capture against a void, or two captures, each with its own key, as
+    /// two clerks would). Whatever the provider and the faults do, one
+    /// outcome: the invariants count it.
+    async fn resolve_hold(
+        &self,
+        run: &str,
+        i: usize,
+        intent: &mut Intent,
+        payment_id: &str,
+        order_id: &str,
+    ) {
+        let plan = (i / 3) % HOLD_PLANS.len();
+        intent.hold = Some(HOLD_PLANS[plan]);
+        let amount = intent.amount.unwrap_or(2);
+        let capture = (
+            format!("/payments/{payment_id}/capture"),
+            format!("capture-{run}-{i}"),
+        );
+        let void = (
+            format!("/payments/{payment_id}/void"),
+            format!("void-{run}-{i}"),
+        );
+        let part = json!({"amount": (amount / 2).max(1)});
+        match plan {
+            0 => {
+                self.hold_step(intent, "capture", capture, json!({})).await;
+            }
+            1 => {
+                self.hold_step(intent, "capture", capture, part).await;
+            }
+            2 => {
+                self.hold_step(intent, "void", void, json!({})).await;
+            }
+            3 => {
+                let path = format!("/orders/{order_id}/cancel");
+                let key = format!("cancel-{run}-{i}");
+                intent.sent.push((path.clone(), key.clone(), json!({})));
+                match self.post(&path, &key, &json!({})).await {
+                    Ok(answer) => intent.cancel_answers.push(answer),
+                    Err(e) => intent.gave_up = Some(e),
+                }
+            }
+            4 => {}
+            _ => {
+                let second = if plan == 5 {
+                    ("void", void, json!({}))
+                } else {
+                    (
+                        "capture",
+                        (capture.0.clone(), format!("capture-again-{run}-{i}")),
+                        part,
+                    )
+                };
+                // Two intents at once: each records into its own copy.
+                let (mut a, mut b) = (Intent::default(), Intent::default());
+                tokio::join!(
+                    self.hold_step(&mut a, "capture", capture, json!({})),
+                    self.hold_step(&mut b, second.0, second.1, second.2)
+                );
+                for side in [a, b] {
+                    intent.sent.extend(side.sent);
+                    intent.hold_answers.extend(side.hold_answers);
+                    intent.originals.extend(side.originals);
+                    if side.gave_up.is_some() {
+                        intent.gave_up = side.gave_up;
+                    }
+                }
+            }
+        }
+        // What the payment is now: a capture's answer says, unless its
+        // provider's answer was lost (`202`, still requires_capture), then
+        // it settles as a charge does: follow it a while.
+        let answered = intent
+            .hold_answers
+            .iter()
+            .filter(|(_, _, status, _)| *status == 200)
+            .filter_map(|(_, _, _, body)| body["status"].as_str())
+            .find(|s| *s != "requires_capture")
+            .map(str::to_string);
+        if let Some(status) = answered {
+            intent.payment_statuses.push(status);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while plan != 4
+            && intent.payment_statuses.last().map(String::as_str) == Some("requires_capture")
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            if let Some(p) = self.get(&format!("/payments/{payment_id}")).await {
+                intent
+                    .payment_statuses
+                    .push(p["status"].as_str().unwrap_or("?").to_string());
+            }
+        }
+    }
+
+    /// One balance command (`what`), recorded with its answer; `None` when
+    /// it got no final answer.
+    async fn balance_step(
+        &self,
+        intent: &mut Intent,
+        what: &'static str,
+        (path, key): (String, String),
+        body: Value,
+    ) -> Option<(u16, Value)> {
+        intent.sent.push((path.clone(), key.clone(), body.clone()));
+        intent.balance_moves.push(what);
+        match self.post(&path, &key, &body).await {
+            Ok((status, answer)) => {
+                if (200..300).contains(&status) {
+                    intent.originals.insert(key.clone(), text(&answer["id"]));
+                }
+                intent
+                    .balance_answers
+                    .push((key, status, answer.clone()));
+                Some((status, answer))
+            }
+            Err(e) => {
+                intent.gave_up = Some(e);
+                None
+            }
+        }
+    }
+
+    /// A balance intent: its customer gets store credit (half, all or
+    /// twice what its order will cost, so some balance payments are
+    /// refused for funds), then it contends on a wallet shared with other
+    /// intents: a credit, a debit and a hold at once (either may be refused
+    /// for funds), and the hold captured in part, released, left to
+    /// expire, captured as it expires, or captured and released at once.
+    /// A debit refused for funds is sent again with its key after a later
+    /// credit: the same `422` must come back.
+    async fn balance_moves(&self, run: &str, i: usize, intent: &mut Intent) {
+        let customer = format!("chaos-{i}");
+        let amount = intent.amount.unwrap_or(1000);
+        let credit = match (i / 6) % 3 {
+            0 => amount / 2,
+            1 => amount,
+            _ => amount * 2,
+        };
+        let path = |who: &str, what: &str| format!("/customers/{who}/balance/{what}");
+        self.balance_step(
+            intent,
+            "store credit",
+            (path(&customer, "credits"), format!("credit-{run}-{i}")),
+            json!({"amount": credit.max(1), "currency": "EUR", "description": "store credit"}),
+        )
+        .await;
+        let wallet = format!("wallet-{}", i % WALLETS);
+        self.balance_step(
+            intent,
+            "wallet credit",
+            (path(&wallet, "credits"), format!("wcredit-{run}-{i}")),
+            json!({"amount": 400, "currency": "EUR"}),
+        )
+        .await;
+        let expires_in = 2 + (i % 3) as i64;
+        let (mut a, mut b) = (Intent::default(), Intent::default());
+        let debit_key = format!("wdebit-{run}-{i}");
+        let debit_body = json!({"amount": 300, "currency": "EUR"});
+        let (debit, hold) = tokio::join!(
+            self.balance_step(
+                &mut a,
+                "wallet debit",
+                (path(&wallet, "debits"), debit_key.clone()),
+                debit_body.clone()
+            ),
+            self.balance_step(
+                &mut b,
+                "wallet hold",
+                (path(&wallet, "holds"), format!("whold-{run}-{i}")),
+                json!({"amount": 500, "currency": "EUR", "expires_in": expires_in})
+            )
+        );
+        for side in [a, b] {
+            intent.sent.extend(side.sent);
+            intent.balance_answers.extend(side.balance_answers);
+            intent.balance_moves.extend(side.balance_moves);
+            intent.originals.extend(side.originals);
+            if side.gave_up.is_some() {
+                intent.gave_up = side.gave_up;
+            }
+        }
+        if let Some((201, hold)) = hold {
+            let id = text(&hold["id"]);
+            let capture = (
+                format!("/balance_holds/{id}/capture"),
+                format!("whcapture-{run}-{i}"),
+            );
+            let release = (
+                format!("/balance_holds/{id}/release"),
+                format!("whrelease-{run}-{i}"),
+            );
+            match (i / 3) % 5 {
+                0 => {
+                    self.balance_step(intent, "hold captured", capture, json!({"amount": 250}))
+                        .await;
+                }
+                1 => {
+                    self.balance_step(intent, "hold released", release, json!({}))
+                        .await;
+                }
+                2 => {}
+                3 => {
+                    // At its deadline: captured just before, or refused
+                    // just after (`409 hold_not_active`), never both.
+                    let due = Duration::from_secs(expires_in as u64);
+                    tokio::time::sleep(due.saturating_sub(Duration::from_millis(
+                        fastrand::u64(0..200),
+                    )))
+                    .await;
+                    self.balance_step(intent, "hold captured at its expiry", capture, json!({}))
+                        .await;
+                }
+                _ => {
+                    let (mut a, mut b) = (Intent::default(), Intent::default());
+                    tokio::join!(
+                        self.balance_step(&mut a, "hold captured (raced)", capture, json!({})),
+                        self.balance_step(&mut b, "hold released (raced)", release, json!({}))
+                    );
+                    for side in [a, b] {
+                        intent.sent.extend(side.sent);
+                        intent.balance_answers.extend(side.balance_answers);
+                        intent.balance_moves.extend(side.balance_moves);
+                        intent.originals.extend(side.originals);
+                        if side.gave_up.is_some() {
+                            intent.gave_up = side.gave_up;
+                        }
+                    }
+                }
+            }
+        }
+        if let Some((422, _)) = debit {
+            self.balance_step(
+                intent,
+                "wallet credit",
+                (path(&wallet, "credits"), format!("wcredit-again-{run}-{i}")),
+                json!({"amount": 1000, "currency": "EUR"}),
+            )
+            .await;
+            // The refusal is the key's answer, whatever came since.
+            self.balance_step(
+                intent,
+                "refused debit sent again",
+                (path(&wallet, "debits"), debit_key),
+                debit_body,
+            )
+            .await;
+        }
     }
 
     /// The customer at their bank (3-D Secure), in turn: approves at once,
@@ -357,7 +693,10 @@ impl Clients {
             self.post(&cancel_path, &cancel_key, &empty)
         );
         match refund {
-            Ok((201 | 202, body)) => intent.refund_answers.push(body),
+            Ok((201 | 202, body)) => {
+                intent.originals.insert(refund_key.clone(), text(&body["id"]));
+                intent.refund_answers.push(body)
+            }
             // The cancel planned the whole rest first.
             Ok((422, body)) if body["code"] == "refund_exceeds_payment" => {}
             Ok((status, body)) => {
@@ -402,4 +741,8 @@ impl Clients {
             cancel = self.post(&cancel_path, &again, &empty).await;
         }
     }
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
 }

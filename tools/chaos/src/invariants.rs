@@ -41,9 +41,35 @@ struct Payment {
     order_id: String,
     status: String,
     amount: i64,
+    /// What it captured (an automatic payment: all of it once succeeded).
+    amount_captured: i64,
     refunded_amount: i64,
     committed: i64,
     refunded: i64,
+    /// Its provider: `balance` moves a customer's balance, not a card.
+    provider: String,
+    /// Of `refunded`, what went to the customer's balance (every refund
+    /// of a balance payment, and refunds with `destination: balance`).
+    to_balance: i64,
+    /// What the ledger credited for its refunds.
+    credited: i64,
+}
+
+impl Payment {
+    /// What may be refunded: what was captured (a failed attempt's stray
+    /// charge is refunded whole as an incident).
+    fn cap(&self) -> i64 {
+        if self.status == "succeeded" {
+            self.amount_captured
+        } else {
+            self.amount
+        }
+    }
+
+    /// Whether the card provider holds it (not the balance ledger).
+    fn at_card_provider(&self) -> bool {
+        self.provider != "balance"
+    }
 }
 
 /// Everything the invariants look at, read once.
@@ -97,9 +123,14 @@ async fn facts(db: &PgPool, ledger: &Value) -> Result<Facts, String> {
             .map_err(|e| e.to_string())
     };
     let mut payments = HashMap::new();
-    for r in q("SELECT p.id::text AS id, p.order_id::text AS order_id, p.status, p.amount, p.refunded_amount,
+    for r in q("SELECT p.id::text AS id, p.order_id::text AS order_id, p.status, p.amount, p.amount_captured,
+                p.refunded_amount, p.provider,
                 COALESCE((SELECT sum(amount) FROM refund r WHERE r.payment_id = p.id AND r.status <> 'failed'), 0)::bigint AS committed,
-                COALESCE((SELECT sum(amount) FROM refund r WHERE r.payment_id = p.id AND r.status = 'succeeded'), 0)::bigint AS refunded
+                COALESCE((SELECT sum(amount) FROM refund r WHERE r.payment_id = p.id AND r.status = 'succeeded'), 0)::bigint AS refunded,
+                COALESCE((SELECT sum(amount) FROM refund r WHERE r.payment_id = p.id AND r.status = 'succeeded'
+                             AND (r.destination = 'balance' OR p.provider = 'balance')), 0)::bigint AS to_balance,
+                COALESCE((SELECT sum(t.amount) FROM ledger_transfer t JOIN refund r ON r.id = t.refund_id
+                           WHERE r.payment_id = p.id AND t.code = 'refund'), 0)::bigint AS credited
            FROM payment_attempt p").await? {
         let get = |c: &str| r.try_get::<String, _>(c).map_err(|e| e.to_string());
         let num = |c: &str| r.try_get::<i64, _>(c).map_err(|e| e.to_string());
@@ -109,9 +140,13 @@ async fn facts(db: &PgPool, ledger: &Value) -> Result<Facts, String> {
                 order_id: get("order_id")?,
                 status: get("status")?,
                 amount: num("amount")?,
+                amount_captured: num("amount_captured")?,
                 refunded_amount: num("refunded_amount")?,
                 committed: num("committed")?,
                 refunded: num("refunded")?,
+                provider: get("provider")?,
+                to_balance: num("to_balance")?,
+                credited: num("credited")?,
             },
         );
     }
@@ -166,10 +201,11 @@ impl Facts {
         self.charge_by_key.get(attempt)
     }
 
-    /// Whether the provider holds this attempt's charge as taken.
+    /// Whether the provider holds this attempt's charge as taken (a
+    /// manual one: captured).
     fn charged(&self, attempt: &str) -> bool {
         self.charge_of(attempt)
-            .is_some_and(|c| c["status"] == "succeeded")
+            .is_some_and(|c| c["status"] == "succeeded" || c["status"] == "captured")
     }
 
     /// Whether the attempt's charge went back as an incident refund, whole.
@@ -193,7 +229,7 @@ fn one_charge_per_succeeded_payment(f: &Facts) -> Row3 {
     let succeeded: Vec<&String> = f
         .payments
         .iter()
-        .filter(|(_, p)| p.status == "succeeded")
+        .filter(|(_, p)| p.status == "succeeded" && p.at_card_provider())
         .map(|(id, _)| id)
         .collect();
     for id in &succeeded {
@@ -231,7 +267,7 @@ fn one_captured_charge_per_order(f: &Facts) -> Row3 {
         .filter(|charges| {
             charges
                 .iter()
-                .filter(|c| c["status"] == "succeeded")
+                .filter(|c| c["status"] == "succeeded" || c["status"] == "captured")
                 .filter(|c| !f.returned_as_incident(&text(&c["idempotency_key"])))
                 .count()
                 > 1
@@ -276,14 +312,17 @@ fn refunds_within_payment(f: &Facts) -> Row3 {
     let mut breaches = 0;
     for (id, p) in &f.payments {
         let at_provider = f.charge_of(id).and_then(|c| c["amount_refunded"].as_i64());
-        let ok = p.committed <= p.amount
+        let to_card = p.refunded_amount - p.to_balance;
+        let provider_agrees = !p.at_card_provider()
+            || (at_provider.unwrap_or(0) == to_card && (at_provider.is_some() || to_card == 0));
+        let ok = p.committed <= p.cap()
             && p.refunded == p.refunded_amount
-            && at_provider.unwrap_or(0) == p.refunded_amount
-            && (at_provider.is_some() || p.refunded_amount == 0);
+            && provider_agrees
+            && p.credited == p.to_balance;
         breaches += u64::from(!ok);
     }
     row(
-        "refunds never exceed their payment (db and provider agree)",
+        "refunds never exceed what was captured (db, provider and balance ledger agree)",
         f.payments.len() as u64,
         breaches,
     )
@@ -300,7 +339,13 @@ fn no_cancelled_order_with_money_captured(f: &Facts) -> Row3 {
     for (id, p) in &f.payments {
         if p.status == "succeeded" && cancelled.contains(&p.order_id) {
             let at_provider = f.charge_of(id).and_then(|c| c["amount_refunded"].as_i64());
-            breaches += u64::from(p.refunded_amount != p.amount || at_provider != Some(p.amount));
+            let returned = match p.at_card_provider() {
+                true => at_provider.unwrap_or(0) + p.credited,
+                false => p.credited,
+            };
+            breaches += u64::from(
+                p.refunded_amount != p.amount_captured || returned != p.amount_captured,
+            );
         }
     }
     row(
@@ -346,6 +391,10 @@ fn answers_match_storage(f: &Facts, intents: &[Intent]) -> (Row3, Row3) {
             let consistent = match (first["status"].as_str().unwrap_or_default(), stored) {
                 (_, None) => false,
                 ("pending", Some(s)) => s != "pending",
+                // Authorized, then captured or voided.
+                ("requires_capture", Some(s)) => {
+                    matches!(s, "requires_capture" | "succeeded" | "voided")
+                }
                 (a, Some(s)) => a == s,
             };
             if !(same && consistent) {
@@ -360,13 +409,7 @@ fn answers_match_storage(f: &Facts, intents: &[Intent]) -> (Row3, Row3) {
                 );
             }
             fwd_checked += 1;
-            let finals: Vec<&String> = intent
-                .payment_statuses
-                .iter()
-                .skip_while(|s| *s == "pending")
-                .collect();
-            let forward = finals.iter().all(|s| Some(s.as_str()) == stored)
-                && finals.windows(2).all(|w| w[0] == w[1]);
+            let forward = moved_forward(&intent.payment_statuses, stored);
             fwd_breaches += u64::from(!forward);
         }
         if let Some(first) = intent.refund_answers.first() {
@@ -413,20 +456,47 @@ fn answers_match_storage(f: &Facts, intents: &[Intent]) -> (Row3, Row3) {
     )
 }
 
+/// Whether the statuses a client saw, in order, only moved forward
+/// (`pending`, then `requires_capture` for a manual payment, then one
+/// final status) and end where the payment is stored, or before it.
+fn moved_forward(seen: &[String], stored: Option<&str>) -> bool {
+    let rank = |s: &str| match s {
+        "pending" => 0,
+        "requires_capture" => 1,
+        _ => 2,
+    };
+    let finals: Vec<&String> = seen.iter().filter(|s| rank(s) == 2).collect();
+    let in_order = seen.windows(2).all(|w| rank(&w[0]) <= rank(&w[1]));
+    let one_final = finals.windows(2).all(|w| w[0] == w[1]);
+    let at_storage = match (seen.last().map(String::as_str), stored) {
+        (_, None) => false,
+        (None | Some("pending"), Some(_)) => true,
+        (Some("requires_capture"), Some(s)) => rank(s) >= 1,
+        (Some(last), Some(s)) => last == s,
+    };
+    in_order && one_final && at_storage
+}
+
 /// What sending every intent again after its key expired did.
 pub struct Expiry {
     resent: u64,
     breaches: u64,
 }
 
-/// Effects (payment attempts and refunds) made by each client key. A
-/// cancel's refund carries its key as `cancel:<key>`.
+/// Effects (payment attempts, refunds, captures and balance transfers)
+/// made by each client key. A cancel's refund carries its key as
+/// `cancel:<key>`.
 async fn effects_by_key(db: &PgPool) -> Result<HashMap<String, i64>, String> {
     let rows = sqlx::query(
         "SELECT key, count(*) FROM (
              SELECT idempotency_key AS key FROM payment_attempt
              UNION ALL
              SELECT regexp_replace(idempotency_key, '^cancel:', '') FROM refund
+              WHERE idempotency_key IS NOT NULL
+             UNION ALL
+             SELECT idempotency_key FROM payment_capture
+             UNION ALL
+             SELECT idempotency_key FROM ledger_transfer
               WHERE idempotency_key IS NOT NULL) k
           GROUP BY key",
     )
@@ -477,24 +547,19 @@ pub async fn after_expiry(
     let gate = Arc::new(tokio::sync::Semaphore::new(32));
     let mut work = tokio::task::JoinSet::new();
     for intent in intents {
-        let original_payment = intent.payment_answers.first().map(|a| text(&a["id"]));
-        let original_refund = intent.refund_answers.first().map(|a| text(&a["id"]));
         for (path, key, body) in intent.sent.clone() {
             let (clients, gate) = (clients.clone(), gate.clone());
-            let original = if path == "/payments" {
-                original_payment.clone()
-            } else if path.ends_with("/refunds") {
-                original_refund.clone()
-            } else {
-                None
-            };
+            let original = intent.originals.get(&key).cloned();
             work.spawn(async move {
                 let _permit = gate.acquire_owned().await;
                 let answer = clients.post(&path, &key, &body).await;
-                // A 2xx after expiry may only be the effect the key made.
+                // A 2xx after expiry may only be the effect the key made
+                // (a key whose first answer was a refusal made none: its
+                // first effect may come now, and the count below sees a
+                // second one).
                 match answer {
                     Ok((200..=299, value)) => {
-                        let same = original.is_some_and(|o| o == text(&value["id"]))
+                        let same = original.is_none_or(|o| o == text(&value["id"]))
                             || path.ends_with("/cancel");
                         u64::from(!same)
                     }
@@ -562,6 +627,8 @@ pub struct Soak<'a> {
     pub times: (Duration, Duration),
     /// What the merchant's receiver got.
     pub webhooks: &'a crate::outbox::Receipts,
+    /// `oncepay ledger check`, run at the end.
+    pub ledger_check: &'a crate::balances::LedgerCheck,
 }
 
 /// Checks every invariant against the provider's books (`ledger`, in the
@@ -575,6 +642,7 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
         expiry,
         times: (soak_time, settle_time),
         webhooks,
+        ledger_check,
     } = *soak;
     let f = facts(db, ledger).await?;
     let scalar = |sql: &'static str| async move {
@@ -627,6 +695,12 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     for (name, checked, breaches) in crate::bank::check(db, ledger, bank).await? {
         rows.push(row(name, checked, breaches));
     }
+    for (name, checked, breaches) in crate::holds::check(db, ledger, intents).await? {
+        rows.push(row(name, checked, breaches));
+    }
+    for (name, checked, breaches) in crate::balances::check(db, intents, ledger_check).await? {
+        rows.push(row(name, checked, breaches));
+    }
     let ok = rows.iter().all(|r| r.breaches == 0);
     let mut out = format!(
         "\n{} intents in {soak_time:.1?} (+{settle_time:.1?} to settle); {} payments, {} refunds, {} incidents.\n\n",
@@ -641,6 +715,12 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     }
     out += &fault_table(db, &f, faults, intents).await;
     out += &crate::bank::table(bank);
+    out += &crate::holds::table(db, intents).await;
+    out += &crate::balances::table(db, intents).await;
+    out += &format!(
+        "\n`oncepay ledger check` at the end:\n\n```\n{}```\n",
+        ledger_check.output
+    );
     out += "\n| client retry (same key) | count |\n|---|---:|\n";
     for (reason, n) in &clients.retries.lock().await.by_reason {
         out += &format!("| {reason} | {n} |\n");

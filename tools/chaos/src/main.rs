@@ -12,9 +12,11 @@
 //! settled everything, it checks the invariants by counting, prints them
 //! with the faults and retries, and exits non-zero on any breach.
 
+mod balances;
 mod bank;
 mod clients;
 mod ha;
+mod holds;
 mod invariants;
 mod outbox;
 mod restore;
@@ -124,6 +126,12 @@ impl Database {
         }
     }
 }
+
+/// How long a manual payment's authorization lasts at the provider (the
+/// sandbox's ONCEPAY_SANDBOX_CAPTURE_WINDOW, the Stripe layer's window):
+/// short, so that intents left to expire do within the soak, and some
+/// captures meet the deadline.
+const CAPTURE_WINDOW: &str = "8s";
 
 fn duration(text: &str) -> Result<Duration, String> {
     oncepay::config::parse_duration(text)
@@ -281,6 +289,9 @@ async fn soak(
             ("ONCEPAY_SANDBOX_DELAY_RATE", "0.03".into()),
             ("ONCEPAY_SANDBOX_DELAY", "1500ms".into()),
             ("ONCEPAY_SANDBOX_REORDER_WEBHOOKS", "on".into()),
+            // Manual payments' authorizations expire during the soak:
+            // some are captured as they expire.
+            ("ONCEPAY_SANDBOX_CAPTURE_WINDOW", CAPTURE_WINDOW.into()),
         ],
     )
     .await?;
@@ -292,7 +303,12 @@ async fn soak(
         Provider::Sandbox => None,
         Provider::Stripe => {
             eprintln!("localstripe behind the Stripe layer ...");
-            Some(stripe::Stack::start().await?)
+            let stack = stripe::Stack::start().await?;
+            stack.layer.set_capture_window(
+                oncepay::config::parse_duration(CAPTURE_WINDOW)
+                    .map_err(|e| format!("capture window: {e}"))?,
+            );
+            Some(stack)
         }
     };
     let stripe_env = stripe.as_ref().map(stripe::Stack::serve_env);
@@ -317,6 +333,9 @@ async fn soak(
                     // refunded as an incident.
                     ("ONCEPAY_ACTION_TIMEOUT", "4s".into()),
                     ("ONCEPAY_SWEEP_INTERVAL", "1s".into()),
+                    // Some authorizations are reminded of their deadline
+                    // before they are captured, some not.
+                    ("ONCEPAY_CAPTURE_REMINDER", "5s".into()),
                     ("ONCEPAY_HTTP_WORKERS", "2".into()),
                     ("ONCEPAY_LOG", "warn".into()),
                     // The soak measures correctness, not the limiter.
@@ -491,6 +510,7 @@ async fn soak(
         received: receiver.received(),
         secret,
     };
+    let ledger_check = balances::ledger_check(bin, &db_url).await?;
     let record = bank.record.lock().await;
     let soak = invariants::Soak {
         bank: &record,
@@ -500,6 +520,7 @@ async fn soak(
         expiry: &expiry,
         times: (soak_time, settled),
         webhooks: &webhooks,
+        ledger_check: &ledger_check,
     };
     let ledger = books.read().await?;
     let report = invariants::check(&db, &ledger, &soak).await?;
@@ -815,6 +836,11 @@ async fn settle(db: &PgPool, books: &Books<'_>, patience: Duration) -> Result<Du
                   + (SELECT count(*) FROM refund WHERE status = 'pending')
                   + (SELECT count(*) FROM payment_attempt WHERE decline_check_at IS NOT NULL)
                   + (SELECT count(*) FROM refund WHERE decline_check_at IS NOT NULL)
+                  + (SELECT count(*) FROM payment_capture WHERE status = 'pending')
+                  -- Every authorization and balance hold of the soak ends
+                  -- within seconds (captured, voided or expired).
+                  + (SELECT count(*) FROM payment_attempt WHERE status = 'requires_capture')
+                  + (SELECT count(*) FROM ledger_open_pending)
                   + (SELECT count(*) FROM idempotency_record WHERE state = 'executing')
                   + (SELECT count(*) FROM webhook_delivery WHERE state = 'pending')",
         )

@@ -68,9 +68,12 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
         r.try_get::<String, _>(i).map_err(|e| e.to_string())
     };
     let mut out = HashMap::new();
-    for r in
-        q("SELECT id::text, status, (action_required_at IS NOT NULL)::text FROM payment_attempt")
-            .await?
+    for r in q("SELECT id::text, status, (action_required_at IS NOT NULL)::text,
+                       (capture_method = 'manual'
+                        AND status IN ('requires_capture', 'succeeded', 'voided'))::text,
+                       (capture_reminded_at IS NOT NULL)::text
+                  FROM payment_attempt")
+    .await?
     {
         let status = get(&r, 1)?;
         let mut types = vec!["payment.pending".to_string()];
@@ -78,7 +81,15 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
         if get(&r, 2)? == "true" {
             types.push("payment.requires_action".to_string());
         }
-        if status != "pending" {
+        // A manual payment was authorized, and maybe reminded of its
+        // deadline, before it was captured or voided.
+        if get(&r, 3)? == "true" {
+            types.push("payment.requires_capture".to_string());
+            if get(&r, 4)? == "true" {
+                types.push("payment.capture_deadline_approaching".to_string());
+            }
+        }
+        if status != "pending" && status != "requires_capture" {
             types.push(format!("payment.{status}"));
         }
         out.insert(get(&r, 0)?, Expected::Exact(types));
@@ -102,34 +113,76 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
     // An order was paid if one of its attempts succeeded; a paid order
     // was cancelled or refunded after that. One whose refund failed after
     // it succeeded may have gone back to paid, and on (refunded again).
+    // An order paid by a manual payment was authorized first.
     for r in q("SELECT o.id::text, o.status,
                        EXISTS (SELECT 1 FROM payment_attempt p
                                 WHERE p.order_id = o.id AND p.status = 'succeeded')::text,
                        EXISTS (SELECT 1 FROM incident i JOIN payment_attempt p ON p.id = i.payment_id
                                 WHERE p.order_id = o.id
-                                  AND i.kind = 'refund_failed_after_success')::text
+                                  AND i.kind = 'refund_failed_after_success')::text,
+                       EXISTS (SELECT 1 FROM payment_attempt p
+                                WHERE p.order_id = o.id AND p.capture_method = 'manual'
+                                  AND p.status IN ('requires_capture', 'succeeded', 'voided'))::text
                   FROM orders o")
     .await?
     {
         let (status, paid) = (get(&r, 1)?, get(&r, 2)? == "true");
+        let authorized = get(&r, 4)? == "true";
         if get(&r, 3)? == "true" {
             out.insert(
                 get(&r, 0)?,
                 Expected::Walk {
-                    first: "order.paid".into(),
-                    steps: vec!["order.refunded".into(), "order.cancelled".into()],
+                    first: if authorized {
+                        "order.authorized".into()
+                    } else {
+                        "order.paid".into()
+                    },
+                    steps: vec![
+                        "order.paid".into(),
+                        "order.refunded".into(),
+                        "order.cancelled".into(),
+                    ],
                     last: Some(format!("order.{status}")),
                 },
             );
             continue;
         }
         let mut types = Vec::new();
+        if authorized {
+            types.push("order.authorized".to_string());
+        }
         if paid {
             types.push("order.paid".to_string());
         }
         if status == "cancelled" || status == "refunded" {
             types.push(format!("order.{status}"));
         }
+        out.insert(get(&r, 0)?, Expected::Exact(types));
+    }
+    // A balance transaction (credit, debit, payment, refund) told the
+    // merchant once; a hold was created, then captured, released or
+    // expired (its resolution is a transfer of its own, told as the
+    // hold's event).
+    for r in q("SELECT t.id::text, t.phase,
+                       (t.holder_account_id = t.credit_account_id)::text,
+                       COALESCE((SELECT CASE r.phase WHEN 'post' THEN 'captured'
+                                     ELSE CASE r.code WHEN 'hold_expiry' THEN 'expired' ELSE 'released' END END
+                                   FROM ledger_transfer r WHERE r.pending_id = t.id), '')
+                  FROM ledger_transfer t WHERE t.phase IN ('single', 'pending')")
+    .await?
+    {
+        let types = match get(&r, 1)?.as_str() {
+            "single" if get(&r, 2)? == "true" => vec!["balance.credited".to_string()],
+            "single" => vec!["balance.debited".to_string()],
+            _ => {
+                let mut types = vec!["balance_hold.created".to_string()];
+                let resolution = get(&r, 3)?;
+                if !resolution.is_empty() {
+                    types.push(format!("balance_hold.{resolution}"));
+                }
+                types
+            }
+        };
         out.insert(get(&r, 0)?, Expected::Exact(types));
     }
     // A dispute opened, may have been updated (under review), and closed

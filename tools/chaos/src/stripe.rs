@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use oncepay_testkit::localstripe::LocalStripe;
-use oncepay_testkit::stripe_layer::{Call, StripeFault, StripeLayer};
+use oncepay_testkit::stripe_layer::{Call, HoldBooks, StripeFault, StripeLayer};
 use serde_json::{json, Value};
 
 /// The secret key oncepay uses (localstripe takes any `sk_…`), and the one
@@ -169,7 +169,7 @@ impl Stack {
         let events = self.get("/v1/events?limit=1").await?["total_count"]
             .as_u64()
             .ok_or("localstripe's event list has no total_count")?;
-        Ok(ledger(&intents, &refunds, events))
+        Ok(ledger(&intents, &refunds, events, &self.layer.holds()))
     }
 
     /// The id of PaymentIntent `intent`'s latest charge (what a dispute
@@ -305,10 +305,16 @@ fn text(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
 }
 
-/// A PaymentIntent's status in the ledger's words.
-fn charge_status(intent: &Value) -> &'static str {
+/// A PaymentIntent's status in the ledger's words (the sandbox's: a
+/// manual one is `authorized`, then `captured`, `voided` or `expired`).
+fn charge_status(intent: &Value, holds: &HoldBooks) -> &'static str {
+    let manual = intent["capture_method"] == "manual";
     match text(&intent["status"]) {
+        "succeeded" if manual => "captured",
         "succeeded" => "succeeded",
+        "requires_capture" => "authorized",
+        "canceled" if manual && holds.expired.contains(text(&intent["id"])) => "expired",
+        "canceled" if manual => "voided",
         "canceled" => "failed",
         "requires_payment_method" if !intent["last_payment_error"].is_null() => "failed",
         // Created and never confirmed: no money moved.
@@ -321,15 +327,16 @@ fn charge_status(intent: &Value) -> &'static str {
 /// moved money first, then one that settled.
 fn rank(status: &str) -> u8 {
     match status {
-        "succeeded" => 3,
-        "failed" => 2,
+        "succeeded" | "captured" => 3,
+        "failed" | "authorized" | "voided" | "expired" => 2,
         "pending" => 1,
         _ => 0,
     }
 }
 
-/// The ledger of `intents` and `refunds` (see [`Stack::books`]).
-pub fn ledger(intents: &[Value], refunds: &[Value], events: u64) -> Value {
+/// The ledger of `intents` and `refunds` (see [`Stack::books`]), with the
+/// captures the layer saw localstripe make.
+pub fn ledger(intents: &[Value], refunds: &[Value], events: u64, holds: &HoldBooks) -> Value {
     let mut refunded: HashMap<&str, i64> = HashMap::new();
     let mut refunds_by_key: BTreeMap<&str, Vec<&Value>> = BTreeMap::new();
     let mut refunds_of_others = 0u64;
@@ -357,20 +364,32 @@ pub fn ledger(intents: &[Value], refunds: &[Value], events: u64) -> Value {
     for (key, pis) in &intents_by_key {
         let succeeded = pis
             .iter()
-            .filter(|pi| charge_status(pi) == "succeeded")
+            .filter(|pi| matches!(charge_status(pi, holds), "succeeded" | "captured"))
             .count();
         more_than_one_effect += u64::from(succeeded > 1);
         more_than_one_intent += u64::from(pis.len() > 1);
-        let Some(pi) = pis.iter().max_by_key(|pi| rank(charge_status(pi))) else {
+        let Some(pi) = pis.iter().max_by_key(|pi| rank(charge_status(pi, holds))) else {
             continue;
         };
-        let status = charge_status(pi);
+        let status = charge_status(pi, holds);
         let id = text(&pi["id"]);
+        let amount_captured = match status {
+            "captured" => holds
+                .captured
+                .get(id)
+                .copied()
+                .or_else(|| pi["amount"].as_i64()),
+            "succeeded" => pi["amount"].as_i64(),
+            _ => Some(0),
+        };
         charges.push(json!({
             "idempotency_key": key,
             "id": id,
             "status": status,
             "amount": pi["amount"].as_i64(),
+            "capture_method": pi["capture_method"],
+            "amount_captured": amount_captured,
+            "capture_before": holds.deadlines.get(id),
             "amount_refunded": refunded.get(id).copied().unwrap_or(0),
             "order_id": pi["metadata"]["oncepay_order_id"],
             "requests": Value::Null,
@@ -402,10 +421,25 @@ pub fn ledger(intents: &[Value], refunds: &[Value], events: u64) -> Value {
             "refunds": succeeded,
         }));
     }
+    // One entry per capture localstripe made, as the sandbox lists them.
+    let captures: Vec<Value> = holds
+        .captures
+        .iter()
+        .flat_map(|(pi, n)| {
+            (0..*n).map(move |k| {
+                json!({
+                    "id": format!("{pi}/capture/{k}"),
+                    "charge_id": pi,
+                    "amount": holds.captured.get(pi),
+                })
+            })
+        })
+        .collect();
     json!({
         "provider": "stripe",
         "charges": charges,
         "refunds": entries,
+        "captures": captures,
         "totals": {
             "keys_with_more_than_one_effect": more_than_one_effect,
             "attempts_with_more_than_one_payment_intent": more_than_one_intent,
@@ -453,7 +487,7 @@ mod tests {
             refund("re_1", "pi_1", "r1", 300),
             refund("re_2", "pi_1", "r2", 200),
         ];
-        let l = ledger(&intents, &refunds, 7);
+        let l = ledger(&intents, &refunds, 7, &HoldBooks::default());
         let charge = |k: &str| {
             l["charges"]
                 .as_array()
@@ -485,8 +519,53 @@ mod tests {
             refund("re_1", "pi_1", "r1", 300),
             refund("re_2", "pi_1", "r1", 300),
         ];
-        let l = ledger(&intents, &refunds, 0);
+        let l = ledger(&intents, &refunds, 0, &HoldBooks::default());
         assert_eq!(l["totals"]["keys_with_more_than_one_effect"], 2);
         assert_eq!(l["refunds"][0]["refunds"], 2);
+    }
+
+    #[test]
+    fn holds_map_to_the_sandbox_words_with_their_captures() {
+        let manual = |id: &str, attempt: &str, status: &str| {
+            let mut p = pi(id, attempt, status, false);
+            p["capture_method"] = json!("manual");
+            p
+        };
+        let intents = [
+            manual("pi_1", "a1", "requires_capture"),
+            manual("pi_2", "a2", "succeeded"),
+            manual("pi_3", "a3", "canceled"),
+            manual("pi_4", "a4", "canceled"),
+            manual("pi_5", "a5", "succeeded"),
+        ];
+        let mut holds = HoldBooks::default();
+        holds.captured.insert("pi_2".into(), 400);
+        holds.captures.insert("pi_2".into(), 1);
+        holds.captures.insert("pi_5".into(), 2);
+        holds.expired.insert("pi_4".into());
+        let l = ledger(&intents, &[], 0, &holds);
+        let charge = |k: &str| {
+            l["charges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["idempotency_key"] == k)
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(charge("a1")["status"], "authorized");
+        assert_eq!(charge("a1")["amount_captured"], 0);
+        assert_eq!(charge("a2")["status"], "captured");
+        assert_eq!(charge("a2")["amount_captured"], 400);
+        assert_eq!(charge("a3")["status"], "voided");
+        assert_eq!(charge("a4")["status"], "expired");
+        // Captured whole where the capture named no amount.
+        assert_eq!(charge("a5")["amount_captured"], 1000);
+        let captures = l["captures"].as_array().unwrap();
+        assert_eq!(captures.len(), 3);
+        assert_eq!(
+            captures.iter().filter(|c| c["charge_id"] == "pi_5").count(),
+            2
+        );
     }
 }

@@ -22,6 +22,33 @@ async fn soak(args: &[&str]) -> String {
     stdout
 }
 
+/// How many things the invariant `name` checked, as its table row says.
+fn checked(stdout: &str, name: &str) -> u64 {
+    let row = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("| {name} |")))
+        .unwrap_or_else(|| panic!("no row {name:?} in:\n{stdout}"));
+    row.split('|')
+        .nth(2)
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("row {row:?} has no count"))
+}
+
+/// Manual payments and balances were in the soak, not only in its table.
+fn holds_and_balances_were_exercised(stdout: &str) {
+    for name in [
+        "captured never exceeds authorized (db, capture rows and provider agree)",
+        "no capture after a void or an expiry (db, provider, answers)",
+        "every voided or expired authorization released at the provider (none left past its deadline)",
+        "one balance transfer per key",
+        "no hold resolved twice",
+        "no expired hold captured",
+        "the ledger sums to zero, every account equals its transfers (oncepay ledger check)",
+    ] {
+        assert!(checked(stdout, name) > 0, "{name} checked nothing:\n{stdout}");
+    }
+}
+
 #[tokio::test]
 async fn a_short_chaos_soak_keeps_every_invariant() {
     let stdout = soak(&["--intents", "300", "--concurrency", "16"]).await;
@@ -29,6 +56,7 @@ async fn a_short_chaos_soak_keeps_every_invariant() {
         stdout.contains("| serve process SIGKILLed and restarted |"),
         "{stdout}"
     );
+    holds_and_balances_were_exercised(&stdout);
 }
 
 #[tokio::test]
@@ -54,6 +82,7 @@ async fn a_short_chaos_soak_through_stripe_keeps_every_invariant() {
         stdout.contains("(Stripe layer)"),
         "Stripe faults were injected: {stdout}"
     );
+    holds_and_balances_were_exercised(&stdout);
 }
 
 #[tokio::test]

@@ -219,13 +219,11 @@ fn expire_if_due(charge: &mut Charge) -> bool {
 /// Expires the hold of `key` at its deadline, with its webhook, unless it
 /// was captured or voided before. Not counted as work in flight: a hold
 /// may stand for days, and harnesses wait for that count to be zero.
-fn schedule_expiry(sandbox: Arc<Sandbox>, key: String) {
-    let Some(deadline) = sandbox
-        .books()
-        .charges
-        .get(&key)
-        .and_then(|c| c.capture_before)
-    else {
+///
+/// Takes the deadline instead of reading it: its callers hold the books
+/// (a `std` mutex, not reentrant) when a hold begins.
+fn schedule_expiry(sandbox: Arc<Sandbox>, key: String, deadline: Option<i64>) {
+    let Some(deadline) = deadline else {
         return;
     };
     tokio::spawn(async move {
@@ -332,7 +330,11 @@ async fn create_charge(
     let reorder = faults.reorder || sandbox.config.faults.reorder_webhooks;
     send_webhooks(sandbox.clone().into_inner(), events, copies);
     if charge.status == "authorized" {
-        schedule_expiry(sandbox.clone().into_inner(), key.clone());
+        schedule_expiry(
+            sandbox.clone().into_inner(),
+            key.clone(),
+            charge.capture_before,
+        );
     }
     if let Some(final_status) = later {
         settle_later(
@@ -466,7 +468,7 @@ fn settle_later(
             let held = reach(charge, final_status, sandbox.config.capture_window);
             let final_status = charge.status;
             if held {
-                schedule_expiry(sandbox.clone(), key.clone());
+                schedule_expiry(sandbox.clone(), key.clone(), charge.capture_before);
             }
             if final_status == "failed" {
                 charge.failure_code = Some("card_declined".into());
@@ -989,7 +991,11 @@ async fn bank_decision(sandbox: Shared, path: web::Path<(String, String)>) -> Ht
                 ),
             };
             if reach(charge, status, sandbox.config.capture_window) {
-                schedule_expiry(sandbox.clone().into_inner(), key.clone());
+                schedule_expiry(
+                    sandbox.clone().into_inner(),
+                    key.clone(),
+                    charge.capture_before,
+                );
             }
             charge.next_action = None;
             charge.failure_code = failure.map(|f| f.0.to_string());

@@ -388,6 +388,65 @@ async fn an_expired_hold_is_refused_then_voided_by_the_sweeper() {
     assert_eq!(problem["code"], "payment_not_capturable");
 }
 
+/// A hold that begins after the payment's answer — an asynchronous charge
+/// settling, a customer approving at the bank — is authorized, dated and
+/// expires like one held at once. (The sandbox once deadlocked there: it
+/// scheduled the expiry while holding its own books.)
+#[tokio::test]
+async fn a_hold_that_begins_later_is_authorized_then_expires() {
+    let app = with_window("2s").await;
+    let mut payments = Vec::new();
+    for token in ["tok_async", "tok_3ds"] {
+        let order_id = app.create_order().await;
+        let r = app
+            .post(
+                "/payments",
+                &Uuid::new_v4().to_string(),
+                &json!({"order_id": order_id, "payment_method": token, "capture_method": "manual"}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{token}");
+        let payment = json_of(r).await;
+        assert_eq!(payment["status"], "pending", "{payment}");
+        payments.push((order_id, payment));
+    }
+    let url = payments[1].1["next_action"]["url"]
+        .as_str()
+        .expect("the bank's page")
+        .to_string();
+    let approved = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("{url}/approve"))
+        .send()
+        .await
+        .expect("the sandbox answers the bank's page");
+    assert!(
+        approved.status().is_success() || approved.status().is_redirection(),
+        "{}",
+        approved.status()
+    );
+    for (order_id, payment) in &payments {
+        let payment_id = id_of(payment);
+        let voided = app
+            .poll_until(&format!("/payments/{payment_id}"), |p| {
+                p["status"] == "voided"
+            })
+            .await;
+        assert_eq!(voided["void_reason"], "expired");
+        // Held first (the window is short: the hold is read from its events).
+        assert_eq!(
+            event_count(&app, &payment_id, "payment.requires_capture").await,
+            1
+        );
+        let charge = sandbox_charge(&app, &payment_id).await;
+        assert_eq!(charge["status"], "expired", "{charge}");
+        assert!(charge["capture_before"].is_i64(), "{charge}");
+        assert_eq!(order_status(&app, order_id).await, "awaiting_payment");
+    }
+}
+
 #[tokio::test]
 async fn the_providers_expiry_event_voids_the_hold() {
     let app = with_window("1s").await;

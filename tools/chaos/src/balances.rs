@@ -48,7 +48,7 @@ async fn never_negative(db: &PgPool) -> Check {
 pub struct LedgerCheck {
     /// Its standard output.
     pub output: String,
-    /// Lines it printed (besides the header).
+    /// The transfers it checked, over every line it printed.
     lines: u64,
     /// Lines marked BREACH, or 1 if it failed without one.
     breaches: u64,
@@ -64,7 +64,13 @@ pub async fn ledger_check(bin: &std::path::Path, db_url: &str) -> Result<LedgerC
         .await
         .map_err(|e| format!("running oncepay ledger check: {e}"))?;
     let output = String::from_utf8_lossy(&out.stdout).to_string();
-    let lines = output.lines().skip(1).filter(|l| !l.is_empty()).count() as u64;
+    // What it checked: the transfers of every merchant and currency (the
+    // fifth column).
+    let lines = output
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split('\t').nth(4)?.parse::<u64>().ok())
+        .sum();
     let marked = output.lines().filter(|l| l.ends_with("BREACH")).count() as u64;
     let breaches = match out.status.success() {
         true => marked,

@@ -260,12 +260,9 @@ async fn answers_match(db: &PgPool, intents: &[Intent]) -> Result<Check, String>
                 && match (status, text(&body["status"])) {
                     (201, _) => body["id"].is_string(),
                     (200, "captured") => stored.is_some_and(|(phase, _)| phase == "post"),
-                    (200, "released") => {
-                        stored.is_some_and(|(phase, code)| phase == "void" && code == "hold_release")
-                    }
-                    (422, _) => {
-                        body["code"] == "insufficient_funds" && body["available"].is_i64()
-                    }
+                    (200, "released") => stored
+                        .is_some_and(|(phase, code)| phase == "void" && code == "hold_release"),
+                    (422, _) => body["code"] == "insufficient_funds" && body["available"].is_i64(),
                     (409, _) => body["code"] == "hold_not_active",
                     _ => false,
                 };
@@ -323,10 +320,11 @@ pub async fn table(db: &PgPool, intents: &[Intent]) -> String {
         .filter(|(_, status, _)| *status == 422)
         .count() as u64;
     out += &format!("| answered 422 insufficient_funds (repeats included) | {refused} |\n");
-    let rows = sqlx::query("SELECT code, count(*) FROM ledger_transfer GROUP BY code ORDER BY code")
-        .fetch_all(db)
-        .await
-        .unwrap_or_default();
+    let rows =
+        sqlx::query("SELECT code, count(*) FROM ledger_transfer GROUP BY code ORDER BY code")
+            .fetch_all(db)
+            .await
+            .unwrap_or_default();
     for r in rows {
         let code: String = r.try_get(0).unwrap_or_default();
         let n: i64 = r.try_get(1).unwrap_or(-1);

@@ -497,9 +497,7 @@ impl Clients {
                 if (200..300).contains(&status) {
                     intent.originals.insert(key.clone(), text(&answer["id"]));
                 }
-                intent
-                    .balance_answers
-                    .push((key, status, answer.clone()));
+                intent.balance_answers.push((key, status, answer.clone()));
                 Some((status, answer))
             }
             Err(e) => {
@@ -592,9 +590,9 @@ impl Clients {
                     // At its deadline: captured just before, or refused
                     // just after (`409 hold_not_active`), never both.
                     let due = Duration::from_secs(expires_in as u64);
-                    tokio::time::sleep(due.saturating_sub(Duration::from_millis(
-                        fastrand::u64(0..200),
-                    )))
+                    tokio::time::sleep(
+                        due.saturating_sub(Duration::from_millis(fastrand::u64(0..200))),
+                    )
                     .await;
                     self.balance_step(intent, "hold captured at its expiry", capture, json!({}))
                         .await;
@@ -694,7 +692,9 @@ impl Clients {
         );
         match refund {
             Ok((201 | 202, body)) => {
-                intent.originals.insert(refund_key.clone(), text(&body["id"]));
+                intent
+                    .originals
+                    .insert(refund_key.clone(), text(&body["id"]));
                 intent.refund_answers.push(body)
             }
             // The cancel planned the whole rest first.

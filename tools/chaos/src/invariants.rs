@@ -343,9 +343,8 @@ fn no_cancelled_order_with_money_captured(f: &Facts) -> Row3 {
                 true => at_provider.unwrap_or(0) + p.credited,
                 false => p.credited,
             };
-            breaches += u64::from(
-                p.refunded_amount != p.amount_captured || returned != p.amount_captured,
-            );
+            breaches +=
+                u64::from(p.refunded_amount != p.amount_captured || returned != p.amount_captured);
         }
     }
     row(

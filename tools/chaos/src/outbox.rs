@@ -68,11 +68,13 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
         r.try_get::<String, _>(i).map_err(|e| e.to_string())
     };
     let mut out = HashMap::new();
-    for r in q("SELECT id::text, status, (action_required_at IS NOT NULL)::text,
+    for r in q(
+        "SELECT id::text, status, (action_required_at IS NOT NULL)::text,
                        (capture_method = 'manual'
                         AND status IN ('requires_capture', 'succeeded', 'voided'))::text,
                        (capture_reminded_at IS NOT NULL)::text
-                  FROM payment_attempt")
+                  FROM payment_attempt",
+    )
     .await?
     {
         let status = get(&r, 1)?;

@@ -157,9 +157,14 @@ async fn contradicted(
         }
         _ => current.clone(),
     };
-    let recorded =
-        store::incidents::charge_on_failed_attempt(tx, attempt_id, charge_id, cause.label())
-            .await?;
+    let recorded = store::incidents::charge_on_failed_attempt(
+        tx,
+        attempt_id,
+        charge_id,
+        facts.amount_captured,
+        cause.label(),
+    )
+    .await?;
     if let Some(incident) = recorded {
         metrics
             .incidents

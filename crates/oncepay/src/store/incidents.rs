@@ -20,21 +20,26 @@ pub struct ChargeIncident {
 /// Records a charge the provider took for a failed attempt, with the
 /// pending refund that returns it (due for the reconciler at once), in one
 /// statement. `None` if this attempt's incident was recorded before.
+/// `taken` is what the provider says it captured, where it says (a hold
+/// captured in part); the refund returns that much, never more than the
+/// attempt's amount.
 pub async fn charge_on_failed_attempt(
     tx: &mut PgConnection,
     payment_id: Uuid,
     charge_id: Option<&str>,
+    taken: Option<i64>,
     detected_by: &str,
 ) -> Result<Option<ChargeIncident>, StoreError> {
     let row = sqlx::query(
         "WITH refund_row AS (
             INSERT INTO refund (id, merchant_id, payment_id, amount, status, reason, incident,
                                 next_check_at, created_at, updated_at)
-            SELECT $1, p.merchant_id, p.id, p.amount - p.refunded_amount, 'pending',
+            SELECT $1, p.merchant_id, p.id,
+                   LEAST(COALESCE($6, p.amount), p.amount) - p.refunded_amount, 'pending',
                    'incident: the provider charged a payment held as failed', true,
                    now(), now(), now()
               FROM payment_attempt p
-             WHERE p.id = $3 AND p.amount > p.refunded_amount
+             WHERE p.id = $3 AND LEAST(COALESCE($6, p.amount), p.amount) > p.refunded_amount
                AND NOT EXISTS (SELECT 1 FROM incident
                                 WHERE kind = 'charge_on_failed_attempt' AND payment_id = $3)
             RETURNING id, merchant_id, amount)
@@ -49,6 +54,7 @@ pub async fn charge_on_failed_attempt(
     .bind(payment_id)
     .bind(charge_id)
     .bind(detected_by)
+    .bind(taken)
     .fetch_optional(tx)
     .await?;
     row.map(|r| {

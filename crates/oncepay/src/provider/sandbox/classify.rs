@@ -183,6 +183,15 @@ struct Refusal {
 /// (`409` carrying the charge) is the charge's state, a fact; anything
 /// else as any write.
 pub(crate) fn classify_hold(status: u16, body: &[u8]) -> Verdict {
+    // A capture or a void is never declined: the sandbox documents no `402`
+    // for them. One proves nothing about the hold (a lying gateway may
+    // answer it after the capture was made), so the capture is read at the
+    // provider before anything is decided, never taken as a void.
+    if status == 402 {
+        return Verdict::Done(CallOutcome::Unknown(
+            "provider answered 402 to a capture or void, which it never documents".into(),
+        ));
+    }
     if status == 409 {
         let refusal = serde_json::from_slice::<Refusal>(body)
             .ok()
@@ -378,5 +387,19 @@ mod tests {
             );
             assert_eq!(declined, status == 402, "status {status}");
         }
+    }
+
+    #[test]
+    fn a_decline_answering_a_capture_or_void_proves_nothing() {
+        let declined = br#"{"code":"card_declined","detail":"declined"}"#;
+        assert!(matches!(
+            classify_hold(402, declined),
+            Verdict::Done(CallOutcome::Unknown(_))
+        ));
+        // A charge's decline is still a decline.
+        assert!(matches!(
+            classify(CallKind::Write, 402, declined),
+            Verdict::Done(CallOutcome::Known(ref o)) if o.status == PaymentStatus::Failed
+        ));
     }
 }

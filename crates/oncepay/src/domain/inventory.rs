@@ -83,15 +83,7 @@ pub fn shortages(wanted: &BTreeMap<String, i64>, available: &BTreeMap<String, i6
         .collect()
 }
 
-/// What a paid order lacks of one SKU: its reservation had expired and
-/// the stock was gone.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Shortfall {
-    /// The SKU.
-    pub sku: String,
-    /// Pieces the order has but the stock could not give.
-    pub missing: i64,
-}
+pub use super::order::Shortfall;
 
 /// A payment after the reservation of `requested` expired takes what is
 /// `available`, up to what was reserved, never more: (taken, missing).

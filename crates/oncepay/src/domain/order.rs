@@ -171,6 +171,16 @@ impl NewOrder {
     }
 }
 
+/// What a paid order lacks of one SKU: its stock reservation had expired
+/// and the stock was gone (`domain::inventory::late_take`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Shortfall {
+    /// The SKU.
+    pub sku: String,
+    /// Pieces the order has but the stock could not give.
+    pub missing: i64,
+}
+
 /// An order as the API shows it (contract section 3).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Order {
@@ -193,7 +203,7 @@ pub struct Order {
     pub stock_reserved_until: Option<chrono::DateTime<chrono::Utc>>,
     /// What a payment after the reservation expired could not take from
     /// the stock (empty unless the order is paid but short).
-    pub stock_shortfall: Vec<super::inventory::Shortfall>,
+    pub stock_shortfall: Vec<Shortfall>,
     /// When it was created.
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When it last changed.

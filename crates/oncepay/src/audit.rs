@@ -159,6 +159,8 @@ pub enum Action {
     BalanceCredited,
     /// A customer's balance was debited.
     BalanceDebited,
+    /// A SKU's stock was adjusted (counted in or out).
+    InventoryAdjusted,
 }
 
 impl Action {
@@ -176,6 +178,7 @@ impl Action {
             Action::IdentityChanged => "merchant.identity_changed",
             Action::BalanceCredited => "balance.credited",
             Action::BalanceDebited => "balance.debited",
+            Action::InventoryAdjusted => "inventory.adjusted",
         }
     }
 
@@ -189,11 +192,12 @@ impl Action {
             Action::WebhookEndpointCreated | Action::WebhookEndpointDeleted => "webhook_endpoint",
             Action::EventRedelivered => "event",
             Action::BalanceCredited | Action::BalanceDebited => "balance_transaction",
+            Action::InventoryAdjusted => "inventory",
         }
     }
 
     /// Every action.
-    pub const ALL: [Action; 11] = [
+    pub const ALL: [Action; 12] = [
         Action::ApiKeyCreated,
         Action::ApiKeyRotated,
         Action::ApiKeyRevoked,
@@ -205,5 +209,6 @@ impl Action {
         Action::IdentityChanged,
         Action::BalanceCredited,
         Action::BalanceDebited,
+        Action::InventoryAdjusted,
     ];
 }

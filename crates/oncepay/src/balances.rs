@@ -73,7 +73,7 @@ pub async fn expire_holds(
     metrics: &Metrics,
     limit: i64,
 ) -> Result<usize, StoreError> {
-    let holders = store::ledger::overdue(pool, limit).await?;
+    let holders = store::ledger::overdue(pool, ledger::Ledger::Balance, limit).await?;
     for account in &holders {
         let mut tx = pool.begin().await?;
         let system = account.system(Code::HoldExpiry.shape().2);
@@ -141,6 +141,7 @@ pub async fn pay(
             description: None,
             payment_id: Some(party.payment_id),
             refund_id: None,
+            order_id: None,
             idempotency_key: Some(&key),
         },
     )
@@ -187,6 +188,7 @@ pub async fn credit_refund(
             description: None,
             payment_id: Some(party.payment_id),
             refund_id: Some(refund_id),
+            order_id: None,
             idempotency_key: Some(&key),
         },
     )

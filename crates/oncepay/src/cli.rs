@@ -36,7 +36,7 @@ pub enum Command {
     /// Manage merchants.
     #[command(subcommand)]
     Merchant(MerchantCommand),
-    /// The double-entry ledger of customer balances.
+    /// The double-entry ledger of customer balances and stock.
     #[command(subcommand)]
     Ledger(LedgerCommand),
     /// Reconcile a window of every configured provider's books with the

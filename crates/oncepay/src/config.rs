@@ -76,6 +76,19 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
         self.get(var, default, parse_duration)
     }
 
+    /// A duration that must not be zero (a stock reservation of no time
+    /// would reserve nothing).
+    fn positive_duration(
+        &self,
+        var: &'static str,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        self.get(var, default, |v| match parse_duration(v)? {
+            d if d.is_zero() => Err("must be longer than zero".to_string()),
+            d => Ok(d),
+        })
+    }
+
     fn addr(&self, var: &'static str, default: &str) -> Result<SocketAddr, ConfigError> {
         let fallback = default.parse().map_err(|_| ConfigError {
             var,
@@ -325,6 +338,8 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             jwks: self.jwks_bounds()?,
             balance_hold_ttl: self
                 .duration("ONCEPAY_BALANCE_HOLD_TTL", Duration::from_secs(900))?,
+            stock_reservation_ttl: self
+                .positive_duration("ONCEPAY_STOCK_RESERVATION_TTL", Duration::from_secs(900))?,
             capture_reminder: self
                 .duration("ONCEPAY_CAPTURE_REMINDER", Duration::from_secs(86_400))?,
             webhook_command_wait: self
@@ -675,6 +690,9 @@ pub struct ServeConfig {
     /// `ONCEPAY_BALANCE_HOLD_TTL`: how long a balance hold lasts when its
     /// request names no `expires_in` (15 minutes).
     pub balance_hold_ttl: Duration,
+    /// `ONCEPAY_STOCK_RESERVATION_TTL`: how long an order's stock stays
+    /// reserved (`reserve_stock`) awaiting payment (15 minutes).
+    pub stock_reservation_ttl: Duration,
     /// How long before a hold's `capture_before` its
     /// `payment.capture_deadline_approaching` is written
     /// (`ONCEPAY_CAPTURE_REMINDER`, 24 h).

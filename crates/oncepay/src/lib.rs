@@ -34,6 +34,7 @@ pub mod idempotency;
 pub mod identity;
 pub mod inbound;
 pub mod input;
+pub mod inventory;
 pub mod metrics;
 pub mod problem;
 pub mod process_metrics;

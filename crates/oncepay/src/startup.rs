@@ -146,6 +146,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         pending_alarm: crate::commands::PendingAlarm::new(config.pending_alarm),
         action_timeout: config.action_timeout,
         balance_hold_ttl: config.balance_hold_ttl,
+        stock_reservation_ttl: config.stock_reservation_ttl,
         capture_reminder: config.capture_reminder,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),
@@ -278,6 +279,16 @@ fn spawn_workers(
                     Ok(n) => tracing::info!(holders = n, "voided balance holds past their expiry"),
                     Err(e) => {
                         tracing::warn!(error = %e, "hold expiry failed; retrying next interval")
+                    }
+                }
+                match workers::sweeper::expire_reservations(&ctx).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        orders = n,
+                        "released stock reservations past their deadline"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reservation expiry failed; retrying next interval")
                     }
                 }
                 match workers::sweeper::authorizations(&ctx).await {

@@ -175,6 +175,7 @@ async fn move_balance(
             description: movement.description.as_deref(),
             payment_id: None,
             refund_id: None,
+            order_id: None,
             idempotency_key: Some(run.key),
         },
     )
@@ -512,6 +513,7 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
                 description: None,
                 payment_id: None,
                 refund_id: None,
+                order_id: None,
                 idempotency_key: Some(run.key),
             },
         )

@@ -18,6 +18,7 @@ pub mod captures;
 pub mod checkout;
 pub mod fast_path;
 pub mod gate;
+pub mod inventory;
 pub mod local_runs;
 pub mod orders;
 pub mod payments;
@@ -69,6 +70,9 @@ pub struct AppContext {
     /// How long a balance hold lasts when its request names no
     /// `expires_in` (`ONCEPAY_BALANCE_HOLD_TTL`).
     pub balance_hold_ttl: Duration,
+    /// How long an order's stock stays reserved awaiting payment
+    /// (`ONCEPAY_STOCK_RESERVATION_TTL`).
+    pub stock_reservation_ttl: Duration,
     /// How long a payment may wait for its customer (`next_action`) before
     /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
     pub action_timeout: Duration,
@@ -405,6 +409,8 @@ command_kinds! {
     CapturePayment = "capture_payment" => captures::CapturePayment,
     /// `POST /payments/{id}/void`.
     VoidPayment = "void_payment" => captures::VoidPayment,
+    /// `POST /inventory/{sku}/adjustments`.
+    AdjustInventory = "adjust_inventory" => inventory::AdjustInventory,
 }
 
 impl CommandKind {

@@ -20,7 +20,17 @@ use crate::store::{self, Corrupt, StoreError};
 /// stored response are one statement ([`Command::in_one`]); otherwise one
 /// step after the claim: the order and the stored response commit
 /// together, in one statement, so a crash leaves either both or neither.
-pub struct CreateOrder(NewOrder);
+///
+/// With `reserve_stock`, one step in one transaction: the stock of its
+/// tracked SKUs locked in SKU order and reserved, the order, its event and
+/// the stored response commit together (`inventory::create_reserving`),
+/// so the key covers the reservation: a replay reserves nothing more. A
+/// SKU short of stock is the key's answer, `409 insufficient_stock`, and
+/// nothing is written.
+pub struct CreateOrder {
+    new: NewOrder,
+    reserve_stock: bool,
+}
 
 impl Command for CreateOrder {
     const KIND: super::CommandKind = super::CommandKind::CreateOrder;
@@ -29,7 +39,13 @@ impl Command for CreateOrder {
 
     fn parse(input: &CommandInput) -> Result<Self, Problem> {
         let body = Obj::root(&input.body)?;
-        body.only(&["customer_id", "currency", "items", "metadata"])?;
+        body.only(&[
+            "customer_id",
+            "currency",
+            "items",
+            "metadata",
+            "reserve_stock",
+        ])?;
         let customer_id = body.string("customer_id")?;
         let currency = body.string("currency")?;
         let items = body.objects("items", |item| {
@@ -41,8 +57,9 @@ impl Command for CreateOrder {
             })
         })?;
         let metadata = body.string_map("metadata")?;
+        let reserve_stock = body.opt_bool("reserve_stock")?.unwrap_or(false);
         NewOrder::new(customer_id, &currency, items, metadata)
-            .map(CreateOrder)
+            .map(|new| CreateOrder { new, reserve_stock })
             .map_err(Problem::rule)
     }
 
@@ -50,6 +67,10 @@ impl Command for CreateOrder {
         &self,
         ctx: &AppContext,
     ) -> Option<(StoredResponse, BoxedWrite<ClaimingCompleted, ()>)> {
+        // Reserving reads and locks stock first: a transaction's work.
+        if self.reserve_stock {
+            return None;
+        }
         let (order, response) = self.prepare().ok()?;
         Some((response, Box::new(InsertOrder::claiming(ctx, order))))
     }
@@ -57,9 +78,12 @@ impl Command for CreateOrder {
     async fn step(
         &self,
         ctx: &AppContext,
-        _run: Run<'_>,
+        run: Run<'_>,
         _at: At<NoRecoveryPoint, ()>,
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
+        if self.reserve_stock {
+            return self.create_reserving(ctx, run).await;
+        }
         let (order, response) = self.prepare()?;
         // One statement inserts the order and completes the record: a crash
         // leaves both or neither, and the create costs one round trip.
@@ -72,13 +96,39 @@ impl Command for CreateOrder {
 }
 
 impl CreateOrder {
-    /// The order to create (a new id, now) and its `201` answer.
-    fn prepare(&self) -> Result<(Order, StoredResponse), CommandError> {
+    /// The order to create (a new id, now).
+    fn order(&self) -> Order {
         // The database keeps microseconds: round now so the answer and a
         // later read show the same timestamps.
-        let order = Order::awaiting_payment(Uuid::now_v7(), &self.0, Utc::now().trunc_subsecs(6));
+        Order::awaiting_payment(Uuid::now_v7(), &self.new, Utc::now().trunc_subsecs(6))
+    }
+
+    /// The order to create and its `201` answer.
+    fn prepare(&self) -> Result<(Order, StoredResponse), CommandError> {
+        let order = self.order();
         let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
         Ok((order, response))
+    }
+
+    /// The order and its reservation, in one transaction with the answer.
+    async fn create_reserving(
+        &self,
+        ctx: &AppContext,
+        run: Run<'_>,
+    ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
+        let mut order = self.order();
+        let mut tx = ctx.pool.begin().await?;
+        crate::inventory::create_reserving(
+            &mut tx,
+            &ctx.metrics,
+            run.merchant_id,
+            &mut order,
+            ctx.stock_reservation_ttl,
+        )
+        .await?
+        .map_err(|short| CommandError::Reject(super::inventory::insufficient_stock(&short)))?;
+        let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
+        Ok(Step::Complete { tx, response })
     }
 }
 
@@ -244,16 +294,11 @@ impl CancelOrder {
                 if live.is_some_and(|p| p.status == PaymentStatus::Pending) {
                     return Err(CommandError::Reject(super::payments::payment_in_progress()));
                 }
-                let order = store::orders::set_status(
-                    &mut tx,
-                    order.id,
-                    crate::domain::order::OrderStatus::Cancelled,
-                )
-                .await?;
-                crate::events::order_changed(
+                let order = super::settle::move_order(
                     &mut tx,
                     &ctx.metrics,
-                    &order,
+                    order.id,
+                    crate::domain::order::OrderStatus::Cancelled,
                     super::settle::Cause::Command,
                 )
                 .await?;

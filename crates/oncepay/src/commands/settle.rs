@@ -38,6 +38,27 @@ fn non_empty(s: &str) -> Option<&str> {
     (!s.is_empty()).then_some(s)
 }
 
+/// Moves a locked order to `next`, in the caller's transaction: the one
+/// function every status change goes through (settlement by a command, a
+/// webhook, the reconciler or a capture; refunds; the cancel of an unpaid
+/// order). Its stock follows in the same transaction
+/// (`inventory::follow_order`: converted when paid or authorized,
+/// released when cancelled), then its event is written with the order as
+/// it then is. (The one-statement fast path, `Known`, only takes orders
+/// that reserved no stock.)
+pub(crate) async fn move_order(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    order_id: Uuid,
+    next: crate::domain::order::OrderStatus,
+    cause: Cause,
+) -> Result<Order, StoreError> {
+    let order = store::orders::set_status(tx, order_id, next).await?;
+    let order = crate::inventory::follow_order(tx, metrics, order, cause).await?;
+    crate::events::order_changed(tx, metrics, &order, cause).await?;
+    Ok(order)
+}
+
 /// Applies a charge's reported state to an attempt (and its order). The
 /// caller names the attempt and its order (an attempt never changes order),
 /// so both rows are locked, order first, without a lookup.
@@ -94,8 +115,7 @@ pub async fn payment(
             }
             crate::events::payment_changed(tx, metrics, &p, cause).await?;
             if let Some(next) = next {
-                let order = store::orders::set_status(tx, order_id, next).await?;
-                crate::events::order_changed(tx, metrics, &order, cause).await?;
+                move_order(tx, metrics, order_id, next, cause).await?;
             }
             metrics.payment_transition(status.as_str(), cause.label());
             p
@@ -212,8 +232,9 @@ impl Known {
             requires_action: observed.next_action.is_some(),
         };
         // A hold's facts (its deadline, its capture) are written the
-        // locking way.
-        if attempt.capture_method == CaptureMethod::Manual {
+        // locking way; so is the stock of an order that reserved some,
+        // which `move_order` converts in the settlement's transaction.
+        if attempt.capture_method == CaptureMethod::Manual || order.stock_reserved_until.is_some() {
             return Ok(None);
         }
         let Settlement::Advance {
@@ -333,8 +354,7 @@ pub async fn refund(
                     )
                 };
                 if next != order.status {
-                    let order = store::orders::set_status(tx, order_id, next).await?;
-                    crate::events::order_changed(tx, metrics, &order, cause).await?;
+                    move_order(tx, metrics, order_id, next, cause).await?;
                 }
             }
             metrics
@@ -378,8 +398,7 @@ pub async fn refund(
             if !r.incident {
                 let next = order.status.after_refund_reversed();
                 if next != order.status {
-                    let order = store::orders::set_status(tx, order_id, next).await?;
-                    crate::events::order_changed(tx, metrics, &order, cause).await?;
+                    move_order(tx, metrics, order_id, next, cause).await?;
                 }
             }
             if store::incidents::refund_failed_after_success(

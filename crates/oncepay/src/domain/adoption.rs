@@ -108,6 +108,8 @@ mod tests {
             currency: "EUR".into(),
             status,
             metadata: Default::default(),
+            stock_reserved_until: None,
+            stock_shortfall: Vec::new(),
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
         }

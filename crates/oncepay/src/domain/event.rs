@@ -22,6 +22,8 @@ pub enum ObjectKind {
     Balance,
     /// A hold on a customer balance.
     BalanceHold,
+    /// A tracked SKU's stock.
+    Inventory,
 }
 
 impl ObjectKind {
@@ -34,6 +36,7 @@ impl ObjectKind {
             ObjectKind::Dispute => "dispute",
             ObjectKind::Balance => "balance",
             ObjectKind::BalanceHold => "balance_hold",
+            ObjectKind::Inventory => "inventory",
         }
     }
 }
@@ -68,6 +71,9 @@ event_types! {
     OrderPaid = "order.paid", Order;
     OrderCancelled = "order.cancelled", Order;
     OrderRefunded = "order.refunded", Order;
+    OrderStockReserved = "order.stock_reserved", Order;
+    OrderStockReleased = "order.stock_released", Order;
+    OrderStockShortfall = "order.stock_shortfall", Order;
     PaymentPending = "payment.pending", Payment;
     PaymentRequiresAction = "payment.requires_action", Payment;
     PaymentRequiresCapture = "payment.requires_capture", Payment;
@@ -86,6 +92,7 @@ event_types! {
     BalanceHoldCaptured = "balance_hold.captured", BalanceHold;
     BalanceHoldReleased = "balance_hold.released", BalanceHold;
     BalanceHoldExpired = "balance_hold.expired", BalanceHold;
+    InventoryAdjusted = "inventory.adjusted", Inventory;
 }
 
 impl EventType {

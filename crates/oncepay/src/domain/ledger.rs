@@ -24,6 +24,8 @@ use uuid::Uuid;
 pub enum Ledger {
     /// Customer balances (store credit, wallets), in a currency's minor units.
     Balance,
+    /// Stock of the SKUs a merchant tracks, in pieces: the unit is the SKU.
+    Stock,
 }
 
 impl Ledger {
@@ -31,6 +33,7 @@ impl Ledger {
     pub fn as_str(self) -> &'static str {
         match self {
             Ledger::Balance => "balance",
+            Ledger::Stock => "stock",
         }
     }
 
@@ -38,6 +41,7 @@ impl Ledger {
     pub fn parse(name: &str) -> Option<Ledger> {
         match name {
             "balance" => Some(Ledger::Balance),
+            "stock" => Some(Ledger::Stock),
             _ => None,
         }
     }
@@ -421,6 +425,82 @@ pub mod balance {
     }
 }
 
+/// The stock ledger's words (issue 46): a SKU's stock is the holder
+/// account of unit `<sku>` and owner [`stock::HOLDER`]; its `posted` is
+/// what is on hand, its `held` what live reservations hold.
+pub mod stock {
+    use super::Phase;
+
+    /// The owner of a SKU's stock account (one stock per merchant and SKU;
+    /// a location would be another owner).
+    pub const HOLDER: &str = "on_hand";
+
+    /// A stock transfer's code.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Code {
+        /// Stock added (received, counted up).
+        AdjustmentIn,
+        /// Stock removed (damaged, counted down).
+        AdjustmentOut,
+        /// Stock reserved for an order, until its deadline.
+        Reservation,
+        /// A reservation converted: the order was paid or authorized.
+        Conversion,
+        /// A reservation released: its order was cancelled.
+        Release,
+        /// A reservation that expired unpaid.
+        ReservationExpiry,
+        /// Stock taken for an order paid after its reservation expired.
+        Sale,
+    }
+
+    impl Code {
+        /// Every code.
+        pub const ALL: [Code; 7] = [
+            Code::AdjustmentIn,
+            Code::AdjustmentOut,
+            Code::Reservation,
+            Code::Conversion,
+            Code::Release,
+            Code::ReservationExpiry,
+            Code::Sale,
+        ];
+
+        /// As stored.
+        pub fn as_str(self) -> &'static str {
+            match self {
+                Code::AdjustmentIn => "adjustment_in",
+                Code::AdjustmentOut => "adjustment_out",
+                Code::Reservation => "reservation",
+                Code::Conversion => "conversion",
+                Code::Release => "release",
+                Code::ReservationExpiry => "reservation_expiry",
+                Code::Sale => "sale",
+            }
+        }
+
+        /// The code a stored name names.
+        pub fn parse(name: &str) -> Option<Code> {
+            Code::ALL.into_iter().find(|c| c.as_str() == name)
+        }
+
+        /// Its phase, whether the stock is the debit side (units leave
+        /// it), and the merchant's system account on the other side:
+        /// `adjustments` for what is counted in or out, `sold` for what
+        /// orders take.
+        pub fn shape(self) -> (Phase, bool, &'static str) {
+            match self {
+                Code::AdjustmentIn => (Phase::Single, false, "adjustments"),
+                Code::AdjustmentOut => (Phase::Single, true, "adjustments"),
+                Code::Reservation => (Phase::Pending, true, "sold"),
+                Code::Conversion => (Phase::Post, true, "sold"),
+                Code::Release | Code::ReservationExpiry => (Phase::Void, true, "sold"),
+                Code::Sale => (Phase::Single, true, "sold"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -562,7 +642,11 @@ mod tests {
         for phase in [Phase::Single, Phase::Pending, Phase::Post, Phase::Void] {
             assert_eq!(Phase::parse(phase.as_str()), Some(phase));
         }
+        for code in stock::Code::ALL {
+            assert_eq!(stock::Code::parse(code.as_str()), Some(code));
+        }
         assert_eq!(Ledger::parse("balance"), Some(Ledger::Balance));
-        assert_eq!(Ledger::parse("stock"), None);
+        assert_eq!(Ledger::parse("stock"), Some(Ledger::Stock));
+        assert_eq!(Ledger::parse("gold"), None);
     }
 }

@@ -7,6 +7,7 @@ pub mod card;
 pub mod checkout;
 pub mod dispute;
 pub mod event;
+pub mod inventory;
 pub mod ledger;
 pub mod money;
 pub mod order;

@@ -171,6 +171,16 @@ impl NewOrder {
     }
 }
 
+/// What a paid order lacks of one SKU: its stock reservation had expired
+/// and the stock was gone (`domain::inventory::late_take`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Shortfall {
+    /// The SKU.
+    pub sku: String,
+    /// Pieces the order has but the stock could not give.
+    pub missing: i64,
+}
+
 /// An order as the API shows it (contract section 3).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Order {
@@ -188,6 +198,12 @@ pub struct Order {
     pub status: OrderStatus,
     /// The merchant's string pairs.
     pub metadata: BTreeMap<String, String>,
+    /// Until when its tracked SKUs are reserved (`reserve_stock`); null
+    /// when nothing was reserved.
+    pub stock_reserved_until: Option<chrono::DateTime<chrono::Utc>>,
+    /// What a payment after the reservation expired could not take from
+    /// the stock (empty unless the order is paid but short).
+    pub stock_shortfall: Vec<Shortfall>,
     /// When it was created.
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// When it last changed.
@@ -210,6 +226,8 @@ impl Order {
             currency: new.currency.to_string(),
             status: OrderStatus::AwaitingPayment,
             metadata: new.metadata.clone(),
+            stock_reserved_until: None,
+            stock_shortfall: Vec::new(),
             created_at: now,
             updated_at: now,
         }

@@ -158,6 +158,22 @@ pub(crate) async fn order_changed(
     write(tx, metrics, of_order(order, cause)?).await
 }
 
+/// An order's stock moved (`order.stock_reserved`, `.stock_released`,
+/// `.stock_shortfall`); its object is the order as it now is, and the
+/// order's trail shows it. Written in the transaction of the transfers.
+pub(crate) async fn order_stock(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    order: &Order,
+    event_type: EventType,
+    cause: Cause,
+) -> Result<(), StoreError> {
+    let event = build(event_type, (order.id, order.id), order, |r| {
+        cause_of(cause, r)
+    })?;
+    write(tx, metrics, Some(event)).await
+}
+
 /// A payment attempt was created pending or reached a final status.
 pub(crate) async fn payment_changed(
     tx: &mut PgConnection,

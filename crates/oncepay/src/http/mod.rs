@@ -11,6 +11,7 @@ mod checkout;
 pub mod checkout_text;
 mod events;
 mod inbound;
+mod inventory;
 pub(crate) mod lists;
 pub(crate) mod middleware;
 mod ops;

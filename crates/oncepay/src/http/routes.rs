@@ -12,7 +12,8 @@
 //! touches is its own ([`Customers`]).
 
 use super::{
-    api_keys, balances, checkout, events, inbound, lists, ops, resources, webhook_endpoints,
+    api_keys, balances, checkout, events, inbound, inventory, lists, ops, resources,
+    webhook_endpoints,
 };
 use crate::api_keys::Scope::{self, Admin, Read, Write};
 
@@ -311,6 +312,25 @@ pub const ROUTES: &[Route] = &[
         Needs(Write, Refused),
         Required,
         |r| r.to(balances::release),
+    ),
+    // Stock is the merchant's: a customer's token neither counts it nor
+    // reads it (it reserves stock only through its own orders).
+    route("GET", "/inventory", Needs(Read, Refused), Unused, |r| {
+        r.to(inventory::list)
+    }),
+    route(
+        "GET",
+        "/inventory/{sku}",
+        Needs(Read, Refused),
+        Unused,
+        |r| r.to(inventory::get_item),
+    ),
+    route(
+        "POST",
+        "/inventory/{sku}/adjustments",
+        Needs(Write, Refused),
+        Required,
+        |r| r.to(inventory::adjust),
     ),
     route(
         "GET",

@@ -136,6 +136,18 @@ impl<'a> Obj<'a> {
         }
     }
 
+    /// An optional boolean (absent or null reads as `None`).
+    pub fn opt_bool(&self, name: &str) -> Result<Option<bool>, Problem> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(Problem::invalid_field(
+                join(&self.path, name),
+                &format!("must be true or false, not {}", type_name(other)),
+            )),
+        }
+    }
+
     /// A required integer.
     pub fn integer(&self, name: &str) -> Result<i128, Problem> {
         integer(&join(&self.path, name), self.required(name)?)

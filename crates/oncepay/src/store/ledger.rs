@@ -90,6 +90,44 @@ pub async fn lock_holder(
     })
 }
 
+const LOCK_MANY: &str = "SELECT a.id, a.unit, a.owner, a.posted, a.held, statement_timestamp() AS now,
+            COALESCE((SELECT sum(o.amount) FROM ledger_open_pending o
+                       WHERE o.account_id = a.id AND o.expires_at <= statement_timestamp()), 0)::bigint AS overdue
+       FROM ledger_account a WHERE a.id = ANY($1)
+      ORDER BY a.unit COLLATE \"C\", a.owner COLLATE \"C\"
+        FOR UPDATE OF a";
+
+/// Step 1 for a transfer on several holders in one transaction (an
+/// order's SKUs): locks those of `holders` that exist, in one statement,
+/// in the order of their units and owners (bytewise), which is the order
+/// every caller locks in, so two transactions sharing holders never wait
+/// for each other in a cycle. Holders that do not exist are not created:
+/// they are absent from the answer, keyed by account id.
+pub async fn lock_holders(
+    conn: &mut PgConnection,
+    holders: &[AccountRef],
+) -> Result<std::collections::BTreeMap<Uuid, Locked>, StoreError> {
+    let ids: Vec<Uuid> = holders.iter().map(AccountRef::id).collect();
+    let rows = sqlx::query(LOCK_MANY).bind(&ids).fetch_all(conn).await?;
+    rows.iter()
+        .map(|row| {
+            let id: Uuid = row.try_get("id")?;
+            Ok((
+                id,
+                Locked {
+                    account_id: id,
+                    totals: Totals {
+                        posted: row.try_get("posted")?,
+                        held: row.try_get("held")?,
+                    },
+                    overdue: row.try_get("overdue")?,
+                    now: row.try_get("now")?,
+                },
+            ))
+        })
+        .collect()
+}
+
 /// A transfer as stored.
 #[derive(Debug, Clone)]
 pub struct Transfer {
@@ -127,6 +165,8 @@ pub struct Transfer {
     pub payment_id: Option<Uuid>,
     /// The refund it credited, if any.
     pub refund_id: Option<Uuid>,
+    /// The order it reserves, converts, releases or sells stock for.
+    pub order_id: Option<Uuid>,
     /// The key it was made under.
     pub idempotency_key: Option<String>,
     /// By the database's clock.
@@ -137,7 +177,7 @@ pub struct Transfer {
 pub(crate) const TRANSFER_COLUMNS: &str = "t.id, t.merchant_id, t.ledger, t.unit,
     t.debit_account_id, t.credit_account_id, t.amount, t.phase, t.pending_id, t.expires_at,
     t.code, t.holder_account_id, t.holder, t.posted_after, t.held_after, t.description,
-    t.payment_id, t.refund_id, t.idempotency_key, t.created_at";
+    t.payment_id, t.refund_id, t.order_id, t.idempotency_key, t.created_at";
 
 /// Reads a transfer selected with [`TRANSFER_COLUMNS`].
 pub(crate) fn from_row(row: &PgRow) -> Result<Transfer, StoreError> {
@@ -164,6 +204,7 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Transfer, StoreError> {
         description: row.try_get("description")?,
         payment_id: row.try_get("payment_id")?,
         refund_id: row.try_get("refund_id")?,
+        order_id: row.try_get("order_id")?,
         idempotency_key: row.try_get("idempotency_key")?,
         created_at: row.try_get("created_at")?,
     })
@@ -196,6 +237,8 @@ pub struct NewTransfer<'a> {
     pub payment_id: Option<Uuid>,
     /// The refund it credits.
     pub refund_id: Option<Uuid>,
+    /// The order it is for (stock).
+    pub order_id: Option<Uuid>,
     /// One transfer per key and merchant.
     pub idempotency_key: Option<&'a str>,
 }
@@ -229,8 +272,8 @@ impl From<TransferError> for StoreError {
 const INSERT: &str = "INSERT INTO ledger_transfer AS t
         (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount, phase,
          pending_id, expires_at, code, holder_account_id, holder, description, payment_id,
-         refund_id, idempotency_key)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+         refund_id, idempotency_key, order_id)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
      RETURNING ";
 
 /// Step 4: writes the transfer; its trigger applies it to the holder.
@@ -260,6 +303,7 @@ pub async fn insert(
         .bind(new.payment_id)
         .bind(new.refund_id)
         .bind(new.idempotency_key)
+        .bind(new.order_id)
         .fetch_one(conn)
         .await
         .map_err(|e| match super::violated_constraint(&e) {
@@ -294,9 +338,9 @@ pub async fn void_overdue(
         let row = sqlx::query(&format!(
             "INSERT INTO ledger_transfer AS t
                     (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount,
-                     phase, pending_id, code, holder_account_id, holder)
+                     phase, pending_id, code, holder_account_id, holder, order_id)
              SELECT $1, p.merchant_id, p.ledger, p.unit, p.debit_account_id, p.credit_account_id,
-                    p.amount, 'void', p.id, $3, p.holder_account_id, p.holder
+                    p.amount, 'void', p.id, $3, p.holder_account_id, p.holder, p.order_id
                FROM ledger_transfer p WHERE p.id = $2
              RETURNING {TRANSFER_COLUMNS}"
         ))
@@ -310,16 +354,116 @@ pub async fn void_overdue(
     Ok(voids)
 }
 
-/// Holds past their expiry, oldest first, at most `limit`: (merchant,
-/// ledger, unit, holder) of each, for the sweeper to lock and void.
-pub async fn overdue(pool: &PgPool, limit: i64) -> Result<Vec<AccountRef>, StoreError> {
+/// Voids pending `pending_id` (held by the locked holder) with a
+/// transfer of `code`: its release, or its expiry. The trigger refuses a
+/// pending already resolved.
+pub async fn void(
+    conn: &mut PgConnection,
+    pending_id: Uuid,
+    code: &str,
+) -> Result<Transfer, TransferError> {
+    let row = sqlx::query(&format!(
+        "INSERT INTO ledger_transfer AS t
+                (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount,
+                 phase, pending_id, code, holder_account_id, holder, order_id)
+         SELECT $1, p.merchant_id, p.ledger, p.unit, p.debit_account_id, p.credit_account_id,
+                p.amount, 'void', p.id, $3, p.holder_account_id, p.holder, p.order_id
+           FROM ledger_transfer p WHERE p.id = $2 AND p.phase = 'pending'
+         RETURNING {TRANSFER_COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(pending_id)
+    .bind(code)
+    .fetch_one(conn)
+    .await
+    .map_err(|e| match super::violated_constraint(&e) {
+        Some("ledger_transfer_resolved_once") => TransferError::AlreadyResolved,
+        _ => TransferError::Store(e.into()),
+    })?;
+    from_row(&row).map_err(TransferError::Store)
+}
+
+/// The pending transfers of `accounts` past their expiry and not yet
+/// resolved: (pending id, its account, the order it is for).
+pub async fn overdue_of(
+    conn: &mut PgConnection,
+    accounts: &[Uuid],
+) -> Result<Vec<(Uuid, Uuid, Option<Uuid>)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT o.pending_id, o.account_id, t.order_id
+           FROM ledger_open_pending o JOIN ledger_transfer t ON t.id = o.pending_id
+          WHERE o.account_id = ANY($1) AND o.expires_at <= statement_timestamp()
+          ORDER BY o.expires_at",
+    )
+    .bind(accounts)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok((
+                r.try_get("pending_id")?,
+                r.try_get("account_id")?,
+                r.try_get("order_id")?,
+            ))
+        })
+        .collect()
+}
+
+/// Posts the whole of pending `pending_id` (held by the locked holder)
+/// with a transfer of `code`, if it has not expired: `None` when its
+/// deadline has passed, decided by the statement's own clock, which is
+/// the clock the trigger checks (`ledger_post_before_expiry`), so a
+/// pending that expires between the caller's read and this write is
+/// answered, not refused in a way that aborts the transaction.
+pub async fn post_pending(
+    conn: &mut PgConnection,
+    pending_id: Uuid,
+    code: &str,
+) -> Result<Option<Transfer>, TransferError> {
+    let row = sqlx::query(&format!(
+        "INSERT INTO ledger_transfer AS t
+                (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount,
+                 phase, pending_id, code, holder_account_id, holder, order_id)
+         SELECT $1, p.merchant_id, p.ledger, p.unit, p.debit_account_id, p.credit_account_id,
+                p.amount, 'post', p.id, $3, p.holder_account_id, p.holder, p.order_id
+           FROM ledger_transfer p
+          WHERE p.id = $2 AND p.phase = 'pending' AND p.expires_at > statement_timestamp()
+         RETURNING {TRANSFER_COLUMNS}"
+    ))
+    .bind(Uuid::now_v7())
+    .bind(pending_id)
+    .bind(code)
+    .fetch_optional(conn)
+    .await
+    .map_err(|e| match super::violated_constraint(&e) {
+        Some("ledger_account_never_negative") => TransferError::Insufficient,
+        Some("ledger_transfer_resolved_once") => TransferError::AlreadyResolved,
+        _ => TransferError::Store(e.into()),
+    })?;
+    row.as_ref()
+        .map(from_row)
+        .transpose()
+        .map_err(TransferError::Store)
+}
+
+/// Holds of `ledger` past their expiry, oldest first, at most `limit`:
+/// (merchant, ledger, unit, holder) of each, for the sweeper to lock and
+/// void. Each ledger voids its own, with its own code and events.
+pub async fn overdue(
+    pool: &PgPool,
+    ledger: Ledger,
+    limit: i64,
+) -> Result<Vec<AccountRef>, StoreError> {
     let rows = sqlx::query(
         "SELECT DISTINCT a.merchant_id, a.ledger, a.unit, a.owner
-           FROM (SELECT account_id FROM ledger_open_pending
-                  WHERE expires_at <= statement_timestamp() ORDER BY expires_at LIMIT $1) o
+           FROM (SELECT o.account_id FROM ledger_open_pending o
+                   JOIN ledger_transfer p ON p.id = o.pending_id
+                  WHERE o.expires_at <= statement_timestamp() AND p.ledger = $2
+                  ORDER BY o.expires_at LIMIT $1) o
            JOIN ledger_account a ON a.id = o.account_id",
     )
     .bind(limit)
+    .bind(ledger.as_str())
     .fetch_all(pool)
     .await?;
     rows.iter()

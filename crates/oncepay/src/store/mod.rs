@@ -100,6 +100,7 @@ pub mod group_commit;
 pub mod identity;
 pub mod inbound;
 pub mod incidents;
+pub mod inventory;
 pub mod ledger;
 pub mod merchants;
 pub mod migrate;

@@ -13,7 +13,8 @@ use crate::idempotency::{ClaimingCompleted, Completing};
 /// The columns every read of a order returns, in `from_row`'s order.
 macro_rules! order_columns {
     () => {
-        "id, customer_id, items, amount, currency, status, metadata, created_at, updated_at"
+        "id, customer_id, items, amount, currency, status, metadata, stock_reserved_until,
+         stock_shortfall, created_at, updated_at"
     };
 }
 pub(crate) use order_columns;
@@ -32,6 +33,9 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
             .ok_or_else(|| Corrupt::unknown("order status", &status))?,
         metadata: serde_json::from_value(row.try_get("metadata")?)
             .map_err(Corrupt::json("order metadata"))?,
+        stock_reserved_until: row.try_get("stock_reserved_until")?,
+        stock_shortfall: serde_json::from_value(row.try_get("stock_shortfall")?)
+            .map_err(Corrupt::json("order stock shortfall"))?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
     })
@@ -212,6 +216,85 @@ pub(crate) async fn insert_claiming(
         .collect())
 }
 
+/// Inserts an order inside the caller's transaction: a create-order that
+/// reserves stock writes its order, its reservations and its answer in
+/// one transaction (the fast paths above write no stock).
+pub(crate) async fn insert(
+    tx: &mut PgConnection,
+    merchant_id: Uuid,
+    order: &Order,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
+                             metadata, stock_reserved_until, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)",
+    )
+    .bind(order.id)
+    .bind(merchant_id)
+    .bind(&order.customer_id)
+    .bind(items_of(order)?)
+    .bind(order.amount)
+    .bind(&order.currency)
+    .bind(order.status.as_str())
+    .bind(metadata_of(order)?)
+    .bind(order.stock_reserved_until)
+    .bind(order.created_at)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Records what a paid order's stock lacks, and returns the order.
+pub(crate) async fn set_stock_shortfall(
+    tx: &mut PgConnection,
+    id: Uuid,
+    shortfall: &[crate::domain::inventory::Shortfall],
+) -> Result<Order, StoreError> {
+    let value = serde_json::to_value(shortfall).map_err(Corrupt::json("order stock shortfall"))?;
+    let row = sqlx::query(concat!(
+        "UPDATE orders SET stock_shortfall = $2, updated_at = now() WHERE id = $1 RETURNING ",
+        order_columns!()
+    ))
+    .bind(id)
+    .bind(value)
+    .fetch_one(tx)
+    .await?;
+    from_row(&row)
+}
+
+/// Reads an order by id alone (an internal read: the caller reached it
+/// through a row it already scoped, a stock transfer).
+pub(crate) async fn get_by_id(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<Order>, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE id = $1"
+    ))
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(from_row).transpose()
+}
+
+/// Row-locks those of the orders `ids` that no other transaction holds,
+/// without waiting for the others: for a writer that already holds stock
+/// locks, which may not wait for an order's lock (orders are locked
+/// before stock everywhere). Returns the ids locked.
+pub(crate) async fn try_lock_ids(
+    tx: &mut PgConnection,
+    ids: &[Uuid],
+) -> Result<Vec<Uuid>, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM orders WHERE id = ANY($1) ORDER BY id FOR UPDATE SKIP LOCKED",
+    )
+    .bind(ids)
+    .fetch_all(tx)
+    .await?)
+}
+
 /// Reads one of the merchant's orders.
 pub async fn get(
     conn: &mut PgConnection,
@@ -300,7 +383,8 @@ pub async fn list(
     super::pages::fetch(
         pool,
         "SELECT o.id, o.customer_id, o.items, o.amount, o.currency, o.status, o.metadata,
-                o.created_at, o.updated_at FROM orders o",
+                o.stock_reserved_until, o.stock_shortfall, o.created_at, o.updated_at
+           FROM orders o",
         "o",
         "o.customer_id",
         merchant_id,

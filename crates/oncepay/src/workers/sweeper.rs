@@ -47,6 +47,28 @@ pub async fn expire_holds(ctx: &AppContext) -> Result<usize, StoreError> {
     }
 }
 
+/// Orders whose overdue stock reservations one pass voids, at most.
+pub(crate) const RESERVATIONS_BATCH: i64 = 200;
+
+/// Voids the stock reservations past their deadline (each order's with
+/// one `order.stock_released`), batch after batch; returns how many
+/// orders were swept. A reservation already stops counting at its
+/// deadline (reads use the database's clock); this writes its void. Each
+/// order is locked, then its stock, as a payment or cancel of it would.
+pub async fn expire_reservations(ctx: &AppContext) -> Result<usize, StoreError> {
+    let mut total = 0;
+    loop {
+        let swept =
+            crate::inventory::expire_reservations(&ctx.pool, &ctx.metrics, RESERVATIONS_BATCH)
+                .await?;
+        total += swept;
+        if swept < RESERVATIONS_BATCH as usize {
+            return Ok(total);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Holds looked at per pass.
 pub(crate) const HOLD_BATCH: i64 = 100;
 

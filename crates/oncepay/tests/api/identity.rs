@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::helpers::*;
 use oncepay::http::routes::{Access, Customers, Ownership};
 
-const ISSUER: &str = "https://id.shop-a.example";
+pub(crate) const ISSUER: &str = "https://id.shop-a.example";
 const AUDIENCE: &str = "oncepay-shop-a";
 
 /// The venv's Python (`make pyjwt`), or `ONCEPAY_PYJWT_PYTHON`.
@@ -33,7 +33,7 @@ fn python() -> PathBuf {
 
 /// Whether PyJWT can run here; where it cannot and the run does not
 /// require it (`ONCEPAY_REQUIRE_PYJWT`, set by `.ci/run`), a loud skip.
-fn pyjwt_or_skip() -> bool {
+pub(crate) fn pyjwt_or_skip() -> bool {
     if python().exists() {
         return true;
     }
@@ -75,7 +75,7 @@ async fn mint(request: Value) -> Value {
 
 /// A key pair PyJWT made, and its public JWK (with `kid` and `alg`).
 #[derive(Clone)]
-struct Key {
+pub(crate) struct Key {
     alg: &'static str,
     kid: String,
     private_pem: String,
@@ -83,7 +83,7 @@ struct Key {
     jwk: Value,
 }
 
-async fn keys(algs: &[&'static str]) -> Vec<Key> {
+pub(crate) async fn keys(algs: &[&'static str]) -> Vec<Key> {
     let made = mint(json!({ "keygen": algs })).await;
     algs.iter()
         .zip(made.as_array().expect("keys"))
@@ -109,7 +109,7 @@ fn now() -> i64 {
 }
 
 /// Claims of a customer (or `role`) `sub`, valid for five minutes.
-fn claims(sub: &str, role: &str) -> Value {
+pub(crate) fn claims(sub: &str, role: &str) -> Value {
     json!({
         "iss": ISSUER,
         "aud": AUDIENCE,
@@ -167,13 +167,13 @@ async fn sign_all(requests: Vec<Sign<'_>>) -> Vec<String> {
         .collect()
 }
 
-async fn sign(key: &Key, claims: Value) -> String {
+pub(crate) async fn sign(key: &Key, claims: Value) -> String {
     sign_all(vec![Sign::new(key, claims)]).await.remove(0)
 }
 
 /// The identity provider's JWKS endpoint: serves `keys`, counts hits,
 /// can be taken down.
-struct Idp {
+pub(crate) struct Idp {
     shared: Arc<IdpShared>,
     url: String,
 }
@@ -200,7 +200,7 @@ async fn serve_jwks(shared: web::Data<IdpShared>) -> HttpResponse {
 }
 
 impl Idp {
-    fn start(keys: &[&Key]) -> Idp {
+    pub(crate) fn start(keys: &[&Key]) -> Idp {
         let shared = Arc::new(IdpShared {
             keys: Mutex::new(keys.iter().map(|k| k.jwk.clone()).collect()),
             hits: AtomicUsize::new(0),
@@ -230,7 +230,7 @@ impl Idp {
 
 /// Merchant `name` trusts `idp` as `issuer` for `AUDIENCE` (as `oncepay
 /// merchant identity` sets it).
-async fn trust(app: &TestApp, name: &str, issuer: &str, idp: &Idp) {
+pub(crate) async fn trust(app: &TestApp, name: &str, issuer: &str, idp: &Idp) {
     let outcome = oncepay::store::identity::set(
         &app.db,
         name,
@@ -253,7 +253,7 @@ async fn app_with_refresh(min_refresh: &str) -> TestApp {
 }
 
 impl TestApp {
-    async fn call_as(
+    pub(crate) async fn call_as(
         &self,
         bearer: &str,
         method: Method,

@@ -18,6 +18,7 @@ mod hostile_input;
 mod idempotency;
 mod identity;
 mod inbound_webhooks;
+mod inventory;
 mod lists;
 mod ops;
 mod orders;

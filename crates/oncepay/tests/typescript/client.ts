@@ -248,6 +248,34 @@ async function everyOperation(key: string): Promise<void> {
   await client.GET("/customers/{customer_id}/balance/transactions", { ...auth, params: { path: customer, query: { currency: "EUR", limit: 10 } } });
   await client.GET("/balance_transactions/{id}", { ...auth, params: { path: { id: credit.data.id } } });
 
+  // Stock: count in, read, list; an order that reserves it.
+  const sku = { sku: "book" };
+  const counted = await client.POST("/inventory/{sku}/adjustments", {
+    ...auth,
+    params: { path: sku, header: idem },
+    body: { quantity: 10, reason: "delivery" },
+  });
+  if (!counted.data) return;
+  const onHand: number = counted.data.on_hand - counted.data.reserved;
+  void onHand;
+  await client.GET("/inventory/{sku}", { ...auth, params: { path: sku } });
+  await client.GET("/inventory", { ...auth, params: { query: { limit: 10, starting_after: "a" } } });
+  const reserving = await client.POST("/orders", {
+    ...auth,
+    params: { header: idem },
+    body: {
+      customer_id: "cus_42",
+      currency: "EUR",
+      items: [{ sku: "book", quantity: 2, unit_amount: 1250 }],
+      reserve_stock: true,
+    },
+  });
+  if (!reserving.data) return;
+  const until: string | null = reserving.data.stock_reserved_until;
+  const short: number = reserving.data.stock_shortfall.length;
+  void until;
+  void short;
+
   // Disputes (opened by the provider; read only).
   const disputes = await client.GET("/disputes", {
     ...auth,

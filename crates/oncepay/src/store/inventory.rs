@@ -1,0 +1,176 @@
+//! Stock as the API shows it, on the ledger engine (`store::ledger`): a
+//! SKU's stock account, its item view, the merchant's list of tracked
+//! SKUs, the stock transfers of an order, and the orders whose
+//! reservations are past their deadline (for the sweeper).
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use super::ledger::{self, Transfer};
+use super::StoreError;
+use crate::domain::inventory::StockItem;
+use crate::domain::ledger::stock::{Code, HOLDER};
+use crate::domain::ledger::{AccountRef, Ledger, Phase, Totals};
+
+/// The stock account of the merchant's `sku`.
+pub fn account(merchant_id: Uuid, sku: &str) -> AccountRef {
+    AccountRef::holder(merchant_id, Ledger::Stock, sku, HOLDER)
+}
+
+/// The columns [`item_of_row`] reads, of the account alias `a`; reserved
+/// stock past its deadline no longer counts, swept or not.
+const ITEM_COLUMNS: &str = "a.unit, a.posted, a.held, a.updated_at,
+    COALESCE((SELECT sum(o.amount) FROM ledger_open_pending o
+               WHERE o.account_id = a.id AND o.expires_at <= statement_timestamp()), 0)::bigint
+        AS overdue";
+
+fn item_of_row(row: &sqlx::postgres::PgRow) -> Result<StockItem, StoreError> {
+    let totals = Totals {
+        posted: row.try_get("posted")?,
+        held: row.try_get("held")?,
+    };
+    let sku: String = row.try_get("unit")?;
+    let updated_at: DateTime<Utc> = row.try_get("updated_at")?;
+    Ok(StockItem::of(
+        &sku,
+        totals.balance(row.try_get("overdue")?),
+        updated_at,
+    ))
+}
+
+/// The merchant's `sku`, if tracked (it has had an adjustment).
+pub async fn item(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    sku: &str,
+) -> Result<Option<StockItem>, StoreError> {
+    let row = sqlx::query(&format!(
+        "SELECT {ITEM_COLUMNS} FROM ledger_account a WHERE a.id = $1"
+    ))
+    .bind(account(merchant_id, sku).id())
+    .fetch_optional(conn)
+    .await?;
+    row.as_ref().map(item_of_row).transpose()
+}
+
+/// One page of the merchant's tracked SKUs in SKU order (bytewise), after
+/// `starting_after` if given, and whether there are more.
+pub async fn list(
+    pool: &PgPool,
+    merchant_id: Uuid,
+    starting_after: Option<&str>,
+    limit: i64,
+) -> Result<(Vec<StockItem>, bool), StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {ITEM_COLUMNS} FROM ledger_account a
+          WHERE a.merchant_id = $1 AND a.ledger = 'stock' AND a.kind = 'holder'
+            AND ($2::text IS NULL OR a.unit COLLATE \"C\" > $2::text COLLATE \"C\")
+          ORDER BY a.unit COLLATE \"C\" LIMIT $3"
+    ))
+    .bind(merchant_id)
+    .bind(starting_after)
+    .bind(limit + 1)
+    .fetch_all(pool)
+    .await?;
+    let mut items = rows
+        .iter()
+        .map(item_of_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let more = items.len() as i64 > limit;
+    items.truncate(usize::try_from(limit).unwrap_or(0));
+    Ok((items, more))
+}
+
+/// An order's stock of one SKU, as its transfers say.
+#[derive(Debug, Clone, Default)]
+pub struct OrderSku {
+    /// Its reservation (a pending transfer), if the order made one.
+    pub reservation: Option<Transfer>,
+    /// What resolved the reservation: its conversion (post), its release
+    /// or its expiry (void).
+    pub resolution: Option<Transfer>,
+    /// Stock taken after the reservation expired (a sale).
+    pub sale: Option<Transfer>,
+}
+
+impl OrderSku {
+    /// What was reserved.
+    pub fn reserved(&self) -> i64 {
+        self.reservation.as_ref().map_or(0, |r| r.amount)
+    }
+
+    /// Whether the reservation is still open (not converted, released or
+    /// voided on expiry; it may be past its deadline, unswept).
+    pub fn open(&self) -> bool {
+        self.reservation.is_some() && self.resolution.is_none()
+    }
+
+    /// Whether the order has its stock of this SKU for good: converted,
+    /// or taken by a sale after the reservation expired.
+    pub fn settled(&self) -> bool {
+        self.sale.is_some()
+            || self
+                .resolution
+                .as_ref()
+                .is_some_and(|r| r.phase == Phase::Post)
+    }
+}
+
+/// The stock transfers of an order, by SKU (in SKU order).
+pub async fn of_order(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<BTreeMap<String, OrderSku>, StoreError> {
+    let rows = sqlx::query(&format!(
+        "SELECT {} FROM ledger_transfer t WHERE t.order_id = $1 AND t.ledger = 'stock'
+          ORDER BY t.id",
+        ledger::TRANSFER_COLUMNS
+    ))
+    .bind(order_id)
+    .fetch_all(conn)
+    .await?;
+    let mut skus: BTreeMap<String, OrderSku> = BTreeMap::new();
+    for row in &rows {
+        let t = ledger::from_row(row)?;
+        let entry = skus.entry(t.unit.clone()).or_default();
+        match t.phase {
+            Phase::Pending => entry.reservation = Some(t),
+            Phase::Post | Phase::Void => entry.resolution = Some(t),
+            Phase::Single if t.code == Code::Sale.as_str() => entry.sale = Some(t),
+            Phase::Single => {}
+        }
+    }
+    Ok(skus)
+}
+
+/// Orders with a reservation past its deadline and not yet voided, oldest
+/// deadline first, at most `limit`: (merchant, order) of each.
+pub async fn overdue_orders(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, Uuid)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT t.merchant_id, t.order_id, min(o.expires_at) AS due
+           FROM ledger_open_pending o JOIN ledger_transfer t ON t.id = o.pending_id
+          WHERE o.expires_at <= statement_timestamp() AND t.ledger = 'stock'
+            AND t.order_id IS NOT NULL
+          GROUP BY t.merchant_id, t.order_id ORDER BY due LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| Ok((r.try_get("merchant_id")?, r.try_get("order_id")?)))
+        .collect()
+}
+
+/// The key of an order's one reservation of a SKU.
+pub fn reservation_key(order_id: Uuid, sku: &str) -> String {
+    format!("reservation:{order_id}:{sku}")
+}
+
+/// The key of the one sale an order may make of a SKU after its
+/// reservation expired.
+pub fn sale_key(order_id: Uuid, sku: &str) -> String {
+    format!("sale:{order_id}:{sku}")
+}

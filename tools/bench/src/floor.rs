@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use oncepay::idempotency::persistence as idempotency;
-use oncepay::store::{audit, captures, events, ledger, orders, payments};
+use oncepay::store::{audit, captures, events, inbound, ledger, orders, payments};
 
 /// What pgbench measured.
 #[derive(Debug, Clone, Copy)]
@@ -384,15 +384,19 @@ pub async fn prepare_holds(db: &sqlx::PgPool, template: uuid::Uuid, n: i32) -> R
 }
 
 /// One capture as the service runs it (`commands::captures`), without the
-/// provider call: the claim of the key; step 1 (the payment read, its
-/// order and itself locked, the capture looked for and inserted, the
-/// step recorded) in one transaction; step 3 (the capture and payment
-/// read, order and payment locked, the payment succeeded with its
-/// amount captured, the capture settled, `payment.succeeded`, the order
-/// paid, `order.paid`, the answer stored) in another; and the sandbox's
-/// `charge.captured` webhook, which finds it settled and is recorded in one
-/// statement. The first line (taking the next prepared hold) is the
-/// floor's own overhead.
+/// provider call, in the order PostgreSQL's log showed for one capture:
+/// the claim of the key; step 1 (the payment read, its order and itself
+/// locked, the capture looked for and inserted, the step recorded) in one
+/// transaction; the sandbox's `charge.captured` webhook, sent as the
+/// sandbox captures, arriving before step 3 committed: its look for a
+/// repeat (none yet) and for a duplicate; step 3 (the capture and payment
+/// read, order and payment locked, the payment succeeded with its amount
+/// captured, the capture settled, `payment.succeeded`, the order paid,
+/// `order.paid`, the answer stored) in another transaction; then the
+/// webhook, having waited for the command, recorded under the order's and
+/// payment's locks. (A webhook that arrives after step 3 costs one
+/// statement instead: it is recorded as a repeat.) The first line (taking
+/// the next prepared hold) is the floor's own overhead.
 pub fn capture_script(f: &Fixture) -> String {
     let m = format!("{}::uuid", quote(&f.merchant));
     let key = "'cap-:client_id-:k'";
@@ -432,6 +436,21 @@ pub fn capture_script(f: &Fixture) -> String {
     );
     s += "COMMIT;\n";
     // (Step 2, the provider's capture, is what the floor leaves out.)
+    // The webhook arrives: not a repeat yet (the payment is still held).
+    let event = "'evt-cap-:client_id-:k'";
+    s += &inline(
+        payments::FIND_BY_CHARGE_OR_RECORD_REPEAT,
+        &[
+            "'sandbox'",
+            "':charge_id'",
+            payment,
+            event,
+            "'charge.captured'",
+            "'{}'",
+            "'succeeded'",
+        ],
+    );
+    s += &inline(inbound::EXISTS, &["'sandbox'", event]);
     // Step 3.
     s += "BEGIN;\n";
     s += &inline(captures::BY_ID, &[capture]);
@@ -494,18 +513,19 @@ pub fn capture_script(f: &Fixture) -> String {
         ],
     );
     s += "COMMIT;\n";
+    // The webhook, once the command is done: recorded, under the locks.
+    s += "BEGIN;\n";
     s += &inline(
-        payments::FIND_BY_CHARGE_OR_RECORD_REPEAT,
-        &[
-            "'sandbox'",
-            "':charge_id'",
-            payment,
-            "'evt-cap-:client_id-:k'",
-            "'charge.captured'",
-            "'{}'",
-            "'succeeded'",
-        ],
+        inbound::RECORD,
+        &["'sandbox'", event, "'charge.captured'", "'{}'"],
     );
+    s += &inline(orders::LOCK_BY_ID, &[order]);
+    s += &inline(payments::LOCK, &[payment]);
+    s += &inline(
+        inbound::SET_OUTCOME,
+        &["'sandbox'", event, "'processed'", "true", "NULL"],
+    );
+    s += "COMMIT;\n";
     s
 }
 

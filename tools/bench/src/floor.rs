@@ -350,7 +350,7 @@ pub const TRANSFER_RESPONSE: &str = "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fd
 /// Prepares `n` held payments (`requires_capture`, each with an order of
 /// its own) that the capture script takes one by one
 /// (`bench_floor_holds`, `bench_floor_holds_seq`): copies of `template`, a
-/// payment the service authorized (and its order), with new ids, keys and
+/// payment the service authorized and nothing captured (and its order), with new ids, keys and
 /// charge ids, so that every constraint the service's rows meet, these
 /// meet too. The sandbox never hears of them: the floor sends no capture.
 pub async fn prepare_holds(db: &sqlx::PgPool, template: uuid::Uuid, n: i32) -> Result<(), String> {

@@ -123,6 +123,9 @@ async fn debits(b: &Bench<'_>) -> Result<i64, String> {
 /// on each customer's own account, and the database alone with and
 /// without the merchant's account.
 pub fn verdict_line(row: &Row) -> Option<String> {
+    if row.scenario != "transfers" {
+        return None;
+    }
     let (clients, own) = row.floor?;
     let rate = row.outcome.rate();
     let ratio = rate / own.tps;

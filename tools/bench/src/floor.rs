@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use oncepay::idempotency::persistence as idempotency;
-use oncepay::store::{orders, payments};
+use oncepay::store::{audit, captures, events, inbound, ledger, orders, payments};
 
 /// What pgbench measured.
 #[derive(Debug, Clone, Copy)]
@@ -341,6 +341,354 @@ pub fn pay_script(f: &Fixture) -> String {
     s
 }
 
+/// A representative stored answer of a capture (the payment, captured).
+pub const CAPTURE_RESPONSE: &str = "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"order_id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc30\",\"amount\":2800,\"currency\":\"EUR\",\"status\":\"succeeded\",\"payment_method\":\"tok_visa\",\"capture_method\":\"manual\",\"amount_capturable\":0,\"amount_captured\":2800,\"capture_before\":null,\"void_reason\":null,\"refunded_amount\":0,\"failure_code\":null,\"failure_message\":null,\"next_action\":null,\"created_at\":\"2026-11-22T03:19:08.986862Z\",\"updated_at\":\"2026-11-22T03:19:09.123456Z\"}";
+
+/// A representative stored answer of a balance debit (the transaction).
+pub const TRANSFER_RESPONSE: &str = "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"customer_id\":\"cus_xfer_7\",\"currency\":\"EUR\",\"type\":\"debit\",\"amount\":100,\"balance\":{\"posted\":99999999900,\"held\":0,\"available\":99999999900},\"description\":null,\"payment_id\":null,\"refund_id\":null,\"hold_id\":null,\"created_at\":\"2026-11-22T03:19:08.986862Z\"}";
+
+/// Prepares `n` held payments (`requires_capture`, each with an order of
+/// its own) that the capture script takes one by one
+/// (`bench_floor_holds`, `bench_floor_holds_seq`): copies of `template`, a
+/// payment the service authorized and nothing captured (and its order), with new ids, keys and
+/// charge ids, so that every constraint the service's rows meet, these
+/// meet too. The sandbox never hears of them: the floor sends no capture.
+pub async fn prepare_holds(db: &sqlx::PgPool, template: uuid::Uuid, n: i32) -> Result<(), String> {
+    // One connection for the whole script: the copies are temporary tables.
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE bench_floor_holds AS
+           SELECT g::bigint AS n, gen_random_uuid() AS id, gen_random_uuid() AS order_id
+             FROM generate_series(1, {n}) g;
+         ALTER TABLE bench_floor_holds ADD PRIMARY KEY (n);
+         CREATE SEQUENCE bench_floor_holds_seq;
+         CREATE TEMPORARY TABLE floor_orders AS
+           SELECT o.*, h.order_id AS new_id FROM orders o, bench_floor_holds h
+            WHERE o.id = (SELECT order_id FROM payment_attempt WHERE id = '{template}');
+         UPDATE floor_orders SET id = new_id;
+         ALTER TABLE floor_orders DROP COLUMN new_id;
+         INSERT INTO orders SELECT * FROM floor_orders;
+         CREATE TEMPORARY TABLE floor_payments AS
+           SELECT p.*, h.n AS new_n, h.id AS new_id, h.order_id AS new_order
+             FROM payment_attempt p, bench_floor_holds h WHERE p.id = '{template}';
+         UPDATE floor_payments SET id = new_id, order_id = new_order,
+                idempotency_key = 'floor-hold-' || new_n,
+                provider_charge_id = 'ch_floor_' || new_n;
+         ALTER TABLE floor_payments DROP COLUMN new_n, DROP COLUMN new_id, DROP COLUMN new_order;
+         INSERT INTO payment_attempt SELECT * FROM floor_payments;
+         DROP TABLE floor_orders, floor_payments;"
+    ))
+    .execute(db)
+    .await
+    .map_err(|e| format!("preparing the capture floor's held payments: {e}"))?;
+    Ok(())
+}
+
+/// One capture as the service runs it (`commands::captures`), without the
+/// provider call, in the order PostgreSQL's log showed for one capture:
+/// the claim of the key; step 1 (the payment read, its order and itself
+/// locked, the capture looked for and inserted, the step recorded) in one
+/// transaction; the sandbox's `charge.captured` webhook, sent as the
+/// sandbox captures, arriving before step 3 committed: its look for a
+/// repeat (none yet) and for a duplicate; step 3 (the capture and payment
+/// read, order and payment locked, the payment succeeded with its amount
+/// captured, the capture settled, `payment.succeeded`, the order paid,
+/// `order.paid`, the answer stored) in another transaction; then the
+/// webhook, having waited for the command, recorded under the order's and
+/// payment's locks. (A webhook that arrives after step 3 costs one
+/// statement instead: it is recorded as a repeat.) The first line (taking
+/// the next prepared hold) is the floor's own overhead.
+pub fn capture_script(f: &Fixture) -> String {
+    let m = format!("{}::uuid", quote(&f.merchant));
+    let key = "'cap-:client_id-:k'";
+    let token = "md5('l:client_id-:k')::uuid";
+    let fingerprint = "sha256('fp:client_id-:k')";
+    let capture = "md5('c:client_id-:k')::uuid";
+    let payment = "':payment_id'::uuid";
+    let order = "':order_id'::uuid";
+    let mut s = String::from("\\set k random(1, 9000000000000000)\n");
+    s += "SELECT h.id AS payment_id, p.order_id AS order_id, p.provider_charge_id AS charge_id FROM bench_floor_holds h JOIN payment_attempt p USING (id) WHERE h.n = (SELECT nextval('bench_floor_holds_seq')) \\gset\n";
+    s += &inline(
+        idempotency::INSERT_OR_RECLAIM,
+        &[
+            &m,
+            key,
+            fingerprint,
+            "'capture_payment'",
+            "'{\"path_id\":\":payment_id\",\"body\":{}}'",
+            token,
+            "30000",
+            "86400000",
+        ],
+    );
+    // Step 1.
+    s += "BEGIN;\n";
+    s += &inline(payments::GET, &[payment, &m]);
+    s += &inline(orders::LOCK_BY_ID, &[order]);
+    s += &inline(payments::LOCK, &[payment]);
+    s += &inline(captures::OF_PAYMENT, &[payment]);
+    s += &inline(
+        captures::INSERT,
+        &[capture, &m, payment, "2800", key, fingerprint, "10000"],
+    );
+    s += &inline(
+        idempotency::RECORD_STEP,
+        &[&m, key, token, "'capture_created'", capture],
+    );
+    s += "COMMIT;\n";
+    // (Step 2, the provider's capture, is what the floor leaves out.)
+    // The webhook arrives: not a repeat yet (the payment is still held).
+    let event = "'evt-cap-:client_id-:k'";
+    s += &inline(
+        payments::FIND_BY_CHARGE_OR_RECORD_REPEAT,
+        &[
+            "'sandbox'",
+            "':charge_id'",
+            payment,
+            event,
+            "'charge.captured'",
+            "'{}'",
+            "'succeeded'",
+        ],
+    );
+    s += &inline(inbound::EXISTS, &["'sandbox'", event]);
+    // Step 3.
+    s += "BEGIN;\n";
+    s += &inline(captures::BY_ID, &[capture]);
+    s += &inline(payments::BY_ID, &[payment]);
+    s += &inline(orders::LOCK_BY_ID, &[order]);
+    s += &inline(payments::LOCK, &[payment]);
+    s += &inline(
+        payments::SET_STATUS,
+        &[
+            payment,
+            "'succeeded'",
+            "':charge_id'",
+            "NULL",
+            "NULL",
+            "now() + interval '7 days'",
+            "2800",
+            "'expired'",
+        ],
+    );
+    s += &inline(
+        captures::SETTLE_OF_PAYMENT,
+        &[payment, "'succeeded'", "NULL"],
+    );
+    let params = event_arrays(
+        order,
+        &[FloorEvent(
+            "md5('e1:client_id-:k')::uuid",
+            "payment.succeeded",
+            "payment",
+            payment,
+        )],
+    );
+    s += &inline(
+        events::APPEND,
+        &params.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    s += &inline(orders::SET_STATUS, &[order, "'paid'"]);
+    let params = event_arrays(
+        order,
+        &[FloorEvent(
+            "md5('e2:client_id-:k')::uuid",
+            "order.paid",
+            "order",
+            order,
+        )],
+    );
+    s += &inline(
+        events::APPEND,
+        &params.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    s += &inline(
+        idempotency::COMPLETE,
+        &[
+            &m,
+            key,
+            token,
+            "200",
+            &format!("convert_to({}, 'UTF8')", quote(CAPTURE_RESPONSE)),
+            "NULL",
+        ],
+    );
+    s += "COMMIT;\n";
+    // The webhook, once the command is done: recorded, under the locks.
+    s += "BEGIN;\n";
+    s += &inline(
+        inbound::RECORD,
+        &["'sandbox'", event, "'charge.captured'", "'{}'"],
+    );
+    s += &inline(orders::LOCK_BY_ID, &[order]);
+    s += &inline(payments::LOCK, &[payment]);
+    s += &inline(
+        inbound::SET_OUTCOME,
+        &["'sandbox'", event, "'processed'", "true", "NULL"],
+    );
+    s += "COMMIT;\n";
+    s
+}
+
+/// The customers of the transfer floor, one per pgbench client
+/// (`bench_floor_customers`, by `client` = pgbench's `client_id`): each
+/// customer's account, the merchant's system account `balance_spent` that
+/// every debit of the service has on its other side, and an account of
+/// the customer's own (a system account no other customer uses) for the
+/// floor without the merchant's account.
+pub async fn prepare_transfer_customers(
+    db: &sqlx::PgPool,
+    merchant: uuid::Uuid,
+    customers: &[String],
+) -> Result<(), String> {
+    use oncepay::domain::ledger::balance::Code;
+    let (_, _, spent) = Code::Debit.shape();
+    sqlx::raw_sql(
+        "CREATE TABLE bench_floor_customers (client int PRIMARY KEY, holder uuid NOT NULL,
+            owner text NOT NULL, shared uuid NOT NULL, shared_owner text NOT NULL,
+            own uuid NOT NULL, own_owner text NOT NULL)",
+    )
+    .execute(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut conn = db.acquire().await.map_err(|e| e.to_string())?;
+    for (client, customer) in customers.iter().enumerate() {
+        let holder = oncepay::store::balances::account(merchant, customer, "EUR");
+        let shared = holder.system(spent);
+        let own = holder.system(&format!("floor_{customer}"));
+        ledger::ensure(&mut conn, &[&holder, &shared, &own])
+            .await
+            .map_err(|e| e.to_string())?;
+        sqlx::query("INSERT INTO bench_floor_customers VALUES ($1, $2, $3, $4, $5, $6, $7)")
+            .bind(client as i32)
+            .bind(holder.id())
+            .bind(&holder.owner)
+            .bind(shared.id())
+            .bind(&shared.owner)
+            .bind(own.id())
+            .bind(&own.owner)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// One balance debit as the service runs it (`commands::balances`,
+/// ChargeBalance), for the customer of this pgbench client: the claim of
+/// the key; then in one transaction the look for a transfer made under
+/// the key, the accounts made sure of, the customer's row locked, the
+/// transfer (whose trigger applies it to that row), its audit row,
+/// `balance.debited` and the stored answer. With `merchant_account` the
+/// transfer's other side is the merchant's `balance_spent`, as the
+/// service's; without, an account of the customer's own, so that no row is
+/// shared between customers: what issue 45 measures the service against.
+/// The first line (reading the client's accounts) is the floor's own
+/// overhead.
+pub fn transfer_script(f: &Fixture, merchant_account: bool) -> String {
+    let m = format!("{}::uuid", quote(&f.merchant));
+    let key = "'xfer-:client_id-:k'";
+    let token = "md5('l:client_id-:k')::uuid";
+    let transfer = "md5('t:client_id-:k')::uuid";
+    let other = if merchant_account { "shared" } else { "own" };
+    let mut s = String::from("\\set k random(1, 9000000000000000)\n");
+    s += &format!(
+        "SELECT holder, owner, {other} AS other, {other}_owner AS other_owner FROM bench_floor_customers WHERE client = :client_id \\gset\n"
+    );
+    s += &inline(
+        idempotency::INSERT_OR_RECLAIM,
+        &[
+            &m,
+            key,
+            "sha256('fp:client_id-:k')",
+            "'charge_balance'",
+            "'{\"path_id\":null,\"path_text\":\":owner\",\"body\":{\"amount\":100,\"currency\":\"EUR\"},\"actor\":{\"type\":\"api_key\",\"id\":\"bench\"}}'",
+            token,
+            "30000",
+            "86400000",
+        ],
+    );
+    s += "BEGIN;\n";
+    s += &inline(ledger::BY_KEY, &[&m, key]);
+    s += &inline(
+        ledger::ENSURE,
+        &[
+            "ARRAY[':holder', ':other']::uuid[]",
+            &format!("ARRAY[{m}, {m}]::uuid[]"),
+            "ARRAY['balance', 'balance']::text[]",
+            "ARRAY['EUR', 'EUR']::text[]",
+            "ARRAY['holder', 'system']::text[]",
+            "ARRAY[':owner', ':other_owner']::text[]",
+        ],
+    );
+    s += &inline(ledger::LOCK, &["':holder'::uuid"]);
+    s += &inline(
+        ledger::INSERT,
+        &[
+            transfer,
+            &m,
+            "'balance'",
+            "'EUR'",
+            "':holder'::uuid",
+            "':other'::uuid",
+            "100",
+            "'single'",
+            "NULL",
+            "NULL",
+            "'debit'",
+            "':holder'::uuid",
+            "':owner'",
+            "NULL",
+            "NULL",
+            "NULL",
+            key,
+            "NULL",
+        ],
+    );
+    s += &inline(
+        audit::INSERT,
+        &[
+            "md5('au:client_id-:k')::uuid",
+            &m,
+            "'api_key'",
+            "'bench'",
+            "'balance.debited'",
+            "'balance_transaction'",
+            &format!("{transfer}::text"),
+            "'req-1'",
+            "'{\"customer_id\":\":owner\",\"currency\":\"EUR\",\"amount\":100}'",
+            "NULL",
+        ],
+    );
+    // A balance's event belongs to no order: the nil id, stored as none.
+    let mut params = event_arrays(
+        "'00000000-0000-0000-0000-000000000000'::uuid",
+        &[FloorEvent(
+            "md5('e:client_id-:k')::uuid",
+            "balance.debited",
+            "balance",
+            transfer,
+        )],
+    );
+    params.push(m.clone());
+    s += &inline(
+        events::APPEND_FOR_MERCHANT,
+        &params.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    s += &inline(
+        idempotency::COMPLETE,
+        &[
+            &m,
+            key,
+            token,
+            "201",
+            &format!("convert_to({}, 'UTF8')", quote(TRANSFER_RESPONSE)),
+            "'/balance_transactions/x'",
+        ],
+    );
+    s += "COMMIT;\n";
+    s
+}
+
 /// The least one idempotent create must do: the idempotency record with
 /// its fingerprint and completed response, and the order, in one
 /// transaction with one synchronous commit, sent as one statement (one
@@ -591,6 +939,12 @@ mod tests {
                 .await
                 .expect("merchant");
         prepare_pay_orders(&db, merchant, 10).await.expect("orders");
+        let template = held_payment(&db, merchant).await;
+        prepare_holds(&db, template, 3).await.expect("holds");
+        prepare_transfer_customers(&db, merchant, &["cus_xfer_0".to_string()])
+            .await
+            .expect("customers");
+        credit(&db, merchant, "cus_xfer_0", 1_000).await;
         let f = Fixture {
             merchant: merchant.to_string(),
             order_request: "{\"path_id\":null,\"body\":{}}".into(),
@@ -607,6 +961,15 @@ mod tests {
             ),
             ("replay, same SQL", replay_script(&f)),
             ("replay, ceiling", minimal_replay_script(&f)),
+            ("capture, same SQL", capture_script(&f)),
+            (
+                "transfers, same SQL on the customer's own account",
+                transfer_script(&f, false),
+            ),
+            (
+                "transfers, same SQL with the merchant's account",
+                transfer_script(&f, true),
+            ),
         ];
         for (name, script) in &scripts {
             run_once(&db_url, script)
@@ -617,8 +980,105 @@ mod tests {
             .fetch_one(&db)
             .await
             .expect("count");
-        assert_eq!(orders, 3, "each pay script paid one order");
+        assert_eq!(
+            orders, 4,
+            "each pay script paid one order, and the capture script one"
+        );
+        let captured: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM payment_capture c JOIN payment_attempt p ON p.id = c.payment_id
+              WHERE c.status = 'succeeded' AND p.status = 'succeeded' AND p.amount_captured = 2800",
+        )
+        .fetch_one(&db)
+        .await
+        .expect("count");
+        assert_eq!(captured, 1, "the capture script captured one hold");
+        let (debits, posted): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM ledger_transfer WHERE code = 'debit'),
+                    (SELECT posted FROM ledger_account WHERE kind = 'holder' AND owner = 'cus_xfer_0')",
+        )
+        .fetch_one(&db)
+        .await
+        .expect("count");
+        assert_eq!(
+            (debits, posted),
+            (2, 800),
+            "each transfer script debited the customer 100"
+        );
         println!("{} bench scripts ran once each", scripts.len());
+    }
+
+    /// A manual payment held in `requires_capture` on the 10th prepared
+    /// order, as the service leaves one the sandbox authorized: the
+    /// template of the capture floor's holds.
+    async fn held_payment(db: &sqlx::PgPool, merchant: uuid::Uuid) -> uuid::Uuid {
+        let order: uuid::Uuid =
+            sqlx::query_scalar("SELECT id FROM bench_floor_orders WHERE n = 10")
+                .fetch_one(db)
+                .await
+                .expect("order");
+        let id = uuid::Uuid::now_v7();
+        let mut conn = db.acquire().await.expect("connection");
+        payments::insert(
+            &mut conn,
+            &payments::NewAttempt {
+                id,
+                merchant_id: merchant,
+                order_id: order,
+                idempotency_key: "floor-template",
+                fingerprint: Some(b"fp".as_slice()),
+                amount: 2800,
+                currency: "EUR",
+                provider: "sandbox",
+                payment_method: "tok_visa",
+                now: chrono::Utc::now(),
+                check_after: Duration::from_secs(10),
+                return_url: None,
+                capture_method: oncepay::domain::payment::CaptureMethod::Manual,
+            },
+        )
+        .await
+        .expect("payment");
+        sqlx::raw_sql(&format!(
+            "UPDATE payment_attempt SET status = 'requires_capture', provider_charge_id = 'ch_template',
+                    capture_before = now() + interval '7 days' WHERE id = '{id}';
+             UPDATE orders SET status = 'authorized' WHERE id = '{order}';"
+        ))
+        .execute(&mut *conn)
+        .await
+        .expect("held");
+        id
+    }
+
+    /// Credits `customer` `amount`, as a credit of the service would.
+    async fn credit(db: &sqlx::PgPool, merchant: uuid::Uuid, customer: &str, amount: i64) {
+        use oncepay::domain::ledger::{balance::Code, Phase};
+        let holder = oncepay::store::balances::account(merchant, customer, "EUR");
+        let issued = holder.system(Code::Credit.shape().2);
+        let mut conn = db.acquire().await.expect("connection");
+        ledger::ensure(&mut conn, &[&holder, &issued])
+            .await
+            .expect("accounts");
+        ledger::insert(
+            &mut conn,
+            &ledger::NewTransfer {
+                id: uuid::Uuid::now_v7(),
+                holder: &holder,
+                other: &issued,
+                holder_is_debit: false,
+                amount,
+                phase: Phase::Single,
+                pending_id: None,
+                expires_at: None,
+                code: Code::Credit.as_str(),
+                description: None,
+                payment_id: None,
+                refund_id: None,
+                idempotency_key: None,
+            },
+        )
+        .await
+        .map_err(|e| format!("{e:?}"))
+        .expect("credit");
     }
 
     #[test]

@@ -148,7 +148,10 @@ pub async fn open_loop(
         let outcome = load::run_open(rate, d, connections, make).await;
         // pay's webhooks belong to its payments (none for other scenarios).
         sandbox_drained(b, Duration::from_secs(30)).await;
-        let spent = meter.stop().await.per(outcome.count(201) as f64);
+        // What each answered request cost: a create or a payment answers
+        // 201, a capture 200.
+        let answered = outcome.count(201) + outcome.count(200);
+        let spent = meter.stop().await.per(answered as f64);
         eprintln!("    each second's p99, ms: {}", seconds(&outcome));
         if let Some(e) = &outcome.first_error {
             eprintln!("    no answer: {} (the first: {e})", outcome.errors);

@@ -8,6 +8,7 @@
 //! `BENCHMARKS.md` between markers (the rest of that file is kept).
 
 mod capacity;
+mod capture;
 mod cpu;
 mod disk;
 mod floor;
@@ -19,6 +20,7 @@ mod report;
 mod scenarios;
 mod stack;
 mod statements;
+mod transfers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,7 +54,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "create-order,pay,replay,mixed"
+        default_value = "create-order,pay,replay,mixed,capture,transfers"
     )]
     scenarios: Vec<String>,
     /// Where the results table is written.
@@ -163,6 +165,8 @@ async fn run(args: Args) -> Result<(), String> {
             "create-order" => scenarios::create_order(&bench).await?,
             "pay" => pay::pay(&bench).await?,
             "replay" => scenarios::replay(&bench).await?,
+            "capture" => capture::capture(&bench).await?,
+            "transfers" => transfers::transfers(&bench).await?,
             _ => scenarios::mixed(&bench).await?,
         };
         bench.sample_rss();

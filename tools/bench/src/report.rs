@@ -25,7 +25,10 @@ pub struct Row {
     /// pay only: the ceiling's SQL plus the outbox's event rows, at the
     /// ceiling's best connection count (an explanation, not the ceiling).
     pub with_outbox: Option<(usize, floor::Floor)>,
-    /// pay only: how long after the closed loop ended its provider webhooks
+    /// transfers only: the same SQL as the floor's with the merchant's
+    /// system account on the other side, as the service writes it.
+    pub with_merchant_account: Option<(usize, floor::Floor)>,
+    /// pay and capture: how long after the closed loop ended its provider webhooks
     /// went on arriving. Their work belongs to the loop's payments, so the
     /// rate the service sustains counts this time too.
     pub drained: Option<Duration>,
@@ -55,6 +58,7 @@ impl Row {
             ceiling: Vec::new(),
             open: Vec::new(),
             with_outbox: None,
+            with_merchant_account: None,
             drained: None,
             capacity: None,
             rss_kib: 0,
@@ -251,6 +255,9 @@ pub async fn report(
             }
             out.pop();
             out += ".\n";
+        }
+        if let Some(line) = crate::transfers::verdict_line(r) {
+            out += &line;
         }
         if let Some((clients, f)) = r.with_outbox {
             out += &format!(

@@ -15,7 +15,14 @@ use crate::stack::Stack;
 use crate::{cpu, floor};
 
 /// The scenarios, in the order they run; `--scenarios` picks among them.
-pub const SCENARIOS: &[&str] = &["create-order", "pay", "replay", "mixed"];
+pub const SCENARIOS: &[&str] = &[
+    "create-order",
+    "pay",
+    "replay",
+    "mixed",
+    "capture",
+    "transfers",
+];
 
 pub fn order_body() -> Value {
     json!({"customer_id": "cus_42", "currency": "EUR", "items": [{"sku": "book", "quantity": 2, "unit_amount": 1250}]})

@@ -391,7 +391,7 @@ pub(crate) async fn take_over_expired(
 }
 
 /// Records a finished step under the lease.
-pub(crate) const RECORD_STEP: &str = "UPDATE idempotency_record
+pub const RECORD_STEP: &str = "UPDATE idempotency_record
             SET recovery_point = $4, resource_id = COALESCE($5, resource_id), updated_at = now()
           WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3
             AND state = 'executing'";
@@ -426,7 +426,7 @@ fn fenced(done: sqlx::postgres::PgQueryResult) -> Result<(), StoreError> {
 }
 
 /// Completes a record with its response under the lease.
-pub(crate) const COMPLETE: &str = concat!(
+pub const COMPLETE: &str = concat!(
     "UPDATE idempotency_record SET ",
     completed!("$4", "$5", "$6"),
     " WHERE merchant_id = $1 AND idempotency_key = $2 AND lease_token = $3

@@ -37,6 +37,12 @@ pub struct AuditEvent {
     pub created_at: DateTime<Utc>,
 }
 
+/// Writes one audit row (see [`record`]).
+pub const INSERT: &str = "INSERT INTO audit_event
+                (id, merchant_id, actor_type, actor, action, target_type, target_id, request_id,
+                 change, actor_issuer)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
 /// Records `action` by `actor` on `target_id`, inside the caller's
 /// transaction (the one that makes the change).
 pub async fn record(
@@ -47,24 +53,19 @@ pub async fn record(
     target_id: &str,
     change: Value,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO audit_event
-                (id, merchant_id, actor_type, actor, action, target_type, target_id, request_id,
-                 change, actor_issuer)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-    )
-    .bind(Uuid::now_v7())
-    .bind(merchant_id)
-    .bind(actor.kind.as_str())
-    .bind(&actor.id)
-    .bind(action.as_str())
-    .bind(action.target_type())
-    .bind(target_id)
-    .bind(&actor.request_id)
-    .bind(change)
-    .bind(&actor.issuer)
-    .execute(tx)
-    .await?;
+    sqlx::query(INSERT)
+        .bind(Uuid::now_v7())
+        .bind(merchant_id)
+        .bind(actor.kind.as_str())
+        .bind(&actor.id)
+        .bind(action.as_str())
+        .bind(action.target_type())
+        .bind(target_id)
+        .bind(&actor.request_id)
+        .bind(change)
+        .bind(&actor.issuer)
+        .execute(tx)
+        .await?;
     Ok(())
 }
 

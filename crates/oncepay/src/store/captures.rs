@@ -29,7 +29,13 @@ pub struct Capture {
     pub created_at: DateTime<Utc>,
 }
 
-const COLUMNS: &str = "id, payment_id, amount, status, idempotency_key, created_at";
+/// The columns [`from_row`] reads (a literal, so the statements below are
+/// whole constants: `oncepay-bench` runs them as its same-SQL floor).
+macro_rules! capture_columns {
+    () => {
+        "id, payment_id, amount, status, idempotency_key, created_at"
+    };
+}
 
 fn from_row(row: &PgRow) -> Result<Capture, StoreError> {
     let status: String = row.try_get("status")?;
@@ -74,20 +80,23 @@ pub enum InsertCaptureError {
     Store(#[from] StoreError),
 }
 
+/// Inserts a pending capture (see [`insert`]).
+pub const INSERT: &str = concat!(
+    "INSERT INTO payment_capture
+                (id, merchant_id, payment_id, amount, status, idempotency_key,
+                 request_fingerprint, next_check_at, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, 'pending', $5, $6,
+                 now() + $7::bigint * interval '1 millisecond', now(), now())
+         RETURNING ",
+    capture_columns!()
+);
+
 /// Inserts a pending capture; the constraints decide races.
 pub async fn insert(
     tx: &mut PgConnection,
     new: &NewCapture<'_>,
 ) -> Result<Capture, InsertCaptureError> {
-    let sql = format!(
-        "INSERT INTO payment_capture
-                (id, merchant_id, payment_id, amount, status, idempotency_key,
-                 request_fingerprint, next_check_at, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, 'pending', $5, $6,
-                 now() + $7::bigint * interval '1 millisecond', now(), now())
-         RETURNING {COLUMNS}"
-    );
-    let result = sqlx::query(&sql)
+    let result = sqlx::query(INSERT)
         .bind(new.id)
         .bind(new.merchant_id)
         .bind(new.payment_id)
@@ -110,27 +119,47 @@ pub async fn insert(
     }
 }
 
+/// Reads a payment's capture (see [`of_payment`]).
+pub const OF_PAYMENT: &str = concat!(
+    "SELECT ",
+    capture_columns!(),
+    " FROM payment_capture WHERE payment_id = $1"
+);
+
 /// The payment's capture, if it has one.
 pub async fn of_payment(
     conn: &mut PgConnection,
     payment_id: Uuid,
 ) -> Result<Option<Capture>, StoreError> {
-    let sql = format!("SELECT {COLUMNS} FROM payment_capture WHERE payment_id = $1");
-    let row = sqlx::query(&sql)
+    let row = sqlx::query(OF_PAYMENT)
         .bind(payment_id)
         .fetch_optional(conn)
         .await?;
     row.as_ref().map(from_row).transpose()
 }
 
+/// Reads a capture by id (see [`by_id`]).
+pub const BY_ID: &str = concat!(
+    "SELECT ",
+    capture_columns!(),
+    " FROM payment_capture WHERE id = $1"
+);
+
 /// A capture by id, unlocked: a capture's row is locked only after its
 /// order and payment (the one lock order: order, payment, capture), by the
 /// statement that settles it.
 pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Capture>, StoreError> {
-    let sql = format!("SELECT {COLUMNS} FROM payment_capture WHERE id = $1");
-    let row = sqlx::query(&sql).bind(id).fetch_optional(conn).await?;
+    let row = sqlx::query(BY_ID).bind(id).fetch_optional(conn).await?;
     row.as_ref().map(from_row).transpose()
 }
+
+/// Settles a payment's pending capture (see [`settle_of_payment`]).
+pub const SETTLE_OF_PAYMENT: &str = concat!(
+    "UPDATE payment_capture SET status = $2, failure_code = $3, updated_at = now()
+          WHERE payment_id = $1 AND status = 'pending'
+          RETURNING ",
+    capture_columns!()
+);
 
 /// Settles the payment's pending capture, if it has one: `succeeded`
 /// when the payment was captured, `failed` when its hold ended without
@@ -141,12 +170,7 @@ pub async fn settle_of_payment(
     status: PaymentStatus,
     failure_code: Option<&str>,
 ) -> Result<Option<Capture>, StoreError> {
-    let sql = format!(
-        "UPDATE payment_capture SET status = $2, failure_code = $3, updated_at = now()
-          WHERE payment_id = $1 AND status = 'pending'
-          RETURNING {COLUMNS}"
-    );
-    let row = sqlx::query(&sql)
+    let row = sqlx::query(SETTLE_OF_PAYMENT)
         .bind(payment_id)
         .bind(status.as_str())
         .bind(failure_code)

@@ -184,7 +184,7 @@ pub(crate) fn bind_events<'q>(
 
 /// Writes one event and its deliveries in one statement: a batch of one
 /// (see [`append_new_events`]).
-pub(crate) const APPEND: &str = concat!(
+pub const APPEND: &str = concat!(
     "WITH new_events AS (SELECT * FROM ",
     new_events_from_params!(),
     "),
@@ -215,7 +215,7 @@ pub async fn append_for_merchant(
 
 /// See [`append_for_merchant`]: [`APPEND`] with the merchant given (`$10`,
 /// after the events' nine) and no order.
-const APPEND_FOR_MERCHANT: &str = concat!(
+pub const APPEND_FOR_MERCHANT: &str = concat!(
     "WITH new_events AS (SELECT * FROM ",
     new_events_from_params!(),
     "),

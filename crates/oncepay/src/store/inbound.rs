@@ -6,7 +6,7 @@ use sqlx::PgConnection;
 use super::StoreError;
 
 /// Records an event unless already recorded.
-pub(crate) const RECORD: &str =
+pub const RECORD: &str =
     "INSERT INTO webhook_event (provider, event_id, event_type, payload, outcome)
          VALUES ($1, $2, $3, $4, 'received') ON CONFLICT DO NOTHING";
 
@@ -72,7 +72,7 @@ pub(crate) async fn record_done(pool: &sqlx::PgPool, done: &Done<'_>) -> Result<
 }
 
 /// Notes what an event did.
-pub(crate) const SET_OUTCOME: &str = "UPDATE webhook_event
+pub const SET_OUTCOME: &str = "UPDATE webhook_event
         SET outcome = $3, confirmed_at = CASE WHEN $4 THEN now() END, detail = $5
       WHERE provider = $1 AND event_id = $2";
 

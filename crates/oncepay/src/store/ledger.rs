@@ -38,7 +38,8 @@ pub struct Locked {
     pub now: DateTime<Utc>,
 }
 
-const ENSURE: &str = "INSERT INTO ledger_account (id, merchant_id, ledger, unit, kind, owner)
+/// Creates the accounts that do not exist yet (see [`ensure`]).
+pub const ENSURE: &str = "INSERT INTO ledger_account (id, merchant_id, ledger, unit, kind, owner)
      SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[])
      ON CONFLICT DO NOTHING";
 
@@ -58,7 +59,8 @@ pub async fn ensure(conn: &mut PgConnection, accounts: &[&AccountRef]) -> Result
     Ok(())
 }
 
-const LOCK: &str = "SELECT a.posted, a.held, statement_timestamp() AS now,
+/// Locks a holder's row (see [`lock_holder`]).
+pub const LOCK: &str = "SELECT a.posted, a.held, statement_timestamp() AS now,
             COALESCE((SELECT sum(o.amount) FROM ledger_open_pending o
                        WHERE o.account_id = a.id AND o.expires_at <= statement_timestamp()), 0)::bigint AS overdue
        FROM ledger_account a WHERE a.id = $1 FOR UPDATE";
@@ -173,11 +175,20 @@ pub struct Transfer {
     pub created_at: DateTime<Utc>,
 }
 
-/// The columns [`from_row`] reads, of the alias `t`.
-pub(crate) const TRANSFER_COLUMNS: &str = "t.id, t.merchant_id, t.ledger, t.unit,
+/// The columns [`from_row`] reads, of the alias `t` (a literal, so the
+/// statements that read them are whole constants: `oncepay-bench` runs
+/// them as its same-SQL floor).
+macro_rules! transfer_columns {
+    () => {
+        "t.id, t.merchant_id, t.ledger, t.unit,
     t.debit_account_id, t.credit_account_id, t.amount, t.phase, t.pending_id, t.expires_at,
     t.code, t.holder_account_id, t.holder, t.posted_after, t.held_after, t.description,
-    t.payment_id, t.refund_id, t.order_id, t.idempotency_key, t.created_at";
+    t.payment_id, t.refund_id, t.order_id, t.idempotency_key, t.created_at"
+    };
+}
+
+/// The columns [`from_row`] reads, of the alias `t`.
+pub(crate) const TRANSFER_COLUMNS: &str = transfer_columns!();
 
 /// Reads a transfer selected with [`TRANSFER_COLUMNS`].
 pub(crate) fn from_row(row: &PgRow) -> Result<Transfer, StoreError> {
@@ -269,12 +280,16 @@ impl From<TransferError> for StoreError {
     }
 }
 
-const INSERT: &str = "INSERT INTO ledger_transfer AS t
+/// Writes a transfer (see [`insert`]).
+pub const INSERT: &str = concat!(
+    "INSERT INTO ledger_transfer AS t
         (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount, phase,
          pending_id, expires_at, code, holder_account_id, holder, description, payment_id,
          refund_id, idempotency_key, order_id)
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
-     RETURNING ";
+     RETURNING ",
+    transfer_columns!()
+);
 
 /// Step 4: writes the transfer; its trigger applies it to the holder.
 pub async fn insert(
@@ -285,7 +300,7 @@ pub async fn insert(
         true => (new.holder, new.other),
         false => (new.other, new.holder),
     };
-    let row = sqlx::query(&format!("{INSERT}{TRANSFER_COLUMNS}"))
+    let row = sqlx::query(INSERT)
         .bind(new.id)
         .bind(new.holder.merchant_id)
         .bind(new.holder.ledger.as_str())
@@ -498,20 +513,25 @@ pub async fn get(
     row.as_ref().map(from_row).transpose()
 }
 
+/// Reads the transfer made under a key (see [`by_key`]).
+pub const BY_KEY: &str = concat!(
+    "SELECT ",
+    transfer_columns!(),
+    " FROM ledger_transfer t
+          WHERE t.merchant_id = $1 AND t.idempotency_key = $2"
+);
+
 /// The merchant's transfer made under `key`, if any.
 pub async fn by_key(
     conn: &mut PgConnection,
     merchant_id: Uuid,
     key: &str,
 ) -> Result<Option<Transfer>, StoreError> {
-    let row = sqlx::query(&format!(
-        "SELECT {TRANSFER_COLUMNS} FROM ledger_transfer t
-          WHERE t.merchant_id = $1 AND t.idempotency_key = $2"
-    ))
-    .bind(merchant_id)
-    .bind(key)
-    .fetch_optional(conn)
-    .await?;
+    let row = sqlx::query(BY_KEY)
+        .bind(merchant_id)
+        .bind(key)
+        .fetch_optional(conn)
+        .await?;
     row.as_ref().map(from_row).transpose()
 }
 

@@ -336,7 +336,7 @@ pub async fn lock(
 }
 
 /// Sets an order's status.
-pub(crate) const SET_STATUS: &str = concat!(
+pub const SET_STATUS: &str = concat!(
     "UPDATE orders SET status = $2, updated_at = now() WHERE id = $1 RETURNING ",
     order_columns!()
 );
@@ -356,7 +356,7 @@ pub(crate) async fn set_status(
 }
 
 /// Locks an order by id.
-pub(crate) const LOCK_BY_ID: &str = concat!(
+pub const LOCK_BY_ID: &str = concat!(
     "SELECT ",
     order_columns!(),
     " FROM orders WHERE id = $1 FOR UPDATE"

@@ -716,7 +716,7 @@ pub struct ChargeFacts<'a> {
 /// kept once known; a manual capture's amount is written as it succeeds
 /// (an automatic one's by the table's trigger); the reason a void was
 /// asked for is kept.
-pub(crate) const SET_STATUS: &str = concat!(
+pub const SET_STATUS: &str = concat!(
     "UPDATE payment_attempt
             SET status = $2, provider_charge_id = COALESCE(provider_charge_id, $3),
                 failure_code = COALESCE($4, failure_code),
@@ -912,15 +912,17 @@ pub(crate) async fn lock_succeeded_for_order(
     optional(tx, query.bind(order_id)).await
 }
 
+/// Reads an attempt by id alone (see [`by_id`]).
+pub const BY_ID: &str = concat!(
+    "SELECT ",
+    payment_columns!(),
+    " FROM payment_attempt WHERE id = $1"
+);
+
 /// An attempt by id alone (no merchant scope, no lock): for work that
 /// starts from a row that names it.
 pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Payment>, StoreError> {
-    let query = sqlx::query(concat!(
-        "SELECT ",
-        payment_columns!(),
-        " FROM payment_attempt WHERE id = $1"
-    ));
-    optional(conn, query.bind(id)).await
+    optional(conn, sqlx::query(BY_ID).bind(id)).await
 }
 
 /// The attempt `provider` charged as `charge_id` (no merchant scope, no

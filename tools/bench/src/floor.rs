@@ -1073,6 +1073,7 @@ mod tests {
                 description: None,
                 payment_id: None,
                 refund_id: None,
+                order_id: None,
                 idempotency_key: None,
             },
         )

@@ -266,7 +266,7 @@ impl Clients {
         // move balances (and half of those pay the order from the
         // customer's balance).
         let manual = i % 3 == 1;
-        let balance = i % 3 == 0;
+        let balance = i.is_multiple_of(3);
         if balance {
             self.balance_moves(run, i, &mut intent).await;
         }

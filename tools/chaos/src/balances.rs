@@ -321,7 +321,7 @@ pub async fn table(db: &PgPool, intents: &[Intent]) -> String {
         .count() as u64;
     out += &format!("| answered 422 insufficient_funds (repeats included) | {refused} |\n");
     let rows =
-        sqlx::query("SELECT code, count(*) FROM ledger_transfer GROUP BY code ORDER BY code")
+        sqlx::query("SELECT code, count(*) FROM ledger_transfer WHERE ledger = 'balance' GROUP BY code ORDER BY code")
             .fetch_all(db)
             .await
             .unwrap_or_default();

@@ -52,6 +52,50 @@ pub struct Intent {
     /// The object each key's first `2xx` named (its effect): a key sent
     /// again after its record expired may only name it again.
     pub originals: HashMap<String, String>,
+    /// An order reserving stock: what its customer does (one of
+    /// [`STOCK_PLANS`]).
+    pub stock: Option<&'static str>,
+    /// The `409 insufficient_stock` its order creation got.
+    pub stock_refused: Option<Value>,
+    /// Every final answer to a stock adjustment: (key, status, body).
+    pub adjustments: Vec<(String, u16, Value)>,
+}
+
+/// What the customer of an order reserving stock does.
+pub const STOCK_PLANS: [&str; 6] = [
+    "never pays (the reservation expires)",
+    "pays after its reservation expired",
+    "pays at once (as its intent says)",
+    "pays at once (as its intent says)",
+    "pays at once (as its intent says)",
+    "pays at once (as its intent says)",
+];
+
+/// The tracked SKUs: `stock-0` to `stock-5`.
+pub const STOCK_SKUS: usize = 6;
+
+/// How long an order's stock stays reserved in the soak
+/// (ONCEPAY_STOCK_RESERVATION_TTL): short, so that reservations expire,
+/// and payments come after them.
+pub const STOCK_TTL: Duration = Duration::from_secs(3);
+
+/// How much of each SKU is counted in at the start.
+pub const STOCK_AT_START: i64 = 40;
+
+/// The lines of order `i` when it reserves stock: two tracked SKUs (the
+/// same one twice for one order in six, whose quantities are summed) in
+/// either order, and an untracked item.
+fn stock_items(i: usize) -> Value {
+    let (a, b) = (i % STOCK_SKUS, (i / STOCK_SKUS) % STOCK_SKUS);
+    let mut items = vec![
+        json!({"sku": format!("stock-{a}"), "quantity": 1 + (i / 4) % 2, "unit_amount": 1200}),
+        json!({"sku": "item", "quantity": 1, "unit_amount": 900}),
+        json!({"sku": format!("stock-{b}"), "quantity": 1, "unit_amount": 700}),
+    ];
+    if (i / 2).is_multiple_of(2) {
+        items.reverse();
+    }
+    Value::Array(items)
 }
 
 /// What a manual payment's intent does once its payment is authorized.
@@ -237,11 +281,22 @@ impl Clients {
             (9, Some(authenticated)) => authenticated,
             _ => self.methods.charged,
         };
-        let order = json!({
+        let mut order = json!({
             "customer_id": format!("chaos-{i}"),
             "currency": "EUR",
             "items": [{"sku": "item", "quantity": 1 + (i % 3), "unit_amount": 1000 + (i % 7) * 100}],
         });
+        // Half the orders reserve stock (ReserveInventory): two tracked
+        // SKUs (sometimes the same one on two lines) in either order, and
+        // an untracked item.
+        let reserving = i % 2 == 1;
+        let stock_plan = (i / 2) % STOCK_PLANS.len();
+        if reserving {
+            order["reserve_stock"] = json!(true);
+            order["items"] = stock_items(i);
+            intent.stock = Some(STOCK_PLANS[stock_plan]);
+            self.adjust_stock(run, i, &mut intent).await;
+        }
         match self
             .post("/orders", &format!("order-{run}-{i}"), &order)
             .await
@@ -249,6 +304,10 @@ impl Clients {
             Ok((201, body)) => {
                 intent.order_id = body["id"].as_str().map(str::to_string);
                 intent.amount = body["amount"].as_i64();
+            }
+            Ok((409, body)) if reserving && body["code"] == "insufficient_stock" => {
+                intent.stock_refused = Some(body);
+                return intent;
             }
             Ok((status, body)) => {
                 intent.gave_up = Some(format!("create order answered {status}: {body}"));
@@ -262,6 +321,15 @@ impl Clients {
         let Some(order_id) = intent.order_id.clone() else {
             return intent;
         };
+        match (reserving, stock_plan) {
+            // Its customer never pays: the reservation expires.
+            (true, 0) => return intent,
+            // Its customer pays after the reservation expired: the
+            // payment takes the stock if still there, else the order is
+            // paid short.
+            (true, 1) => tokio::time::sleep(STOCK_TTL + Duration::from_millis(500)).await,
+            _ => {}
+        }
         // A third of the intents authorize only (a manual payment), a third
         // move balances (and half of those pay the order from the
         // customer's balance).
@@ -354,6 +422,26 @@ impl Clients {
                 .await;
         }
         intent
+    }
+
+    /// Counts stock in or out as the warehouse would, now and then, while
+    /// orders reserve it: eight pieces in for one reserving order in ten,
+    /// two out for another (refused `409 insufficient_stock` when they
+    /// are not available).
+    async fn adjust_stock(&self, run: &str, i: usize, intent: &mut Intent) {
+        let quantity = match (i / 2) % 10 {
+            0 => 8,
+            5 => -2,
+            _ => return,
+        };
+        let path = format!("/inventory/stock-{}/adjustments", i % STOCK_SKUS);
+        let key = format!("adjust-{run}-{i}");
+        let body = json!({"quantity": quantity, "reason": "chaos"});
+        intent.sent.push((path.clone(), key.clone(), body.clone()));
+        match self.post(&path, &key, &body).await {
+            Ok((status, answer)) => intent.adjustments.push((key, status, answer)),
+            Err(e) => intent.gave_up = Some(e),
+        }
     }
 
     /// Sends one capture, void or cancel of a manual payment's intent

@@ -628,6 +628,9 @@ pub struct Soak<'a> {
     pub webhooks: &'a crate::outbox::Receipts,
     /// `oncepay ledger check`, run at the end.
     pub ledger_check: &'a crate::balances::LedgerCheck,
+    /// Stock reserved against open reservations when the faults stopped:
+    /// (SKUs, breaches).
+    pub reserved_at_the_end: (u64, u64),
 }
 
 /// Checks every invariant against the provider's books (`ledger`, in the
@@ -642,6 +645,7 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
         times: (soak_time, settle_time),
         webhooks,
         ledger_check,
+        reserved_at_the_end,
     } = *soak;
     let f = facts(db, ledger).await?;
     let scalar = |sql: &'static str| async move {
@@ -664,6 +668,11 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     let (answers, forward) = answers_match_storage(&f, intents);
     let (pending, executing) = nothing_left_open(counts);
     let gave_up = intents.iter().filter(|i| i.gave_up.is_some()).count() as u64;
+    if gave_up > 0 {
+        for i in intents.iter().filter_map(|i| i.gave_up.as_ref()).take(5) {
+            eprintln!("gave up: {i}");
+        }
+    }
     let mut rows = vec![
         one_charge_per_succeeded_payment(&f),
         no_decline_the_provider_charged(&f),
@@ -700,6 +709,11 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     for (name, checked, breaches) in crate::balances::check(db, intents, ledger_check).await? {
         rows.push(row(name, checked, breaches));
     }
+    for (name, checked, breaches) in
+        crate::stock::check(db, clients, intents, reserved_at_the_end).await?
+    {
+        rows.push(row(name, checked, breaches));
+    }
     let ok = rows.iter().all(|r| r.breaches == 0);
     let mut out = format!(
         "\n{} intents in {soak_time:.1?} (+{settle_time:.1?} to settle); {} payments, {} refunds, {} incidents.\n\n",
@@ -716,6 +730,7 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     out += &crate::bank::table(bank);
     out += &crate::holds::table(db, intents).await;
     out += &crate::balances::table(db, intents).await;
+    out += &crate::stock::table(db, intents).await;
     out += &format!(
         "\n`oncepay ledger check` at the end:\n\n```\n{}```\n",
         ledger_check.output

@@ -20,6 +20,7 @@ mod holds;
 mod invariants;
 mod outbox;
 mod restore;
+mod stock;
 mod stripe;
 
 use std::process::ExitCode;
@@ -336,6 +337,10 @@ async fn soak(
                     // Some authorizations are reminded of their deadline
                     // before they are captured, some not.
                     ("ONCEPAY_CAPTURE_REMINDER", "5s".into()),
+                    (
+                        "ONCEPAY_STOCK_RESERVATION_TTL",
+                        format!("{}s", clients::STOCK_TTL.as_secs()),
+                    ),
                     ("ONCEPAY_HTTP_WORKERS", "2".into()),
                     ("ONCEPAY_LOG", "warn".into()),
                     // The soak measures correctness, not the limiter.
@@ -435,6 +440,7 @@ async fn soak(
         },
     };
     let mut bank = bank::Bank::new(side, db.clone(), clients.clone());
+    stock::count_in(&clients, &run_id).await?;
     let started = Instant::now();
     match args.duration {
         Some(d) => eprintln!(
@@ -462,6 +468,9 @@ async fn soak(
         (&db, &mut bank),
     )
     .await?;
+    // While reservations are still open: each SKU's reserved stock is
+    // its open reservations.
+    let reserved_at_the_end = stock::reserved_is_open_reservations(&db).await;
     proxy.heal();
     if let Some(stack) = &stripe {
         stack.layer.heal();
@@ -521,6 +530,7 @@ async fn soak(
         times: (soak_time, settled),
         webhooks: &webhooks,
         ledger_check: &ledger_check,
+        reserved_at_the_end,
     };
     let ledger = books.read().await?;
     let report = invariants::check(&db, &ledger, &soak).await?;

@@ -29,7 +29,22 @@ pub enum Expected {
         steps: Vec<String>,
         last: Option<String>,
     },
+    /// An order that reserved stock: `order.stock_reserved` first, then
+    /// `base` among its other events, `order.stock_released` a number of
+    /// times in `released`, and `order.stock_shortfall` once if `short`.
+    WithStock {
+        base: Box<Expected>,
+        released: std::ops::RangeInclusive<usize>,
+        short: bool,
+    },
 }
+
+/// The events of an order's stock.
+const STOCK_EVENTS: [&str; 3] = [
+    "order.stock_reserved",
+    "order.stock_released",
+    "order.stock_shortfall",
+];
 
 impl Expected {
     fn holds(&self, got: &[&String]) -> bool {
@@ -43,6 +58,23 @@ impl Expected {
                     && got.iter().all(|t| allowed(t))
                     && got.windows(2).all(|w| w[0] != w[1])
             }
+            Expected::WithStock {
+                base,
+                released,
+                short,
+            } => {
+                let count = |name: &str| got.iter().filter(|t| t.as_str() == name).count();
+                let others: Vec<&String> = got
+                    .iter()
+                    .copied()
+                    .filter(|t| !STOCK_EVENTS.contains(&t.as_str()))
+                    .collect();
+                got.first().map(|t| t.as_str()) == Some("order.stock_reserved")
+                    && count("order.stock_reserved") == 1
+                    && released.contains(&count("order.stock_released"))
+                    && count("order.stock_shortfall") == usize::from(*short)
+                    && base.holds(&others)
+            }
         }
     }
 
@@ -50,7 +82,7 @@ impl Expected {
     fn changes(&self, trail: usize) -> usize {
         match self {
             Expected::Exact(types) => types.len(),
-            Expected::Walk { .. } => trail.max(1),
+            Expected::Walk { .. } | Expected::WithStock { .. } => trail.max(1),
         }
     }
 }
@@ -170,7 +202,8 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
                        COALESCE((SELECT CASE r.phase WHEN 'post' THEN 'captured'
                                      ELSE CASE r.code WHEN 'hold_expiry' THEN 'expired' ELSE 'released' END END
                                    FROM ledger_transfer r WHERE r.pending_id = t.id), '')
-                  FROM ledger_transfer t WHERE t.phase IN ('single', 'pending')")
+                  FROM ledger_transfer t
+                 WHERE t.ledger = 'balance' AND t.phase IN ('single', 'pending')")
     .await?
     {
         let types = match get(&r, 1)?.as_str() {
@@ -186,6 +219,45 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
             }
         };
         out.insert(get(&r, 0)?, Expected::Exact(types));
+    }
+    // Stock counted in or out told the merchant once (`inventory.adjusted`,
+    // the adjustment's object); reservations, conversions and late sales
+    // are told as their order's events.
+    for r in q("SELECT id::text FROM ledger_transfer
+                 WHERE ledger = 'stock' AND code IN ('adjustment_in', 'adjustment_out')")
+    .await?
+    {
+        out.insert(
+            get(&r, 0)?,
+            Expected::Exact(vec!["inventory.adjusted".to_string()]),
+        );
+    }
+    // An order that reserved stock told it first, then its own changes in
+    // their order, with a release for each batch of its reservations
+    // voided (a cancel, an expiry: each SKU's may be voided by another
+    // writer) and a shortfall if it was paid short.
+    for r in q("SELECT o.id::text,
+                       (SELECT count(*) FROM ledger_transfer p JOIN ledger_transfer v ON v.pending_id = p.id
+                         WHERE p.order_id = o.id AND p.ledger = 'stock' AND v.phase = 'void')::text,
+                       (o.stock_shortfall <> '[]'::jsonb)::text
+                  FROM orders o WHERE o.stock_reserved_until IS NOT NULL")
+    .await?
+    {
+        let id = get(&r, 0)?;
+        let voided: usize = get(&r, 1)?.parse().unwrap_or(usize::MAX);
+        let base = match out.remove(&id) {
+            Some(Expected::Exact(types)) => Expected::Exact(types),
+            Some(walk) => walk,
+            None => Expected::Exact(Vec::new()),
+        };
+        out.insert(
+            id,
+            Expected::WithStock {
+                base: Box::new(base),
+                released: voided.min(1)..=voided,
+                short: get(&r, 2)? == "true",
+            },
+        );
     }
     // A dispute opened, may have been updated (under review), and closed
     // once won or lost.

@@ -80,7 +80,7 @@ pub const STOCK_SKUS: usize = 6;
 pub const STOCK_TTL: Duration = Duration::from_secs(3);
 
 /// How much of each SKU is counted in at the start.
-pub const STOCK_AT_START: i64 = 40;
+pub const STOCK_AT_START: i64 = 12;
 
 /// The lines of order `i` when it reserves stock: two tracked SKUs (the
 /// same one twice for one order in six, whose quantities are summed) in

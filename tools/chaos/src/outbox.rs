@@ -384,8 +384,11 @@ fn delivered_in_sequence(received: &[Received]) -> Check {
             breaches += 1;
             continue;
         };
+        // An adjustment's event carries the item, its object the
+        // adjustment within it.
         let object = body["data"]["object"]["id"]
             .as_str()
+            .or_else(|| body["data"]["object"]["adjustment"]["id"].as_str())
             .unwrap_or_default()
             .to_string();
         let sequence = body["sequence"].as_i64().unwrap_or(-1);

@@ -239,6 +239,31 @@ fn every_void_released_at_the_provider(
     )
 }
 
+/// A payment that failed here holds no authorization at the provider: a
+/// hold behind a lying decline is released by oncepay (voided), never left
+/// standing or to expire on its own, and nothing was captured.
+fn no_hold_for_a_failed_payment(payments: &HashMap<String, Manual>, books: &Books) -> Check {
+    let failed: Vec<&String> = payments
+        .iter()
+        .filter(|(_, p)| p.status == "failed")
+        .map(|(id, _)| id)
+        .collect();
+    let mut breaches = 0;
+    for id in &failed {
+        let status = books.charge(id).map(|c| text(&c["status"]));
+        let ok = !matches!(status, Some("authorized" | "expired" | "captured"));
+        if !ok {
+            eprintln!("breach: failed manual payment {id}: the provider shows {status:?}");
+        }
+        breaches += u64::from(!ok);
+    }
+    (
+        "a failed payment holds no authorization at the provider (released by oncepay, not left to expire)",
+        failed.len() as u64,
+        breaches,
+    )
+}
+
 /// Each capture, void and cancel answer matches what is stored, repeats
 /// of a key are identical, and a race of two keys had one winner.
 fn hold_answers_match(payments: &HashMap<String, Manual>, intents: &[Intent]) -> Check {
@@ -301,6 +326,7 @@ pub async fn check(db: &PgPool, ledger: &Value, intents: &[Intent]) -> Result<Ve
         no_capture_after_void(&payments, &books, intents),
         one_provider_capture_per_payment(&payments, &books),
         every_void_released_at_the_provider(&payments, &books, now),
+        no_hold_for_a_failed_payment(&payments, &books),
         hold_answers_match(&payments, intents),
     ])
 }

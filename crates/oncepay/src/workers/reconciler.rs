@@ -23,7 +23,7 @@
 
 use crate::commands::settle::{self, Cause};
 use crate::commands::{self, payments, refunds, AppContext};
-use crate::domain::payment::{Payment, Refund};
+use crate::domain::payment::{Payment, PaymentStatus, Refund};
 use crate::idempotency::Claim;
 use crate::provider::{CallOutcome, ProviderObject};
 use crate::store::{self, StoreError};
@@ -235,7 +235,6 @@ async fn expire_action(
     payment: &Payment,
     observed: ProviderObject,
 ) -> Option<ProviderObject> {
-    use crate::domain::payment::PaymentStatus;
     let waited = payment
         .action_required_at
         .map(|since| chrono::Utc::now() - since)
@@ -317,6 +316,7 @@ async fn confirm_payment_decline(ctx: &AppContext, payment: &Payment) -> Result<
         }
         other => other,
     };
+    let read = release_stray_hold(ctx, payment, read).await;
     let Some(observed) = confirming_read(read, payment.id) else {
         return Ok(false);
     };
@@ -328,6 +328,39 @@ async fn confirm_payment_decline(ctx: &AppContext, payment: &Payment) -> Result<
     store::queue::decline_confirmed::<Payment>(&mut tx, payment.id).await?;
     tx.commit().await?;
     Ok(true)
+}
+
+/// A declined attempt whose charge the provider holds authorized (a
+/// manual payment behind a lying decline): no money moved, but the
+/// customer's funds are held, for days, for a payment that failed. The
+/// hold is released at the provider (a void is idempotent), and the
+/// provider's answer stands for the read; an unknown answer leaves the
+/// decline to be confirmed again later. Any other read is returned as is.
+async fn release_stray_hold(ctx: &AppContext, payment: &Payment, read: CallOutcome) -> CallOutcome {
+    let held = matches!(&read, CallOutcome::Known(o) if o.status == PaymentStatus::RequiresCapture);
+    if !held || payment.status != PaymentStatus::Failed {
+        return read;
+    }
+    let charge = match &read {
+        CallOutcome::Known(o) if !o.id.is_empty() => o.id.clone(),
+        _ => payment.provider_charge_id.clone().unwrap_or_default(),
+    };
+    let provider = ctx.providers.named(&payment.provider);
+    let released = provider.void(payment.id, &charge).await;
+    match &released {
+        CallOutcome::Known(o) if o.status.is_final() => {
+            tracing::warn!(
+                payment_id = %payment.id,
+                charge_id = %charge,
+                status = o.status.as_str(),
+                "released an authorization the provider held for a failed payment"
+            );
+        }
+        other => {
+            tracing::warn!(payment_id = %payment.id, outcome = ?other, "a failed payment's stray authorization is not released yet; asked again later");
+        }
+    }
+    released
 }
 
 /// The same for a declined refund: one paid anyway is recorded as an

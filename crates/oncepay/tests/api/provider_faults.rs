@@ -368,6 +368,49 @@ async fn a_capture_answered_with_a_decline_is_read_at_the_provider_not_taken_as_
     assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
 }
 
+/// A manual payment behind a lying decline: the provider holds the
+/// customer's funds for a payment that failed here. The decline's
+/// confirming read finds the authorization and releases it at once,
+/// instead of leaving it to expire days later; the payment stays failed,
+/// the order payable, nothing was captured or refunded.
+#[tokio::test]
+async fn an_authorization_behind_a_declined_answer_is_released_not_left_to_expire() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    app.proxy().set(Route::Charge, declined_after_the_fact());
+    let r = app
+        .post(
+            "/payments",
+            &Uuid::new_v4().to_string(),
+            &json!({"order_id": order_id, "payment_method": "tok_visa", "capture_method": "manual"}),
+        )
+        .await;
+    app.proxy().heal();
+    let payment = json_of(r).await;
+    assert_eq!(payment["status"], "failed", "{payment}");
+    let payment_id = payment["id"].as_str().expect("id");
+    assert_eq!(
+        wait_for_charge_status(&app, payment_id, "authorized").await["status"],
+        "authorized"
+    );
+    app.reconcile().await;
+    let charge = &app.charges_for(&order_id).await[0];
+    assert_eq!(charge["status"], "voided", "{charge}");
+    assert_eq!(charge["amount_captured"], 0);
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM payment_attempt WHERE id = '{payment_id}' AND status = 'failed' AND decline_check_at IS NULL"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+    assert_eq!(
+        app.status_of(&format!("/orders/{order_id}")).await,
+        "awaiting_payment"
+    );
+}
+
 /// If a hold we hold as voided turns out captured in part at the provider
 /// (its refusal of the capture was a lie), the incident refunds what the
 /// provider took, not the payment's whole amount, which it would refuse.

@@ -325,7 +325,15 @@ async fn drive(
     }
     settle(&db, &sandbox_base).await?;
     let ledger = oncepay_testkit::ledger::read(&reqwest::Client::new(), &sandbox_base).await?;
-    let checks = invariants(&db, &ledger, &all).await?;
+    let mut checks = invariants(&db, &ledger, &all).await?;
+    let (check_failed, not_once, detail) =
+        ledger_after_restores(bin, &url, &db, &customers).await?;
+    checks.push(("oncepay ledger check passes", check_failed, detail.clone()));
+    checks.push((
+        "every balance move retried after a restore made one effect at most",
+        not_once,
+        detail,
+    ));
     let ok = checks.iter().all(|(_, breaches, _)| *breaches == 0);
     println!(
         "\n{} restores in {:.0?}: {lost_total} payment and refund rows lost; {adopted_total} rebuilt from the provider's books, {refunded_total} orphan charges refunded",
@@ -391,6 +399,108 @@ async fn customer(client: &Client, i: usize) {
             .refund(payment.id, Some(300), Some("drill"))
             .await;
     }
+    if i.is_multiple_of(2) {
+        balance_moves(client, i).await;
+    }
+}
+
+/// Half the customers also move their balance, each move one intent with
+/// its key, pauses between them so that restore points fall between them:
+/// store credit, a debit, a hold and its capture. After a restore, a move
+/// whose transfer the restore lost is made again, once, by its key's
+/// retry; one it kept answers as before (`oncepay ledger check` and one
+/// transfer per key are then counted).
+async fn balance_moves(client: &Client, i: usize) {
+    let customer = format!("cus-{i}");
+    let pause = || tokio::time::sleep(Duration::from_millis(fastrand::u64(1_000..8_000)));
+    if client
+        .intent(&format!("credit {i}"))
+        .credit_balance(&customer, 2_000, "EUR", Some("drill"))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    pause().await;
+    let _ = client
+        .intent(&format!("debit {i}"))
+        .debit_balance(&customer, 700, "EUR", Some("drill"))
+        .await;
+    pause().await;
+    let Ok(hold) = client
+        .intent(&format!("hold {i}"))
+        .hold_balance(&customer, 500, "EUR", Some(3_600))
+        .await
+    else {
+        return;
+    };
+    pause().await;
+    let _ = client
+        .intent(&format!("capture hold {i}"))
+        .capture_hold(hold.id, Some(300))
+        .await;
+}
+
+/// `oncepay ledger check` on the restored database, and every balance
+/// move a client holds as done made at most one transfer under its key (a
+/// credit exactly one): (check failed, moves made twice or lost, detail).
+async fn ledger_after_restores(
+    bin: &Path,
+    url: &str,
+    db: &PgPool,
+    customers: &[Customer],
+) -> Result<(u64, u64, String), String> {
+    let check = tokio::process::Command::new(bin)
+        .args(["ledger", "check"])
+        .env("DATABASE_URL", url)
+        .env("ONCEPAY_LOG", "warn")
+        .output()
+        .await
+        .map_err(|e| format!("running oncepay ledger check: {e}"))?;
+    let output = String::from_utf8_lossy(&check.stdout).to_string();
+    let lines = output.lines().skip(1).count();
+    let mut moved = 0u64;
+    let mut missing = 0u64;
+    for customer in customers {
+        for record in customer.store.list().map_err(|e| e.to_string())? {
+            let balance = matches!(
+                record.request.command,
+                Command::CreditBalance
+                    | Command::DebitBalance
+                    | Command::HoldBalance
+                    | Command::CaptureHold
+            );
+            let done = record
+                .closed
+                .as_ref()
+                .is_some_and(|c| (200..300).contains(&c.status));
+            if !(balance && done) {
+                continue;
+            }
+            moved += 1;
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM ledger_transfer WHERE idempotency_key = $1",
+            )
+            .bind(&record.key)
+            .fetch_one(db)
+            .await
+            .map_err(|e| e.to_string())?;
+            // A credit is made again by its retry if the restore lost it;
+            // a debit, hold or capture retried after the restore may now be
+            // refused (its credit or hold not back yet, or lost): at most
+            // one effect.
+            let once = match record.request.command {
+                Command::CreditBalance => n == 1,
+                _ => n <= 1,
+            };
+            missing += u64::from(!once);
+        }
+    }
+    Ok((
+        u64::from(!check.status.success()),
+        missing,
+        format!("{lines} merchant and unit lines; {moved} balance moves done, none made twice"),
+    ))
 }
 
 /// Sends every intent of every customer again: an open one is finished

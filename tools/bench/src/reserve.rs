@@ -4,16 +4,20 @@
 //! takes. `reserve-hot`: every order the same SKU, the flash sale, where
 //! the orders queue on the SKU's one stock row. `reserve-spread`: each
 //! order's SKU at random among 1,000. Each against the same SQL as
-//! pgbench runs it (`floor::reserve_script`) and against the database's
-//! own floor for the row (`floor::one_row_script`: one row lock and one
-//! synchronous commit, nothing else), on the same SKU choice, in the same
-//! run: how much longer than the database's own minimum the orders queue.
+//! pgbench runs it (`floor::reserve_script`, on the bench's connections
+//! and on the service's pool's) and against the database's own floor for
+//! the row (`floor::one_row_script`: one row lock and one synchronous
+//! commit, nothing else; swept over connection counts as a ceiling, the
+//! best taken), on the same SKU choice, in the same run: how much longer
+//! than the database's own minimum the orders queue.
 
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use crate::harness::{count, measure_floor, open_loop, quiesce, verdict, Bench};
+use crate::harness::{
+    count, measure_ceiling, measure_floor, metric, open_loop, quiesce, verdict, Bench,
+};
 use crate::load::MakeRequest;
 use crate::report::Row;
 use crate::{cpu, floor, load};
@@ -122,10 +126,20 @@ pub async fn reserve(b: &Bench<'_>, spread: bool) -> Result<Row, String> {
         quiesce(b).await;
         let script = floor::reserve_script(&b.fixture, spread, floor_skus.len());
         row.floor = Some(measure_floor(b.stack, &script, c, d).await?);
-        eprintln!("  the database's own floor for the row (pgbench) ...");
+        // The service's transactions queue on its main pool's connections,
+        // pgbench's on all of its own: the same SQL on the pool's count
+        // tells what the queue's length costs the database.
+        let pool = metric(b, "oncepay_db_pool_max_connections{pool=\"main\"} ").await as usize;
+        if pool > 0 && pool != c {
+            eprintln!("  the same SQL on {pool} connections, the service's pool (pgbench) ...");
+            quiesce(b).await;
+            row.at_pool = Some(measure_floor(b.stack, &script, pool, d).await?);
+        }
+        // The database's own floor for the row: one row lock and one
+        // commit, swept over connection counts, the best taken.
         quiesce(b).await;
         let script = floor::one_row_script(spread, floor_skus.len());
-        row.one_row = Some(measure_floor(b.stack, &script, c, d).await?);
+        row.ceiling = measure_ceiling(b, &script).await?;
     }
     Ok(row)
 }
@@ -235,9 +249,16 @@ pub fn verdict_line(row: &Row) -> Option<String> {
             rate / same.tps
         );
     }
-    if let Some((clients, one)) = row.one_row {
+    if let Some((clients, pool)) = row.at_pool {
         line += &format!(
-            "; the database's own floor for the row (`BEGIN; UPDATE ledger_account SET held = held + 1 WHERE id = …; COMMIT`, {clients} connections): {:.0} tx/s, the service **{:.2}×** of it",
+            "; the same SQL on {clients} connections (the service's pool): {:.0} tx/s, the service {:.2}× of it",
+            pool.tps,
+            rate / pool.tps
+        );
+    }
+    if let Some((clients, one)) = floor::best(&row.ceiling) {
+        line += &format!(
+            "; the database's own floor for the row (`BEGIN; UPDATE ledger_account SET held = held + 1 WHERE id = …; COMMIT`, the best of 4–64 connections, at {clients}): {:.0} tx/s, the service **{:.2}×** of it",
             one.tps,
             rate / one.tps
         );

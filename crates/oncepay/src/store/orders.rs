@@ -216,7 +216,8 @@ pub(crate) async fn insert_claiming(
         .collect())
 }
 
-/// Inserts an order in the caller's transaction (see [`insert`]).
+/// Inserts an order in the caller's transaction (see `insert`); a
+/// constant, so that `oncepay-bench` runs it as its same-SQL floor.
 pub const INSERT: &str =
     "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
                          metadata, stock_reserved_until, created_at, updated_at)

@@ -16,7 +16,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use oncepay::idempotency::persistence as idempotency;
-use oncepay::store::{audit, captures, events, inbound, ledger, orders, payments};
+use oncepay::store::{audit, captures, events, inbound, inventory, ledger, orders, payments};
 
 /// What pgbench measured.
 #[derive(Debug, Clone, Copy)]
@@ -689,6 +689,214 @@ pub fn transfer_script(f: &Fixture, merchant_account: bool) -> String {
     s
 }
 
+/// A representative stored answer of a reserving order (the order, with
+/// its reservation's deadline).
+pub const RESERVE_RESPONSE: &str = "{\"id\":\"01a20143-c7a9-775e-84d1-3b5b659fdc2f\",\"customer_id\":\"cus_42\",\"items\":[{\"sku\":\"hot\",\"quantity\":1,\"unit_amount\":1500}],\"amount\":1500,\"currency\":\"EUR\",\"status\":\"awaiting_payment\",\"metadata\":{},\"stock_reserved_until\":\"2026-11-22T03:34:08.986862Z\",\"stock_shortfall\":[],\"created_at\":\"2026-11-22T03:19:08.986862Z\",\"updated_at\":\"2026-11-22T03:19:08.986862Z\"}";
+
+/// The table of the floor's SKUs for reserve-hot (`spread` false) or
+/// reserve-spread (true): (`n` from 1, the stock account's `id`, the SKU
+/// as `unit`, its `sold` system account).
+pub fn stock_table(spread: bool) -> &'static str {
+    match spread {
+        false => "bench_floor_stock_hot",
+        true => "bench_floor_stock_spread",
+    }
+}
+
+/// Tracks each of `skus` for the merchant with `units` on hand, as its
+/// first adjustment does (the stock account and both system accounts its
+/// transfers meet, then an `adjustment_in`), and lists them in `table`
+/// ([`stock_table`]) for the floor's scripts.
+pub async fn prepare_stock(
+    db: &sqlx::PgPool,
+    merchant: uuid::Uuid,
+    table: &str,
+    skus: &[String],
+    units: i64,
+) -> Result<(), String> {
+    use oncepay::domain::ledger::stock::Code;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE {table} (n int PRIMARY KEY, id uuid NOT NULL, unit text NOT NULL, sold uuid NOT NULL)"
+    ))
+    .execute(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut tx = db.begin().await.map_err(|e| e.to_string())?;
+    for (i, sku) in skus.iter().enumerate() {
+        let stock = inventory::account(merchant, sku);
+        let (phase, holder_is_debit, system) = Code::AdjustmentIn.shape();
+        let adjustments = stock.system(system);
+        let sold = stock.system(Code::Reservation.shape().2);
+        ledger::ensure(&mut tx, &[&stock, &adjustments, &sold])
+            .await
+            .map_err(|e| e.to_string())?;
+        ledger::insert(
+            &mut tx,
+            &ledger::NewTransfer {
+                id: uuid::Uuid::now_v7(),
+                holder: &stock,
+                other: &adjustments,
+                holder_is_debit,
+                amount: units,
+                phase,
+                pending_id: None,
+                expires_at: None,
+                code: Code::AdjustmentIn.as_str(),
+                description: None,
+                payment_id: None,
+                refund_id: None,
+                order_id: None,
+                idempotency_key: None,
+            },
+        )
+        .await
+        .map_err(|e| format!("stocking the floor's {sku}: {e:?}"))?;
+        sqlx::query(&format!("INSERT INTO {table} VALUES ($1, $2, $3, $4)"))
+            .bind(i as i32 + 1)
+            .bind(stock.id())
+            .bind(sku)
+            .bind(sold.id())
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    tx.commit().await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// The line that picks a transaction's SKU among the `skus` of the
+/// floor's table (the first for reserve-hot): the floor's own overhead,
+/// a primary-key read outside the transaction and its row lock.
+fn pick_sku(spread: bool, skus: usize) -> String {
+    format!(
+        "\\set n random(1, {})\nSELECT id AS sku_id, unit AS sku, sold AS sold_id FROM {} WHERE n = :n \\gset\n",
+        if spread { skus } else { 1 },
+        stock_table(spread)
+    )
+}
+
+/// One reserving order as the service runs it (`commands::orders`,
+/// CreateOrder with `reserve_stock`, through
+/// `inventory::create_reserving`), for one unit of one SKU: the claim of
+/// the key; then in one transaction the SKU's stock row locked
+/// (`ledger::LOCK_MANY`, as `ledger::lock_holders` sends it; nothing is
+/// past its deadline, so nothing is voided), the order, the pending
+/// reservation (whose trigger applies it to the row's `held` and lists it
+/// open), `order.stock_reserved` and the stored answer. The first lines
+/// (picking the SKU) are the floor's own overhead.
+pub fn reserve_script(f: &Fixture, spread: bool, skus: usize) -> String {
+    use oncepay::domain::ledger::stock::{Code, HOLDER};
+    let m = format!("{}::uuid", quote(&f.merchant));
+    let key = "'reserve-:client_id-:k'";
+    let token = "md5('l:client_id-:k')::uuid";
+    let order = "md5('o:client_id-:k')::uuid";
+    let until = "now() + interval '15 minutes'";
+    let body = serde_json::json!({
+        "customer_id": "cus_42",
+        "currency": "EUR",
+        "items": [{"sku": ":sku", "quantity": 1, "unit_amount": 1500}],
+        "reserve_stock": true
+    });
+    let request = serde_json::json!({"path_id": null, "body": body});
+    let mut s = String::from("\\set k random(1, 9000000000000000)\n");
+    s += &pick_sku(spread, skus);
+    s += &inline(
+        idempotency::INSERT_OR_RECLAIM,
+        &[
+            &m,
+            key,
+            "sha256('fp:client_id-:k')",
+            "'create_order'",
+            &quote(&request.to_string()),
+            token,
+            "30000",
+            "86400000",
+        ],
+    );
+    s += "BEGIN;\n";
+    s += &inline(ledger::LOCK_MANY, &["ARRAY[':sku_id']::uuid[]"]);
+    s += &inline(
+        orders::INSERT,
+        &[
+            order,
+            &m,
+            "'cus_42'",
+            "'[{\"sku\":\":sku\",\"quantity\":1,\"unit_amount\":1500}]'",
+            "1500",
+            "'EUR'",
+            "'awaiting_payment'",
+            "'{}'",
+            until,
+            "now()",
+        ],
+    );
+    let (phase, _, _) = Code::Reservation.shape();
+    s += &inline(
+        ledger::INSERT,
+        &[
+            "md5('t:client_id-:k')::uuid",
+            &m,
+            "'stock'",
+            "':sku'",
+            "':sku_id'::uuid",
+            "':sold_id'::uuid",
+            "1",
+            &quote(phase.as_str()),
+            "NULL",
+            until,
+            &quote(Code::Reservation.as_str()),
+            "':sku_id'::uuid",
+            &quote(HOLDER),
+            "NULL",
+            "NULL",
+            "NULL",
+            "'reservation:' || md5('o:client_id-:k')::uuid || ':' || ':sku'",
+            order,
+        ],
+    );
+    let params = event_arrays(
+        order,
+        &[FloorEvent(
+            "md5('e:client_id-:k')::uuid",
+            "order.stock_reserved",
+            "order",
+            order,
+        )],
+    );
+    s += &inline(
+        events::APPEND,
+        &params.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    s += &inline(
+        idempotency::COMPLETE,
+        &[
+            &m,
+            key,
+            token,
+            "201",
+            &format!("convert_to({}, 'UTF8')", quote(RESERVE_RESPONSE)),
+            "'/orders/x'",
+        ],
+    );
+    s += "COMMIT;\n";
+    s
+}
+
+/// The database's own floor for a SKU's row: one row lock and one
+/// synchronous commit, nothing else (`held` moved by one unit, as a
+/// reservation's trigger moves it). However the orders for one SKU are
+/// made, each holds that row's lock until its commit is flushed, so no
+/// implementation of a reservation on that row does more of them a
+/// second. (It writes `held` without a transfer: the floor's stock rows
+/// no longer agree with their transfers afterwards, which is why they
+/// are the floor's own.) The first lines (picking the SKU) are the
+/// floor's own overhead.
+pub fn one_row_script(spread: bool, skus: usize) -> String {
+    let mut s = pick_sku(spread, skus);
+    s += "BEGIN;\nUPDATE ledger_account SET held = held + 1 WHERE id = ':sku_id';\nCOMMIT;\n";
+    s
+}
+
 /// The least one idempotent create must do: the idempotency record with
 /// its fingerprint and completed response, and the order, in one
 /// transaction with one synchronous commit, sent as one statement (one
@@ -945,6 +1153,19 @@ mod tests {
             .await
             .expect("customers");
         credit(&db, merchant, "cus_xfer_0", 1_000).await;
+        prepare_stock(
+            &db,
+            merchant,
+            stock_table(false),
+            &["floor-hot".to_string()],
+            10,
+        )
+        .await
+        .expect("the hot SKU");
+        let spread: Vec<String> = (0..3).map(|i| format!("floor-sku-{i}")).collect();
+        prepare_stock(&db, merchant, stock_table(true), &spread, 10)
+            .await
+            .expect("the spread SKUs");
         let f = Fixture {
             merchant: merchant.to_string(),
             order_request: "{\"path_id\":null,\"body\":{}}".into(),
@@ -969,6 +1190,13 @@ mod tests {
             (
                 "transfers, same SQL with the merchant's account",
                 transfer_script(&f, true),
+            ),
+            ("reserve-hot, same SQL", reserve_script(&f, false, 1)),
+            ("reserve-spread, same SQL", reserve_script(&f, true, 3)),
+            ("reserve-hot, the row's own floor", one_row_script(false, 1)),
+            (
+                "reserve-spread, the row's own floor",
+                one_row_script(true, 3),
             ),
         ];
         for (name, script) in &scripts {
@@ -1003,6 +1231,38 @@ mod tests {
             (debits, posted),
             (2, 800),
             "each transfer script debited the customer 100"
+        );
+        let (orders, reservations, open, events, completed): (i64, i64, i64, i64, i64) =
+            sqlx::query_as(
+                "SELECT (SELECT count(*) FROM orders WHERE stock_reserved_until IS NOT NULL),
+                        (SELECT count(*) FROM ledger_transfer
+                          WHERE ledger = 'stock' AND phase = 'pending' AND code = 'reservation'
+                            AND order_id IS NOT NULL),
+                        (SELECT count(*) FROM ledger_open_pending),
+                        (SELECT count(*) FROM event WHERE type = 'order.stock_reserved'),
+                        (SELECT count(*) FROM idempotency_record
+                          WHERE idempotency_key LIKE 'reserve-%' AND state = 'completed'
+                            AND response_status = 201)",
+            )
+            .fetch_one(&db)
+            .await
+            .expect("count");
+        assert_eq!(
+            (orders, reservations, open, events, completed),
+            (2, 2, 2, 2, 2),
+            "each reserve script created one order with its open reservation, its event and its completed key"
+        );
+        let (on_hand, held): (i64, i64) = sqlx::query_as(
+            "SELECT sum(posted)::bigint, sum(held)::bigint FROM ledger_account
+              WHERE ledger = 'stock' AND kind = 'holder'",
+        )
+        .fetch_one(&db)
+        .await
+        .expect("count");
+        assert_eq!(
+            (on_hand, held),
+            (40, 4),
+            "four SKUs stocked with 10 each; two reservations and two one-row floors each held one unit"
         );
         println!("{} bench scripts ran once each", scripts.len());
     }

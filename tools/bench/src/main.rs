@@ -17,6 +17,7 @@ mod load;
 mod pay;
 mod populate;
 mod report;
+mod reserve;
 mod scenarios;
 mod stack;
 mod statements;
@@ -44,7 +45,8 @@ struct Args {
     /// How long each scenario runs.
     #[arg(long, default_value = "10s", value_parser = positive_duration)]
     duration: Duration,
-    /// Client connections for create-order, pay and mixed.
+    /// Client connections for create-order, pay, mixed, capture,
+    /// reserve-hot and reserve-spread.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..))]
     connections: u16,
     /// Client connections for replay.
@@ -54,7 +56,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "create-order,pay,replay,mixed,capture,transfers"
+        default_value = "create-order,pay,replay,mixed,capture,transfers,reserve-hot,reserve-spread"
     )]
     scenarios: Vec<String>,
     /// Where the results table is written.
@@ -167,6 +169,8 @@ async fn run(args: Args) -> Result<(), String> {
             "replay" => scenarios::replay(&bench).await?,
             "capture" => capture::capture(&bench).await?,
             "transfers" => transfers::transfers(&bench).await?,
+            "reserve-hot" => reserve::reserve(&bench, false).await?,
+            "reserve-spread" => reserve::reserve(&bench, true).await?,
             _ => scenarios::mixed(&bench).await?,
         };
         bench.sample_rss();

@@ -28,6 +28,10 @@ pub struct Row {
     /// transfers only: the same SQL as the floor's with the merchant's
     /// system account on the other side, as the service writes it.
     pub with_merchant_account: Option<(usize, floor::Floor)>,
+    /// reserve-hot and reserve-spread: the same SQL as the floor's on as
+    /// many connections as the service's main pool has, the most sessions
+    /// the service puts in the row lock's queue.
+    pub at_pool: Option<(usize, floor::Floor)>,
     /// pay and capture: how long after the closed loop ended its provider webhooks
     /// went on arriving. Their work belongs to the loop's payments, so the
     /// rate the service sustains counts this time too.
@@ -59,6 +63,7 @@ impl Row {
             open: Vec::new(),
             with_outbox: None,
             with_merchant_account: None,
+            at_pool: None,
             drained: None,
             capacity: None,
             rss_kib: 0,
@@ -257,6 +262,9 @@ pub async fn report(
             out += ".\n";
         }
         if let Some(line) = crate::transfers::verdict_line(r) {
+            out += &line;
+        }
+        if let Some(line) = crate::reserve::verdict_line(r) {
             out += &line;
         }
         if let Some((clients, f)) = r.with_outbox {

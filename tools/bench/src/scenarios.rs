@@ -22,6 +22,8 @@ pub const SCENARIOS: &[&str] = &[
     "mixed",
     "capture",
     "transfers",
+    "reserve-hot",
+    "reserve-spread",
 ];
 
 pub fn order_body() -> Value {

@@ -92,7 +92,8 @@ pub async fn lock_holder(
     })
 }
 
-const LOCK_MANY: &str = "SELECT a.id, a.unit, a.owner, a.posted, a.held, statement_timestamp() AS now,
+/// Locks several holders' rows in one statement (see [`lock_holders`]).
+pub const LOCK_MANY: &str = "SELECT a.id, a.unit, a.owner, a.posted, a.held, statement_timestamp() AS now,
             COALESCE((SELECT sum(o.amount) FROM ledger_open_pending o
                        WHERE o.account_id = a.id AND o.expires_at <= statement_timestamp()), 0)::bigint AS overdue
        FROM ledger_account a WHERE a.id = ANY($1)

@@ -216,6 +216,13 @@ pub(crate) async fn insert_claiming(
         .collect())
 }
 
+/// Inserts an order in the caller's transaction (see `insert`); a
+/// constant, so that `oncepay-bench` runs it as its same-SQL floor.
+pub const INSERT: &str =
+    "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
+                         metadata, stock_reserved_until, created_at, updated_at)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)";
+
 /// Inserts an order inside the caller's transaction: a create-order that
 /// reserves stock writes its order, its reservations and its answer in
 /// one transaction (the fast paths above write no stock).
@@ -224,23 +231,19 @@ pub(crate) async fn insert(
     merchant_id: Uuid,
     order: &Order,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
-                             metadata, stock_reserved_until, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)",
-    )
-    .bind(order.id)
-    .bind(merchant_id)
-    .bind(&order.customer_id)
-    .bind(items_of(order)?)
-    .bind(order.amount)
-    .bind(&order.currency)
-    .bind(order.status.as_str())
-    .bind(metadata_of(order)?)
-    .bind(order.stock_reserved_until)
-    .bind(order.created_at)
-    .execute(tx)
-    .await?;
+    sqlx::query(INSERT)
+        .bind(order.id)
+        .bind(merchant_id)
+        .bind(&order.customer_id)
+        .bind(items_of(order)?)
+        .bind(order.amount)
+        .bind(&order.currency)
+        .bind(order.status.as_str())
+        .bind(metadata_of(order)?)
+        .bind(order.stock_reserved_until)
+        .bind(order.created_at)
+        .execute(tx)
+        .await?;
     Ok(())
 }
 

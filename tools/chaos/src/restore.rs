@@ -330,7 +330,7 @@ async fn drive(
         ledger_after_restores(bin, &url, &db, &customers).await?;
     checks.push(("oncepay ledger check passes", check_failed, detail.clone()));
     checks.push((
-        "every balance move retried after a restore made one effect at most",
+        "balance moves retried after a restore: one effect each",
         not_once,
         detail,
     ));

@@ -10,18 +10,10 @@ use serde_json::Value;
 use sqlx::{PgPool, Row};
 
 use crate::clients::Intent;
-use crate::outbox::Check;
+use crate::outbox::{count as scalar, Check};
 
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
-}
-
-async fn scalar(db: &PgPool, sql: &'static str) -> u64 {
-    // Unreadable is a breach: never a zero.
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(db)
-        .await
-        .map_or(u64::MAX, |n| n.max(0) as u64)
 }
 
 /// No holder went below zero or held more than it had, after any transfer

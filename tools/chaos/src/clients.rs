@@ -98,6 +98,21 @@ fn stock_items(i: usize) -> Value {
     Value::Array(items)
 }
 
+impl Intent {
+    /// Takes in what one of two requests sent at once recorded (each
+    /// records into its own `Intent` while both run).
+    fn absorb(&mut self, side: Intent) {
+        self.sent.extend(side.sent);
+        self.hold_answers.extend(side.hold_answers);
+        self.balance_answers.extend(side.balance_answers);
+        self.balance_moves.extend(side.balance_moves);
+        self.originals.extend(side.originals);
+        if side.gave_up.is_some() {
+            self.gave_up = side.gave_up;
+        }
+    }
+}
+
 /// What a manual payment's intent does once its payment is authorized.
 pub const HOLD_PLANS: [&str; 7] = [
     "captured whole",
@@ -532,14 +547,8 @@ impl Clients {
                     self.hold_step(&mut a, "capture", capture, json!({})),
                     self.hold_step(&mut b, second.0, second.1, second.2)
                 );
-                for side in [a, b] {
-                    intent.sent.extend(side.sent);
-                    intent.hold_answers.extend(side.hold_answers);
-                    intent.originals.extend(side.originals);
-                    if side.gave_up.is_some() {
-                        intent.gave_up = side.gave_up;
-                    }
-                }
+                intent.absorb(a);
+                intent.absorb(b);
             }
         }
         // What the payment is now: a capture's answer says, unless its
@@ -645,15 +654,8 @@ impl Clients {
                 json!({"amount": 500, "currency": "EUR", "expires_in": expires_in})
             )
         );
-        for side in [a, b] {
-            intent.sent.extend(side.sent);
-            intent.balance_answers.extend(side.balance_answers);
-            intent.balance_moves.extend(side.balance_moves);
-            intent.originals.extend(side.originals);
-            if side.gave_up.is_some() {
-                intent.gave_up = side.gave_up;
-            }
-        }
+        intent.absorb(a);
+        intent.absorb(b);
         if let Some((201, hold)) = hold {
             let id = text(&hold["id"]);
             let capture = (
@@ -691,15 +693,8 @@ impl Clients {
                         self.balance_step(&mut a, "hold captured (raced)", capture, json!({})),
                         self.balance_step(&mut b, "hold released (raced)", release, json!({}))
                     );
-                    for side in [a, b] {
-                        intent.sent.extend(side.sent);
-                        intent.balance_answers.extend(side.balance_answers);
-                        intent.balance_moves.extend(side.balance_moves);
-                        intent.originals.extend(side.originals);
-                        if side.gave_up.is_some() {
-                            intent.gave_up = side.gave_up;
-                        }
-                    }
+                    intent.absorb(a);
+                    intent.absorb(b);
                 }
             }
         }

@@ -13,6 +13,15 @@ use sqlx::{PgPool, Row};
 /// One invariant's name, how many things it checked and how many broke it.
 pub type Check = (&'static str, u64, u64);
 
+/// A count for an invariant; unreadable is a breach (`u64::MAX`), never a
+/// zero.
+pub async fn count(db: &PgPool, sql: &'static str) -> u64 {
+    sqlx::query_scalar::<_, i64>(sql)
+        .fetch_one(db)
+        .await
+        .map_or(u64::MAX, |n| n.max(0) as u64)
+}
+
 /// An object's events as stored: `(sequence, type)` in sequence order.
 type Trail = Vec<(i32, String)>;
 

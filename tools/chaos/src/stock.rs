@@ -10,15 +10,7 @@ use serde_json::{json, Value};
 use sqlx::{PgPool, Row};
 
 use crate::clients::{Clients, Intent, STOCK_AT_START, STOCK_PLANS, STOCK_SKUS};
-use crate::outbox::Check;
-
-async fn scalar(db: &PgPool, sql: &'static str) -> u64 {
-    // Unreadable is a breach: never a zero.
-    sqlx::query_scalar::<_, i64>(sql)
-        .fetch_one(db)
-        .await
-        .map_or(u64::MAX, |n| n.max(0) as u64)
-}
+use crate::outbox::{count as scalar, Check};
 
 /// Counts every SKU in before the soak, as a warehouse would.
 pub async fn count_in(clients: &Clients, run: &str) -> Result<(), String> {

@@ -76,6 +76,15 @@ pub async fn payment(
         .await?
         .ok_or_else(|| missing("payment", attempt_id))?;
     let transition = current.status.transition(observed.status);
+    // A hold the provider keeps for an attempt we hold as failed (its
+    // customer approved after the payment failed, or a lying decline): no
+    // money moved, but the customer's funds are held. The decline's
+    // confirming read releases it at the provider
+    // (`reconciler::release_stray_hold`).
+    if current.status == PaymentStatus::Failed && observed.status == PaymentStatus::RequiresCapture
+    {
+        store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
+    }
     let facts = store::payments::ChargeFacts {
         charge_id: non_empty(&observed.id),
         failure_code: observed.failure_code.as_deref(),

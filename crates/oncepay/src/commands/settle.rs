@@ -81,8 +81,7 @@ pub async fn payment(
     // money moved, but the customer's funds are held. The decline's
     // confirming read releases it at the provider
     // (`reconciler::release_stray_hold`).
-    if current.status == PaymentStatus::Failed && observed.status == PaymentStatus::RequiresCapture
-    {
+    if transition == Transition::StrayHold {
         store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
     }
     let facts = store::payments::ChargeFacts {
@@ -437,7 +436,8 @@ pub async fn refund(
                 .inc();
             r
         }
-        Transition::Unchanged | Transition::Ignored => current,
+        // Not a refund's transition.
+        Transition::Unchanged | Transition::Ignored | Transition::StrayHold => current,
     };
     Ok((updated, transition))
 }

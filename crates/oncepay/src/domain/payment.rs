@@ -41,6 +41,11 @@ pub enum Transition {
     /// closed or expired). For refunds only ([`crate::domain::refund::transition`]):
     /// a fact, which reopens the refunded amount.
     Reversed,
+    /// The provider holds an authorization for an attempt we hold as
+    /// `failed` (its customer approved after it failed, or a lying
+    /// decline): no money moved, but the customer's funds are held. Never
+    /// ignored: the caller has it released at the provider.
+    StrayHold,
 }
 
 impl PaymentStatus {
@@ -93,6 +98,7 @@ impl PaymentStatus {
             // the payment is over, as a void.
             (RequiresCapture, Failed) => Transition::Advance(Voided),
             (Failed | Voided, Succeeded) => Transition::Contradicted,
+            (Failed, RequiresCapture) => Transition::StrayHold,
             (a, b) if a == b => Transition::Unchanged,
             _ => Transition::Ignored,
         }
@@ -490,7 +496,7 @@ mod tests {
             (Voided, RequiresCapture, Transition::Ignored),
             (Voided, Succeeded, Transition::Contradicted),
             (Voided, Voided, Transition::Unchanged),
-            (Failed, RequiresCapture, Transition::Ignored),
+            (Failed, RequiresCapture, Transition::StrayHold),
         ];
         for (from, observed, expected) in table {
             assert_eq!(

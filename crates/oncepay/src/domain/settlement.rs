@@ -74,7 +74,13 @@ pub fn decide(attempt: &Payment, order: OrderStatus, report: &Report<'_>) -> Set
         }
         Transition::Contradicted => Settlement::Contradicted,
         // Only refunds are reversed (`refund::transition`).
-        Transition::Unchanged | Transition::Ignored | Transition::Reversed => Settlement::Nothing,
+        // A stray hold is released by the decline's confirming read, which
+        // the caller queues (`commands::settle::payment`); the attempt
+        // stays failed.
+        Transition::Unchanged
+        | Transition::Ignored
+        | Transition::Reversed
+        | Transition::StrayHold => Settlement::Nothing,
     }
 }
 

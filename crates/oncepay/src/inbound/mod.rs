@@ -119,7 +119,10 @@ impl Target {
         };
         matches!(
             transition,
-            Transition::Advance(_) | Transition::Contradicted | Transition::Reversed
+            Transition::Advance(_)
+                | Transition::Contradicted
+                | Transition::Reversed
+                | Transition::StrayHold
         )
     }
 
@@ -607,7 +610,8 @@ fn label(t: Transition) -> EventOutcome {
         Transition::Advance(_)
         | Transition::Unchanged
         | Transition::Contradicted
-        | Transition::Reversed => EventOutcome::Processed,
+        | Transition::Reversed
+        | Transition::StrayHold => EventOutcome::Processed,
         Transition::Ignored => EventOutcome::Ignored,
     }
 }

@@ -411,6 +411,56 @@ async fn an_authorization_behind_a_declined_answer_is_released_not_left_to_expir
     );
 }
 
+/// The same stray hold heard of from the provider (as when a customer
+/// approves at the bank after the payment failed): the report, confirmed
+/// by a read, queues the read that releases it.
+#[tokio::test]
+async fn a_reported_authorization_of_a_failed_payment_is_released() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let order_id = app.create_order().await;
+    app.proxy().set(Route::Charge, declined_after_the_fact());
+    let r = app
+        .post(
+            "/payments",
+            &Uuid::new_v4().to_string(),
+            &json!({"order_id": order_id, "payment_method": "tok_visa", "capture_method": "manual"}),
+        )
+        .await;
+    app.proxy().heal();
+    let payment = json_of(r).await;
+    assert_eq!(payment["status"], "failed", "{payment}");
+    let payment_id = payment["id"].as_str().expect("id");
+    let held = wait_for_charge_status(&app, payment_id, "authorized").await;
+    // The decline stands confirmed already: only the report can tell.
+    sqlx::query("UPDATE payment_attempt SET decline_check_at = NULL")
+        .execute(&app.db)
+        .await
+        .expect("confirmed");
+    let event = json!({
+        "id": format!("evt_{}", Uuid::now_v7().simple()),
+        "type": "charge.authorized",
+        "data": {"object": held},
+    });
+    let r = post_signed_webhook(&app, &event).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM payment_attempt WHERE id = '{payment_id}' AND decline_check_at IS NOT NULL"
+        ))
+        .await,
+        1,
+        "the report queues a confirming read"
+    );
+    app.reconcile().await;
+    let charge = &app.charges_for(&order_id).await[0];
+    assert_eq!(charge["status"], "voided", "{charge}");
+    assert_eq!(
+        app.status_of(&format!("/payments/{payment_id}")).await,
+        "failed"
+    );
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+}
+
 /// If a hold we hold as voided turns out captured in part at the provider
 /// (its refusal of the capture was a lie), the incident refunds what the
 /// provider took, not the payment's whole amount, which it would refuse.

@@ -367,11 +367,17 @@ async fn an_expired_hold_is_refused_then_voided_by_the_sweeper() {
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(problem["code"], "authorization_expired");
 
+    // This pass voids it, unless the app's own sweeper got there first
+    // (it runs in the background): one void either way.
     let holds = oncepay::workers::sweeper::authorizations(&app.ctx)
         .await
         .expect("sweep");
-    assert_eq!(holds.voided, 1);
-    let p = json_of(app.get(&format!("/payments/{payment_id}")).await).await;
+    assert!(holds.voided <= 1);
+    let p = app
+        .poll_until(&format!("/payments/{payment_id}"), |p| {
+            p["status"] == "voided"
+        })
+        .await;
     assert_eq!(
         (p["status"].as_str(), p["void_reason"].as_str()),
         (Some("voided"), Some("expired"))

@@ -165,64 +165,44 @@ fn transfer<'a>(
     }
 }
 
-/// Creates `order` (awaiting payment) with its stock reserved, in the
+/// An order's reservation, written by [`create_reserving`] and placed by
+/// [`reserve`], the transaction's last write.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    merchant_id: Uuid,
+    order_id: Uuid,
+    /// The quantity of each tracked SKU (lines of one SKU summed), in SKU
+    /// order.
+    wanted: BTreeMap<String, i64>,
+    until: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// Creates `order` (awaiting payment), its reservation to follow, in the
 /// caller's transaction: the quantities of each tracked SKU (lines of one
-/// SKU summed) are reserved until now + `ttl`, all or none. Untracked
-/// SKUs reserve nothing; when none is tracked the order reserves nothing
-/// (`stock_reserved_until` stays null). `Err(shortages)` when any
-/// tracked SKU lacks stock: nothing is written then (the caller's
-/// transaction is dropped).
+/// SKU summed), reserved until now + `ttl` by the database's clock, all
+/// or none, by [`reserve`]. Untracked SKUs reserve nothing; when none is
+/// tracked the order reserves nothing (`stock_reserved_until` stays
+/// null). No stock row is locked here: which SKUs are tracked is read
+/// without a lock (a SKU tracked from a moment later, by an adjustment
+/// racing this order, is one the order came before), so the
+/// transaction's writes (the order, its event, its stored answer) come
+/// before the only contended lock, which [`reserve`] takes last.
 pub async fn create_reserving(
     tx: &mut PgConnection,
     metrics: &Metrics,
     merchant_id: Uuid,
     order: &mut Order,
     ttl: Duration,
-) -> Result<Result<(), Vec<Short>>, StoreError> {
-    let wanted = inventory::demand(&order.items);
-    let (stock, voids) = lock(tx, merchant_id, wanted.keys().map(String::as_str), None).await?;
-    let available: BTreeMap<String, i64> = stock
-        .iter()
-        .map(|(sku, s)| (sku.clone(), s.totals.available()))
-        .collect();
-    let short = inventory::shortages(&wanted, &available);
-    if !short.is_empty() {
-        return Ok(Err(short));
-    }
-    if let Some(first) = stock.values().next() {
+) -> Result<Reservation, StoreError> {
+    let mut wanted = inventory::demand(&order.items);
+    let (tracked, now) =
+        store::inventory::tracked(tx, merchant_id, wanted.keys().map(String::as_str)).await?;
+    wanted.retain(|sku, _| tracked.contains(sku));
+    if let Some(now) = now {
         let ttl = chrono::Duration::from_std(ttl).unwrap_or(chrono::Duration::days(365));
-        order.stock_reserved_until = Some((first.locked.now + ttl).trunc_subsecs(6));
+        order.stock_reserved_until = Some((now + ttl).trunc_subsecs(6));
     }
     store::orders::insert(tx, merchant_id, order).await?;
-    for (sku, s) in &stock {
-        let quantity = wanted[sku];
-        // Its system account was made with the SKU's first adjustment.
-        let sold = s.account.system(Code::Reservation.shape().2);
-        let key = store::inventory::reservation_key(order.id, sku);
-        let mut new = transfer(
-            &s.account,
-            &sold,
-            Code::Reservation,
-            quantity,
-            Some(order.id),
-            &key,
-        );
-        new.expires_at = order.stock_reserved_until;
-        match store::ledger::insert(tx, &new).await {
-            Ok(_) => {}
-            // Under the row lock this cannot happen; the database says so
-            // anyway, and the answer is the same.
-            Err(TransferError::Insufficient) => {
-                return Ok(Err(vec![Short {
-                    sku: sku.clone(),
-                    requested: quantity,
-                    available: s.totals.available(),
-                }]))
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    announce_released(tx, metrics, &voids, Cause::Command).await?;
     if order.stock_reserved_until.is_some() {
         crate::events::order_stock(
             tx,
@@ -233,6 +213,102 @@ pub async fn create_reserving(
         )
         .await?;
     }
+    Ok(Reservation {
+        merchant_id,
+        order_id: order.id,
+        wanted,
+        until: order.stock_reserved_until,
+    })
+}
+
+/// The transfer reserving `quantity` of `stock` for `order_id`.
+fn reservation<'a>(
+    stock: &'a AccountRef,
+    sold: &'a AccountRef,
+    r: &Reservation,
+    quantity: i64,
+    key: &'a str,
+) -> NewTransfer<'a> {
+    let mut new = transfer(
+        stock,
+        sold,
+        Code::Reservation,
+        quantity,
+        Some(r.order_id),
+        key,
+    );
+    new.expires_at = r.until;
+    new
+}
+
+/// Places `r`, the last write of its transaction (the order, locked as
+/// its creator, is in it): in one statement when every SKU has the
+/// quantity on its row ([`store::ledger::hold_all`]), so on a SKU many
+/// orders race for each holds the row's lock for that statement and the
+/// commit only; otherwise one step at a time, the stock locked and its
+/// reservations past their deadline voided first ([`lock`]), which may
+/// free enough. `Err(shortages)` when any SKU lacks stock: the caller
+/// drops the transaction, and nothing of the order is written.
+pub async fn reserve(
+    tx: &mut PgConnection,
+    metrics: &Metrics,
+    r: &Reservation,
+) -> Result<Result<(), Vec<Short>>, StoreError> {
+    if r.wanted.is_empty() {
+        return Ok(Ok(()));
+    }
+    let accounts: Vec<(AccountRef, AccountRef, String)> = r
+        .wanted
+        .keys()
+        .map(|sku| {
+            let stock = store::inventory::account(r.merchant_id, sku);
+            // Its system account was made with the SKU's first adjustment.
+            let sold = stock.system(Code::Reservation.shape().2);
+            (
+                stock,
+                sold,
+                store::inventory::reservation_key(r.order_id, sku),
+            )
+        })
+        .collect();
+    let holds: Vec<NewTransfer<'_>> = accounts
+        .iter()
+        .map(|(stock, sold, key)| reservation(stock, sold, r, r.wanted[&stock.unit], key))
+        .collect();
+    if store::ledger::hold_all(tx, &holds).await? {
+        return Ok(Ok(()));
+    }
+    let (stock, voids) = lock(
+        tx,
+        r.merchant_id,
+        r.wanted.keys().map(String::as_str),
+        Some(r.order_id),
+    )
+    .await?;
+    let available: BTreeMap<String, i64> = stock
+        .iter()
+        .map(|(sku, s)| (sku.clone(), s.totals.available()))
+        .collect();
+    let short = inventory::shortages(&r.wanted, &available);
+    if !short.is_empty() {
+        return Ok(Err(short));
+    }
+    for new in &holds {
+        match store::ledger::insert(tx, new).await {
+            Ok(_) => {}
+            // Under the row lock this cannot happen; the database says so
+            // anyway, and the answer is the same.
+            Err(TransferError::Insufficient) => {
+                return Ok(Err(vec![Short {
+                    sku: new.holder.unit.clone(),
+                    requested: new.amount,
+                    available: available.get(&new.holder.unit).copied().unwrap_or(0),
+                }]))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    announce_released(tx, metrics, &voids, Cause::Command).await?;
     Ok(Ok(()))
 }
 

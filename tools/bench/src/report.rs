@@ -32,6 +32,9 @@ pub struct Row {
     /// many connections as the service's main pool has, the most sessions
     /// the service puts in the row lock's queue.
     pub at_pool: Option<(usize, floor::Floor)>,
+    /// reserve-hot and reserve-spread: what an order holds the SKU's row
+    /// for, alone (`floor::row_hold_script`), swept like the ceiling.
+    pub row_hold: Vec<(usize, floor::Floor)>,
     /// pay and capture: how long after the closed loop ended its provider webhooks
     /// went on arriving. Their work belongs to the loop's payments, so the
     /// rate the service sustains counts this time too.
@@ -64,6 +67,7 @@ impl Row {
             with_outbox: None,
             with_merchant_account: None,
             at_pool: None,
+            row_hold: Vec::new(),
             drained: None,
             capacity: None,
             rss_kib: 0,

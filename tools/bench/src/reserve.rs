@@ -140,6 +140,12 @@ pub async fn reserve(b: &Bench<'_>, spread: bool) -> Result<Row, String> {
         quiesce(b).await;
         let script = floor::one_row_script(spread, floor_skus.len());
         row.ceiling = measure_ceiling(b, &script).await?;
+        // What an order holds the row for: the reservation's statement and
+        // the commit, alone, swept alike.
+        eprintln!("  the row as an order holds it (pgbench) ...");
+        quiesce(b).await;
+        let script = floor::row_hold_script(&b.fixture, spread, floor_skus.len());
+        row.row_hold = measure_ceiling(b, &script).await?;
     }
     Ok(row)
 }
@@ -264,6 +270,15 @@ pub fn verdict_line(row: &Row) -> Option<String> {
         );
         if let Some((_, same)) = row.floor {
             line += &format!(", the same SQL {:.2}× of it", same.tps / one.tps);
+        }
+        if let Some((clients, hold)) = floor::best(&row.row_hold) {
+            line += &format!(
+                "; the row as an order holds it (the reservation's one statement and the commit, `BEGIN; ledger::HOLD_ALL; COMMIT`, the best of 4–64 connections, at {clients}): {:.0} tx/s, **{:.2}×** the row's own floor ({:.3} ms a hold against {:.3} ms)",
+                hold.tps,
+                hold.tps / one.tps,
+                1000.0 / hold.tps,
+                1000.0 / one.tps
+            );
         }
     }
     Some(line + ".\n")

@@ -68,9 +68,14 @@ pub struct Dispute {
 pub struct FailedLater {
     /// Our refund's id.
     pub refund_id: String,
+    /// Its payment's id.
+    pub payment_id: String,
+    /// When the bank failed it.
+    pub failed_at: chrono::DateTime<chrono::Utc>,
     /// The answer to refunding its amount again once it read `failed`
-    /// (`None`: not tried, it never read `failed` in time).
-    pub refunded_again: Option<u16>,
+    /// (`None`: not tried, it never read `failed` in time), and when it
+    /// came.
+    pub refunded_again: Option<(u16, chrono::DateTime<chrono::Utc>)>,
 }
 
 /// A refund tried on a disputed payment.
@@ -383,6 +388,7 @@ impl<'a> Bank<'a> {
                 return Ok(None);
             }
         }
+        let failed_at = chrono::Utc::now();
         match &self.side {
             Side::Sandbox { base } => {
                 let failed = self
@@ -416,6 +422,8 @@ impl<'a> Bank<'a> {
         }
         self.record.lock().await.failed.push(FailedLater {
             refund_id: refund_id.clone(),
+            payment_id: payment_id.clone(),
+            failed_at,
             refunded_again: None,
         });
         let (clients, record, key) = (
@@ -447,7 +455,7 @@ impl<'a> Bank<'a> {
                     let answer = answer.0;
                     let mut record = record.lock().await;
                     if let Some(f) = record.failed.iter_mut().find(|f| f.refund_id == refund_id) {
-                        f.refunded_again = Some(answer);
+                        f.refunded_again = Some((answer, chrono::Utc::now()));
                     }
                     return;
                 }
@@ -586,25 +594,44 @@ pub async fn check(db: &PgPool, ledger: &Value, record: &Record) -> Result<Vec<C
         .filter(|(s, _)| s == "pending")
         .count();
 
-    let failed_later = record
-        .failed
-        .iter()
-        .filter(|f| {
-            let here = refund_status
-                .get(&f.refund_id)
-                .is_some_and(|(s, incident)| s == "failed" && *incident);
-            let again = f.refunded_again.is_none_or(|s| s == 201 || s == 202);
-            if !(here && again) {
-                eprintln!(
-                    "breach: refund {} failed later: here {:?}, refunded again {:?}",
-                    f.refund_id,
-                    refund_status.get(&f.refund_id),
-                    f.refunded_again
-                );
+    let mut failed_later = 0;
+    for f in &record.failed {
+        let here = refund_status
+            .get(&f.refund_id)
+            .is_some_and(|(s, incident)| s == "failed" && *incident);
+        let again = match f.refunded_again {
+            None | Some((201 | 202, _)) => true,
+            // Refused as over what is left: right only if, between the
+            // failure and this refund, another refund of the payment (the
+            // client's own, racing the bank's) took the room back.
+            Some((422, at)) => {
+                let taken: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM refund
+                      WHERE payment_id = $1::uuid AND id <> $2::uuid
+                        AND created_at BETWEEN $3 AND $4",
+                )
+                .bind(&f.payment_id)
+                .bind(&f.refund_id)
+                .bind(f.failed_at)
+                .bind(at)
+                .fetch_one(db)
+                .await
+                .map_err(err)?;
+                taken > 0
             }
-            !(here && again)
-        })
-        .count();
+            Some(_) => false,
+        };
+        if !(here && again) {
+            eprintln!(
+                "breach: refund {} of payment {} failed later: here {:?}, refunded again {:?}",
+                f.refund_id,
+                f.payment_id,
+                refund_status.get(&f.refund_id),
+                f.refunded_again
+            );
+            failed_later += 1;
+        }
+    }
 
     let mut stored_disputes: BTreeMap<String, (String, String, i64)> = BTreeMap::new();
     for r in q("SELECT provider_dispute_id, status, payment_id::text, amount FROM dispute").await? {

@@ -285,6 +285,21 @@ pub enum Step<P, M> {
         /// The answer to store and send.
         response: StoredResponse,
     },
+    /// As [`Step::Complete`], with one more write after the stored answer:
+    /// the driver stores `response` in `tx`, then runs `last` in `tx`,
+    /// then commits. For a step whose last write takes a lock many
+    /// requests contend for (a flash sale's stock row), so that lock is
+    /// held by that write and the commit alone. If `last` fails, nothing
+    /// of `tx` is kept, the answer included; a rejection is then the
+    /// key's answer as from any step.
+    CompleteThenLast {
+        /// The last step's open transaction.
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        /// The answer to store and send, if `last` succeeds.
+        response: StoredResponse,
+        /// The write that comes after the answer's.
+        last: Box<dyn LastWrite>,
+    },
     /// The command's effect and its completion in one statement (one round
     /// trip, one commit), which the engine runs under its fence.
     CompleteInOne {
@@ -297,6 +312,16 @@ pub enum Step<P, M> {
         /// step again with. `None`: writing nothing means the lease is lost.
         otherwise: Option<M>,
     },
+}
+
+/// The write a step makes after its stored answer, in the same
+/// transaction ([`Step::CompleteThenLast`]).
+pub trait LastWrite: Send {
+    /// Makes the write in `conn` (the step's transaction).
+    fn write<'c>(
+        self: Box<Self>,
+        conn: &'c mut sqlx::PgConnection,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), CommandError>> + Send + 'c>>;
 }
 
 /// What [`Command::first_step_claiming`] finds: the step to write with the
@@ -680,6 +705,16 @@ async fn steps<C: Command>(
             }
             Step::Complete { mut tx, response } => {
                 let done = claim.complete(&mut tx, response).await?;
+                tx.commit().await?;
+                return Ok(done);
+            }
+            Step::CompleteThenLast {
+                mut tx,
+                response,
+                last,
+            } => {
+                let done = claim.complete(&mut tx, response).await?;
+                last.write(&mut tx).await?;
                 tx.commit().await?;
                 return Ok(done);
             }

@@ -21,12 +21,12 @@ use crate::store::{self, Corrupt, StoreError};
 /// step after the claim: the order and the stored response commit
 /// together, in one statement, so a crash leaves either both or neither.
 ///
-/// With `reserve_stock`, one step in one transaction: the stock of its
-/// tracked SKUs locked in SKU order and reserved, the order, its event and
-/// the stored response commit together (`inventory::create_reserving`),
-/// so the key covers the reservation: a replay reserves nothing more. A
-/// SKU short of stock is the key's answer, `409 insufficient_stock`, and
-/// nothing is written.
+/// With `reserve_stock`, one step in one transaction: the order, its
+/// event, the stored response and, last, the reservation of its tracked
+/// SKUs (`inventory::create_reserving`, `inventory::reserve`) commit
+/// together, so the key covers the reservation: a replay reserves nothing
+/// more. A SKU short of stock is the key's answer, `409
+/// insufficient_stock`, and nothing else is written.
 pub struct CreateOrder {
     new: NewOrder,
     reserve_stock: bool,
@@ -110,7 +110,10 @@ impl CreateOrder {
         Ok((order, response))
     }
 
-    /// The order and its reservation, in one transaction with the answer.
+    /// The order and its reservation, in one transaction with the answer:
+    /// the order, its event and the answer first, the reservation last
+    /// (`inventory::reserve`), so a SKU's row is locked only by the
+    /// reservation's statement and the commit.
     async fn create_reserving(
         &self,
         ctx: &AppContext,
@@ -118,17 +121,44 @@ impl CreateOrder {
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         let mut order = self.order();
         let mut tx = ctx.pool.begin().await?;
-        crate::inventory::create_reserving(
+        let reservation = crate::inventory::create_reserving(
             &mut tx,
             &ctx.metrics,
             run.merchant_id,
             &mut order,
             ctx.stock_reservation_ttl,
         )
-        .await?
-        .map_err(|short| CommandError::Reject(super::inventory::insufficient_stock(&short)))?;
+        .await?;
         let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
-        Ok(Step::Complete { tx, response })
+        Ok(Step::CompleteThenLast {
+            tx,
+            response,
+            last: Box::new(Reserve {
+                reservation,
+                metrics: ctx.metrics.clone(),
+            }),
+        })
+    }
+}
+
+/// A reserving order's last write: its reservation; a SKU short of stock
+/// is the key's answer, `409 insufficient_stock`.
+struct Reserve {
+    reservation: crate::inventory::Reservation,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl super::LastWrite for Reserve {
+    fn write<'c>(
+        self: Box<Self>,
+        conn: &'c mut sqlx::PgConnection,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), CommandError>> + Send + 'c>>
+    {
+        Box::pin(async move {
+            crate::inventory::reserve(conn, &self.metrics, &self.reservation)
+                .await?
+                .map_err(|short| CommandError::Reject(super::inventory::insufficient_stock(&short)))
+        })
     }
 }
 

@@ -56,6 +56,32 @@ pub async fn item(
     row.as_ref().map(item_of_row).transpose()
 }
 
+/// Which of the merchant's `skus` are tracked, and the database's clock
+/// (see [`tracked`]).
+pub const TRACKED: &str = "SELECT a.unit, statement_timestamp() AS now FROM ledger_account a
+      WHERE a.id = ANY($1) ORDER BY a.unit COLLATE \"C\"";
+
+/// Which of the merchant's `skus` are tracked (in SKU order), read
+/// without a lock, and the database's clock. A SKU is tracked from its
+/// first adjustment on and never stops being tracked.
+pub async fn tracked(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    skus: impl IntoIterator<Item = &str>,
+) -> Result<(Vec<String>, Option<DateTime<Utc>>), StoreError> {
+    let ids: Vec<Uuid> = skus
+        .into_iter()
+        .map(|sku| account(merchant_id, sku).id())
+        .collect();
+    let rows = sqlx::query(TRACKED).bind(&ids).fetch_all(conn).await?;
+    let now = rows.first().map(|r| r.try_get("now")).transpose()?;
+    let skus = rows
+        .iter()
+        .map(|r| r.try_get("unit"))
+        .collect::<Result<Vec<String>, _>>()?;
+    Ok((skus, now))
+}
+
 /// One page of the merchant's tracked SKUs in SKU order (bytewise), after
 /// `starting_after` if given, and whether there are more.
 pub async fn list(

@@ -333,6 +333,98 @@ pub async fn insert(
     from_row(&row).map_err(TransferError::Store)
 }
 
+/// Places holds in one statement (see [`hold_all`]). `$1`..`$16` are one
+/// array per column of the pending transfers, one element per hold.
+pub const HOLD_ALL: &str = "WITH w AS (
+        SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::uuid[],
+                             $6::uuid[], $7::bigint[], $8::timestamptz[], $9::text[],
+                             $10::uuid[], $11::text[], $12::text[], $13::uuid[], $14::uuid[],
+                             $15::text[], $16::uuid[])
+            AS w(id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount,
+                 expires_at, code, holder_account_id, holder, description, payment_id,
+                 refund_id, idempotency_key, order_id)),
+     locked AS (
+        SELECT a.id, a.posted, a.held FROM ledger_account a
+         WHERE a.id IN (SELECT w.holder_account_id FROM w)
+         ORDER BY a.unit COLLATE \"C\", a.owner COLLATE \"C\"
+           FOR UPDATE OF a),
+     enough AS (
+        SELECT count(l.id) = (SELECT count(*) FROM w)
+               AND COALESCE(bool_and(l.posted - l.held >= w.amount), false) AS ok
+          FROM w LEFT JOIN locked l ON l.id = w.holder_account_id),
+     placed AS (
+        INSERT INTO ledger_transfer
+               (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount, phase,
+                expires_at, code, holder_account_id, holder, description, payment_id, refund_id,
+                idempotency_key, order_id)
+        SELECT w.id, w.merchant_id, w.ledger, w.unit, w.debit_account_id, w.credit_account_id,
+               w.amount, 'pending', w.expires_at, w.code, w.holder_account_id, w.holder,
+               w.description, w.payment_id, w.refund_id, w.idempotency_key, w.order_id
+          FROM w WHERE (SELECT ok FROM enough)
+        RETURNING 1)
+     SELECT (SELECT ok FROM enough) AS ok, (SELECT count(*) FROM placed) AS placed";
+
+/// Steps 1 to 4 for holds on several holders at once, one hold each, in
+/// one statement: the holders locked in the order every caller locks in
+/// (as [`lock_holders`]), each checked to have the hold's amount on its
+/// row (`posted - held`, holds past their expiry still counting), and
+/// the pending transfers written only if every one has. A holder many
+/// writers contend for is then locked by this statement and the commit
+/// alone, however much the transaction wrote before it: what a flash sale
+/// on one SKU queues on. `false` when any holder is missing or short on
+/// its row: nothing is written, the holders stay locked, and the caller
+/// decides by the steps one at a time (voiding the overdue holds first).
+/// The trigger admits each transfer as [`insert`]'s. Each `holds` entry
+/// must be a pending on its own holder.
+pub async fn hold_all(
+    conn: &mut PgConnection,
+    holds: &[NewTransfer<'_>],
+) -> Result<bool, StoreError> {
+    debug_assert!(holds
+        .iter()
+        .all(|h| h.phase == Phase::Pending && h.pending_id.is_none()));
+    let sides = |h: &NewTransfer<'_>| match h.holder_is_debit {
+        true => (h.holder.id(), h.other.id()),
+        false => (h.other.id(), h.holder.id()),
+    };
+    let col = |f: &dyn Fn(&NewTransfer<'_>) -> String| holds.iter().map(f).collect::<Vec<_>>();
+    let ids = |f: &dyn Fn(&NewTransfer<'_>) -> Uuid| holds.iter().map(f).collect::<Vec<_>>();
+    let opt =
+        |f: &dyn Fn(&NewTransfer<'_>) -> Option<Uuid>| holds.iter().map(f).collect::<Vec<_>>();
+    let text =
+        |f: &dyn Fn(&NewTransfer<'_>) -> Option<String>| holds.iter().map(f).collect::<Vec<_>>();
+    let row = sqlx::query(HOLD_ALL)
+        .bind(ids(&|h| h.id))
+        .bind(ids(&|h| h.holder.merchant_id))
+        .bind(col(&|h| h.holder.ledger.as_str().to_string()))
+        .bind(col(&|h| h.holder.unit.clone()))
+        .bind(ids(&|h| sides(h).0))
+        .bind(ids(&|h| sides(h).1))
+        .bind(holds.iter().map(|h| h.amount).collect::<Vec<_>>())
+        .bind(holds.iter().map(|h| h.expires_at).collect::<Vec<_>>())
+        .bind(col(&|h| h.code.to_string()))
+        .bind(ids(&|h| h.holder.id()))
+        .bind(col(&|h| h.holder.owner.clone()))
+        .bind(text(&|h| h.description.map(str::to_string)))
+        .bind(opt(&|h| h.payment_id))
+        .bind(opt(&|h| h.refund_id))
+        .bind(text(&|h| h.idempotency_key.map(str::to_string)))
+        .bind(opt(&|h| h.order_id))
+        .fetch_one(conn)
+        .await?;
+    let ok: bool = row.try_get("ok")?;
+    let placed: i64 = row.try_get("placed")?;
+    match (ok, usize::try_from(placed).ok() == Some(holds.len())) {
+        (true, true) => Ok(true),
+        (false, _) if placed == 0 => Ok(false),
+        _ => Err(Corrupt::Broken(format!(
+            "{placed} of {} holds placed in one statement",
+            holds.len()
+        ))
+        .into()),
+    }
+}
+
 /// Step 2: voids the holds of the locked holder `account_id` that are past
 /// their expiry, each with a transfer of `code`; returns the voids. Under
 /// the holder's lock, so no capture of them can race; the sweeper does

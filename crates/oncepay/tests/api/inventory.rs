@@ -608,6 +608,38 @@ async fn an_expired_reservation_stops_counting_without_a_sweep_and_the_sweeper_r
     ledger_holds(&app).await;
 }
 
+/// An order that finds the stock held only by a reservation past its
+/// deadline, unswept, gets it: the one-statement reservation finds the
+/// row short, and the order then voids what is overdue and reserves.
+#[tokio::test]
+async fn an_order_takes_stock_an_unswept_expired_reservation_held() {
+    let app = spawn_app_with(short_app()).await;
+    stock(&app, "lamp", 2).await;
+    let first = reserving(&app, &[("lamp", 2)]).await;
+    past_deadline(&first).await;
+    let (status, second) = order_with(&app, &key(), &order_of(&[("lamp", 2)], true)).await;
+    assert_eq!(status, StatusCode::CREATED, "{second}");
+    assert!(second["stock_reserved_until"].is_string(), "{second}");
+    assert_eq!(levels(&app, "lamp").await, (2, 2, 0));
+    assert_eq!(
+        count(
+            &app,
+            "SELECT count(*) FROM ledger_transfer WHERE code = 'reservation_expiry'"
+        )
+        .await,
+        1,
+        "the first order's reservation voided by the second"
+    );
+    assert!(trail(&app, &id(&first))
+        .await
+        .contains(&"order.stock_released".to_string()));
+    let (status, third) = order_with(&app, &key(), &order_of(&[("lamp", 1)], true)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{third}");
+    assert_eq!(third["code"], "insufficient_stock");
+    assert_eq!(third["skus"][0]["available"], 0, "{third}");
+    ledger_holds(&app).await;
+}
+
 #[tokio::test]
 async fn a_payment_after_expiry_takes_stock_if_there_and_otherwise_the_order_is_paid_short() {
     let app = spawn_app_with(short_app()).await;

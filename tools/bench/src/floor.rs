@@ -909,6 +909,46 @@ pub fn row_hold_script(f: &Fixture, spread: bool, skus: usize) -> String {
     s
 }
 
+/// The database's own floor for a reservation on a SKU's row, on the
+/// ledger every reservation is written to: one pending transfer's
+/// `INSERT` (`ledger::INSERT`, whose trigger locks the row as it applies
+/// the transfer to `held`, and lists it open) and the commit, and nothing
+/// else. No reservation on that row can hold it for less;
+/// [`row_hold_script`] against it is what checking the stock in the same
+/// statement costs.
+pub fn reservation_floor_script(f: &Fixture, spread: bool, skus: usize) -> String {
+    use oncepay::domain::ledger::stock::{Code, HOLDER};
+    let m = format!("{}::uuid", quote(&f.merchant));
+    let mut s = String::from("\\set k random(1, 9000000000000000)\n");
+    s += &pick_sku(spread, skus);
+    s += "BEGIN;\n";
+    s += &inline(
+        ledger::INSERT,
+        &[
+            "md5('t:client_id-:k')::uuid",
+            &m,
+            "'stock'",
+            "':sku'",
+            "':sku_id'::uuid",
+            "':sold_id'::uuid",
+            "1",
+            &quote(Code::Reservation.shape().0.as_str()),
+            "NULL",
+            "now() + interval '15 minutes'",
+            &quote(Code::Reservation.as_str()),
+            "':sku_id'::uuid",
+            &quote(HOLDER),
+            "NULL",
+            "NULL",
+            "NULL",
+            "'reservation:' || md5('o:client_id-:k')::uuid || ':' || ':sku'",
+            "md5('o:client_id-:k')::uuid",
+        ],
+    );
+    s += "COMMIT;\n";
+    s
+}
+
 /// The database's own floor for a SKU's row: one row lock and one
 /// synchronous commit, nothing else (`held` moved by one unit, as a
 /// reservation's trigger moves it). However the orders for one SKU are
@@ -1229,6 +1269,10 @@ mod tests {
                 "reserve-hot, the row as an order holds it",
                 row_hold_script(&f, false, 1),
             ),
+            (
+                "reserve-hot, a reservation's own floor",
+                reservation_floor_script(&f, false, 1),
+            ),
         ];
         for (name, script) in &scripts {
             run_once(&db_url, script)
@@ -1280,8 +1324,8 @@ mod tests {
             .expect("count");
         assert_eq!(
             (orders, reservations, open, events, completed),
-            (2, 3, 3, 2, 2),
-            "each reserve script created one order with its open reservation, its event and its completed key; the row's hold one reservation alone"
+            (2, 4, 4, 2, 2),
+            "each reserve script created one order with its open reservation, its event and its completed key; the row's hold and the reservation's floor one reservation each, alone"
         );
         let (on_hand, held): (i64, i64) = sqlx::query_as(
             "SELECT sum(posted)::bigint, sum(held)::bigint FROM ledger_account
@@ -1292,8 +1336,8 @@ mod tests {
         .expect("count");
         assert_eq!(
             (on_hand, held),
-            (40, 5),
-            "four SKUs stocked with 10 each; three reservations and two one-row floors each held one unit"
+            (40, 6),
+            "four SKUs stocked with 10 each; four reservations and two one-row floors each held one unit"
         );
         println!("{} bench scripts ran once each", scripts.len());
     }

@@ -35,6 +35,10 @@ pub struct Row {
     /// reserve-hot and reserve-spread: what an order holds the SKU's row
     /// for, alone (`floor::row_hold_script`), swept like the ceiling.
     pub row_hold: Vec<(usize, floor::Floor)>,
+    /// reserve-hot and reserve-spread: the database's own floor for a
+    /// reservation on the row (`floor::reservation_floor_script`), swept
+    /// alike.
+    pub reservation_floor: Vec<(usize, floor::Floor)>,
     /// pay and capture: how long after the closed loop ended its provider webhooks
     /// went on arriving. Their work belongs to the loop's payments, so the
     /// rate the service sustains counts this time too.
@@ -68,6 +72,7 @@ impl Row {
             with_merchant_account: None,
             at_pool: None,
             row_hold: Vec::new(),
+            reservation_floor: Vec::new(),
             drained: None,
             capacity: None,
             rss_kib: 0,

@@ -146,6 +146,10 @@ pub async fn reserve(b: &Bench<'_>, spread: bool) -> Result<Row, String> {
         quiesce(b).await;
         let script = floor::row_hold_script(&b.fixture, spread, floor_skus.len());
         row.row_hold = measure_ceiling(b, &script).await?;
+        eprintln!("  a reservation's own floor on the row (pgbench) ...");
+        quiesce(b).await;
+        let script = floor::reservation_floor_script(&b.fixture, spread, floor_skus.len());
+        row.reservation_floor = measure_ceiling(b, &script).await?;
     }
     Ok(row)
 }
@@ -279,6 +283,13 @@ pub fn verdict_line(row: &Row) -> Option<String> {
                 1000.0 / hold.tps,
                 1000.0 / one.tps
             );
+            if let Some((clients, least)) = floor::best(&row.reservation_floor) {
+                line += &format!(
+                    "; the database's own floor for a reservation on the row (one pending transfer's `INSERT`, whose trigger locks and moves the row, and the commit; at {clients}): {:.0} tx/s, the order's hold **{:.2}×** of it",
+                    least.tps,
+                    hold.tps / least.tps
+                );
+            }
         }
     }
     Some(line + ".\n")

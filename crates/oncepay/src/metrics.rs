@@ -95,6 +95,11 @@ pub struct Metrics {
     /// committed (`until="answered"`): how much of a payment's latency is
     /// waiting for a writer rather than the database's work.
     pub group_commit_seconds: HistogramVec,
+    /// A command's last write after its stored answer (a reserving
+    /// order's reservation), from its start to its commit's end, by
+    /// command: how long it holds the lock that write takes, which is all
+    /// the time orders racing for one SKU wait on each other.
+    pub last_write_hold_seconds: HistogramVec,
 }
 
 /// The label values each labelled counter is known to take, exported at 0
@@ -492,6 +497,11 @@ impl Metrics {
                 "oncepay_group_commit_seconds",
                 "A group-commit statement's time since it was queued, until a writer took it and until it was answered",
                 &["until"],
+            ),
+            last_write_hold_seconds: histogram(
+                "oncepay_last_write_hold_seconds",
+                "A command's last write after its stored answer (a reservation), from its start to its commit: how long it holds the lock that write takes",
+                &["command"],
             ),
             disputes: counter(
                 "oncepay_disputes_total",

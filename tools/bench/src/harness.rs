@@ -53,6 +53,12 @@ pub fn verdict(ok: bool, what: String) -> String {
 
 /// The value of the series whose line starts with `prefix` (0 if absent).
 pub async fn metric(b: &Bench<'_>, prefix: &str) -> u64 {
+    metric_f64(b, prefix).await as u64
+}
+
+/// The value of the first line of the service's `/metrics` that starts
+/// with `prefix`, unrounded (0 when absent or unreadable).
+pub async fn metric_f64(b: &Bench<'_>, prefix: &str) -> f64 {
     let text = match b
         .client
         .get(format!("{}/metrics", b.stack.base))
@@ -60,13 +66,13 @@ pub async fn metric(b: &Bench<'_>, prefix: &str) -> u64 {
         .await
     {
         Ok(r) => r.text().await.unwrap_or_default(),
-        Err(_) => return 0,
+        Err(_) => return 0.0,
     };
     text.lines()
         .find(|l| l.starts_with(prefix))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+        .unwrap_or(0.0)
 }
 
 /// Lets the service and the database finish what earlier phases left them

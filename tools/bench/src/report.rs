@@ -39,6 +39,10 @@ pub struct Row {
     /// reservation on the row (`floor::reservation_floor_script`), swept
     /// alike.
     pub reservation_floor: Vec<(usize, floor::Floor)>,
+    /// reserve-hot and reserve-spread: how long the service's orders held
+    /// the row in the closed loop, on average, ms (its
+    /// `oncepay_last_write_hold_seconds`).
+    pub service_hold_ms: Option<f64>,
     /// pay and capture: how long after the closed loop ended its provider webhooks
     /// went on arriving. Their work belongs to the loop's payments, so the
     /// rate the service sustains counts this time too.
@@ -73,6 +77,7 @@ impl Row {
             at_pool: None,
             row_hold: Vec::new(),
             reservation_floor: Vec::new(),
+            service_hold_ms: None,
             drained: None,
             capacity: None,
             rss_kib: 0,

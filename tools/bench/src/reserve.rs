@@ -16,7 +16,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::harness::{
-    count, measure_ceiling, measure_floor, metric, open_loop, quiesce, verdict, Bench,
+    count, measure_ceiling, measure_floor, metric, metric_f64, open_loop, quiesce, verdict, Bench,
 };
 use crate::load::MakeRequest;
 use crate::report::Row;
@@ -86,10 +86,12 @@ pub async fn reserve(b: &Bench<'_>, spread: bool) -> Result<Row, String> {
     let before = effects(b, &skus).await?;
     eprintln!("{name}: {c} connections, {d:?} ...");
     quiesce(b).await;
+    let held_before = hold_seconds(b).await;
     let meter = cpu::Meter::start(b.stack.watched());
     let outcome = load::run(c, d, make.clone()).await;
     let spent = meter.stop().await;
     b.sample_rss();
+    let held_after = hold_seconds(b).await;
     let after = effects(b, &skus).await?;
     let ok = outcome.count(201) as i64;
     let orders = after.orders - before.orders;
@@ -111,6 +113,10 @@ pub async fn reserve(b: &Bench<'_>, spread: bool) -> Result<Row, String> {
         cpu: Some(spent.per(ok as f64)),
         ..Row::closed_loop(name, c, outcome, check)
     };
+    let holds = held_after.1 - held_before.1;
+    if holds > 0.0 {
+        row.service_hold_ms = Some(1000.0 * (held_after.0 - held_before.0) / holds);
+    }
     row.open = open_loop(b, row.outcome.rate(), &make, &[]).await;
     if !b.args.no_floor {
         let floor_skus = floor_skus(spread);
@@ -152,6 +158,17 @@ pub async fn reserve(b: &Bench<'_>, spread: bool) -> Result<Row, String> {
         row.reservation_floor = measure_ceiling(b, &script).await?;
     }
     Ok(row)
+}
+
+/// The service's `oncepay_last_write_hold_seconds` of reserving orders:
+/// (sum, count).
+async fn hold_seconds(b: &Bench<'_>) -> (f64, f64) {
+    let series = "oncepay_last_write_hold_seconds";
+    let label = "{command=\"create_order\"} ";
+    (
+        metric_f64(b, &format!("{series}_sum{label}")).await,
+        metric_f64(b, &format!("{series}_count{label}")).await,
+    )
 }
 
 /// Stocks each of `skus` with [`STOCK`] units through the API (its first
@@ -283,6 +300,12 @@ pub fn verdict_line(row: &Row) -> Option<String> {
                 1000.0 / hold.tps,
                 1000.0 / one.tps
             );
+            if let Some(ms) = row.service_hold_ms {
+                line += &format!(
+                    "; the service's own orders held the row {ms:.3} ms each on average (`oncepay_last_write_hold_seconds`: the reservation's statement and the commit), **{:.2}×** the row's own floor's hold",
+                    ms / (1000.0 / one.tps)
+                );
+            }
             if let Some((clients, least)) = floor::best(&row.reservation_floor) {
                 line += &format!(
                     "; the database's own floor for a reservation on the row (one pending transfer's `INSERT`, whose trigger locks and moves the row, and the commit; at {clients}): {:.0} tx/s, the order's hold **{:.2}×** of it",

@@ -714,8 +714,13 @@ async fn steps<C: Command>(
                 last,
             } => {
                 let done = claim.complete(&mut tx, response).await?;
+                let started = std::time::Instant::now();
                 last.write(&mut tx).await?;
                 tx.commit().await?;
+                ctx.metrics
+                    .last_write_hold_seconds
+                    .with_label_values(&[C::NAME])
+                    .observe(started.elapsed().as_secs_f64());
                 return Ok(done);
             }
             Step::CompleteInOne {

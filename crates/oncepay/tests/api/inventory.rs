@@ -413,6 +413,14 @@ async fn an_order_reserves_its_tracked_skus_with_lines_of_one_sku_summed_and_a_r
     assert!(trail(&app, &id(&order))
         .await
         .contains(&"order.stock_reserved".to_string()));
+    // An operator sees how long the reservation held the SKUs' rows.
+    let hold = app
+        .ctx
+        .metrics
+        .last_write_hold_seconds
+        .with_label_values(&["create_order"]);
+    assert_eq!(hold.get_sample_count(), 1);
+    assert!(hold.get_sample_sum() > 0.0);
 
     // The same key and body: the same answer, nothing reserved again.
     let r = app.post("/orders", "reserve-1", &body).await;

@@ -97,8 +97,9 @@ pub struct Metrics {
     pub group_commit_seconds: HistogramVec,
     /// A command's last write after its stored answer (a reserving
     /// order's reservation), from its start to its commit's end, by
-    /// command: how long it holds the lock that write takes, which is all
-    /// the time orders racing for one SKU wait on each other.
+    /// command: the wait for the lock that write takes and its hold. On
+    /// one SKU, the rest of an order's transaction never waits for
+    /// another order.
     pub last_write_hold_seconds: HistogramVec,
 }
 
@@ -500,7 +501,7 @@ impl Metrics {
             ),
             last_write_hold_seconds: histogram(
                 "oncepay_last_write_hold_seconds",
-                "A command's last write after its stored answer (a reservation), from its start to its commit: how long it holds the lock that write takes",
+                "A command's last write after its stored answer (a reservation), from its start to its commit: its wait for the lock that write takes and its hold",
                 &["command"],
             ),
             disputes: counter(

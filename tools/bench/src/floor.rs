@@ -853,35 +853,90 @@ pub fn reserve_script(f: &Fixture, spread: bool, skus: usize) -> String {
             "'/orders/x'",
         ],
     );
-    s += &hold_statement(&m, order, until);
+    s += &hold_statement(Protocol::Simple, &m, order, until);
     s += "COMMIT;\n";
     s
 }
 
+/// How a script names the picked SKU and its ids: as text pgbench puts
+/// into the statement (`Simple`, pgbench's default protocol, each
+/// statement parsed and planned each time), or as parameters (`Prepared`,
+/// `-M prepared`: each statement prepared once per connection, as the
+/// service's are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `-M simple`.
+    Simple,
+    /// `-M prepared`.
+    Prepared,
+}
+
+impl Protocol {
+    /// The picked SKU's stock account id.
+    fn sku_id(self) -> &'static str {
+        match self {
+            Protocol::Simple => "':sku_id'::uuid",
+            Protocol::Prepared => ":sku_id::uuid",
+        }
+    }
+
+    /// The picked SKU's `sold` account id.
+    fn sold_id(self) -> &'static str {
+        match self {
+            Protocol::Simple => "':sold_id'::uuid",
+            Protocol::Prepared => ":sold_id::uuid",
+        }
+    }
+
+    /// The picked SKU.
+    fn sku(self) -> &'static str {
+        match self {
+            Protocol::Simple => "':sku'",
+            Protocol::Prepared => ":sku::text",
+        }
+    }
+
+    /// An id of the transaction's own, made from `tag`, the client and `k`.
+    fn id(self, tag: &str) -> String {
+        match self {
+            Protocol::Simple => format!("md5('{tag}:client_id-:k')::uuid"),
+            Protocol::Prepared => format!("md5('{tag}:' || :client_id || '-' || :k)::uuid"),
+        }
+    }
+
+    /// pgbench's `-M` for it.
+    fn flag(self) -> &'static str {
+        match self {
+            Protocol::Simple => "simple",
+            Protocol::Prepared => "prepared",
+        }
+    }
+}
+
 /// The reservation's one statement (`ledger::HOLD_ALL`) for one unit of
 /// the picked SKU, for `order`, until `until`.
-fn hold_statement(m: &str, order: &str, until: &str) -> String {
+fn hold_statement(p: Protocol, m: &str, order: &str, until: &str) -> String {
     use oncepay::domain::ledger::stock::{Code, HOLDER};
     let array = |v: &str, ty: &str| format!("ARRAY[{v}]::{ty}[]");
     inline(
         ledger::HOLD_ALL,
         &[
-            &array("md5('t:client_id-:k')::uuid", "uuid"),
+            &array(&p.id("t"), "uuid"),
             &array(m, "uuid"),
             &array("'stock'", "text"),
-            &array("':sku'", "text"),
-            &array("':sku_id'", "uuid"),
-            &array("':sold_id'", "uuid"),
+            &array(p.sku(), "text"),
+            &array(p.sku_id(), "uuid"),
+            &array(p.sold_id(), "uuid"),
             &array("1", "bigint"),
             &array(until, "timestamptz"),
             &array(&quote(Code::Reservation.as_str()), "text"),
-            &array("':sku_id'", "uuid"),
+            &array(p.sku_id(), "uuid"),
             &array(&quote(HOLDER), "text"),
             &array("NULL", "text"),
             &array("NULL", "uuid"),
             &array("NULL", "uuid"),
             &array(
-                "'reservation:' || md5('o:client_id-:k')::uuid || ':' || ':sku'",
+                &format!("'reservation:' || {order} || ':' || {}", p.sku()),
                 "text",
             ),
             &array(order, "uuid"),
@@ -891,58 +946,56 @@ fn hold_statement(m: &str, order: &str, until: &str) -> String {
 
 /// What a reserving order holds the SKU's row for, alone: the
 /// reservation's one statement and the commit (the rest of the order's
-/// transaction is written before the row is locked). Against
-/// [`one_row_script`], how much longer than the database's own floor an
-/// order keeps the next one waiting. (Its orders have no row: the
-/// transfers name ids no order has, which only this table's rows see.)
-pub fn row_hold_script(f: &Fixture, spread: bool, skus: usize) -> String {
+/// transaction is written before the row is locked), in `p`'s protocol.
+/// Against [`one_row_script`] and [`reservation_floor_script`], how much
+/// longer than the database's own floor an order keeps the next one
+/// waiting. (Its orders have no row: the transfers name ids no order
+/// has, which only the floor's SKUs see.)
+pub fn row_hold_script(p: Protocol, f: &Fixture, spread: bool, skus: usize) -> String {
     let m = format!("{}::uuid", quote(&f.merchant));
     let mut s = String::from("\\set k random(1, 9000000000000000)\n");
     s += &pick_sku(spread, skus);
     s += "BEGIN;\n";
-    s += &hold_statement(
-        &m,
-        "md5('o:client_id-:k')::uuid",
-        "now() + interval '15 minutes'",
-    );
+    s += &hold_statement(p, &m, &p.id("o"), "now() + interval '15 minutes'");
     s += "COMMIT;\n";
     s
 }
 
 /// The database's own floor for a reservation on a SKU's row, on the
-/// ledger every reservation is written to: one pending transfer's
-/// `INSERT` (`ledger::INSERT`, whose trigger locks the row as it applies
-/// the transfer to `held`, and lists it open) and the commit, and nothing
-/// else. No reservation on that row can hold it for less;
-/// [`row_hold_script`] against it is what checking the stock in the same
-/// statement costs.
-pub fn reservation_floor_script(f: &Fixture, spread: bool, skus: usize) -> String {
+/// ledger every reservation is written to, in `p`'s protocol: one
+/// pending transfer's `INSERT` (`ledger::INSERT`, whose trigger locks the
+/// row as it applies the transfer to `held`, and lists it open) and the
+/// commit, and nothing else. No reservation on that row can hold it for
+/// less; [`row_hold_script`] against it is what checking the stock in
+/// the same statement costs.
+pub fn reservation_floor_script(p: Protocol, f: &Fixture, spread: bool, skus: usize) -> String {
     use oncepay::domain::ledger::stock::{Code, HOLDER};
     let m = format!("{}::uuid", quote(&f.merchant));
+    let order = p.id("o");
     let mut s = String::from("\\set k random(1, 9000000000000000)\n");
     s += &pick_sku(spread, skus);
     s += "BEGIN;\n";
     s += &inline(
         ledger::INSERT,
         &[
-            "md5('t:client_id-:k')::uuid",
+            &p.id("t"),
             &m,
             "'stock'",
-            "':sku'",
-            "':sku_id'::uuid",
-            "':sold_id'::uuid",
+            p.sku(),
+            p.sku_id(),
+            p.sold_id(),
             "1",
             &quote(Code::Reservation.shape().0.as_str()),
             "NULL",
             "now() + interval '15 minutes'",
             &quote(Code::Reservation.as_str()),
-            "':sku_id'::uuid",
+            p.sku_id(),
             &quote(HOLDER),
             "NULL",
             "NULL",
             "NULL",
-            "'reservation:' || md5('o:client_id-:k')::uuid || ':' || ':sku'",
-            "md5('o:client_id-:k')::uuid",
+            &format!("'reservation:' || {order} || ':' || {}", p.sku()),
+            &order,
         ],
     );
     s += "COMMIT;\n";
@@ -958,9 +1011,12 @@ pub fn reservation_floor_script(f: &Fixture, spread: bool, skus: usize) -> Strin
 /// no longer agree with their transfers afterwards, which is why they
 /// are the floor's own.) The first lines (picking the SKU) are the
 /// floor's own overhead.
-pub fn one_row_script(spread: bool, skus: usize) -> String {
+pub fn one_row_script(p: Protocol, spread: bool, skus: usize) -> String {
     let mut s = pick_sku(spread, skus);
-    s += "BEGIN;\nUPDATE ledger_account SET held = held + 1 WHERE id = ':sku_id';\nCOMMIT;\n";
+    s += &format!(
+        "BEGIN;\nUPDATE ledger_account SET held = held + 1 WHERE id = {};\nCOMMIT;\n",
+        p.sku_id()
+    );
     s
 }
 
@@ -1089,9 +1145,30 @@ pub async fn sweep(
     script: &str,
     each: Duration,
 ) -> Result<Vec<(usize, Floor)>, String> {
+    sweep_in(Protocol::Simple, db_url, script, each).await
+}
+
+/// [`sweep`] in protocol `p`.
+pub async fn sweep_in(
+    p: Protocol,
+    db_url: &str,
+    script: &str,
+    each: Duration,
+) -> Result<Vec<(usize, Floor)>, String> {
     let mut points = Vec::new();
     for clients in SWEEP {
-        points.push((clients, run(db_url, script, clients, each).await?));
+        let (clients_arg, seconds) = (clients.to_string(), each.as_secs().max(1).to_string());
+        let args = [
+            "-M",
+            p.flag(),
+            "-j",
+            "2",
+            "-c",
+            &clients_arg,
+            "-T",
+            &seconds,
+        ];
+        points.push((clients, pgbench(db_url, script, &args).await?));
     }
     Ok(points)
 }
@@ -1120,7 +1197,13 @@ pub async fn run(
 /// suite checks that every script the bench generates still runs.
 #[cfg(test)]
 pub async fn run_once(db_url: &str, script: &str) -> Result<Floor, String> {
-    pgbench(db_url, script, &["-c", "1", "-t", "1"]).await
+    run_once_in(Protocol::Simple, db_url, script).await
+}
+
+/// [`run_once`] in protocol `p`.
+#[cfg(test)]
+pub async fn run_once_in(p: Protocol, db_url: &str, script: &str) -> Result<Floor, String> {
+    pgbench(db_url, script, &["-M", p.flag(), "-c", "1", "-t", "1"]).await
 }
 
 async fn pgbench(db_url: &str, script: &str, args: &[&str]) -> Result<Floor, String> {
@@ -1260,22 +1343,36 @@ mod tests {
             ),
             ("reserve-hot, same SQL", reserve_script(&f, false, 1)),
             ("reserve-spread, same SQL", reserve_script(&f, true, 3)),
-            ("reserve-hot, the row's own floor", one_row_script(false, 1)),
+            (
+                "reserve-hot, the row's own floor",
+                one_row_script(Protocol::Simple, false, 1),
+            ),
             (
                 "reserve-spread, the row's own floor",
-                one_row_script(true, 3),
-            ),
-            (
-                "reserve-hot, the row as an order holds it",
-                row_hold_script(&f, false, 1),
-            ),
-            (
-                "reserve-hot, a reservation's own floor",
-                reservation_floor_script(&f, false, 1),
+                one_row_script(Protocol::Simple, true, 3),
             ),
         ];
         for (name, script) in &scripts {
             run_once(&db_url, script)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+        }
+        let prepared = [
+            (
+                "reserve-hot, the row's own floor, prepared",
+                one_row_script(Protocol::Prepared, false, 1),
+            ),
+            (
+                "reserve-hot, the row as an order holds it, prepared",
+                row_hold_script(Protocol::Prepared, &f, false, 1),
+            ),
+            (
+                "reserve-hot, a reservation's own floor, prepared",
+                reservation_floor_script(Protocol::Prepared, &f, false, 1),
+            ),
+        ];
+        for (name, script) in &prepared {
+            run_once_in(Protocol::Prepared, &db_url, script)
                 .await
                 .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
@@ -1336,10 +1433,13 @@ mod tests {
         .expect("count");
         assert_eq!(
             (on_hand, held),
-            (40, 6),
-            "four SKUs stocked with 10 each; four reservations and two one-row floors each held one unit"
+            (40, 7),
+            "four SKUs stocked with 10 each; four reservations and three one-row floors each held one unit"
         );
-        println!("{} bench scripts ran once each", scripts.len());
+        println!(
+            "{} bench scripts ran once each",
+            scripts.len() + prepared.len()
+        );
     }
 
     /// A manual payment held in `requires_capture` on the 10th prepared

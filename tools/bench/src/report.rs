@@ -32,16 +32,14 @@ pub struct Row {
     /// many connections as the service's main pool has, the most sessions
     /// the service puts in the row lock's queue.
     pub at_pool: Option<(usize, floor::Floor)>,
-    /// reserve-hot and reserve-spread: what an order holds the SKU's row
-    /// for, alone (`floor::row_hold_script`), swept like the ceiling.
-    pub row_hold: Vec<(usize, floor::Floor)>,
-    /// reserve-hot and reserve-spread: the database's own floor for a
-    /// reservation on the row (`floor::reservation_floor_script`), swept
-    /// alike.
-    pub reservation_floor: Vec<(usize, floor::Floor)>,
-    /// reserve-hot and reserve-spread: how long the service's orders held
-    /// the row in the closed loop, on average, ms (its
-    /// `oncepay_last_write_hold_seconds`).
+    /// reserve-hot and reserve-spread: the row's sweeps in the prepared
+    /// protocol, as the service sends its statements (`floor::Protocol`):
+    /// the row's own floor, a reservation's own floor, and the row as an
+    /// order holds it, each swept like the ceiling.
+    pub row_sweeps: Vec<(&'static str, Vec<(usize, floor::Floor)>)>,
+    /// reserve-hot and reserve-spread: the service's reservation statement
+    /// and its commit, on average, ms, its wait for the row's lock
+    /// included (`oncepay_last_write_hold_seconds`).
     pub service_hold_ms: Option<f64>,
     /// pay and capture: how long after the closed loop ended its provider webhooks
     /// went on arriving. Their work belongs to the loop's payments, so the
@@ -75,8 +73,7 @@ impl Row {
             with_outbox: None,
             with_merchant_account: None,
             at_pool: None,
-            row_hold: Vec::new(),
-            reservation_floor: Vec::new(),
+            row_sweeps: Vec::new(),
             service_hold_ms: None,
             drained: None,
             capacity: None,

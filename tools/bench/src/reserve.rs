@@ -15,12 +15,18 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use crate::floor::Protocol;
 use crate::harness::{
     count, measure_ceiling, measure_floor, metric, metric_f64, open_loop, quiesce, verdict, Bench,
 };
 use crate::load::MakeRequest;
 use crate::report::Row;
 use crate::{cpu, floor, load};
+
+/// The row's sweeps (`Row::row_sweeps`), by name.
+const ROW_FLOOR: &str = "the row's own floor";
+const RESERVATION_FLOOR: &str = "a reservation's own floor";
+const ORDER_HOLD: &str = "the row as an order holds it";
 
 /// How many SKUs `reserve-spread` chooses among.
 pub const SPREAD: usize = 1_000;
@@ -144,18 +150,34 @@ pub async fn reserve(b: &Bench<'_>, spread: bool) -> Result<Row, String> {
         // The database's own floor for the row: one row lock and one
         // commit, swept over connection counts, the best taken.
         quiesce(b).await;
-        let script = floor::one_row_script(spread, floor_skus.len());
+        let script = floor::one_row_script(Protocol::Simple, spread, floor_skus.len());
         row.ceiling = measure_ceiling(b, &script).await?;
-        // What an order holds the row for: the reservation's statement and
-        // the commit, alone, swept alike.
-        eprintln!("  the row as an order holds it (pgbench) ...");
-        quiesce(b).await;
-        let script = floor::row_hold_script(&b.fixture, spread, floor_skus.len());
-        row.row_hold = measure_ceiling(b, &script).await?;
-        eprintln!("  a reservation's own floor on the row (pgbench) ...");
-        quiesce(b).await;
-        let script = floor::reservation_floor_script(&b.fixture, spread, floor_skus.len());
-        row.reservation_floor = measure_ceiling(b, &script).await?;
+        // The row's hold, in the protocol the service sends: the row's own
+        // floor, a reservation's own floor, and the row as an order holds
+        // it (the reservation's statement and the commit, alone).
+        let n = floor_skus.len();
+        let f = &b.fixture;
+        for (what, script) in [
+            (
+                ROW_FLOOR,
+                floor::one_row_script(Protocol::Prepared, spread, n),
+            ),
+            (
+                RESERVATION_FLOOR,
+                floor::reservation_floor_script(Protocol::Prepared, f, spread, n),
+            ),
+            (
+                ORDER_HOLD,
+                floor::row_hold_script(Protocol::Prepared, f, spread, n),
+            ),
+        ] {
+            eprintln!("  {what} (pgbench, prepared, 4–64 connections) ...");
+            quiesce(b).await;
+            let each = b.args.duration.min(std::time::Duration::from_secs(4));
+            let points =
+                floor::sweep_in(Protocol::Prepared, &b.stack.db_url, &script, each).await?;
+            row.row_sweeps.push((what, points));
+        }
     }
     Ok(row)
 }
@@ -292,28 +314,32 @@ pub fn verdict_line(row: &Row) -> Option<String> {
         if let Some((_, same)) = row.floor {
             line += &format!(", the same SQL {:.2}× of it", same.tps / one.tps);
         }
-        if let Some((clients, hold)) = floor::best(&row.row_hold) {
-            line += &format!(
-                "; the row as an order holds it (the reservation's one statement and the commit, `BEGIN; ledger::HOLD_ALL; COMMIT`, the best of 4–64 connections, at {clients}): {:.0} tx/s, **{:.2}×** the row's own floor ({:.3} ms a hold against {:.3} ms)",
-                hold.tps,
-                hold.tps / one.tps,
-                1000.0 / hold.tps,
-                1000.0 / one.tps
+    }
+    if let Some(ms) = row.service_hold_ms {
+        line += &format!(
+                "; the service's reservation statement and its commit took {ms:.3} ms on average, its wait for the row's lock and the busy cores' queue included (`oncepay_last_write_hold_seconds`)"
             );
-            if let Some(ms) = row.service_hold_ms {
-                line += &format!(
-                    "; the service's own orders held the row {ms:.3} ms each on average (`oncepay_last_write_hold_seconds`: the reservation's statement and the commit), **{:.2}×** the row's own floor's hold",
-                    ms / (1000.0 / one.tps)
-                );
-            }
-            if let Some((clients, least)) = floor::best(&row.reservation_floor) {
-                line += &format!(
-                    "; the database's own floor for a reservation on the row (one pending transfer's `INSERT`, whose trigger locks and moves the row, and the commit; at {clients}): {:.0} tx/s, the order's hold **{:.2}×** of it",
-                    least.tps,
-                    hold.tps / least.tps
-                );
-            }
-        }
+    }
+    let best = |what: &str| {
+        row.row_sweeps
+            .iter()
+            .find(|(w, _)| *w == what)
+            .and_then(|(_, points)| floor::best(points))
+    };
+    if let (Some((_, own)), Some((_, least)), Some((clients, hold))) =
+        (best(ROW_FLOOR), best(RESERVATION_FLOOR), best(ORDER_HOLD))
+    {
+        line += &format!(
+                "; prepared as the service sends them (the best of 4–64 connections): the row's own floor {:.0} tx/s ({:.3} ms a hold), a reservation's own floor (one pending transfer's `INSERT`, whose trigger locks and moves the row, and the commit) {:.0} tx/s ({:.3} ms), the row as an order holds it (`ledger::HOLD_ALL` and the commit, at {clients}) {:.0} tx/s ({:.3} ms): **{:.2}×** a reservation's own floor, {:.2}× the row's",
+                own.tps,
+                1000.0 / own.tps,
+                least.tps,
+                1000.0 / least.tps,
+                hold.tps,
+                1000.0 / hold.tps,
+                hold.tps / least.tps,
+                hold.tps / own.tps
+            );
     }
     Some(line + ".\n")
 }

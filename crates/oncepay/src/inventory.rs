@@ -243,12 +243,14 @@ fn reservation<'a>(
 
 /// Places `r`, the last write of its transaction (the order, locked as
 /// its creator, is in it): in one statement when every SKU has the
-/// quantity on its row ([`store::ledger::hold_all`]), so on a SKU many
-/// orders race for each holds the row's lock for that statement and the
-/// commit only; otherwise one step at a time, the stock locked and its
-/// reservations past their deadline voided first ([`lock`]), which may
-/// free enough. `Err(shortages)` when any SKU lacks stock: the caller
-/// drops the transaction, and nothing of the order is written.
+/// quantity on its row ([`store::ledger::hold_all`]: as cheap for the row
+/// as one transfer), so on a SKU many orders race for each holds the
+/// row's lock for that statement's write and the commit only; otherwise
+/// (a row short when read, or refused by its own check once locked) one
+/// step at a time, the stock locked and its reservations past their
+/// deadline voided first ([`lock`]), which may free enough.
+/// `Err(shortages)` when any SKU lacks stock: the caller drops the
+/// transaction, and nothing of the order is written.
 pub async fn reserve(
     tx: &mut PgConnection,
     metrics: &Metrics,

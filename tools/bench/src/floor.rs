@@ -779,11 +779,11 @@ fn pick_sku(spread: bool, skus: usize) -> String {
 /// CreateOrder with `reserve_stock`, through `inventory::create_reserving`
 /// and `inventory::reserve`), for one unit of one SKU: the claim of the
 /// key; then in one transaction which SKUs are tracked (no lock), the
-/// order, `order.stock_reserved`, the stored answer and, last, the
-/// reservation in one statement (`ledger::HOLD_ALL`: the SKU's row
-/// locked, checked, and the pending written, whose trigger applies it to
-/// the row's `held` and lists it open). The first lines (picking the
-/// SKU) are the floor's own overhead.
+/// order, `order.stock_reserved`, the stored answer and, last, under a
+/// savepoint, the reservation in one statement (`ledger::HOLD_ALL`: the
+/// SKU's row read and checked, and the pending written, whose trigger
+/// locks the row, applies it to its `held` and lists it open). The first
+/// lines (picking the SKU) are the floor's own overhead.
 pub fn reserve_script(f: &Fixture, spread: bool, skus: usize) -> String {
     let m = format!("{}::uuid", quote(&f.merchant));
     let key = "'reserve-:client_id-:k'";
@@ -914,34 +914,36 @@ impl Protocol {
 }
 
 /// The reservation's one statement (`ledger::HOLD_ALL`) for one unit of
-/// the picked SKU, for `order`, until `until`.
+/// the picked SKU, for `order`, until `until`, under the savepoint
+/// `ledger::hold_all` sets before it.
 fn hold_statement(p: Protocol, m: &str, order: &str, until: &str) -> String {
     use oncepay::domain::ledger::stock::{Code, HOLDER};
     let array = |v: &str, ty: &str| format!("ARRAY[{v}]::{ty}[]");
-    inline(
-        ledger::HOLD_ALL,
-        &[
-            &array(&p.id("t"), "uuid"),
-            &array(m, "uuid"),
-            &array("'stock'", "text"),
-            &array(p.sku(), "text"),
-            &array(p.sku_id(), "uuid"),
-            &array(p.sold_id(), "uuid"),
-            &array("1", "bigint"),
-            &array(until, "timestamptz"),
-            &array(&quote(Code::Reservation.as_str()), "text"),
-            &array(p.sku_id(), "uuid"),
-            &array(&quote(HOLDER), "text"),
-            &array("NULL", "text"),
-            &array("NULL", "uuid"),
-            &array("NULL", "uuid"),
-            &array(
-                &format!("'reservation:' || {order} || ':' || {}", p.sku()),
-                "text",
-            ),
-            &array(order, "uuid"),
-        ],
-    )
+    String::from("SAVEPOINT hold_all;\n")
+        + &inline(
+            ledger::HOLD_ALL,
+            &[
+                &array(&p.id("t"), "uuid"),
+                &array(m, "uuid"),
+                &array("'stock'", "text"),
+                &array(p.sku(), "text"),
+                &array(p.sku_id(), "uuid"),
+                &array(p.sold_id(), "uuid"),
+                &array("1", "bigint"),
+                &array(until, "timestamptz"),
+                &array(&quote(Code::Reservation.as_str()), "text"),
+                &array(p.sku_id(), "uuid"),
+                &array(&quote(HOLDER), "text"),
+                &array("NULL", "text"),
+                &array("NULL", "uuid"),
+                &array("NULL", "uuid"),
+                &array(
+                    &format!("'reservation:' || {order} || ':' || {}", p.sku()),
+                    "text",
+                ),
+                &array(order, "uuid"),
+            ],
+        )
 }
 
 /// What a reserving order holds the SKU's row for, alone: the

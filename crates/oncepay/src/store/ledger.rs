@@ -343,15 +343,10 @@ pub const HOLD_ALL: &str = "WITH w AS (
             AS w(id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount,
                  expires_at, code, holder_account_id, holder, description, payment_id,
                  refund_id, idempotency_key, order_id)),
-     locked AS (
-        SELECT a.id, a.posted, a.held FROM ledger_account a
-         WHERE a.id IN (SELECT w.holder_account_id FROM w)
-         ORDER BY a.unit COLLATE \"C\", a.owner COLLATE \"C\"
-           FOR UPDATE OF a),
      enough AS (
-        SELECT count(l.id) = (SELECT count(*) FROM w)
-               AND COALESCE(bool_and(l.posted - l.held >= w.amount), false) AS ok
-          FROM w LEFT JOIN locked l ON l.id = w.holder_account_id),
+        SELECT count(a.id) = (SELECT count(*) FROM w)
+               AND COALESCE(bool_and(a.posted - a.held >= w.amount), false) AS ok
+          FROM w LEFT JOIN ledger_account a ON a.id = w.holder_account_id),
      placed AS (
         INSERT INTO ledger_transfer
                (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount, phase,
@@ -360,21 +355,27 @@ pub const HOLD_ALL: &str = "WITH w AS (
         SELECT w.id, w.merchant_id, w.ledger, w.unit, w.debit_account_id, w.credit_account_id,
                w.amount, 'pending', w.expires_at, w.code, w.holder_account_id, w.holder,
                w.description, w.payment_id, w.refund_id, w.idempotency_key, w.order_id
-          FROM w WHERE (SELECT ok FROM enough)
+          FROM w JOIN ledger_account a ON a.id = w.holder_account_id
+         WHERE (SELECT ok FROM enough)
+         ORDER BY a.unit COLLATE \"C\", a.owner COLLATE \"C\"
         RETURNING 1)
      SELECT (SELECT ok FROM enough) AS ok, (SELECT count(*) FROM placed) AS placed";
 
 /// Steps 1 to 4 for holds on several holders at once, one hold each, in
-/// one statement: the holders locked in the order every caller locks in
-/// (as [`lock_holders`]), each checked to have the hold's amount on its
-/// row (`posted - held`, holds past their expiry still counting), and
-/// the pending transfers written only if every one has. A holder many
-/// writers contend for is then locked by this statement and the commit
-/// alone, however much the transaction wrote before it: what a flash sale
-/// on one SKU queues on. `false` when any holder is missing or short on
-/// its row: nothing is written, the holders stay locked, and the caller
-/// decides by the steps one at a time (voiding the overdue holds first).
-/// The trigger admits each transfer as [`insert`]'s. Each `holds` entry
+/// one statement, as cheap for a holder's row as one transfer's
+/// [`insert`]: each holder read to have the hold's amount on its row
+/// (`posted - held`, holds past their expiry still counting) as of the
+/// statement's start, without a lock, and the pending transfers written
+/// only if every one has, in the order every caller locks holders in
+/// (their trigger locks and moves each row, as [`insert`]'s does). A
+/// holder many writers contend for is then locked by this statement's
+/// writes and the commit alone, however much the transaction wrote before
+/// it: what a flash sale on one SKU queues on. The row's own `CHECK` is
+/// the decision where a writer moved the row after the read: the
+/// statement runs under a savepoint, and that refusal rolls back to it.
+/// `false` when any holder is missing or short, read or refused: nothing
+/// is written, and the caller decides by the steps one at a time, the
+/// holders locked (voiding the overdue holds first). Each `holds` entry
 /// must be a pending on its own holder.
 pub async fn hold_all(
     conn: &mut PgConnection,
@@ -393,7 +394,10 @@ pub async fn hold_all(
         |f: &dyn Fn(&NewTransfer<'_>) -> Option<Uuid>| holds.iter().map(f).collect::<Vec<_>>();
     let text =
         |f: &dyn Fn(&NewTransfer<'_>) -> Option<String>| holds.iter().map(f).collect::<Vec<_>>();
-    let row = sqlx::query(HOLD_ALL)
+    sqlx::query("SAVEPOINT hold_all")
+        .execute(&mut *conn)
+        .await?;
+    let placed = sqlx::query(HOLD_ALL)
         .bind(ids(&|h| h.id))
         .bind(ids(&|h| h.holder.merchant_id))
         .bind(col(&|h| h.holder.ledger.as_str().to_string()))
@@ -410,8 +414,18 @@ pub async fn hold_all(
         .bind(opt(&|h| h.refund_id))
         .bind(text(&|h| h.idempotency_key.map(str::to_string)))
         .bind(opt(&|h| h.order_id))
-        .fetch_one(conn)
-        .await?;
+        .fetch_one(&mut *conn)
+        .await;
+    let row = match placed {
+        Ok(row) => row,
+        Err(e) if super::violated_constraint(&e) == Some("ledger_account_never_negative") => {
+            sqlx::query("ROLLBACK TO SAVEPOINT hold_all")
+                .execute(&mut *conn)
+                .await?;
+            return Ok(false);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let ok: bool = row.try_get("ok")?;
     let placed: i64 = row.try_get("placed")?;
     match (ok, usize::try_from(placed).ok() == Some(holds.len())) {

@@ -771,6 +771,52 @@ async fn orders_sharing_skus_in_opposite_line_order_never_deadlock() {
     ledger_holds(&app).await;
 }
 
+/// An order whose read of the row said the stock was there, but whose
+/// reservation finds it gone once it gets the row's lock (another writer
+/// took the last unit between the read and the write): the row's own
+/// check refuses it, and the order answers `409` as if it had read the
+/// truth, writing nothing. The other writer holds the row until the
+/// order is waiting for it: ordered by the database's lock, not a sleep.
+#[tokio::test]
+async fn a_reservation_the_row_refuses_after_its_read_answers_409_and_writes_nothing() {
+    let app = spawn_app().await;
+    stock(&app, "last", 1).await;
+    let mut other = app.db.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO ledger_transfer (id, merchant_id, ledger, unit, debit_account_id,
+                credit_account_id, amount, phase, code, holder_account_id, holder)
+         SELECT gen_random_uuid(), a.merchant_id, 'stock', a.unit, a.id, s.id, 1, 'single',
+                'adjustment_out', a.id, a.owner
+           FROM ledger_account a JOIN ledger_account s
+             ON s.merchant_id = a.merchant_id AND s.ledger = 'stock' AND s.unit = a.unit
+            AND s.owner = 'adjustments'
+          WHERE a.ledger = 'stock' AND a.kind = 'holder' AND a.unit = 'last'",
+    )
+    .execute(&mut *other)
+    .await
+    .expect("the last unit taken, uncommitted");
+    let (body, idem) = (order_of(&[("last", 1)], true), key());
+    let release = async {
+        let waiting = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+            count(&app, "SELECT count(*) FROM pg_locks WHERE NOT granted").await > 0
+        })
+        .await;
+        other.commit().await.expect("commit");
+        waiting
+    };
+    let ((status, problem), waiting) = tokio::join!(order_with(&app, &idem, &body), release);
+    assert!(waiting.is_ok(), "the order never waited for the row");
+    assert_eq!(status, StatusCode::CONFLICT, "{problem}");
+    assert_eq!(problem["code"], "insufficient_stock");
+    assert_eq!(
+        problem["skus"],
+        json!([{"sku": "last", "requested": 1, "available": 0}])
+    );
+    assert_eq!(count(&app, "SELECT count(*) FROM orders").await, 0);
+    assert_eq!(levels(&app, "last").await, (0, 0, 0));
+    ledger_holds(&app).await;
+}
+
 #[tokio::test]
 async fn the_database_refuses_a_second_resolution_and_reserving_more_than_on_hand() {
     let app = spawn_app().await;

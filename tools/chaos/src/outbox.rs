@@ -112,7 +112,12 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
     for r in q(
         "SELECT id::text, status, (action_required_at IS NOT NULL)::text,
                        (capture_method = 'manual'
-                        AND status IN ('requires_capture', 'succeeded', 'voided'))::text,
+                        AND (status IN ('requires_capture', 'succeeded')
+                             OR (status = 'voided'
+                                 AND (capture_reminded_at IS NOT NULL
+                                      OR EXISTS (SELECT 1 FROM event e
+                                                  WHERE e.object_id = payment_attempt.id
+                                                    AND e.type = 'payment.requires_capture')))))::text,
                        (capture_reminded_at IS NOT NULL)::text
                   FROM payment_attempt",
     )
@@ -125,7 +130,11 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
             types.push("payment.requires_action".to_string());
         }
         // A manual payment was authorized, and maybe reminded of its
-        // deadline, before it was captured or voided.
+        // deadline, before it was captured or voided. A voided one may
+        // never have been: the provider ended the hold (Stripe cancels an
+        // expired authorization) while its answer was still unknown here,
+        // so it went from pending to voided; its status event, written in
+        // the transaction that moved it, is the record of which.
         if get(&r, 3)? == "true" {
             types.push("payment.requires_capture".to_string());
             if get(&r, 4)? == "true" {
@@ -165,7 +174,11 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
                                   AND i.kind = 'refund_failed_after_success')::text,
                        EXISTS (SELECT 1 FROM payment_attempt p
                                 WHERE p.order_id = o.id AND p.capture_method = 'manual'
-                                  AND p.status IN ('requires_capture', 'succeeded', 'voided'))::text
+                                  AND (p.status IN ('requires_capture', 'succeeded')
+                                       OR (p.status = 'voided'
+                                           AND EXISTS (SELECT 1 FROM event e
+                                                        WHERE e.object_id = p.id
+                                                          AND e.type = 'payment.requires_capture'))))::text
                   FROM orders o")
     .await?
     {

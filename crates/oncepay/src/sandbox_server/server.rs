@@ -114,6 +114,38 @@ impl Sandbox {
         fail
     }
 
+    /// The start of a call on a held charge (a capture, a void) under
+    /// `key`: the charge's key in the books, its token's faults and the
+    /// call's count under `key`; or the answer already, when there is no
+    /// such charge or the token's fault fails the call before it acts
+    /// (`acting`, for the message).
+    fn hold_call(
+        &self,
+        books: &mut Books,
+        charge_id: &str,
+        key: &str,
+        acting: &str,
+    ) -> Result<(String, TokenFaults, u32), Box<HttpResponse>> {
+        let Some(charge_key) = books.charge_keys.get(charge_id).cloned() else {
+            return Err(Box::new(error(404, "charge_not_found", "no such charge")));
+        };
+        let source = books
+            .charges
+            .get(&charge_key)
+            .map(|c| c.source.clone())
+            .unwrap_or_default();
+        let faults = TokenFaults::parse(&source).unwrap_or_default();
+        let n = books.count_request(key);
+        if self.fails_first(books, faults.error, n) {
+            return Err(Box::new(error(
+                500,
+                "sandbox_fault",
+                &format!("injected failure before {acting}"),
+            )));
+        }
+        Ok((charge_key, faults, n))
+    }
+
     /// After the effect: is the answer dropped or delayed?
     fn delivery(&self, books: &mut Books, faults: &TokenFaults, n: u32) -> Delivery {
         let rates = &self.config.faults;
@@ -1100,19 +1132,11 @@ async fn capture_charge(
     let amount = body.and_then(|b| b.into_inner().amount);
     let (answer, delivery, events) = {
         let mut books = sandbox.books();
-        let Some(charge_key) = books.charge_keys.get(path.as_str()).cloned() else {
-            return error(404, "charge_not_found", "no such charge");
+        let (charge_key, faults, n) = match sandbox.hold_call(&mut books, &path, &key, "capturing")
+        {
+            Ok(call) => call,
+            Err(answer) => return *answer,
         };
-        let source = books
-            .charges
-            .get(&charge_key)
-            .map(|c| c.source.clone())
-            .unwrap_or_default();
-        let faults = TokenFaults::parse(&source).unwrap_or_default();
-        let n = books.count_request(&key);
-        if sandbox.fails_first(&mut books, faults.error, n) {
-            return error(500, "sandbox_fault", "injected failure before capturing");
-        }
         let mut events = Vec::new();
         let answer = match books.captures.get(&key).cloned() {
             Some(done) if done.charge_id != *path => HoldAnswer::Error(error(
@@ -1219,19 +1243,10 @@ async fn void_charge(sandbox: Shared, req: HttpRequest, path: web::Path<String>)
     let key = key_of(&req).unwrap_or_else(|| format!("void:{path}"));
     let (answer, delivery, events) = {
         let mut books = sandbox.books();
-        let Some(charge_key) = books.charge_keys.get(path.as_str()).cloned() else {
-            return error(404, "charge_not_found", "no such charge");
+        let (charge_key, faults, n) = match sandbox.hold_call(&mut books, &path, &key, "voiding") {
+            Ok(call) => call,
+            Err(answer) => return *answer,
         };
-        let source = books
-            .charges
-            .get(&charge_key)
-            .map(|c| c.source.clone())
-            .unwrap_or_default();
-        let faults = TokenFaults::parse(&source).unwrap_or_default();
-        let n = books.count_request(&key);
-        if sandbox.fails_first(&mut books, faults.error, n) {
-            return error(500, "sandbox_fault", "injected failure before voiding");
-        }
         let Some(charge) = books.charges.get_mut(&charge_key) else {
             return error(404, "charge_not_found", "no such charge");
         };

@@ -12,6 +12,24 @@
 //! settled everything, it checks the invariants by counting, prints them
 //! with the faults and retries, and exits non-zero on any breach.
 
+/// SQL: whether the payment `$p` (an alias of `payment_attempt`) is a
+/// manual one that was authorized here at some point: held now, captured,
+/// or voided after it said so (its `payment.requires_capture`, written in
+/// the transaction that moved it) or after its deadline's reminder. A
+/// manual payment whose hold the provider ended while its answer was
+/// still unknown here went from pending to voided, never authorized.
+macro_rules! was_authorized {
+    ($p:literal) => {
+        concat!(
+            "(", $p, ".capture_method = 'manual' AND (",
+            $p, ".status IN ('requires_capture', 'succeeded') OR (",
+            $p, ".status = 'voided' AND (",
+            $p, ".capture_reminded_at IS NOT NULL OR EXISTS (SELECT 1 FROM event e WHERE e.object_id = ",
+            $p, ".id AND e.type = 'payment.requires_capture')))))"
+        )
+    };
+}
+
 mod balances;
 mod bank;
 mod clients;

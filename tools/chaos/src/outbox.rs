@@ -109,18 +109,11 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
         r.try_get::<String, _>(i).map_err(|e| e.to_string())
     };
     let mut out = HashMap::new();
-    for r in q(
-        "SELECT id::text, status, (action_required_at IS NOT NULL)::text,
-                       (capture_method = 'manual'
-                        AND (status IN ('requires_capture', 'succeeded')
-                             OR (status = 'voided'
-                                 AND (capture_reminded_at IS NOT NULL
-                                      OR EXISTS (SELECT 1 FROM event e
-                                                  WHERE e.object_id = payment_attempt.id
-                                                    AND e.type = 'payment.requires_capture')))))::text,
-                       (capture_reminded_at IS NOT NULL)::text
-                  FROM payment_attempt",
-    )
+    for r in q(concat!(
+        "SELECT p.id::text, p.status, (p.action_required_at IS NOT NULL)::text, ",
+        was_authorized!("p"),
+        "::text, (p.capture_reminded_at IS NOT NULL)::text FROM payment_attempt p"
+    ))
     .await?
     {
         let status = get(&r, 1)?;
@@ -129,12 +122,8 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
         if get(&r, 2)? == "true" {
             types.push("payment.requires_action".to_string());
         }
-        // A manual payment was authorized, and maybe reminded of its
-        // deadline, before it was captured or voided. A voided one may
-        // never have been: the provider ended the hold (Stripe cancels an
-        // expired authorization) while its answer was still unknown here,
-        // so it went from pending to voided; its status event, written in
-        // the transaction that moved it, is the record of which.
+        // A manual payment was authorized (`was_authorized!`), and maybe
+        // reminded of its deadline, before it was captured or voided.
         if get(&r, 3)? == "true" {
             types.push("payment.requires_capture".to_string());
             if get(&r, 4)? == "true" {
@@ -166,20 +155,19 @@ async fn expected(db: &PgPool) -> Result<HashMap<String, Expected>, String> {
     // was cancelled or refunded after that. One whose refund failed after
     // it succeeded may have gone back to paid, and on (refunded again).
     // An order paid by a manual payment was authorized first.
-    for r in q("SELECT o.id::text, o.status,
+    for r in q(concat!(
+        "SELECT o.id::text, o.status,
                        EXISTS (SELECT 1 FROM payment_attempt p
                                 WHERE p.order_id = o.id AND p.status = 'succeeded')::text,
                        EXISTS (SELECT 1 FROM incident i JOIN payment_attempt p ON p.id = i.payment_id
                                 WHERE p.order_id = o.id
                                   AND i.kind = 'refund_failed_after_success')::text,
                        EXISTS (SELECT 1 FROM payment_attempt p
-                                WHERE p.order_id = o.id AND p.capture_method = 'manual'
-                                  AND (p.status IN ('requires_capture', 'succeeded')
-                                       OR (p.status = 'voided'
-                                           AND EXISTS (SELECT 1 FROM event e
-                                                        WHERE e.object_id = p.id
-                                                          AND e.type = 'payment.requires_capture'))))::text
-                  FROM orders o")
+                                WHERE p.order_id = o.id AND ",
+        was_authorized!("p"),
+        ")::text
+                  FROM orders o"
+    ))
     .await?
     {
         let (status, paid) = (get(&r, 1)?, get(&r, 2)? == "true");

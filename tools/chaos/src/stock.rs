@@ -120,24 +120,18 @@ async fn on_hand_is_its_movements(db: &PgPool, clients: &Clients) -> Result<Chec
     ))
 }
 
-/// Every reservation of an order ever paid or authorized (a manual
-/// payment voided was authorized if it told the merchant so: one the
-/// provider ended while its answer was unknown here went from pending to
-/// voided, and its order was never authorized) was converted
+/// Every reservation of an order ever paid or authorized
+/// (`was_authorized!`) was converted
 /// whole, or (expired before the payment) sold late and reported short
 /// for the rest; every reservation of an order never paid was released
 /// or expired, with nothing sold.
 async fn paid_orders_converted_or_short(db: &PgPool) -> Result<Check, String> {
-    let rows = sqlx::query(
+    let rows = sqlx::query(concat!(
         "SELECT p.id::text, p.unit, p.amount, o.status,
                 EXISTS (SELECT 1 FROM payment_attempt a WHERE a.order_id = o.id
-                           AND (a.status = 'succeeded'
-                                OR (a.capture_method = 'manual'
-                                    AND (a.status = 'requires_capture'
-                                         OR (a.status = 'voided'
-                                             AND EXISTS (SELECT 1 FROM event e
-                                                          WHERE e.object_id = a.id
-                                                            AND e.type = 'payment.requires_capture')))))) AS paid,
+                           AND (a.status = 'succeeded' OR ",
+        was_authorized!("a"),
+        ")) AS paid,
                 r.phase, r.code, r.amount,
                 COALESCE((SELECT sum(s.amount) FROM ledger_transfer s
                            WHERE s.order_id = o.id AND s.code = 'sale'
@@ -149,7 +143,7 @@ async fn paid_orders_converted_or_short(db: &PgPool) -> Result<Check, String> {
            JOIN orders o ON o.id = p.order_id
            LEFT JOIN ledger_transfer r ON r.pending_id = p.id
           WHERE p.ledger = 'stock' AND p.phase = 'pending'",
-    )
+    ))
     .fetch_all(db)
     .await
     .map_err(|e| e.to_string())?;

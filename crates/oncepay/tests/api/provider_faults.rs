@@ -368,14 +368,9 @@ async fn a_capture_answered_with_a_decline_is_read_at_the_provider_not_taken_as_
     assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
 }
 
-/// A manual payment behind a lying decline: the provider holds the
-/// customer's funds for a payment that failed here. The decline's
-/// confirming read finds the authorization and releases it at once,
-/// instead of leaving it to expire days later; the payment stays failed,
-/// the order payable, nothing was captured or refunded.
-#[tokio::test]
-async fn an_authorization_behind_a_declined_answer_is_released_not_left_to_expire() {
-    let app = spawn_app_with(through_a_fault_proxy()).await;
+/// A manual payment answered with a decline the provider did not make
+/// (it authorized the charge): failed here, held there. Its order and id.
+async fn failed_behind_a_held_charge(app: &TestApp) -> (String, String) {
     let order_id = app.create_order().await;
     app.proxy().set(Route::Charge, declined_after_the_fact());
     let r = app
@@ -388,7 +383,20 @@ async fn an_authorization_behind_a_declined_answer_is_released_not_left_to_expir
     app.proxy().heal();
     let payment = json_of(r).await;
     assert_eq!(payment["status"], "failed", "{payment}");
-    let payment_id = payment["id"].as_str().expect("id");
+    let payment_id = payment["id"].as_str().expect("id").to_string();
+    (order_id, payment_id)
+}
+
+/// A manual payment behind a lying decline: the provider holds the
+/// customer's funds for a payment that failed here. The decline's
+/// confirming read finds the authorization and releases it at once,
+/// instead of leaving it to expire days later; the payment stays failed,
+/// the order payable, nothing was captured or refunded.
+#[tokio::test]
+async fn an_authorization_behind_a_declined_answer_is_released_not_left_to_expire() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let (order_id, payment_id) = failed_behind_a_held_charge(&app).await;
+    let payment_id = payment_id.as_str();
     assert_eq!(
         wait_for_charge_status(&app, payment_id, "authorized").await["status"],
         "authorized"
@@ -417,19 +425,8 @@ async fn an_authorization_behind_a_declined_answer_is_released_not_left_to_expir
 #[tokio::test]
 async fn a_reported_authorization_of_a_failed_payment_is_released() {
     let app = spawn_app_with(through_a_fault_proxy()).await;
-    let order_id = app.create_order().await;
-    app.proxy().set(Route::Charge, declined_after_the_fact());
-    let r = app
-        .post(
-            "/payments",
-            &Uuid::new_v4().to_string(),
-            &json!({"order_id": order_id, "payment_method": "tok_visa", "capture_method": "manual"}),
-        )
-        .await;
-    app.proxy().heal();
-    let payment = json_of(r).await;
-    assert_eq!(payment["status"], "failed", "{payment}");
-    let payment_id = payment["id"].as_str().expect("id");
+    let (order_id, payment_id) = failed_behind_a_held_charge(&app).await;
+    let payment_id = payment_id.as_str();
     let held = wait_for_charge_status(&app, payment_id, "authorized").await;
     // The decline stands confirmed already: only the report can tell.
     sqlx::query("UPDATE payment_attempt SET decline_check_at = NULL")

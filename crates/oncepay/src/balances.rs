@@ -11,7 +11,7 @@ use crate::domain::ledger::balance::Code;
 use crate::domain::ledger::{self, AccountRef, Totals};
 use crate::metrics::Metrics;
 use crate::store::balances::{BalanceHold, BalanceTransaction};
-use crate::store::ledger::{Locked, NewTransfer, Transfer, TransferError};
+use crate::store::ledger::{Locked, NewTransfer, Transfer, TransferError, TransferKey};
 use crate::store::{self, StoreError};
 
 /// Step 1 and 2 of a transfer on a customer's balance: locks the
@@ -112,41 +112,19 @@ pub async fn pay(
     metrics: &Metrics,
     party: &Party,
 ) -> Result<Paid, StoreError> {
-    let key = payment_key(party.payment_id);
+    let (account, system, key) = payment_side(party);
+    let new = payment_transfer(party, &account, &system, &key);
     let mut tx = pool.begin().await?;
-    if let Some(made) = store::ledger::by_key(&mut tx, party.merchant_id, &key).await? {
+    if let Some(made) = made_before(&mut tx, pool, metrics, &new).await? {
         return Ok(Paid::Done(Box::new(made)));
     }
-    let account = store::balances::account(party.merchant_id, &party.customer_id, &party.currency);
-    let (phase, _, system) = Code::Payment.shape();
-    let system = account.system(system);
     let (_, totals) = lock_and_expire(&mut tx, metrics, &account, &system, Cause::Command).await?;
-    if totals.after_debit(phase, party.amount, 0).is_err() {
+    if totals.after_debit(new.phase, party.amount, 0).is_err() {
         // The expiries voided on the way stay voided.
         tx.commit().await?;
         return Ok(Paid::Insufficient(totals.available()));
     }
-    let inserted = store::ledger::insert(
-        &mut tx,
-        &NewTransfer {
-            id: Uuid::now_v7(),
-            holder: &account,
-            other: &system,
-            holder_is_debit: true,
-            amount: party.amount,
-            phase,
-            pending_id: None,
-            expires_at: None,
-            code: Code::Payment.as_str(),
-            description: None,
-            payment_id: Some(party.payment_id),
-            refund_id: None,
-            order_id: None,
-            idempotency_key: Some(&key),
-        },
-    )
-    .await;
-    let transfer = match inserted {
+    let transfer = match store::ledger::insert(&mut tx, &new).await {
         Ok(t) => t,
         Err(TransferError::Insufficient) => return Ok(Paid::Insufficient(totals.available())),
         Err(e) => return Err(e.into()),
@@ -154,6 +132,141 @@ pub async fn pay(
     transaction_event(&mut tx, metrics, &transfer, EventType::BalanceDebited).await?;
     tx.commit().await?;
     Ok(Paid::Done(Box::new(transfer)))
+}
+
+/// The accounts and the key of a payment from a balance.
+fn payment_side(party: &Party) -> (AccountRef, AccountRef, String) {
+    let account = store::balances::account(party.merchant_id, &party.customer_id, &party.currency);
+    let system = account.system(Code::Payment.shape().2);
+    (account, system, payment_key(party.payment_id))
+}
+
+/// The one transfer a payment from a balance makes.
+fn payment_transfer<'a>(
+    party: &Party,
+    account: &'a AccountRef,
+    system: &'a AccountRef,
+    key: &'a str,
+) -> NewTransfer<'a> {
+    NewTransfer {
+        id: Uuid::now_v7(),
+        holder: account,
+        other: system,
+        holder_is_debit: true,
+        amount: party.amount,
+        phase: Code::Payment.shape().0,
+        pending_id: None,
+        expires_at: None,
+        code: Code::Payment.as_str(),
+        description: None,
+        payment_id: Some(party.payment_id),
+        refund_id: None,
+        order_id: None,
+        key: Some(TransferKey::Service(key)),
+    }
+}
+
+/// The accounts and the key of a refund to a balance.
+fn refund_side(party: &Party, refund_id: Uuid) -> (AccountRef, AccountRef, String) {
+    let account = store::balances::account(party.merchant_id, &party.customer_id, &party.currency);
+    let system = account.system(Code::Refund.shape().2);
+    (account, system, refund_key(refund_id))
+}
+
+/// The one transfer a refund to a balance makes.
+fn refund_transfer<'a>(
+    party: &Party,
+    refund_id: Uuid,
+    account: &'a AccountRef,
+    system: &'a AccountRef,
+    key: &'a str,
+) -> NewTransfer<'a> {
+    NewTransfer {
+        id: Uuid::now_v7(),
+        holder: account,
+        other: system,
+        holder_is_debit: false,
+        amount: party.amount,
+        phase: Code::Refund.shape().0,
+        pending_id: None,
+        expires_at: None,
+        code: Code::Refund.as_str(),
+        description: None,
+        payment_id: Some(party.payment_id),
+        refund_id: Some(refund_id),
+        order_id: None,
+        key: Some(TransferKey::Service(key)),
+    }
+}
+
+/// The transfer a payment from a balance made, if any (compared, as
+/// [`made_before`] does).
+pub async fn payment_made(
+    pool: &sqlx::PgPool,
+    metrics: &Metrics,
+    party: &Party,
+) -> Result<Option<Transfer>, StoreError> {
+    let (account, system, key) = payment_side(party);
+    let new = payment_transfer(party, &account, &system, &key);
+    let mut conn = pool.acquire().await?;
+    made_before(&mut conn, pool, metrics, &new).await
+}
+
+/// The transfer a refund to a balance made, if any (compared, as
+/// [`made_before`] does).
+pub async fn refund_made(
+    pool: &sqlx::PgPool,
+    metrics: &Metrics,
+    party: &Party,
+    refund_id: Uuid,
+) -> Result<Option<Transfer>, StoreError> {
+    let (account, system, key) = refund_side(party, refund_id);
+    let new = refund_transfer(party, refund_id, &account, &system, &key);
+    let mut conn = pool.acquire().await?;
+    made_before(&mut conn, pool, metrics, &new).await
+}
+
+/// The transfer the service's key of `new` made before, if any: it must
+/// be the transfer `new` describes (same phase, code, amount, accounts,
+/// objects). A key found on another transfer is never reused: it is
+/// recorded once as a `ledger_key_conflict` incident and refused.
+pub async fn made_before(
+    tx: &mut sqlx::PgConnection,
+    pool: &sqlx::PgPool,
+    metrics: &Metrics,
+    new: &NewTransfer<'_>,
+) -> Result<Option<Transfer>, StoreError> {
+    let Some(key) = new.key else {
+        return Ok(None);
+    };
+    let Some(made) = store::ledger::by_key(tx, new.holder.merchant_id, key).await? else {
+        return Ok(None);
+    };
+    let Err(what) = made.same_as(new) else {
+        return Ok(Some(made));
+    };
+    let detail = format!(
+        "the key {:?} ({} space) names transfer {}, whose {what} differs from the transfer it should be",
+        key.text(),
+        key.space(),
+        made.id
+    );
+    if store::incidents::ledger_key_conflict(
+        pool,
+        new.holder.merchant_id,
+        key.text(),
+        &detail,
+        "command",
+    )
+    .await?
+    {
+        metrics
+            .incidents
+            .with_label_values(&["ledger_key_conflict"])
+            .inc();
+    }
+    tracing::error!(key = key.text(), transfer_id = %made.id, %what, "INCIDENT: a ledger key found on another transfer; refused, not reused");
+    Err(store::Corrupt::Broken(detail).into())
 }
 
 /// Credits a refund to the customer's balance, once (the refund's key);
@@ -164,48 +277,17 @@ pub async fn credit_refund(
     party: &Party,
     refund_id: Uuid,
 ) -> Result<Transfer, StoreError> {
-    let key = refund_key(refund_id);
+    let (account, system, key) = refund_side(party, refund_id);
+    let new = refund_transfer(party, refund_id, &account, &system, &key);
     let mut tx = pool.begin().await?;
-    if let Some(made) = store::ledger::by_key(&mut tx, party.merchant_id, &key).await? {
+    if let Some(made) = made_before(&mut tx, pool, metrics, &new).await? {
         return Ok(made);
     }
-    let account = store::balances::account(party.merchant_id, &party.customer_id, &party.currency);
-    let (phase, _, system) = Code::Refund.shape();
-    let system = account.system(system);
     lock_and_expire(&mut tx, metrics, &account, &system, Cause::Command).await?;
-    let transfer = store::ledger::insert(
-        &mut tx,
-        &NewTransfer {
-            id: Uuid::now_v7(),
-            holder: &account,
-            other: &system,
-            holder_is_debit: false,
-            amount: party.amount,
-            phase,
-            pending_id: None,
-            expires_at: None,
-            code: Code::Refund.as_str(),
-            description: None,
-            payment_id: Some(party.payment_id),
-            refund_id: Some(refund_id),
-            order_id: None,
-            idempotency_key: Some(&key),
-        },
-    )
-    .await?;
+    let transfer = store::ledger::insert(&mut tx, &new).await?;
     transaction_event(&mut tx, metrics, &transfer, EventType::BalanceCredited).await?;
     tx.commit().await?;
     Ok(transfer)
-}
-
-/// The transfer a key made, if any.
-pub async fn made(
-    pool: &sqlx::PgPool,
-    merchant_id: Uuid,
-    key: &str,
-) -> Result<Option<Transfer>, StoreError> {
-    let mut conn = pool.acquire().await?;
-    store::ledger::by_key(&mut conn, merchant_id, key).await
 }
 
 /// Writes the event of a balance transaction (`balance.credited`,

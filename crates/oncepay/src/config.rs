@@ -340,6 +340,12 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                 .duration("ONCEPAY_BALANCE_HOLD_TTL", Duration::from_secs(900))?,
             stock_reservation_ttl: self
                 .positive_duration("ONCEPAY_STOCK_RESERVATION_TTL", Duration::from_secs(900))?,
+            stock_customer_open_orders: self.number(
+                "ONCEPAY_STOCK_CUSTOMER_OPEN_ORDERS",
+                3i64,
+                1,
+                1000,
+            )?,
             capture_reminder: self
                 .duration("ONCEPAY_CAPTURE_REMINDER", Duration::from_secs(86_400))?,
             webhook_command_wait: self
@@ -693,6 +699,9 @@ pub struct ServeConfig {
     /// `ONCEPAY_STOCK_RESERVATION_TTL`: how long an order's stock stays
     /// reserved (`reserve_stock`) awaiting payment (15 minutes).
     pub stock_reservation_ttl: Duration,
+    /// `ONCEPAY_STOCK_CUSTOMER_OPEN_ORDERS`: how many unpaid orders
+    /// holding stock a customer's token may have at once.
+    pub stock_customer_open_orders: i64,
     /// How long before a hold's `capture_before` its
     /// `payment.capture_deadline_approaching` is written
     /// (`ONCEPAY_CAPTURE_REMINDER`, 24 h).

@@ -254,14 +254,14 @@ async fn ledger_check(env: &ProcessEnv, merchant: Option<&str>) -> anyhow::Resul
         }
     }
     println!(
-        "merchant\tledger\tunit\taccounts\ttransfers\tsum\tpending\tmismatched\tnegative\tbad_holds\tverdict"
+        "merchant\tledger\tunit\taccounts\ttransfers\tsum\tpending\tmismatched\tnegative\tbad_holds\tunmatched\tverdict"
     );
     let mut breaches = 0;
     for l in &lines {
         let verdict = if l.holds() { "ok" } else { "BREACH" };
         breaches += usize::from(!l.holds());
         println!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             l.merchant,
             l.ledger,
             l.unit,
@@ -272,6 +272,7 @@ async fn ledger_check(env: &ProcessEnv, merchant: Option<&str>) -> anyhow::Resul
             l.totals_mismatched,
             l.negative,
             l.bad_resolutions,
+            l.unmatched,
             verdict
         );
     }

@@ -72,6 +72,7 @@ problem_codes! {
     InsufficientFunds = "insufficient_funds", 422, "The balance does not cover this";
     HoldNotActive = "hold_not_active", 409, "The hold is no longer held";
     InsufficientStock = "insufficient_stock", 409, "Not enough stock available";
+    ReservationLimitReached = "reservation_limit_reached", 409, "Too many unpaid orders hold stock";
     InventoryItemNotFound = "inventory_item_not_found", 404, "SKU not tracked";
     AmountExceedsHold = "amount_exceeds_hold", 422, "The capture exceeds the hold";
     OrderNotPayable = "order_not_payable", 409, "Order is not payable";

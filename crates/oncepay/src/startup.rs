@@ -147,6 +147,7 @@ pub fn context(config: &ServeConfig, bound_url: String) -> Result<Arc<AppContext
         action_timeout: config.action_timeout,
         balance_hold_ttl: config.balance_hold_ttl,
         stock_reservation_ttl: config.stock_reservation_ttl,
+        stock_customer_open_orders: config.stock_customer_open_orders,
         capture_reminder: config.capture_reminder,
         webhook_command_wait: config.webhook_command_wait,
         local_runs: Default::default(),

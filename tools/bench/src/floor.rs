@@ -608,7 +608,7 @@ pub fn transfer_script(f: &Fixture, merchant_account: bool) -> String {
         ],
     );
     s += "BEGIN;\n";
-    s += &inline(ledger::BY_KEY, &[&m, key]);
+    s += &inline(ledger::BY_KEY, &[&m, key, "'client'"]);
     s += &inline(
         ledger::ENSURE,
         &[
@@ -642,6 +642,7 @@ pub fn transfer_script(f: &Fixture, merchant_account: bool) -> String {
             "NULL",
             key,
             "NULL",
+            "'client'",
         ],
     );
     s += &inline(
@@ -746,7 +747,7 @@ pub async fn prepare_stock(
                 payment_id: None,
                 refund_id: None,
                 order_id: None,
-                idempotency_key: None,
+                key: None,
             },
         )
         .await
@@ -942,6 +943,7 @@ fn hold_statement(p: Protocol, m: &str, order: &str, until: &str) -> String {
                     "text",
                 ),
                 &array(order, "uuid"),
+                &array("'service'", "text"),
             ],
         )
 }
@@ -998,6 +1000,7 @@ pub fn reservation_floor_script(p: Protocol, f: &Fixture, spread: bool, skus: us
             "NULL",
             &format!("'reservation:' || {order} || ':' || {}", p.sku()),
             &order,
+            "'service'",
         ],
     );
     s += "COMMIT;\n";
@@ -1511,7 +1514,7 @@ mod tests {
                 payment_id: None,
                 refund_id: None,
                 order_id: None,
-                idempotency_key: None,
+                key: None,
             },
         )
         .await

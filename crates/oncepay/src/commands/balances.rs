@@ -29,7 +29,7 @@ use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::store;
 use crate::store::balances::{self, BalanceHold, BalanceTransaction};
-use crate::store::ledger::{NewTransfer, Transfer, TransferError};
+use crate::store::ledger::{NewTransfer, Transfer, TransferError, TransferKey};
 
 /// The longest description kept with a transaction or hold.
 const DESCRIPTION_MAX: usize = 500;
@@ -147,7 +147,9 @@ async fn move_balance(
     let system = account.system(system);
     let amount = movement.amount.minor_units();
     let mut tx = ctx.pool.begin().await?;
-    if let Some(before) = store::ledger::by_key(&mut tx, run.merchant_id, run.key).await? {
+    if let Some(before) =
+        store::ledger::by_key(&mut tx, run.merchant_id, TransferKey::Client(run.key)).await?
+    {
         made_before(&before, &account, code, amount)?;
         return respond(tx, ctx, &before, code).await;
     }
@@ -176,7 +178,7 @@ async fn move_balance(
             payment_id: None,
             refund_id: None,
             order_id: None,
-            idempotency_key: Some(run.key),
+            key: Some(TransferKey::Client(run.key)),
         },
     )
     .await
@@ -465,7 +467,9 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
         else {
             return Err(CommandError::Reject(hold_not_found()));
         };
-        if let Some(before) = store::ledger::by_key(&mut tx, run.merchant_id, run.key).await? {
+        if let Some(before) =
+            store::ledger::by_key(&mut tx, run.merchant_id, TransferKey::Client(run.key)).await?
+        {
             if before.pending_id != Some(self.hold_id) || before.code != code.as_str() {
                 return Err(CommandError::Reject(Problem::new(
                     ProblemCode::IdempotencyKeyReused,
@@ -514,7 +518,7 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
                 payment_id: None,
                 refund_id: None,
                 order_id: None,
-                idempotency_key: Some(run.key),
+                key: Some(TransferKey::Client(run.key)),
             },
         )
         .await

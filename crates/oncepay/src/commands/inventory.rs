@@ -22,7 +22,7 @@ use crate::domain::ledger::stock::Code;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::store;
-use crate::store::ledger::{NewTransfer, Transfer, TransferError};
+use crate::store::ledger::{NewTransfer, Transfer, TransferError, TransferKey};
 
 /// `409 insufficient_stock`, with each SKU short: `skus: [{sku,
 /// requested, available}]`.
@@ -112,7 +112,9 @@ impl Command for AdjustInventory {
         let other = stock.system(system);
         let amount = self.quantity.abs();
         let mut tx = ctx.pool.begin().await?;
-        if let Some(before) = store::ledger::by_key(&mut tx, run.merchant_id, run.key).await? {
+        if let Some(before) =
+            store::ledger::by_key(&mut tx, run.merchant_id, TransferKey::Client(run.key)).await?
+        {
             if before.holder_account_id != stock.id()
                 || before.code != code.as_str()
                 || before.amount != amount
@@ -160,7 +162,7 @@ impl Command for AdjustInventory {
                 payment_id: None,
                 refund_id: None,
                 order_id: None,
-                idempotency_key: Some(run.key),
+                key: Some(TransferKey::Client(run.key)),
             },
         )
         .await

@@ -73,6 +73,9 @@ pub struct AppContext {
     /// How long an order's stock stays reserved awaiting payment
     /// (`ONCEPAY_STOCK_RESERVATION_TTL`).
     pub stock_reservation_ttl: Duration,
+    /// How many unpaid orders holding stock a customer's token may have at
+    /// once (`ONCEPAY_STOCK_CUSTOMER_OPEN_ORDERS`).
+    pub stock_customer_open_orders: i64,
     /// How long a payment may wait for its customer (`next_action`) before
     /// the reconciler gives up on it (`ONCEPAY_ACTION_TIMEOUT`).
     pub action_timeout: Duration,

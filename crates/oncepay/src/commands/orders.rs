@@ -27,9 +27,15 @@ use crate::store::{self, Corrupt, StoreError};
 /// together, so the key covers the reservation: a replay reserves nothing
 /// more. A SKU short of stock is the key's answer, `409
 /// insufficient_stock`, and nothing else is written.
+///
+/// A customer's token always reserves (its orders may not take stock
+/// without holding it first), and holds at most
+/// `ONCEPAY_STOCK_CUSTOMER_OPEN_ORDERS` unpaid reserving orders at once.
 pub struct CreateOrder {
     new: NewOrder,
     reserve_stock: bool,
+    /// Asked by a customer's token.
+    by_customer: bool,
 }
 
 impl Command for CreateOrder {
@@ -57,10 +63,26 @@ impl Command for CreateOrder {
             })
         })?;
         let metadata = body.string_map("metadata")?;
-        let reserve_stock = body.opt_bool("reserve_stock")?.unwrap_or(false);
-        NewOrder::new(customer_id, &currency, items, metadata)
-            .map(|new| CreateOrder { new, reserve_stock })
-            .map_err(Problem::rule)
+        let by_customer = input
+            .actor
+            .as_ref()
+            .is_some_and(|a| a.kind == crate::audit::ActorKind::Customer);
+        let reserve_stock = match (body.opt_bool("reserve_stock")?, by_customer) {
+            (Some(false), true) => {
+                return Err(Problem::rule(crate::domain::RuleViolation::new(
+                    "reserve_stock",
+                    "must be true (or absent) for a customer's token: a customer's order always reserves the stock it takes",
+                )))
+            }
+            (_, true) => true,
+            (asked, false) => asked.unwrap_or(false),
+        };
+        let new = NewOrder::new(customer_id, &currency, items, metadata).map_err(Problem::rule)?;
+        Ok(CreateOrder {
+            new,
+            reserve_stock,
+            by_customer,
+        })
     }
 
     fn in_one(
@@ -121,14 +143,28 @@ impl CreateOrder {
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         let mut order = self.order();
         let mut tx = ctx.pool.begin().await?;
+        let limit = self.by_customer.then_some(ctx.stock_customer_open_orders);
         let reservation = crate::inventory::create_reserving(
             &mut tx,
             &ctx.metrics,
             run.merchant_id,
             &mut order,
             ctx.stock_reservation_ttl,
+            limit,
         )
-        .await?;
+        .await?
+        .map_err(|reached| {
+            CommandError::Reject(
+                Problem::new(
+                    ProblemCode::ReservationLimitReached,
+                    format!(
+                        "this customer has {} unpaid orders holding stock, the most a customer's token may hold ({}); pay or cancel one, or wait until its reservation lapses",
+                        reached.open, reached.limit
+                    ),
+                )
+                .with_member("limit", serde_json::json!(reached.limit)),
+            )
+        })?;
         let response = json_response(201, &order, Some(format!("/orders/{}", order.id)))?;
         Ok(Step::CompleteThenLast {
             tx,

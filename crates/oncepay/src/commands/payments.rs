@@ -390,6 +390,8 @@ impl CreatePayment {
             Err(InsertAttemptError::Store(e)) => return Err(e.into()),
         };
         crate::events::payment_changed(&mut tx, &ctx.metrics, &attempt, Cause::Command).await?;
+        // The order's reservation holds while the payment is in flight.
+        crate::inventory::hold_for_payment(&mut tx, &ctx.metrics, &order, attempt.id).await?;
         // Counted before the driver commits: a commit that then fails
         // overcounts one pending, which the next transition corrects.
         ctx.metrics

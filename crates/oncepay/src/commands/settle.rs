@@ -122,8 +122,17 @@ pub async fn payment(
                 store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
             }
             crate::events::payment_changed(tx, metrics, &p, cause).await?;
-            if let Some(next) = next {
-                move_order(tx, metrics, order_id, next, cause).await?;
+            match next {
+                Some(next) => {
+                    move_order(tx, metrics, order_id, next, cause).await?;
+                }
+                // Ended without paying or authorizing the order: the stock
+                // held for this payment goes back to the order's deadline.
+                None if matches!(status, PaymentStatus::Failed | PaymentStatus::Voided) => {
+                    crate::inventory::payment_ended(tx, metrics, order_id, attempt_id, cause)
+                        .await?;
+                }
+                None => {}
             }
             metrics.payment_transition(status.as_str(), cause.label());
             p
@@ -241,7 +250,9 @@ impl Known {
         };
         // A hold's facts (its deadline, its capture) are written the
         // locking way; so is the stock of an order that reserved some,
-        // which `move_order` converts in the settlement's transaction.
+        // which `move_order` converts in the settlement's transaction (the
+        // statement itself refuses an order with tracked SKUs, which a
+        // payment takes from the stock: `SETTLE_COMPLETING`).
         if attempt.capture_method == CaptureMethod::Manual || order.stock_reserved_until.is_some() {
             return Ok(None);
         }
@@ -282,6 +293,11 @@ impl Known {
                 let moved = Order {
                     status: next,
                     updated_at: now,
+                    // An automatic payment captures its whole amount.
+                    amount_captured: match next {
+                        crate::domain::order::OrderStatus::Paid => after.amount,
+                        _ => order.amount_captured,
+                    },
                     ..order.clone()
                 };
                 events.extend(crate::events::of_order(&moved, Cause::Command)?);

@@ -63,6 +63,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_ACTION_TIMEOUT", "serve", "1h"),
     v("ONCEPAY_BALANCE_HOLD_TTL", "serve", "15m"),
     v("ONCEPAY_STOCK_RESERVATION_TTL", "serve", "15m"),
+    v("ONCEPAY_STOCK_CUSTOMER_OPEN_ORDERS", "serve", "3"),
     v("ONCEPAY_CAPTURE_REMINDER", "serve", "24h"),
     v(
         "ONCEPAY_PROVIDER_PUBLIC_URL",

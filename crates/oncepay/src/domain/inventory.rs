@@ -92,6 +92,14 @@ pub fn late_take(requested: i64, available: i64) -> (i64, i64) {
     (taken, requested - taken)
 }
 
+/// The deadline of a reservation held for a payment in flight: none in
+/// practice (the last day of the year 9999): the reservation ends with
+/// the payment, converted when it succeeds, renewed until the order's
+/// own deadline (or released, if that has passed) when it fails.
+pub fn payment_in_flight_until() -> DateTime<Utc> {
+    DateTime::from_timestamp(253_402_214_400, 0).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 /// A tracked SKU's stock as the API shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StockItem {

@@ -444,19 +444,25 @@ pub mod stock {
         AdjustmentOut,
         /// Stock reserved for an order, until its deadline.
         Reservation,
-        /// A reservation converted: the order was paid or authorized.
+        /// A reservation converted: the order was paid (or captured).
         Conversion,
-        /// A reservation released: its order was cancelled.
+        /// A reservation released: its order was cancelled, or its
+        /// authorization voided or expired.
         Release,
         /// A reservation that expired unpaid.
         ReservationExpiry,
-        /// Stock taken for an order paid after its reservation expired.
+        /// Stock taken for a paid order without a reservation: its
+        /// reservation lapsed, or it reserved nothing.
         Sale,
+        /// A reservation voided because another of the same units took its
+        /// place with a new deadline (a payment in flight, an
+        /// authorization's deadline, back to the order's own).
+        Renewal,
     }
 
     impl Code {
         /// Every code.
-        pub const ALL: [Code; 7] = [
+        pub const ALL: [Code; 8] = [
             Code::AdjustmentIn,
             Code::AdjustmentOut,
             Code::Reservation,
@@ -464,6 +470,7 @@ pub mod stock {
             Code::Release,
             Code::ReservationExpiry,
             Code::Sale,
+            Code::Renewal,
         ];
 
         /// As stored.
@@ -476,6 +483,7 @@ pub mod stock {
                 Code::Release => "release",
                 Code::ReservationExpiry => "reservation_expiry",
                 Code::Sale => "sale",
+                Code::Renewal => "renewal",
             }
         }
 
@@ -494,7 +502,9 @@ pub mod stock {
                 Code::AdjustmentOut => (Phase::Single, true, "adjustments"),
                 Code::Reservation => (Phase::Pending, true, "sold"),
                 Code::Conversion => (Phase::Post, true, "sold"),
-                Code::Release | Code::ReservationExpiry => (Phase::Void, true, "sold"),
+                Code::Release | Code::ReservationExpiry | Code::Renewal => {
+                    (Phase::Void, true, "sold")
+                }
                 Code::Sale => (Phase::Single, true, "sold"),
             }
         }

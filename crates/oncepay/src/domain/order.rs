@@ -192,6 +192,12 @@ pub struct Order {
     pub items: Vec<LineItem>,
     /// Checked sum of the lines, in minor units.
     pub amount: i64,
+    /// What its payment captured (a partial capture takes less than
+    /// `amount`; 0 until paid).
+    pub amount_captured: i64,
+    /// What its refunds returned (succeeded refunds, less any that failed
+    /// afterwards).
+    pub amount_refunded: i64,
     /// ISO 4217 code.
     pub currency: String,
     /// Where the order is in its life.
@@ -201,6 +207,8 @@ pub struct Order {
     /// Until when its tracked SKUs are reserved (`reserve_stock`); null
     /// when nothing was reserved.
     pub stock_reserved_until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Where its reservation stands; null when nothing was reserved.
+    pub stock_reservation: Option<StockReservation>,
     /// What a payment after the reservation expired could not take from
     /// the stock (empty unless the order is paid but short).
     pub stock_shortfall: Vec<Shortfall>,
@@ -223,14 +231,59 @@ impl Order {
             customer_id: new.customer_id.clone(),
             items: new.items.clone(),
             amount: new.amount.minor_units(),
+            amount_captured: 0,
+            amount_refunded: 0,
             currency: new.currency.to_string(),
             status: OrderStatus::AwaitingPayment,
             metadata: new.metadata.clone(),
             stock_reserved_until: None,
+            stock_reservation: None,
             stock_shortfall: Vec::new(),
             created_at: now,
             updated_at: now,
         }
+    }
+}
+
+/// Where an order's stock reservation stands (issue 54).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StockReservation {
+    /// Its units are held for it: awaiting payment, a payment in flight,
+    /// or authorized (until the authorization's deadline).
+    Reserved,
+    /// Its units are sold to it: paid, or captured.
+    Converted,
+    /// Its units went back to the stock: cancelled, its authorization
+    /// voided or expired, or the reservation lapsed unpaid.
+    Released,
+    /// Paid after its reservation lapsed, and the stock could not give
+    /// every unit (`stock_shortfall` says which).
+    Short,
+}
+
+impl StockReservation {
+    /// Every state.
+    pub const ALL: [StockReservation; 4] = [
+        StockReservation::Reserved,
+        StockReservation::Converted,
+        StockReservation::Released,
+        StockReservation::Short,
+    ];
+
+    /// As stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StockReservation::Reserved => "reserved",
+            StockReservation::Converted => "converted",
+            StockReservation::Released => "released",
+            StockReservation::Short => "short",
+        }
+    }
+
+    /// The state a stored name names.
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
     }
 }
 

@@ -128,3 +128,31 @@ pub async fn refund_on_failed_refund(
     )
     .await
 }
+
+/// Records, once per merchant and key, that a key the service derives was
+/// found on a transfer other than the one it names (`what` differs):
+/// the transfer is not reused, and a person looks. `true` if this call
+/// recorded it. Written on its own connection, outside the transaction
+/// that is refused.
+pub async fn ledger_key_conflict(
+    pool: &sqlx::PgPool,
+    merchant_id: Uuid,
+    key: &str,
+    detail: &str,
+    detected_by: &str,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "INSERT INTO incident (id, kind, merchant_id, provider, provider_object_id, amount,
+                               detected_by, detail)
+         VALUES ($1, 'ledger_key_conflict', $2, 'ledger', $3, 0, $4, $5)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(Uuid::now_v7())
+    .bind(merchant_id)
+    .bind(key)
+    .bind(detected_by)
+    .bind(detail)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}

@@ -113,35 +113,44 @@ pub async fn list(
 /// An order's stock of one SKU, as its transfers say.
 #[derive(Debug, Clone, Default)]
 pub struct OrderSku {
-    /// Its reservation (a pending transfer), if the order made one.
-    pub reservation: Option<Transfer>,
-    /// What resolved the reservation: its conversion (post), its release
-    /// or its expiry (void).
-    pub resolution: Option<Transfer>,
-    /// Stock taken after the reservation expired (a sale).
+    /// Its reservations (pending transfers), oldest first, each with what
+    /// resolved it: a conversion (post), or a void (released, expired, or
+    /// renewed: voided as another reservation of the same units took its
+    /// place with a new deadline).
+    pub reservations: Vec<(Transfer, Option<Transfer>)>,
+    /// Stock taken without a reservation: after it lapsed, or for an
+    /// order that reserved nothing (a sale).
     pub sale: Option<Transfer>,
 }
 
 impl OrderSku {
-    /// What was reserved.
+    /// What was reserved (every renewal reserves the same units).
     pub fn reserved(&self) -> i64 {
-        self.reservation.as_ref().map_or(0, |r| r.amount)
+        self.reservations.first().map_or(0, |(r, _)| r.amount)
     }
 
-    /// Whether the reservation is still open (not converted, released or
-    /// voided on expiry; it may be past its deadline, unswept).
-    pub fn open(&self) -> bool {
-        self.reservation.is_some() && self.resolution.is_none()
+    /// Whether the order ever reserved this SKU.
+    pub fn reserved_any(&self) -> bool {
+        !self.reservations.is_empty()
+    }
+
+    /// The reservation still open (not converted, released, expired or
+    /// renewed; it may be past its deadline, unswept), if any.
+    pub fn open(&self) -> Option<&Transfer> {
+        self.reservations
+            .iter()
+            .find(|(_, resolution)| resolution.is_none())
+            .map(|(r, _)| r)
     }
 
     /// Whether the order has its stock of this SKU for good: converted,
-    /// or taken by a sale after the reservation expired.
+    /// or taken by a sale.
     pub fn settled(&self) -> bool {
         self.sale.is_some()
             || self
-                .resolution
-                .as_ref()
-                .is_some_and(|r| r.phase == Phase::Post)
+                .reservations
+                .iter()
+                .any(|(_, r)| r.as_ref().is_some_and(|r| r.phase == Phase::Post))
     }
 }
 
@@ -152,24 +161,133 @@ pub async fn of_order(
 ) -> Result<BTreeMap<String, OrderSku>, StoreError> {
     let rows = sqlx::query(&format!(
         "SELECT {} FROM ledger_transfer t WHERE t.order_id = $1 AND t.ledger = 'stock'
-          ORDER BY t.id",
+          ORDER BY t.created_at, t.id",
         ledger::TRANSFER_COLUMNS
     ))
     .bind(order_id)
     .fetch_all(conn)
     .await?;
+    let transfers = rows
+        .iter()
+        .map(ledger::from_row)
+        .collect::<Result<Vec<_>, _>>()?;
     let mut skus: BTreeMap<String, OrderSku> = BTreeMap::new();
-    for row in &rows {
-        let t = ledger::from_row(row)?;
+    // Reservations first: a resolution made in the same transaction as
+    // the reservation it resolves may sort before it.
+    let (pending, others): (Vec<_>, Vec<_>) = transfers
+        .into_iter()
+        .partition(|t| t.phase == Phase::Pending);
+    for t in pending {
+        skus.entry(t.unit.clone())
+            .or_default()
+            .reservations
+            .push((t, None));
+    }
+    for t in others {
         let entry = skus.entry(t.unit.clone()).or_default();
         match t.phase {
-            Phase::Pending => entry.reservation = Some(t),
-            Phase::Post | Phase::Void => entry.resolution = Some(t),
+            Phase::Post | Phase::Void => {
+                if let Some((_, resolution)) = entry
+                    .reservations
+                    .iter_mut()
+                    .find(|(r, _)| Some(r.id) == t.pending_id)
+                {
+                    *resolution = Some(t);
+                }
+            }
             Phase::Single if t.code == Code::Sale.as_str() => entry.sale = Some(t),
-            Phase::Single => {}
+            Phase::Single | Phase::Pending => {}
         }
     }
     Ok(skus)
+}
+
+/// Which of an order's SKUs its merchant tracks now, in SKU order, with
+/// the merchant (`None`: none is tracked).
+pub async fn tracked_of_order(
+    conn: &mut PgConnection,
+    order_id: Uuid,
+) -> Result<(Option<Uuid>, Vec<String>), StoreError> {
+    let rows = sqlx::query(
+        "SELECT o.merchant_id, a.unit FROM orders o
+           JOIN ledger_account a
+             ON a.merchant_id = o.merchant_id AND a.ledger = 'stock' AND a.kind = 'holder'
+            AND a.owner = $2
+            AND a.unit IN (SELECT e->>'sku' FROM jsonb_array_elements(o.items) e)
+          WHERE o.id = $1
+          ORDER BY a.unit COLLATE \"C\"",
+    )
+    .bind(order_id)
+    .bind(HOLDER)
+    .fetch_all(conn)
+    .await?;
+    let merchant = rows.first().map(|r| r.try_get("merchant_id")).transpose()?;
+    let skus = rows
+        .iter()
+        .map(|r| r.try_get("unit"))
+        .collect::<Result<Vec<String>, _>>()?;
+    Ok((merchant, skus))
+}
+
+/// Takes the lock on a customer's reserving orders until the transaction
+/// ends (an advisory lock on its merchant and id), so that its orders are
+/// counted one at a time.
+pub async fn lock_customer(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    customer_id: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1::text || ':' || $2, 54))")
+        .bind(merchant_id)
+        .bind(customer_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// How many of a customer's orders await payment with their stock
+/// reserved, of the reservations still counting (before their deadline,
+/// or held for a payment in flight), by the database's clock.
+pub async fn open_reserving_orders(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    customer_id: &str,
+) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM orders o
+          WHERE o.merchant_id = $1 AND o.customer_id = $2
+            AND o.status = 'awaiting_payment' AND o.stock_reservation = 'reserved'
+            AND EXISTS (SELECT 1 FROM ledger_transfer t
+                          JOIN ledger_open_pending p ON p.pending_id = t.id
+                         WHERE t.order_id = o.id AND p.expires_at > statement_timestamp())",
+    )
+    .bind(merchant_id)
+    .bind(customer_id)
+    .fetch_one(conn)
+    .await?)
+}
+
+/// The orders with a reservation of the merchant's `skus` past its
+/// deadline and not yet voided, in id order.
+pub async fn orders_overdue_on(
+    conn: &mut PgConnection,
+    merchant_id: Uuid,
+    skus: &[&str],
+) -> Result<Vec<Uuid>, StoreError> {
+    let ids: Vec<Uuid> = skus
+        .iter()
+        .map(|sku| account(merchant_id, sku).id())
+        .collect();
+    Ok(sqlx::query_scalar(
+        "SELECT DISTINCT t.order_id FROM ledger_open_pending o
+           JOIN ledger_transfer t ON t.id = o.pending_id
+          WHERE o.account_id = ANY($1) AND o.expires_at <= statement_timestamp()
+            AND t.order_id IS NOT NULL
+          ORDER BY t.order_id",
+    )
+    .bind(&ids)
+    .fetch_all(conn)
+    .await?)
 }
 
 /// Orders with a reservation past its deadline and not yet voided, oldest
@@ -195,8 +313,18 @@ pub fn reservation_key(order_id: Uuid, sku: &str) -> String {
     format!("reservation:{order_id}:{sku}")
 }
 
-/// The key of the one sale an order may make of a SKU after its
-/// reservation expired.
+/// The key of the reservation that renews an order's reservation of a
+/// SKU for payment `payment_id`, for `purpose`: held while the payment is
+/// in flight (`payment`), until its authorization's deadline
+/// (`authorization`), or back to the order's own deadline once it failed
+/// (`after`). Each is made at most once, so a renewal repeated finds its
+/// key taken instead of reserving twice.
+pub fn renewal_key(order_id: Uuid, sku: &str, purpose: &str, payment_id: Uuid) -> String {
+    format!("reservation:{order_id}:{sku}:{purpose}:{payment_id}")
+}
+
+/// The key of the one sale an order may make of a SKU without a
+/// reservation (it lapsed, or the order reserved nothing).
 pub fn sale_key(order_id: Uuid, sku: &str) -> String {
     format!("sale:{order_id}:{sku}")
 }

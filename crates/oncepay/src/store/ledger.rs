@@ -176,6 +176,36 @@ pub struct Transfer {
     pub created_at: DateTime<Utc>,
 }
 
+impl Transfer {
+    /// Whether this transfer, found under `new`'s key, is the transfer
+    /// `new` describes: its phase, code, amount, accounts and the objects
+    /// it is for. `Err` names the first that differs (TigerBeetle's
+    /// `exists_with_different_*`): a key found on another transfer is
+    /// never reused as if it were this one.
+    pub fn same_as(&self, new: &NewTransfer<'_>) -> Result<(), &'static str> {
+        let (debit, credit) = match new.holder_is_debit {
+            true => (new.holder.id(), new.other.id()),
+            false => (new.other.id(), new.holder.id()),
+        };
+        let differs = [
+            (self.phase != new.phase, "phase"),
+            (self.code != new.code, "code"),
+            (self.amount != new.amount, "amount"),
+            (self.holder_account_id != new.holder.id(), "holder account"),
+            (self.debit_account_id != debit, "debit account"),
+            (self.credit_account_id != credit, "credit account"),
+            (self.pending_id != new.pending_id, "pending transfer"),
+            (self.payment_id != new.payment_id, "payment"),
+            (self.refund_id != new.refund_id, "refund"),
+            (self.order_id != new.order_id, "order"),
+        ];
+        match differs.into_iter().find(|(d, _)| *d) {
+            Some((_, what)) => Err(what),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The columns [`from_row`] reads, of the alias `t` (a literal, so the
 /// statements that read them are whole constants: `oncepay-bench` runs
 /// them as its same-SQL floor).
@@ -251,8 +281,39 @@ pub struct NewTransfer<'a> {
     pub refund_id: Option<Uuid>,
     /// The order it is for (stock).
     pub order_id: Option<Uuid>,
-    /// One transfer per key and merchant.
-    pub idempotency_key: Option<&'a str>,
+    /// One transfer per key, space and merchant.
+    pub key: Option<TransferKey<'a>>,
+}
+
+/// A transfer's key, in its space: a client's Idempotency-Key, or a key
+/// the service derives from its own ids (`payment:<id>`,
+/// `reservation:<order>:<sku>`, ...). The database keeps one transfer per
+/// key within each space (`ledger_transfer_one_per_key` on merchant,
+/// space and key), so a client's key can never take a key the service
+/// will use, whatever text it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransferKey<'a> {
+    /// The Idempotency-Key of the client's request.
+    Client(&'a str),
+    /// A key the service made.
+    Service(&'a str),
+}
+
+impl<'a> TransferKey<'a> {
+    /// Its space, as stored.
+    pub fn space(self) -> &'static str {
+        match self {
+            TransferKey::Client(_) => "client",
+            TransferKey::Service(_) => "service",
+        }
+    }
+
+    /// The key itself.
+    pub fn text(self) -> &'a str {
+        match self {
+            TransferKey::Client(k) | TransferKey::Service(k) => k,
+        }
+    }
 }
 
 /// Why the database refused a transfer.
@@ -286,8 +347,8 @@ pub const INSERT: &str = concat!(
     "INSERT INTO ledger_transfer AS t
         (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount, phase,
          pending_id, expires_at, code, holder_account_id, holder, description, payment_id,
-         refund_id, idempotency_key, order_id)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+         refund_id, idempotency_key, order_id, key_space)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
      RETURNING ",
     transfer_columns!()
 );
@@ -318,8 +379,9 @@ pub async fn insert(
         .bind(new.description)
         .bind(new.payment_id)
         .bind(new.refund_id)
-        .bind(new.idempotency_key)
+        .bind(new.key.map(TransferKey::text))
         .bind(new.order_id)
+        .bind(new.key.map(TransferKey::space))
         .fetch_one(conn)
         .await
         .map_err(|e| match super::violated_constraint(&e) {
@@ -339,10 +401,10 @@ pub const HOLD_ALL: &str = "WITH w AS (
         SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::uuid[],
                              $6::uuid[], $7::bigint[], $8::timestamptz[], $9::text[],
                              $10::uuid[], $11::text[], $12::text[], $13::uuid[], $14::uuid[],
-                             $15::text[], $16::uuid[])
+                             $15::text[], $16::uuid[], $17::text[])
             AS w(id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount,
                  expires_at, code, holder_account_id, holder, description, payment_id,
-                 refund_id, idempotency_key, order_id)),
+                 refund_id, idempotency_key, order_id, key_space)),
      enough AS (
         SELECT count(a.id) = (SELECT count(*) FROM w)
                AND COALESCE(bool_and(a.posted - a.held >= w.amount), false) AS ok
@@ -351,10 +413,11 @@ pub const HOLD_ALL: &str = "WITH w AS (
         INSERT INTO ledger_transfer
                (id, merchant_id, ledger, unit, debit_account_id, credit_account_id, amount, phase,
                 expires_at, code, holder_account_id, holder, description, payment_id, refund_id,
-                idempotency_key, order_id)
+                idempotency_key, order_id, key_space)
         SELECT w.id, w.merchant_id, w.ledger, w.unit, w.debit_account_id, w.credit_account_id,
                w.amount, 'pending', w.expires_at, w.code, w.holder_account_id, w.holder,
-               w.description, w.payment_id, w.refund_id, w.idempotency_key, w.order_id
+               w.description, w.payment_id, w.refund_id, w.idempotency_key, w.order_id,
+               w.key_space
           FROM w JOIN ledger_account a ON a.id = w.holder_account_id
          WHERE (SELECT ok FROM enough)
          ORDER BY a.unit COLLATE \"C\", a.owner COLLATE \"C\"
@@ -412,8 +475,9 @@ pub async fn hold_all(
         .bind(text(&|h| h.description.map(str::to_string)))
         .bind(opt(&|h| h.payment_id))
         .bind(opt(&|h| h.refund_id))
-        .bind(text(&|h| h.idempotency_key.map(str::to_string)))
+        .bind(text(&|h| h.key.map(|k| k.text().to_string())))
         .bind(opt(&|h| h.order_id))
+        .bind(text(&|h| h.key.map(|k| k.space().to_string())))
         .fetch_one(&mut *conn)
         .await;
     let row = match placed {
@@ -625,18 +689,19 @@ pub const BY_KEY: &str = concat!(
     "SELECT ",
     transfer_columns!(),
     " FROM ledger_transfer t
-          WHERE t.merchant_id = $1 AND t.idempotency_key = $2"
+          WHERE t.merchant_id = $1 AND t.idempotency_key = $2 AND t.key_space = $3"
 );
 
-/// The merchant's transfer made under `key`, if any.
+/// The merchant's transfer made under `key` (in its space), if any.
 pub async fn by_key(
     conn: &mut PgConnection,
     merchant_id: Uuid,
-    key: &str,
+    key: TransferKey<'_>,
 ) -> Result<Option<Transfer>, StoreError> {
     let row = sqlx::query(BY_KEY)
         .bind(merchant_id)
-        .bind(key)
+        .bind(key.text())
+        .bind(key.space())
         .fetch_optional(conn)
         .await?;
     row.as_ref().map(from_row).transpose()
@@ -736,6 +801,13 @@ pub struct CheckLine {
     pub negative: i64,
     /// Pending transfers resolved more than once, or posted above their amount.
     pub bad_resolutions: i64,
+    /// Transfers the payments and refunds disagree with, and the reverse
+    /// (issue 54): a balance payment's transfer without a succeeded (or
+    /// still pending) balance payment of that amount, a balance refund's
+    /// without its refund, a stock conversion or sale for an order no
+    /// payment paid; a succeeded balance payment or balance refund without
+    /// its transfer.
+    pub unmatched: i64,
 }
 
 impl CheckLine {
@@ -746,6 +818,7 @@ impl CheckLine {
             && self.totals_mismatched == 0
             && self.negative == 0
             && self.bad_resolutions == 0
+            && self.unmatched == 0
     }
 }
 
@@ -796,13 +869,50 @@ pub async fn check(pool: &PgPool, merchant: Option<&str>) -> Result<Vec<CheckLin
                    + count(*) FILTER (WHERE t.phase = 'post' AND p.expires_at <= t.created_at)
                        AS bad_resolutions
               FROM ledger_transfer t LEFT JOIN ledger_transfer p ON p.id = t.pending_id
-             GROUP BY t.merchant_id, t.ledger, t.unit)
+             GROUP BY t.merchant_id, t.ledger, t.unit),
+         -- The ledger against the payments and refunds it stands for. A
+         -- payment or refund still pending is in flight (its transfer is
+         -- written before the payment is settled), not a disagreement.
+         unmatched AS (
+            SELECT t.merchant_id, t.ledger, t.unit FROM ledger_transfer t
+             WHERE (t.ledger = 'balance' AND t.code = 'payment' AND NOT EXISTS (
+                      SELECT 1 FROM payment_attempt p
+                       WHERE p.id = t.payment_id AND p.provider = 'balance'
+                         AND p.status IN ('succeeded', 'pending')
+                         AND p.amount = t.amount AND p.currency = t.unit))
+                OR (t.ledger = 'balance' AND t.code = 'refund' AND NOT EXISTS (
+                      SELECT 1 FROM refund r
+                       WHERE r.id = t.refund_id AND r.status IN ('succeeded', 'pending')
+                         AND r.amount = t.amount))
+                OR (t.ledger = 'stock' AND t.code IN ('conversion', 'sale') AND NOT EXISTS (
+                      SELECT 1 FROM payment_attempt p
+                       WHERE p.order_id = t.order_id AND p.status = 'succeeded'))
+            UNION ALL
+            SELECT p.merchant_id, 'balance', p.currency FROM payment_attempt p
+             WHERE p.provider = 'balance' AND p.status = 'succeeded' AND NOT EXISTS (
+                   SELECT 1 FROM ledger_transfer t
+                    WHERE t.payment_id = p.id AND t.ledger = 'balance' AND t.code = 'payment'
+                      AND t.amount = p.amount)
+            UNION ALL
+            SELECT r.merchant_id, 'balance', p.currency
+              FROM refund r JOIN payment_attempt p ON p.id = r.payment_id
+             WHERE r.status = 'succeeded' AND (r.destination = 'balance' OR p.provider = 'balance')
+               AND NOT EXISTS (
+                   SELECT 1 FROM ledger_transfer t
+                    WHERE t.refund_id = r.id AND t.ledger = 'balance' AND t.code = 'refund'
+                      AND t.amount = r.amount)),
+         unmatched_sums AS (
+            SELECT merchant_id, ledger, unit, count(*) AS unmatched
+              FROM unmatched GROUP BY merchant_id, ledger, unit)
          SELECT m.name, u.ledger, u.unit, u.accounts, COALESCE(s.transfers, 0) AS transfers,
                 u.posted_sum, COALESCE(s.pending_sum, 0) AS pending_sum,
-                u.mismatched, u.negative, COALESCE(s.bad_resolutions, 0) AS bad_resolutions
+                u.mismatched, u.negative, COALESCE(s.bad_resolutions, 0) AS bad_resolutions,
+                COALESCE(x.unmatched, 0) AS unmatched
            FROM per_unit u JOIN merchant m ON m.id = u.merchant_id
            LEFT JOIN pending_sums s
              ON s.merchant_id = u.merchant_id AND s.ledger = u.ledger AND s.unit = u.unit
+           LEFT JOIN unmatched_sums x
+             ON x.merchant_id = u.merchant_id AND x.ledger = u.ledger AND x.unit = u.unit
           WHERE $1::text IS NULL OR m.name = $1
           ORDER BY m.name, u.ledger, u.unit",
     )
@@ -822,6 +932,7 @@ pub async fn check(pool: &PgPool, merchant: Option<&str>) -> Result<Vec<CheckLin
                 totals_mismatched: row.try_get("mismatched")?,
                 negative: row.try_get("negative")?,
                 bad_resolutions: row.try_get("bad_resolutions")?,
+                unmatched: row.try_get("unmatched")?,
             })
         })
         .collect()

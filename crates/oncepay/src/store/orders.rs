@@ -6,15 +6,23 @@ use sqlx::{PgConnection, PgExecutor, PgPool, Row};
 use uuid::Uuid;
 
 use super::{form, Corrupt, StoreError};
-use crate::domain::order::{Order, OrderStatus};
+use crate::domain::order::{Order, OrderStatus, StockReservation};
 use crate::idempotency::persistence::{millis, RecordId};
 use crate::idempotency::{ClaimingCompleted, Completing};
 
 /// The columns every read of a order returns, in `from_row`'s order.
+/// `amount_captured` and `amount_refunded` are read from the order's
+/// succeeded payment (at most one: `payment_attempt_one_live_per_order`),
+/// so they are what its payment and refunds say at every read, whichever
+/// path moved them.
 macro_rules! order_columns {
     () => {
         "id, customer_id, items, amount, currency, status, metadata, stock_reserved_until,
-         stock_shortfall, created_at, updated_at"
+         stock_reservation, stock_shortfall, created_at, updated_at,
+         (SELECT p.amount_captured FROM payment_attempt p
+           WHERE p.order_id = orders.id AND p.status = 'succeeded') AS amount_captured,
+         (SELECT p.refunded_amount FROM payment_attempt p
+           WHERE p.order_id = orders.id AND p.status = 'succeeded') AS amount_refunded"
     };
 }
 pub(crate) use order_columns;
@@ -28,12 +36,24 @@ pub(crate) fn from_row(row: &PgRow) -> Result<Order, StoreError> {
         items: serde_json::from_value(row.try_get("items")?)
             .map_err(Corrupt::json("order items"))?,
         amount: row.try_get("amount")?,
+        amount_captured: row
+            .try_get::<Option<i64>, _>("amount_captured")?
+            .unwrap_or(0),
+        amount_refunded: row
+            .try_get::<Option<i64>, _>("amount_refunded")?
+            .unwrap_or(0),
         currency: row.try_get("currency")?,
         status: OrderStatus::parse(&status)
             .ok_or_else(|| Corrupt::unknown("order status", &status))?,
         metadata: serde_json::from_value(row.try_get("metadata")?)
             .map_err(Corrupt::json("order metadata"))?,
         stock_reserved_until: row.try_get("stock_reserved_until")?,
+        stock_reservation: row
+            .try_get::<Option<String>, _>("stock_reservation")?
+            .map(|s| {
+                StockReservation::parse(&s).ok_or_else(|| Corrupt::unknown("stock reservation", &s))
+            })
+            .transpose()?,
         stock_shortfall: serde_json::from_value(row.try_get("stock_shortfall")?)
             .map_err(Corrupt::json("order stock shortfall"))?,
         created_at: row.try_get("created_at")?,
@@ -220,8 +240,9 @@ pub(crate) async fn insert_claiming(
 /// constant, so that `oncepay-bench` runs it as its same-SQL floor.
 pub const INSERT: &str =
     "INSERT INTO orders (id, merchant_id, customer_id, items, amount, currency, status,
-                         metadata, stock_reserved_until, created_at, updated_at)
-     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10)";
+                         metadata, stock_reserved_until, created_at, updated_at,
+                         stock_reservation)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $10, $11)";
 
 /// Inserts an order inside the caller's transaction: a create-order that
 /// reserves stock writes its order, its reservations and its answer in
@@ -242,24 +263,41 @@ pub(crate) async fn insert(
         .bind(metadata_of(order)?)
         .bind(order.stock_reserved_until)
         .bind(order.created_at)
+        .bind(order.stock_reservation.map(StockReservation::as_str))
         .execute(tx)
         .await?;
     Ok(())
 }
 
-/// Records what a paid order's stock lacks, and returns the order.
-pub(crate) async fn set_stock_shortfall(
+/// Where an order's stock stands, as [`set_stock`] writes it.
+#[derive(Debug, Clone)]
+pub struct StockOfOrder<'a> {
+    /// Until when its reservation counts (when no payment is in flight).
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Where its reservation stands.
+    pub reservation: Option<StockReservation>,
+    /// What its payment could not take from the stock.
+    pub shortfall: &'a [crate::domain::inventory::Shortfall],
+}
+
+/// Records where an order's stock stands, and returns the order.
+pub(crate) async fn set_stock(
     tx: &mut PgConnection,
     id: Uuid,
-    shortfall: &[crate::domain::inventory::Shortfall],
+    stock: &StockOfOrder<'_>,
 ) -> Result<Order, StoreError> {
-    let value = serde_json::to_value(shortfall).map_err(Corrupt::json("order stock shortfall"))?;
+    let shortfall =
+        serde_json::to_value(stock.shortfall).map_err(Corrupt::json("order stock shortfall"))?;
     let row = sqlx::query(concat!(
-        "UPDATE orders SET stock_shortfall = $2, updated_at = now() WHERE id = $1 RETURNING ",
+        "UPDATE orders SET stock_reserved_until = $2, stock_reservation = $3,
+                stock_shortfall = $4, updated_at = now()
+          WHERE id = $1 RETURNING ",
         order_columns!()
     ))
     .bind(id)
-    .bind(value)
+    .bind(stock.until)
+    .bind(stock.reservation.map(StockReservation::as_str))
+    .bind(shortfall)
     .fetch_one(tx)
     .await?;
     from_row(&row)
@@ -296,6 +334,20 @@ pub(crate) async fn try_lock_ids(
     .bind(ids)
     .fetch_all(tx)
     .await?)
+}
+
+/// Row-locks the orders `ids`, waiting for those another transaction
+/// holds, in id order (so two callers never wait for each other in a
+/// cycle). Only for a caller that holds no stock row yet.
+pub(crate) async fn lock_ids(tx: &mut PgConnection, ids: &[Uuid]) -> Result<(), StoreError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("SELECT id FROM orders WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(ids)
+        .fetch_all(tx)
+        .await?;
+    Ok(())
 }
 
 /// Reads one of the merchant's orders.
@@ -385,11 +437,9 @@ pub async fn list(
 ) -> Result<(Vec<Order>, bool), StoreError> {
     super::pages::fetch(
         pool,
-        "SELECT o.id, o.customer_id, o.items, o.amount, o.currency, o.status, o.metadata,
-                o.stock_reserved_until, o.stock_shortfall, o.created_at, o.updated_at
-           FROM orders o",
-        "o",
-        "o.customer_id",
+        concat!("SELECT ", order_columns!(), " FROM orders"),
+        "orders",
+        "orders.customer_id",
         merchant_id,
         page,
         from_row,

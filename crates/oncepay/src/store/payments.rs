@@ -260,6 +260,9 @@ row_statement! {
     super::orders::order_columns!(),
     " FROM orders
              WHERE id = i.order_id AND merchant_id = i.merchant_id AND status = 'awaiting_payment'
+               -- A reserving order's payment holds its stock while in
+               -- flight (`inventory::hold_for_payment`): the locking way.
+               AND stock_reserved_until IS NULL
                AND NOT EXISTS (SELECT 1 FROM ",
     live_attempts_of!("i.order_id"),
     ")
@@ -388,6 +391,13 @@ row_statement! {
         SELECT i.* FROM i CROSS JOIN LATERAL (
             SELECT 1 FROM orders
              WHERE id = i.order_id AND status = i.order_status AND updated_at = i.order_updated_at
+               -- An order paid takes its tracked SKUs out of the stock
+               -- (`inventory::follow_order`): the locking way.
+               AND (i.order_status_after <> 'paid' OR NOT EXISTS (
+                    SELECT 1 FROM ledger_account a
+                     WHERE a.merchant_id = orders.merchant_id AND a.ledger = 'stock'
+                       AND a.kind = 'holder' AND a.owner = 'on_hand'
+                       AND a.unit IN (SELECT e->>'sku' FROM jsonb_array_elements(orders.items) e)))
                FOR UPDATE) x),
      pl AS (
         SELECT o.* FROM o CROSS JOIN LATERAL (

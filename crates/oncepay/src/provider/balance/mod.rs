@@ -110,8 +110,7 @@ impl Balance {
         };
         match party {
             Ok(Some(party)) => {
-                let key = ledger_ops::payment_key(attempt_id);
-                match ledger_ops::made(&self.pool, party.merchant_id, &key).await {
+                match ledger_ops::payment_made(&self.pool, &self.metrics, &party).await {
                     Ok(Some(transfer)) => Self::succeeded(transfer.id),
                     Ok(None) => CallOutcome::NotFound,
                     Err(e) => Self::unknown(e),
@@ -134,8 +133,8 @@ impl Balance {
             Err(e) => return Self::unknown(e),
         };
         if !send {
-            let key = ledger_ops::refund_key(refund_id);
-            return match ledger_ops::made(&self.pool, party.merchant_id, &key).await {
+            return match ledger_ops::refund_made(&self.pool, &self.metrics, &party, refund_id).await
+            {
                 Ok(Some(transfer)) => Self::succeeded(transfer.id),
                 Ok(None) => CallOutcome::NotFound,
                 Err(e) => Self::unknown(e),

@@ -295,6 +295,36 @@ async fn token_caller(state: &AppState, token: &str) -> Result<Caller, Problem> 
     })
 }
 
+/// The path's `{customer_id}` as the balance handlers read it: the one
+/// value both the ownership check and the handler use. Percent-decoded
+/// whole, as `web::Path` decodes; `match_info().get` keeps `%2B`, `%2F`
+/// and `%25` encoded, and an ownership check on that spelling let the
+/// `sub` `alice%2Bshop` read the balance of `alice+shop` while
+/// `team/alice` could not read its own (issue 54). Empty if the route has
+/// no such segment, which no customer id is.
+pub(crate) fn path_customer(req: &HttpRequest) -> String {
+    #[derive(serde::Deserialize)]
+    struct InPath {
+        customer_id: String,
+    }
+    req.match_info()
+        .load::<InPath>()
+        .map(|p| p.customer_id)
+        .unwrap_or_default()
+}
+
+/// The path's `{id}` as a UUID, decoded as the handlers' `web::Path`
+/// decodes it (see [`path_customer`]): ownership is decided on the id the
+/// handler then reads.
+fn path_id(req: &HttpRequest) -> Option<Uuid> {
+    #[derive(serde::Deserialize)]
+    struct InPath {
+        id: String,
+    }
+    let InPath { id } = req.match_info().load::<InPath>().ok()?;
+    Uuid::parse_str(&id).ok()
+}
+
 /// A customer owns the path's object, or the request answers the `404`
 /// another merchant's object would.
 async fn owns_path(
@@ -307,7 +337,7 @@ async fn owns_path(
     let (code, what) = match how {
         // The path names the customer, as a new order's body does.
         Ownership::CustomerInPath => {
-            return if req.match_info().get("customer_id") == Some(customer) {
+            return if path_customer(req) == customer {
                 Ok(())
             } else {
                 Err(Problem::new(
@@ -322,11 +352,7 @@ async fn owns_path(
         // Checked where the body or the query is read.
         Ownership::CustomerInBody | Ownership::OrderInBody | Ownership::OwnList => return Ok(()),
     };
-    let id = req
-        .match_info()
-        .get("id")
-        .and_then(|raw| Uuid::parse_str(raw).ok())
-        .ok_or_else(|| Problem::not_found(code, what))?;
+    let id = path_id(req).ok_or_else(|| Problem::not_found(code, what))?;
     let pool = state.ctx.pool.clone();
     let owner = on_service_runtime(state, async move {
         match how {
@@ -422,11 +448,7 @@ async fn customer_may_cancel(
     req: &HttpRequest,
     caller: &Caller,
 ) -> Result<(), Problem> {
-    let Some(order_id) = req
-        .match_info()
-        .get("id")
-        .and_then(|raw| Uuid::parse_str(raw).ok())
-    else {
+    let Some(order_id) = path_id(req) else {
         return Ok(());
     };
     let pool = state.ctx.pool.clone();

@@ -132,13 +132,16 @@ pub(crate) async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<
     Ok(caller.merchant_id)
 }
 
+/// The credentials of `Authorization: Bearer <key or token>`. The scheme
+/// is case-insensitive (RFC 7235 section 2.1): clients and proxies that
+/// send `bearer` are not refused.
 fn bearer(req: &HttpRequest) -> Option<&str> {
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, credentials) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    Some(credentials.trim()).filter(|k| !k.is_empty())
 }
 
 /// The caller behind `Authorization: Bearer <key or token>` (`401`

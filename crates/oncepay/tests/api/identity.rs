@@ -1475,3 +1475,38 @@ async fn a_customer_token_cannot_set_an_orders_metadata() {
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
 }
+
+// Issue 54: the edges of authentication.
+
+#[tokio::test]
+async fn a_tokens_scheme_is_case_insensitive_and_its_403_is_titled_for_a_token() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    // RFC 7235: `bearer` is `Bearer`.
+    for scheme in ["bearer", "BEARER"] {
+        let r = app
+            .http
+            .get(format!("{}/orders", app.base))
+            .header("Authorization", format!("{scheme} {alice}"))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::OK, "{scheme}");
+    }
+    // A customer's refusal no longer speaks of an API key; same code.
+    let r = app.get_as(&alice, "/refunds").await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let problem = json_of(r).await;
+    assert_eq!(problem["code"], "insufficient_scope", "{problem}");
+    assert_eq!(
+        problem["title"], "The credentials lack the scope this needs",
+        "{problem}"
+    );
+}

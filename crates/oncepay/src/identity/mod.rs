@@ -87,6 +87,13 @@ impl Verifier {
         let identity = store::identity::by_issuer(&self.pool, &peeked.issuer)
             .await?
             .ok_or(Refusal::UnknownIssuer)?;
+        // Before any key is looked up: neither a token of another kind nor
+        // one of an algorithm the provider does not sign with can make
+        // oncepay fetch its JWKS.
+        token::type_accepted(peeked.typ.as_deref(), identity.token_type.as_deref())?;
+        if !identity.algorithms.contains(peeked.alg) {
+            return Err(Refusal::AlgorithmNotTrusted.into());
+        }
         let key = match self
             .keys
             .key(&identity.issuer, &identity.jwks_url, &peeked.kid)
@@ -104,6 +111,7 @@ impl Verifier {
             issuer: &identity.issuer,
             audience: &identity.audience,
             roles_claim: &identity.roles_claim,
+            algorithms: identity.algorithms,
         };
         let claims = token::verify(bearer, &peeked, &key, expected, now)?;
         Ok(Verified {

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::helpers::*;
 use oncepay::http::routes::{Access, Customers, Ownership};
+use oncepay::identity::token::Algorithms;
 
 pub(crate) const ISSUER: &str = "https://id.shop-a.example";
 const AUDIENCE: &str = "oncepay-shop-a";
@@ -127,6 +128,9 @@ struct Sign<'a> {
     claims: Value,
     alg: Option<&'static str>,
     kid: Option<String>,
+    /// The header's `typ` (PyJWT's own `JWT` unless said; `null` leaves
+    /// it out).
+    typ: Option<Value>,
 }
 
 impl<'a> Sign<'a> {
@@ -136,6 +140,7 @@ impl<'a> Sign<'a> {
             claims,
             alg: None,
             kid: None,
+            typ: None,
         }
     }
 }
@@ -150,10 +155,14 @@ async fn sign_all(requests: Vec<Sign<'_>>) -> Vec<String> {
             } else {
                 &r.key.private_pem
             };
+            let mut headers = json!({"kid": r.kid.clone().unwrap_or_else(|| r.key.kid.clone())});
+            if let Some(typ) = &r.typ {
+                headers["typ"] = typ.clone();
+            }
             json!({
                 "alg": alg,
                 "key": pem,
-                "headers": {"kid": r.kid.clone().unwrap_or_else(|| r.key.kid.clone())},
+                "headers": headers,
                 "claims": r.claims,
             })
         })
@@ -231,6 +240,18 @@ impl Idp {
 /// Merchant `name` trusts `idp` as `issuer` for `AUDIENCE` (as `oncepay
 /// merchant identity` sets it).
 pub(crate) async fn trust(app: &TestApp, name: &str, issuer: &str, idp: &Idp) {
+    trust_with(app, name, issuer, idp, None, Algorithms::ALL).await;
+}
+
+/// As [`trust`], with `--token-type` and `--algorithms`.
+async fn trust_with(
+    app: &TestApp,
+    name: &str,
+    issuer: &str,
+    idp: &Idp,
+    token_type: Option<&str>,
+    algorithms: Algorithms,
+) {
     let outcome = oncepay::store::identity::set(
         &app.db,
         name,
@@ -239,6 +260,8 @@ pub(crate) async fn trust(app: &TestApp, name: &str, issuer: &str, idp: &Idp) {
             jwks_url: &idp.url,
             audience: AUDIENCE,
             roles_claim: "roles",
+            token_type,
+            algorithms,
         },
         &oncepay::audit::Actor::cli(),
     )
@@ -1509,4 +1532,105 @@ async fn a_tokens_scheme_is_case_insensitive_and_its_403_is_titled_for_a_token()
         problem["title"], "The credentials lack the scope this needs",
         "{problem}"
     );
+}
+
+#[tokio::test]
+async fn a_token_of_another_kind_is_refused_and_a_merchant_may_require_one_type() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let typed = |typ: Value| Sign {
+        typ: Some(typ),
+        ..Sign::new(key, claims("alice", "customer"))
+    };
+    let types = [
+        json!("JWT"),
+        json!(null),
+        json!("at+jwt"),
+        json!("application/AT+JWT"),
+        json!("logout+jwt"),
+        json!("secevent+jwt"),
+        json!("application/dpop+jwt"),
+        json!(["JWT"]),
+    ];
+    let tokens = sign_all(types.iter().map(|t| typed(t.clone())).collect()).await;
+    // By default a sign-in's tokens: `JWT`, `at+jwt` or no `typ`; a
+    // logout token, a security event or a DPoP proof the same provider
+    // signed with the same key is not one.
+    for (typ, token) in types.iter().zip(&tokens) {
+        let r = app.get_as(token, "/orders").await;
+        match typ.as_str() {
+            Some("JWT" | "at+jwt" | "application/AT+JWT") | None if !typ.is_array() => {
+                assert_eq!(r.status(), StatusCode::OK, "typ {typ}")
+            }
+            _ => assert_invalid_token(r, token, &format!("typ {typ}"), "typ").await,
+        }
+    }
+    // `--token-type at+jwt`: that type only.
+    trust_with(
+        &app,
+        "merchant-a",
+        ISSUER,
+        &idp,
+        Some("at+jwt"),
+        Algorithms::ALL,
+    )
+    .await;
+    for (typ, token) in types.iter().zip(&tokens) {
+        let r = app.get_as(token, "/orders").await;
+        match typ.as_str() {
+            Some("at+jwt" | "application/AT+JWT") => {
+                assert_eq!(r.status(), StatusCode::OK, "typ {typ}")
+            }
+            _ => assert_invalid_token(r, token, &format!("typ {typ} with at+jwt"), "typ").await,
+        }
+    }
+    // The CLI's own flag, shown back.
+    let shown = oncepay::store::identity::of_merchant(&app.db, "merchant-a")
+        .await
+        .expect("read")
+        .flatten()
+        .expect("an identity provider");
+    assert_eq!(shown.token_type.as_deref(), Some("at+jwt"));
+}
+
+#[tokio::test]
+async fn an_rsa_key_naming_no_alg_verifies_one_algorithm() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["RS256"]).await;
+    let mut bare = made[0].clone();
+    bare.jwk.as_object_mut().expect("a JWK").remove("alg");
+    let idp = Idp::start(&[&bare]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let as_alg = |alg: &'static str| Sign {
+        alg: Some(alg),
+        ..Sign::new(&bare, claims("alice", "customer"))
+    };
+    let tokens = sign_all(vec![as_alg("RS256"), as_alg("PS256")]).await;
+    let (rs256, ps256) = (&tokens[0], &tokens[1]);
+    // One RSA key, one algorithm: RS256 by default, never PS256 as well.
+    assert_eq!(app.get_as(rs256, "/orders").await.status(), StatusCode::OK);
+    let r = app.get_as(ps256, "/orders").await;
+    assert_invalid_token(
+        r,
+        ps256,
+        "PS256 by an alg-less key",
+        "not a key for the token's alg",
+    )
+    .await;
+    // A provider that signs with PS256 only says so: then PS256, and
+    // RS256 is refused before any key is looked at.
+    let pss = Algorithms::parse(["PS256"]).expect("algorithms");
+    trust_with(&app, "merchant-a", ISSUER, &idp, None, pss).await;
+    assert_eq!(app.get_as(ps256, "/orders").await.status(), StatusCode::OK);
+    let r = app.get_as(rs256, "/orders").await;
+    assert_invalid_token(r, rs256, "RS256 with --algorithms PS256", "signs with").await;
 }

@@ -1101,6 +1101,10 @@ async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
         AUDIENCE,
         "--roles-claim",
         "https://shop-a.example/roles",
+        "--token-type",
+        "at+jwt",
+        "--algorithms",
+        "ES256,EdDSA",
     ])
     .await;
     assert!(ok, "{text}");
@@ -1108,6 +1112,8 @@ async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
     assert!(ok, "{text}");
     assert!(text.contains(ISSUER) && text.contains(AUDIENCE), "{text}");
     assert!(text.contains("https://shop-a.example/roles"), "{text}");
+    assert!(text.contains("identity.token_type: at+jwt"), "{text}");
+    assert!(text.contains("identity.algorithms: ES256,EdDSA"), "{text}");
     // One issuer, one merchant.
     oncepay::api_keys::create(&app.db, "merchant-b")
         .await

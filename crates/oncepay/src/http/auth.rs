@@ -145,7 +145,8 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
 }
 
 /// The caller behind `Authorization: Bearer <key or token>` (`401`
-/// otherwise: `invalid_token` for a token), allowed by the route table to
+/// otherwise: `invalid_token` for a token; `429` first for an address
+/// whose credentials keep authenticating nobody), allowed by the route table to
 /// call this route (`403 insufficient_scope` otherwise), admitted by its
 /// rate limit (`429` otherwise), and owning the path's object if it is a
 /// customer (`404` otherwise), before anything else is read or written.
@@ -160,10 +161,18 @@ pub(crate) async fn authenticate_caller(
         )
     };
     let bearer = bearer(req).ok_or_else(unauthorized)?;
+    let address = req.peer_addr().map(|peer| peer.ip());
+    unfailing_address(state, address)?;
     let caller = if crate::identity::token::is_token(bearer) {
-        token_caller(state, bearer).await?
+        token_caller(state, bearer, address).await?
     } else {
-        key_caller(state, bearer).await?.ok_or_else(unauthorized)?
+        match key_caller(state, bearer).await? {
+            Some(caller) => caller,
+            None => {
+                failed(state, address);
+                return Err(unauthorized());
+            }
+        }
     };
     let pattern = req.match_pattern().unwrap_or_default();
     let method = req.method().as_str();
@@ -205,6 +214,35 @@ pub(crate) async fn authenticate_caller(
         owns_path(state, req, caller.merchant_id, customer, how).await?;
     }
     Ok(caller)
+}
+
+/// `429` for an address whose credentials keep authenticating nobody
+/// (`ONCEPAY_AUTH_FAILURE_RATE_LIMIT_*`), before its next ones are looked
+/// up: an unknown key costs a database query, as does a token naming an
+/// issuer not seen lately, and neither has a merchant whose limit could
+/// count it. Every request of such an address waits, good credentials
+/// too: which of its credentials are good is what it must not be able to
+/// probe at speed.
+fn unfailing_address(state: &AppState, address: Option<std::net::IpAddr>) -> Result<(), Problem> {
+    let Some(wait) = address.and_then(|ip| state.auth_failures.waiting(&ip, None)) else {
+        return Ok(());
+    };
+    state.ctx.metrics.rate_limited.inc();
+    let seconds = crate::rate_limit::retry_after_secs(wait);
+    Err(Problem::new(
+        ProblemCode::RateLimited,
+        format!("too many failed authentications from this address; retry in {seconds} s"),
+    )
+    .retry_after(seconds))
+}
+
+/// Counts a credential that authenticated nobody against its address.
+fn failed(state: &AppState, address: Option<std::net::IpAddr>) {
+    if let Some(ip) = address {
+        // Over the limit or not, the next request is what
+        // `unfailing_address` refuses.
+        let _ = state.auth_failures.check(ip, None);
+    }
 }
 
 /// The rate limit, after the checks that read nothing (a request refused
@@ -259,24 +297,34 @@ fn invalid_token(why: impl std::fmt::Display) -> Problem {
     Problem::new(ProblemCode::InvalidToken, why.to_string())
 }
 
-async fn token_caller(state: &AppState, token: &str) -> Result<Caller, Problem> {
+async fn token_caller(
+    state: &AppState,
+    token: &str,
+    address: Option<std::net::IpAddr>,
+) -> Result<Caller, Problem> {
+    use crate::identity::token::Refusal;
+    use crate::identity::Rejected;
     let verifier = state.identity.clone();
     let token = token.to_string();
-    let verified = on_service_runtime(state, async move {
-        use crate::identity::Rejected;
-        match verifier.verify(&token).await {
-            Ok(verified) => Ok(verified),
-            // Not the token's fault: the identity provider could not be
-            // reached and no key of it is held yet. A client that signed
-            // its user out on a `401` here would be wrong.
-            Err(Rejected::Invalid(crate::identity::token::Refusal::KeysUnavailable)) => {
-                Err(Problem::unavailable("the identity provider's key set"))
-            }
-            Err(Rejected::Invalid(why)) => Err(invalid_token(why)),
-            Err(Rejected::Store(e)) => Err(store_problem(e)),
+    let verified =
+        on_service_runtime(state, async move { Ok(verifier.verify(&token).await) }).await?;
+    let verified = match verified {
+        Ok(verified) => verified,
+        // Not the token's fault: the identity provider could not be
+        // reached and no key of it is held yet. A client that signed
+        // its user out on a `401` here would be wrong.
+        Err(Rejected::Invalid(Refusal::KeysUnavailable)) => {
+            return Err(Problem::unavailable("the identity provider's key set"))
         }
-    })
-    .await?;
+        Err(Rejected::Invalid(why)) => {
+            // No merchant to count it against, as for an unknown key.
+            if why == Refusal::UnknownIssuer {
+                failed(state, address);
+            }
+            return Err(invalid_token(why));
+        }
+        Err(Rejected::Store(e)) => return Err(store_problem(e)),
+    };
     let Some(role) = verified.role else {
         // Authenticated, with no right here: a `403`, not a `401`.
         return Err(Problem::new(

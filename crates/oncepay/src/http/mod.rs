@@ -53,6 +53,9 @@ pub struct AppState {
     pub rate_limits: crate::rate_limit::RateLimits,
     /// The public checkout's rate limits (per session, per address).
     pub checkout_limits: checkout::CheckoutLimits,
+    /// Each client address's failed authentications (unknown keys,
+    /// tokens of unknown issuers): see `auth::authenticate_caller`.
+    pub auth_failures: crate::rate_limit::RateLimits<std::net::IpAddr>,
     /// Whether webhook endpoints may have private addresses
     /// (`ONCEPAY_WEBHOOK_ALLOW_PRIVATE`).
     pub webhook_allow_private: bool,

@@ -1640,3 +1640,91 @@ async fn an_rsa_key_naming_no_alg_verifies_one_algorithm() {
     let r = app.get_as(rs256, "/orders").await;
     assert_invalid_token(r, rs256, "RS256 with --algorithms PS256", "signs with").await;
 }
+
+#[tokio::test]
+async fn a_flood_of_tokens_of_an_unknown_issuer_costs_no_query_each() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let stranger = |issuer: &str| {
+        let mut c = claims("alice", "customer");
+        c["iss"] = json!(issuer);
+        Sign::new(key, c)
+    };
+    let tokens = sign_all(vec![
+        stranger("https://id.stranger.example"),
+        stranger("https://id.another-stranger.example"),
+    ])
+    .await;
+    let (seen, unseen) = (&tokens[0], &tokens[1]);
+    // The first token of an unknown issuer costs the query that finds no
+    // merchant trusting it.
+    let r = app.get_as(seen, "/orders").await;
+    assert_invalid_token(r, seen, "an unknown issuer", "issuer").await;
+    // No query can read merchant_identity while this lock is held: a
+    // flood of the same issuer is still answered at once, from memory.
+    let mut lock = app.db.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE merchant_identity IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    for i in 0..50 {
+        let r = tokio::time::timeout(Duration::from_secs(5), app.get_as(seen, "/orders"))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("token {i} of a known-unknown issuer waited for the database")
+            });
+        assert_invalid_token(r, seen, "the flood", "issuer").await;
+    }
+    // An issuer not seen yet is asked about: it waits for the lock, so
+    // the answers above did not come from the database.
+    let asked =
+        tokio::time::timeout(Duration::from_millis(500), app.get_as(unseen, "/orders")).await;
+    assert!(
+        asked.is_err(),
+        "an unseen issuer was answered without a query"
+    );
+    lock.rollback().await.expect("unlock");
+    let r = app.get_as(unseen, "/orders").await;
+    assert_invalid_token(r, unseen, "the unseen issuer", "issuer").await;
+    // A trusted issuer's tokens were never in the way.
+    let good = sign(key, claims("alice", "customer")).await;
+    assert_eq!(app.get_as(&good, "/orders").await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn tokens_of_unknown_issuers_are_rate_limited_by_address() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND", "1")
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_BURST", "5"),
+    )
+    .await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let mut c = claims("alice", "customer");
+    c["iss"] = json!("https://id.stranger.example");
+    let stranger = sign(key, c).await;
+    let good = sign(key, claims("alice", "customer")).await;
+    // Credentials that authenticate someone count nothing.
+    for _ in 0..20 {
+        assert_eq!(app.get_as(&good, "/orders").await.status(), StatusCode::OK);
+    }
+    let first = app.get_as(&stranger, "/orders").await;
+    assert_invalid_token(first, &stranger, "the first stranger", "issuer").await;
+    // Then the address is held to its limit of failures, as for unknown
+    // API keys (`security::unknown_api_keys_are_rate_limited_by_address`).
+    let (n, most) = admitted(30, 1, 5, |_| app.get_as(&stranger, "/orders")).await;
+    assert!(n <= most, "{n} failures answered, at most {most}");
+    assert!(n < 30, "no failure was refused: {n} of 30 answered");
+}

@@ -430,3 +430,47 @@ async fn insufficient_scope_is_titled_for_any_credential() {
         "The credentials lack the scope this needs"
     );
 }
+
+/// Unknown API keys from one address are held to
+/// `ONCEPAY_AUTH_FAILURE_RATE_LIMIT_*` (each costs a database query and
+/// has no merchant whose limit could count it): past the burst, `429`
+/// with `Retry-After` before the next key is looked up. Keys that
+/// authenticate someone count nothing.
+#[tokio::test]
+async fn unknown_api_keys_are_rate_limited_by_address() {
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND", "1")
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_BURST", "5"),
+    )
+    .await;
+    for _ in 0..20 {
+        assert_eq!(app.get("/orders").await.status(), StatusCode::OK);
+    }
+    let started = std::time::Instant::now();
+    let (mut unauthorized, mut limited) = (0u64, 0u64);
+    for i in 0..30 {
+        let r = app
+            .http
+            .get(format!("{}/orders", app.base))
+            .bearer_auth(format!("opk_{i:064}"))
+            .send()
+            .await
+            .expect("sent");
+        match r.status() {
+            StatusCode::UNAUTHORIZED => unauthorized += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(r.headers().get("retry-after").is_some());
+                assert_eq!(json_of(r).await["code"], "rate_limited");
+                limited += 1;
+            }
+            other => panic!("an unknown key answered {other}"),
+        }
+    }
+    let most = 5 + started.elapsed().as_secs() + 1;
+    assert!(
+        unauthorized <= most,
+        "{unauthorized} unknown keys looked up, at most {most}"
+    );
+    assert!(limited > 0, "no unknown key was refused before its lookup");
+}

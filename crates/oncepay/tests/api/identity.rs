@@ -1728,3 +1728,57 @@ async fn tokens_of_unknown_issuers_are_rate_limited_by_address() {
     assert!(n <= most, "{n} failures answered, at most {most}");
     assert!(n < 30, "no failure was refused: {n} of 30 answered");
 }
+
+/// GHSA-h395-gr6q-cpjc (CVE-2026-25537; jsonwebtoken before 10.3.0, and
+/// the workspace keeps 9.3 for its ring backend): a standard claim of the
+/// wrong JSON type (`"nbf": "99999999999"`) parses as absent, so
+/// `validate_nbf` and `validate_exp` skip it. oncepay requires `iss`,
+/// `aud` and `sub` (the library refuses them absent or mistyped) and
+/// checks `exp`, `nbf` and `iat` itself as JSON numbers: every mistyped
+/// claim below, each in a token signed by the trusted key, is refused.
+#[tokio::test]
+async fn jsonwebtokens_claim_type_confusion_is_closed() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let cases: Vec<(&str, Value, &str)> = vec![
+        // The advisory's own: a far future `nbf` as a string.
+        ("nbf", json!("99999999999"), "nbf"),
+        ("nbf", json!([99_999_999_999i64]), "nbf"),
+        ("nbf", json!({"at": 99_999_999_999i64}), "nbf"),
+        ("nbf", json!(true), "nbf"),
+        ("nbf", json!(null), "nbf"),
+        ("exp", json!("1"), "exp"),
+        ("exp", json!(null), "exp"),
+        ("exp", json!([now() + 300]), "exp"),
+        ("iat", json!("99999999999"), "iat"),
+        ("aud", json!(7), "aud"),
+        ("aud", json!({"aud": AUDIENCE}), "aud"),
+        ("sub", json!(5), "sub"),
+        ("sub", json!(["alice"]), "sub"),
+        ("iss", json!([ISSUER]), "iss"),
+    ];
+    let signs = cases
+        .iter()
+        .map(|(claim, value, _)| {
+            let mut c = claims("alice", "customer");
+            c[*claim] = value.clone();
+            Sign::new(key, c)
+        })
+        .collect();
+    let tokens = sign_all(signs).await;
+    for ((claim, value, why), token) in cases.iter().zip(&tokens) {
+        let case = format!("{claim}: {value}");
+        let r = app.get_as(token, "/orders").await;
+        assert_invalid_token(r, token, &case, why).await;
+    }
+    // The same token with its claims well typed is accepted: each refusal
+    // was the mistyped claim's.
+    let good = sign(key, claims("alice", "customer")).await;
+    assert_eq!(app.get_as(&good, "/orders").await.status(), StatusCode::OK);
+}

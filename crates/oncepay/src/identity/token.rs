@@ -631,11 +631,11 @@ mod tests {
 
     #[test]
     fn a_token_of_another_kind_is_refused() {
-        let read = |typ: &str| media_type(typ);
-        assert_eq!(read("JWT"), "application/jwt");
-        assert_eq!(read("application/AT+JWT"), "application/at+jwt");
-        let ok =
-            |typ: Option<&str>, required| type_accepted(typ.map(read).as_deref(), required).is_ok();
+        assert_eq!(media_type("JWT"), "application/jwt");
+        assert_eq!(media_type("application/AT+JWT"), "application/at+jwt");
+        let ok = |typ: Option<&str>, required| {
+            type_accepted(typ.map(media_type).as_deref(), required).is_ok()
+        };
         for typ in [
             None,
             Some("JWT"),

@@ -1746,7 +1746,7 @@ async fn jsonwebtokens_claim_type_confusion_is_closed() {
     let key = &made[0];
     let idp = Idp::start(&[key]);
     trust(&app, "merchant-a", ISSUER, &idp).await;
-    let cases: Vec<(&str, Value, &str)> = vec![
+    let cases = [
         // The advisory's own: a far future `nbf` as a string.
         ("nbf", json!("99999999999"), "nbf"),
         ("nbf", json!([99_999_999_999i64]), "nbf"),

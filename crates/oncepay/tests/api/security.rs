@@ -393,7 +393,7 @@ async fn the_bearer_scheme_is_matched_whatever_its_case() {
         let r = app
             .http
             .get(format!("{}/orders", app.base))
-            .header("Authorization", &authorization)
+            .header("Authorization", authorization)
             .send()
             .await
             .expect("sent");

@@ -147,8 +147,20 @@ pub enum MerchantCommand {
         /// `customer`, `seller`).
         #[arg(long, default_value = "roles", value_parser = roles_claim)]
         roles_claim: String,
+        /// The one `typ` its tokens must carry (`at+jwt` for RFC 9068
+        /// access tokens, say; a media type, `application/` implied).
+        /// Without it: no `typ`, `JWT` or `at+jwt`. Tokens of any other
+        /// kind it signs (`logout+jwt`, `secevent+jwt`, ...) are refused.
+        #[arg(long, value_parser = token_type)]
+        token_type: Option<String>,
+        /// The algorithms it signs with, comma-separated: RS256, PS256,
+        /// ES256, EdDSA. An RSA key of its JWKS that names no `alg`
+        /// verifies one of them only: RS256, or PS256 if RS256 is not
+        /// listed.
+        #[arg(long, default_value = "RS256,PS256,ES256,EdDSA", value_parser = algorithms)]
+        algorithms: crate::identity::token::Algorithms,
         /// Trust the merchant's identity provider no more.
-        #[arg(long, conflicts_with_all = ["issuer", "jwks_url", "audience"])]
+        #[arg(long, conflicts_with_all = ["issuer", "jwks_url", "audience", "token_type"])]
         remove: bool,
     },
     /// Show a merchant's settings: its identity provider.
@@ -168,6 +180,32 @@ fn identity_text(text: &str) -> Result<String, String> {
 /// `oncepay merchant identity`'s roles claim: 1 to 100 characters.
 fn roles_claim(text: &str) -> Result<String, String> {
     bounded_text(text, 100)
+}
+
+/// `oncepay merchant identity --token-type`: a media type of RFC 6838's
+/// characters (`at+jwt`, `application/at+jwt`), at most 100 characters.
+fn token_type(text: &str) -> Result<String, String> {
+    let name = |part: &str| {
+        !part.is_empty()
+            && part
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b))
+    };
+    let fits = text.len() <= 100
+        && match text.split_once('/') {
+            Some((kind, subtype)) => name(kind) && name(subtype),
+            None => name(text),
+        };
+    if fits {
+        Ok(text.to_string())
+    } else {
+        Err("a media type such as at+jwt or application/at+jwt, at most 100 characters".into())
+    }
+}
+
+/// `oncepay merchant identity --algorithms`: comma-separated JOSE names.
+fn algorithms(text: &str) -> Result<crate::identity::token::Algorithms, String> {
+    crate::identity::token::Algorithms::parse(text.split(','))
 }
 
 fn bounded_text(text: &str, max: usize) -> Result<String, String> {
@@ -300,9 +338,38 @@ mod tests {
                 jwks_url: Some("https://idp.acme/jwks".into()),
                 audience: Some("oncepay".into()),
                 roles_claim: "roles".into(),
+                token_type: None,
+                algorithms: crate::identity::token::Algorithms::ALL,
                 remove: false,
             })
         );
+        assert_eq!(
+            command(
+                "merchant identity --merchant acme --issuer https://idp.acme --jwks-url https://idp.acme/jwks --audience oncepay --token-type at+jwt --algorithms PS256,ES256"
+            ),
+            Command::Merchant(MerchantCommand::Identity {
+                merchant: "acme".into(),
+                issuer: Some("https://idp.acme".into()),
+                jwks_url: Some("https://idp.acme/jwks".into()),
+                audience: Some("oncepay".into()),
+                roles_claim: "roles".into(),
+                token_type: Some("at+jwt".into()),
+                algorithms: crate::identity::token::Algorithms::parse(["PS256", "ES256"])
+                    .expect("algorithms"),
+                remove: false,
+            })
+        );
+        let identity = "merchant identity --merchant acme --issuer i --jwks-url https://idp.acme/jwks --audience a";
+        for bad in [
+            "--token-type at jwt",
+            "--token-type a/b/c",
+            "--token-type /jwt",
+            "--algorithms HS256",
+            "--algorithms RS256,none",
+        ] {
+            assert!(p(&format!("{identity} {bad}")).is_err(), "{bad}");
+        }
+        assert!(p("merchant identity --merchant acme --remove --token-type at+jwt").is_err());
         assert!(p("merchant identity --merchant acme --remove").is_ok());
         assert!(p("merchant identity --merchant acme --issuer i --audience a").is_err());
         assert!(p("merchant identity --merchant acme --remove --issuer i").is_err());

@@ -407,6 +407,15 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
                     1_000_000,
                 )?,
             ),
+            auth_failure_rate_limit: crate::rate_limit::Limit::new(
+                self.number(
+                    "ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND",
+                    10i64,
+                    0,
+                    1_000_000,
+                )?,
+                self.number("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_BURST", 50i64, 1, 1_000_000)?,
+            ),
             writers_fitted: None,
         };
         fit_writers_to_pool(config)
@@ -731,6 +740,10 @@ pub struct ServeConfig {
     pub checkout_rate_limit: Option<crate::rate_limit::Limit>,
     /// Each client address's rate limit on the checkout; `None`: unlimited.
     pub checkout_address_rate_limit: Option<crate::rate_limit::Limit>,
+    /// Each client address's limit on credentials that authenticate
+    /// nobody (unknown API keys, tokens of issuers no merchant trusts);
+    /// `None`: unlimited.
+    pub auth_failure_rate_limit: Option<crate::rate_limit::Limit>,
 }
 
 /// Settings of outbound webhooks (merchant notifications).

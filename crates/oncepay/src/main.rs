@@ -173,6 +173,8 @@ async fn merchant(env: &ProcessEnv, command: MerchantCommand) -> anyhow::Result<
             jwks_url,
             audience,
             roles_claim,
+            token_type,
+            algorithms,
             remove: _,
         } => {
             let url = env.database_url()?;
@@ -189,13 +191,17 @@ async fn merchant(env: &ProcessEnv, command: MerchantCommand) -> anyhow::Result<
                         jwks_url: &jwks_url,
                         audience: &audience,
                         roles_claim: &roles_claim,
+                        token_type: token_type.as_deref(),
+                        algorithms,
                     };
                     match identity::set(&pool, &merchant, new, &actor)
                         .await
                         .context("setting the identity provider")?
                     {
                         SetOutcome::Set => println!(
-                            "{merchant}: trusts tokens of {issuer} for {audience} (keys: {jwks_url}; roles claim: {roles_claim})"
+                            "{merchant}: trusts tokens of {issuer} for {audience} (keys: {jwks_url}; roles claim: {roles_claim}; token type: {}; algorithms: {})",
+                            token_type.as_deref().unwrap_or("JWT, at+jwt or none"),
+                            algorithms.names().join(","),
                         ),
                         SetOutcome::NoMerchant => anyhow::bail!("no merchant named {merchant:?}"),
                         SetOutcome::IssuerTaken => {
@@ -232,6 +238,17 @@ async fn merchant(env: &ProcessEnv, command: MerchantCommand) -> anyhow::Result<
                     println!("identity.jwks_url: {}", identity.jwks_url);
                     println!("identity.audience: {}", identity.audience);
                     println!("identity.roles_claim: {}", identity.roles_claim);
+                    println!(
+                        "identity.token_type: {}",
+                        identity
+                            .token_type
+                            .as_deref()
+                            .unwrap_or("(JWT, at+jwt or none)")
+                    );
+                    println!(
+                        "identity.algorithms: {}",
+                        identity.algorithms.names().join(",")
+                    );
                 }
                 None => println!("identity: none"),
             }

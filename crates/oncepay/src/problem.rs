@@ -56,7 +56,7 @@ problem_codes! {
     PayloadTooLarge = "payload_too_large", 413, "Request body too large";
     RequestTimeout = "request_timeout", 408, "Request not received in time";
     Unauthorized = "unauthorized", 401, "Missing or unknown API key";
-    InsufficientScope = "insufficient_scope", 403, "The API key lacks the scope this needs";
+    InsufficientScope = "insufficient_scope", 403, "The credentials lack the scope this needs";
     InvalidToken = "invalid_token", 401, "Bearer token not accepted";
     NotOwner = "not_owner", 403, "A customer acts only for itself";
     WebhookSignatureInvalid = "webhook_signature_invalid", 401, "Webhook signature invalid";

@@ -136,6 +136,23 @@ impl<K: std::hash::Hash + Eq> RateLimits<K> {
         }
         bucket.admit(now)
     }
+
+    /// How long `key` must wait before a request would be admitted, without
+    /// counting one (`None`: it would be admitted now). For a limit on
+    /// some requests only, known once they are answered (failed
+    /// authentications, `http::auth`): the next request of a key over it
+    /// is refused before anything is looked up, and only those that fail
+    /// are counted, with [`RateLimits::check`].
+    pub fn waiting(&self, key: &K, own: Option<Limit>) -> Option<Duration> {
+        let limit = own.or(self.default)?;
+        let now = Instant::now();
+        let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bucket = *buckets.get(key)?;
+        if bucket.limit != limit {
+            bucket.relimit(limit, now);
+        }
+        bucket.admit(now).err()
+    }
 }
 
 /// Whole seconds for `Retry-After`, rounded up and at least 1, so a client
@@ -199,6 +216,22 @@ mod tests {
         assert_eq!(limits.check(m, fast), Ok(()));
         assert_eq!(limits.check(m, fast), Ok(()));
         assert!(limits.check(m, slow).is_err(), "two used of two");
+    }
+
+    #[test]
+    fn waiting_counts_nothing() {
+        let limits: RateLimits<u8> = RateLimits::new(Limit::new(1, 2));
+        assert_eq!(limits.waiting(&7, None), None, "never seen");
+        for _ in 0..10 {
+            assert_eq!(limits.waiting(&7, None), None, "asking counts nothing");
+        }
+        assert_eq!(limits.check(7, None), Ok(()));
+        assert_eq!(limits.check(7, None), Ok(()));
+        assert!(limits.waiting(&7, None).is_some(), "two counted of two");
+        assert_eq!(limits.waiting(&8, None), None, "another key");
+        let off: RateLimits<u8> = RateLimits::new(None);
+        assert_eq!(off.check(7, None), Ok(()));
+        assert_eq!(off.waiting(&7, None), None);
     }
 
     #[test]

@@ -363,10 +363,12 @@ impl Application {
                     ctx.pool.clone(),
                     config.merchant_webhooks.allow_private,
                     config.jwks,
+                    config.auth_cache_ttl,
                 )
                 .map_err(|e| StartError::Config(format!("cannot build the JWKS client: {e}")))?,
             ),
             rate_limits: crate::rate_limit::RateLimits::new(config.rate_limit),
+            auth_failures: crate::rate_limit::RateLimits::new(config.auth_failure_rate_limit),
             checkout_limits: http::CheckoutLimits::new(
                 config.checkout_rate_limit,
                 config.checkout_address_rate_limit,

@@ -100,6 +100,8 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_SHUTDOWN_TIMEOUT", "serve", "30s"),
     v("ONCEPAY_RATE_LIMIT_PER_SECOND", "serve", "100"),
     v("ONCEPAY_RATE_LIMIT_BURST", "serve", "200"),
+    v("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND", "serve", "10"),
+    v("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_BURST", "serve", "50"),
     v(
         "ONCEPAY_WEBHOOK_SCHEDULE",
         "serve",

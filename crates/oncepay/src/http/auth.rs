@@ -132,17 +132,21 @@ pub(crate) async fn authenticate(state: &AppState, req: &HttpRequest) -> Result<
     Ok(caller.merchant_id)
 }
 
+/// The credentials of `Authorization: Bearer <key or token>`. The scheme
+/// is case-insensitive (RFC 7235 section 2.1): clients and proxies that
+/// send `bearer` are not refused.
 fn bearer(req: &HttpRequest) -> Option<&str> {
-    req.headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|k| !k.is_empty())
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, credentials) = value.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    Some(credentials.trim()).filter(|k| !k.is_empty())
 }
 
 /// The caller behind `Authorization: Bearer <key or token>` (`401`
-/// otherwise: `invalid_token` for a token), allowed by the route table to
+/// otherwise: `invalid_token` for a token; `429` first for an address
+/// whose credentials keep authenticating nobody), allowed by the route table to
 /// call this route (`403 insufficient_scope` otherwise), admitted by its
 /// rate limit (`429` otherwise), and owning the path's object if it is a
 /// customer (`404` otherwise), before anything else is read or written.
@@ -157,10 +161,18 @@ pub(crate) async fn authenticate_caller(
         )
     };
     let bearer = bearer(req).ok_or_else(unauthorized)?;
+    let address = req.peer_addr().map(|peer| peer.ip());
+    unfailing_address(state, address)?;
     let caller = if crate::identity::token::is_token(bearer) {
-        token_caller(state, bearer).await?
+        token_caller(state, bearer, address).await?
     } else {
-        key_caller(state, bearer).await?.ok_or_else(unauthorized)?
+        match key_caller(state, bearer).await? {
+            Some(caller) => caller,
+            None => {
+                failed(state, address);
+                return Err(unauthorized());
+            }
+        }
     };
     let pattern = req.match_pattern().unwrap_or_default();
     let method = req.method().as_str();
@@ -202,6 +214,35 @@ pub(crate) async fn authenticate_caller(
         owns_path(state, req, caller.merchant_id, customer, how).await?;
     }
     Ok(caller)
+}
+
+/// `429` for an address whose credentials keep authenticating nobody
+/// (`ONCEPAY_AUTH_FAILURE_RATE_LIMIT_*`), before its next ones are looked
+/// up: an unknown key costs a database query, as does a token naming an
+/// issuer not seen lately, and neither has a merchant whose limit could
+/// count it. Every request of such an address waits, good credentials
+/// too: which of its credentials are good is what it must not be able to
+/// probe at speed.
+fn unfailing_address(state: &AppState, address: Option<std::net::IpAddr>) -> Result<(), Problem> {
+    let Some(wait) = address.and_then(|ip| state.auth_failures.waiting(&ip, None)) else {
+        return Ok(());
+    };
+    state.ctx.metrics.rate_limited.inc();
+    let seconds = crate::rate_limit::retry_after_secs(wait);
+    Err(Problem::new(
+        ProblemCode::RateLimited,
+        format!("too many failed authentications from this address; retry in {seconds} s"),
+    )
+    .retry_after(seconds))
+}
+
+/// Counts a credential that authenticated nobody against its address.
+fn failed(state: &AppState, address: Option<std::net::IpAddr>) {
+    if let Some(ip) = address {
+        // Over the limit or not, the next request is what
+        // `unfailing_address` refuses.
+        let _ = state.auth_failures.check(ip, None);
+    }
 }
 
 /// The rate limit, after the checks that read nothing (a request refused
@@ -256,24 +297,34 @@ fn invalid_token(why: impl std::fmt::Display) -> Problem {
     Problem::new(ProblemCode::InvalidToken, why.to_string())
 }
 
-async fn token_caller(state: &AppState, token: &str) -> Result<Caller, Problem> {
+async fn token_caller(
+    state: &AppState,
+    token: &str,
+    address: Option<std::net::IpAddr>,
+) -> Result<Caller, Problem> {
+    use crate::identity::token::Refusal;
+    use crate::identity::Rejected;
     let verifier = state.identity.clone();
     let token = token.to_string();
-    let verified = on_service_runtime(state, async move {
-        use crate::identity::Rejected;
-        match verifier.verify(&token).await {
-            Ok(verified) => Ok(verified),
-            // Not the token's fault: the identity provider could not be
-            // reached and no key of it is held yet. A client that signed
-            // its user out on a `401` here would be wrong.
-            Err(Rejected::Invalid(crate::identity::token::Refusal::KeysUnavailable)) => {
-                Err(Problem::unavailable("the identity provider's key set"))
-            }
-            Err(Rejected::Invalid(why)) => Err(invalid_token(why)),
-            Err(Rejected::Store(e)) => Err(store_problem(e)),
+    let verified =
+        on_service_runtime(state, async move { Ok(verifier.verify(&token).await) }).await?;
+    let verified = match verified {
+        Ok(verified) => verified,
+        // Not the token's fault: the identity provider could not be
+        // reached and no key of it is held yet. A client that signed
+        // its user out on a `401` here would be wrong.
+        Err(Rejected::Invalid(Refusal::KeysUnavailable)) => {
+            return Err(Problem::unavailable("the identity provider's key set"))
         }
-    })
-    .await?;
+        Err(Rejected::Invalid(why)) => {
+            // No merchant to count it against, as for an unknown key.
+            if why == Refusal::UnknownIssuer {
+                failed(state, address);
+            }
+            return Err(invalid_token(why));
+        }
+        Err(Rejected::Store(e)) => return Err(store_problem(e)),
+    };
     let Some(role) = verified.role else {
         // Authenticated, with no right here: a `403`, not a `401`.
         return Err(Problem::new(
@@ -295,6 +346,36 @@ async fn token_caller(state: &AppState, token: &str) -> Result<Caller, Problem> 
     })
 }
 
+/// The path's `{customer_id}` as the balance handlers read it: the one
+/// value both the ownership check and the handler use. Percent-decoded
+/// whole, as `web::Path` decodes; `match_info().get` keeps `%2B`, `%2F`
+/// and `%25` encoded, and an ownership check on that spelling let the
+/// `sub` `alice%2Bshop` read the balance of `alice+shop` while
+/// `team/alice` could not read its own (issue 54). Empty if the route has
+/// no such segment, which no customer id is.
+pub(crate) fn path_customer(req: &HttpRequest) -> String {
+    #[derive(serde::Deserialize)]
+    struct InPath {
+        customer_id: String,
+    }
+    req.match_info()
+        .load::<InPath>()
+        .map(|p| p.customer_id)
+        .unwrap_or_default()
+}
+
+/// The path's `{id}` as a UUID, decoded as the handlers' `web::Path`
+/// decodes it (see [`path_customer`]): ownership is decided on the id the
+/// handler then reads.
+fn path_id(req: &HttpRequest) -> Option<Uuid> {
+    #[derive(serde::Deserialize)]
+    struct InPath {
+        id: String,
+    }
+    let InPath { id } = req.match_info().load::<InPath>().ok()?;
+    Uuid::parse_str(&id).ok()
+}
+
 /// A customer owns the path's object, or the request answers the `404`
 /// another merchant's object would.
 async fn owns_path(
@@ -307,7 +388,7 @@ async fn owns_path(
     let (code, what) = match how {
         // The path names the customer, as a new order's body does.
         Ownership::CustomerInPath => {
-            return if req.match_info().get("customer_id") == Some(customer) {
+            return if path_customer(req) == customer {
                 Ok(())
             } else {
                 Err(Problem::new(
@@ -322,11 +403,7 @@ async fn owns_path(
         // Checked where the body or the query is read.
         Ownership::CustomerInBody | Ownership::OrderInBody | Ownership::OwnList => return Ok(()),
     };
-    let id = req
-        .match_info()
-        .get("id")
-        .and_then(|raw| Uuid::parse_str(raw).ok())
-        .ok_or_else(|| Problem::not_found(code, what))?;
+    let id = path_id(req).ok_or_else(|| Problem::not_found(code, what))?;
     let pool = state.ctx.pool.clone();
     let owner = on_service_runtime(state, async move {
         match how {
@@ -422,11 +499,7 @@ async fn customer_may_cancel(
     req: &HttpRequest,
     caller: &Caller,
 ) -> Result<(), Problem> {
-    let Some(order_id) = req
-        .match_info()
-        .get("id")
-        .and_then(|raw| Uuid::parse_str(raw).ok())
-    else {
+    let Some(order_id) = path_id(req) else {
         return Ok(());
     };
     let pool = state.ctx.pool.clone();

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde_json::json;
 
+use super::auth::path_customer;
 use super::lists::{page_request, ListSpec};
 use super::resources::run_command;
 use super::{
@@ -54,33 +55,22 @@ async fn balance_command<C: Command + 'static>(
 }
 
 /// `POST /customers/{customer_id}/balance/credits`.
-pub async fn credit(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-    payload: web::Payload,
-) -> Reply {
-    balance_command::<CreditBalance>(&state, &req, payload, Ok(None), Some(&path), false).await
+pub async fn credit(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload) -> Reply {
+    let customer = path_customer(&req);
+    balance_command::<CreditBalance>(&state, &req, payload, Ok(None), Some(&customer), false).await
 }
 
 /// `POST /customers/{customer_id}/balance/debits`.
-pub async fn debit(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-    payload: web::Payload,
-) -> Reply {
-    balance_command::<ChargeBalance>(&state, &req, payload, Ok(None), Some(&path), false).await
+pub async fn debit(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload) -> Reply {
+    let customer = path_customer(&req);
+    balance_command::<ChargeBalance>(&state, &req, payload, Ok(None), Some(&customer), false).await
 }
 
 /// `POST /customers/{customer_id}/balance/holds`.
-pub async fn hold(
-    state: web::Data<AppState>,
-    req: HttpRequest,
-    path: web::Path<String>,
-    payload: web::Payload,
-) -> Reply {
-    balance_command::<CreateBalanceHold>(&state, &req, payload, Ok(None), Some(&path), false).await
+pub async fn hold(state: web::Data<AppState>, req: HttpRequest, payload: web::Payload) -> Reply {
+    let customer = path_customer(&req);
+    balance_command::<CreateBalanceHold>(&state, &req, payload, Ok(None), Some(&customer), false)
+        .await
 }
 
 fn hold_id(raw: &str) -> Result<Option<uuid::Uuid>, Problem> {
@@ -133,11 +123,11 @@ fn currency_of(query: &HashMap<String, String>) -> Result<String, Problem> {
 pub async fn get_balance(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     query: web::Query<HashMap<String, String>>,
 ) -> Reply {
     let merchant = authenticate(&state, &req).await?;
-    let customer = customer_id(&path)?;
+    // The very value `authenticate` checked a customer's ownership on.
+    let customer = customer_id(&path_customer(&req))?;
     if let Some(unknown) = query.keys().find(|k| k.as_str() != "currency") {
         return Err(Problem::invalid_field(
             unknown.clone(),
@@ -161,7 +151,6 @@ pub async fn get_balance(
 pub async fn list_transactions(
     state: web::Data<AppState>,
     req: HttpRequest,
-    path: web::Path<String>,
     query: web::Query<HashMap<String, String>>,
 ) -> Reply {
     const SPEC: ListSpec = ListSpec {
@@ -169,7 +158,8 @@ pub async fn list_transactions(
         filters: &[],
     };
     let merchant = authenticate(&state, &req).await?;
-    let customer = customer_id(&path)?;
+    // The very value `authenticate` checked a customer's ownership on.
+    let customer = customer_id(&path_customer(&req))?;
     if query.contains_key("customer_id") {
         return Err(Problem::invalid_field(
             "customer_id",

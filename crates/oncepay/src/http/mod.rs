@@ -53,6 +53,9 @@ pub struct AppState {
     pub rate_limits: crate::rate_limit::RateLimits,
     /// The public checkout's rate limits (per session, per address).
     pub checkout_limits: checkout::CheckoutLimits,
+    /// Each client address's failed authentications (unknown keys,
+    /// tokens of unknown issuers): see `auth::authenticate_caller`.
+    pub auth_failures: crate::rate_limit::RateLimits<std::net::IpAddr>,
     /// Whether webhook endpoints may have private addresses
     /// (`ONCEPAY_WEBHOOK_ALLOW_PRIVATE`).
     pub webhook_allow_private: bool,
@@ -158,10 +161,8 @@ impl ResponseError for Problem {
         if let Some(seconds) = self.retry_after {
             response.insert_header((header::RETRY_AFTER, seconds.to_string()));
         }
-        // RFC 6750 section 3: a refused bearer token says so in the header
-        // clients and libraries read, not only in the body.
-        if self.code == ProblemCode::InvalidToken.as_str() {
-            response.insert_header((header::WWW_AUTHENTICATE, r#"Bearer error="invalid_token""#));
+        if let Some(challenge) = challenge(self.code) {
+            response.insert_header((header::WWW_AUTHENTICATE, challenge));
         }
         let mut response = response.body(self.body());
         if let Some(cause) = &self.cause {
@@ -172,6 +173,26 @@ impl ResponseError for Problem {
         response
     }
 }
+
+/// The `WWW-Authenticate` challenge of a `401` with this code: RFC 7235
+/// section 3.1 asks one of every `401`, so a client (or its HTTP library)
+/// learns the scheme without reading the body. A refused token says why
+/// in RFC 6750's terms; missing credentials or an unknown key get the bare
+/// scheme (RFC 6750 section 3: no error code where none was presented that
+/// could be told apart). `None` for a code that is not a bearer
+/// credential's (a provider's webhook signature has no challenge to give).
+fn challenge(code: &str) -> Option<&'static str> {
+    if code == ProblemCode::InvalidToken.as_str() {
+        Some(r#"Bearer error="invalid_token""#)
+    } else if code == ProblemCode::Unauthorized.as_str() {
+        Some(BEARER_CHALLENGE)
+    } else {
+        None
+    }
+}
+
+/// The challenge of a `401` without an accepted credential.
+const BEARER_CHALLENGE: &str = r#"Bearer realm="oncepay""#;
 
 impl actix_web::Responder for Problem {
     type Body = actix_web::body::BoxBody;
@@ -199,6 +220,11 @@ fn answer(answer: Answer) -> HttpResponse {
     }
     if answer.replayed {
         response.insert_header(("Idempotent-Replayed", "true"));
+    }
+    // A command's own `401` (a key rotated by a key that no longer
+    // exists), stored and replayed, carries its challenge like any other.
+    if status == StatusCode::UNAUTHORIZED {
+        response.insert_header((header::WWW_AUTHENTICATE, BEARER_CHALLENGE));
     }
     response.body(answer.response.body)
 }

@@ -83,6 +83,132 @@ pub enum Refusal {
     /// holding U+0000, or for a customer not a customer id.
     #[error("the token's sub cannot be recorded (1 to 255 characters without U+0000; a customer's at most 64)")]
     Subject,
+    /// The header's `typ` names another kind of token than the merchant
+    /// accepts.
+    #[error("the token's typ is not a type this merchant accepts (JWT or at+jwt unless `oncepay merchant identity --token-type` names one)")]
+    TokenType,
+    /// The header's `alg` is one of the four, but not one the merchant's
+    /// identity provider signs with.
+    #[error("the token's alg is not one this merchant's identity provider signs with (`oncepay merchant identity --algorithms`)")]
+    AlgorithmNotTrusted,
+}
+
+/// The algorithms a merchant's identity provider signs with (`oncepay
+/// merchant identity --algorithms`): a non-empty subset of the four
+/// accepted. Besides refusing the others, it decides the one algorithm an
+/// RSA key that names none verifies ([`Algorithms::unnamed_rsa`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Algorithms(u8);
+
+/// The four algorithms by name, in the order they are listed.
+const NAMED: [(Algorithm, &str); 4] = [
+    (Algorithm::RS256, "RS256"),
+    (Algorithm::PS256, "PS256"),
+    (Algorithm::ES256, "ES256"),
+    (Algorithm::EdDSA, "EdDSA"),
+];
+
+impl Algorithms {
+    /// All four: the default.
+    pub const ALL: Algorithms = Algorithms(0b1111);
+
+    fn bit(alg: Algorithm) -> u8 {
+        NAMED
+            .iter()
+            .position(|(a, _)| *a == alg)
+            .map_or(0, |i| 1 << i)
+    }
+
+    /// Whether `alg` is one of them.
+    pub fn contains(self, alg: Algorithm) -> bool {
+        self.0 & Self::bit(alg) != 0
+    }
+
+    /// The set of `names` (`RS256`, `PS256`, `ES256`, `EdDSA`, as JOSE
+    /// spells them); an error naming the first other one, or for none.
+    pub fn parse<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<Algorithms, String> {
+        let mut bits = 0;
+        for name in names {
+            let name = name.trim();
+            let Some((alg, _)) = NAMED.iter().find(|(_, n)| *n == name) else {
+                return Err(format!(
+                    "unknown algorithm {name:?}: RS256, PS256, ES256 and EdDSA are accepted"
+                ));
+            };
+            bits |= Self::bit(*alg);
+        }
+        if bits == 0 {
+            return Err("name at least one algorithm: RS256, PS256, ES256, EdDSA".into());
+        }
+        Ok(Algorithms(bits))
+    }
+
+    /// Their names, in the order RS256, PS256, ES256, EdDSA.
+    pub fn names(self) -> Vec<&'static str> {
+        NAMED
+            .iter()
+            .filter(|(alg, _)| self.contains(*alg))
+            .map(|(_, name)| *name)
+            .collect()
+    }
+
+    /// The one algorithm an RSA key that names none (no `alg` in the
+    /// JWKS) verifies: RS256, or PS256 where the provider does not sign
+    /// with RS256. RFC 8725 section 3.1: a key is used with one algorithm;
+    /// one key verifying both PKCS#1 v1.5 and PSS signatures would take a
+    /// signature made for either as made for this use.
+    pub fn unnamed_rsa(self) -> Option<Algorithm> {
+        [Algorithm::RS256, Algorithm::PS256]
+            .into_iter()
+            .find(|alg| self.contains(*alg))
+    }
+}
+
+/// As their names, a list (audit rows, `oncepay merchant show`).
+impl serde::Serialize for Algorithms {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.names())
+    }
+}
+
+impl Default for Algorithms {
+    fn default() -> Algorithms {
+        Algorithms::ALL
+    }
+}
+
+/// A `typ` as RFC 7515 section 4.1.9 compares it: a media type, so
+/// case-insensitive, with `application/` implied when it has no `/`.
+pub fn media_type(typ: &str) -> String {
+    let typ = typ.trim().to_ascii_lowercase();
+    if typ.contains('/') {
+        typ
+    } else {
+        format!("application/{typ}")
+    }
+}
+
+/// Whether a token whose header's `typ` is `typ` (as [`media_type`]
+/// reads it; `None`: absent) is one the merchant takes. With a type set
+/// (`oncepay merchant identity --token-type at+jwt`, say), only that
+/// type, and a token without `typ` is not of it. Without, a sign-in's
+/// tokens: no `typ`, `JWT` (ID tokens and most access tokens) or `at+jwt`
+/// (RFC 9068 access tokens); a token of any other kind the same provider
+/// signs with the same keys (a `logout+jwt` back-channel logout token, a
+/// `secevent+jwt` security event, a `dpop+jwt` proof) is refused, so one
+/// cannot be replayed as a sign-in (RFC 8725 section 3.11).
+pub fn type_accepted(typ: Option<&str>, required: Option<&str>) -> Result<(), Refusal> {
+    let accepted = match (typ, required) {
+        (Some(typ), Some(required)) => typ == media_type(required),
+        (None, Some(_)) => false,
+        (None, None) => true,
+        (Some(typ), None) => typ == "application/jwt" || typ == "application/at+jwt",
+    };
+    if accepted {
+        Ok(())
+    } else {
+        Err(Refusal::TokenType)
+    }
 }
 
 /// What the header and payload say before anything is verified: enough
@@ -95,6 +221,8 @@ pub struct Unverified {
     pub kid: String,
     /// The payload's `iss`.
     pub issuer: String,
+    /// The header's `typ`, as [`media_type`] reads it; `None`: absent.
+    pub typ: Option<String>,
 }
 
 /// Whether a bearer value is a token rather than an API key: three
@@ -136,6 +264,11 @@ pub fn peek(token: &str) -> Result<Unverified, Refusal> {
     if header.contains_key("crit") {
         return Err(Refusal::Critical);
     }
+    let typ = match header.get("typ") {
+        None => None,
+        Some(Value::String(typ)) => Some(media_type(typ)),
+        Some(_) => return Err(Refusal::TokenType),
+    };
     let kid = header
         .get("kid")
         .and_then(Value::as_str)
@@ -153,7 +286,12 @@ pub fn peek(token: &str) -> Result<Unverified, Refusal> {
     if issuer.chars().count() > MAX_ISSUER_CHARS || issuer.contains('\0') {
         return Err(Refusal::UnknownIssuer);
     }
-    Ok(Unverified { alg, kid, issuer })
+    Ok(Unverified {
+        alg,
+        kid,
+        issuer,
+        typ,
+    })
 }
 
 /// The key type (and curve) an algorithm needs, and its name.
@@ -168,12 +306,20 @@ fn needs(alg: Algorithm) -> (&'static str, Option<&'static str>, &'static str) {
 
 /// The decoding key of `key` for `alg`, if the key is one for it: its own
 /// `kty` (and `crv`) must be the algorithm's, and its `alg`, if it names
-/// one, the header's.
-fn decoding_key(key: &PublicKey, alg: Algorithm) -> Result<DecodingKey, Refusal> {
+/// one, the header's; an RSA key that names none verifies one algorithm
+/// only, `algorithms`' [`Algorithms::unnamed_rsa`] (EC and OKP keys are
+/// bound to one algorithm by their curve).
+fn decoding_key(
+    key: &PublicKey,
+    alg: Algorithm,
+    algorithms: Algorithms,
+) -> Result<DecodingKey, Refusal> {
     let (kty, crv, name) = needs(alg);
+    let unnamed_rsa_fits = kty != "RSA" || algorithms.unnamed_rsa() == Some(alg);
     if key.kty != kty
         || crv.is_some_and(|c| key.crv.as_deref() != Some(c))
         || key.alg.as_deref().is_some_and(|a| a != name)
+        || (key.alg.is_none() && !unnamed_rsa_fits)
     {
         return Err(Refusal::KeyMismatch);
     }
@@ -218,6 +364,8 @@ pub struct Expected<'a> {
     pub audience: &'a str,
     /// The claim that holds the roles.
     pub roles_claim: &'a str,
+    /// The algorithms the identity provider signs with.
+    pub algorithms: Algorithms,
 }
 
 /// Verifies `token` (as [`peek`] read it) with `key`: the signature, then
@@ -231,7 +379,10 @@ pub fn verify(
     now: u64,
 ) -> Result<Claims, Refusal> {
     use jsonwebtoken::errors::ErrorKind;
-    let decoding = decoding_key(key, peeked.alg)?;
+    if !expected.algorithms.contains(peeked.alg) {
+        return Err(Refusal::AlgorithmNotTrusted);
+    }
+    let decoding = decoding_key(key, peeked.alg, expected.algorithms)?;
     let mut validation = Validation::new(peeked.alg);
     validation.leeway = LEEWAY_SECONDS;
     validation.validate_exp = true;
@@ -391,13 +542,13 @@ mod tests {
             crv: Some("P-256".into()),
             components: vec![x.clone(), x.clone()],
         };
-        assert!(decoding_key(&ec, Algorithm::ES256).is_ok());
+        assert!(decoding_key(&ec, Algorithm::ES256, Algorithms::ALL).is_ok());
         assert_eq!(
-            decoding_key(&ec, Algorithm::RS256).err(),
+            decoding_key(&ec, Algorithm::RS256, Algorithms::ALL).err(),
             Some(Refusal::KeyMismatch)
         );
         assert_eq!(
-            decoding_key(&ec, Algorithm::EdDSA).err(),
+            decoding_key(&ec, Algorithm::EdDSA, Algorithms::ALL).err(),
             Some(Refusal::KeyMismatch)
         );
         let p384 = PublicKey {
@@ -405,7 +556,7 @@ mod tests {
             ..ec.clone()
         };
         assert_eq!(
-            decoding_key(&p384, Algorithm::ES256).err(),
+            decoding_key(&p384, Algorithm::ES256, Algorithms::ALL).err(),
             Some(Refusal::KeyMismatch)
         );
         let named = PublicKey {
@@ -413,7 +564,7 @@ mod tests {
             ..ec.clone()
         };
         assert_eq!(
-            decoding_key(&named, Algorithm::ES256).err(),
+            decoding_key(&named, Algorithm::ES256, Algorithms::ALL).err(),
             Some(Refusal::KeyMismatch)
         );
         let short = PublicKey {
@@ -421,7 +572,7 @@ mod tests {
             ..ec
         };
         assert_eq!(
-            decoding_key(&short, Algorithm::ES256).err(),
+            decoding_key(&short, Algorithm::ES256, Algorithms::ALL).err(),
             Some(Refusal::BadKey)
         );
         let rsa = PublicKey {
@@ -431,9 +582,93 @@ mod tests {
             components: vec!["AQAB".into(), "AQAB".into()],
         };
         assert_eq!(
-            decoding_key(&rsa, Algorithm::PS256).err(),
+            decoding_key(&rsa, Algorithm::PS256, Algorithms::ALL).err(),
             Some(Refusal::KeyMismatch)
         );
+    }
+
+    #[test]
+    fn an_rsa_key_naming_no_alg_verifies_one_algorithm() {
+        let rsa = PublicKey {
+            kty: "RSA".into(),
+            alg: None,
+            crv: None,
+            components: vec!["AQAB".into(), "AQAB".into()],
+        };
+        let mismatch = |alg, algorithms| decoding_key(&rsa, alg, algorithms).err();
+        assert_eq!(
+            mismatch(Algorithm::PS256, Algorithms::ALL),
+            Some(Refusal::KeyMismatch),
+            "RS256 by default, never PS256 as well"
+        );
+        assert_ne!(
+            mismatch(Algorithm::RS256, Algorithms::ALL),
+            Some(Refusal::KeyMismatch)
+        );
+        let pss = Algorithms::parse(["PS256", "ES256"]).expect("algorithms");
+        assert_eq!(pss.unnamed_rsa(), Some(Algorithm::PS256));
+        assert_ne!(mismatch(Algorithm::PS256, pss), Some(Refusal::KeyMismatch));
+        assert_eq!(mismatch(Algorithm::RS256, pss), Some(Refusal::KeyMismatch));
+        let ec_only = Algorithms::parse(["ES256"]).expect("algorithms");
+        assert_eq!(ec_only.unnamed_rsa(), None);
+    }
+
+    #[test]
+    fn algorithms_parse_from_their_jose_names() {
+        assert_eq!(
+            Algorithms::parse(["RS256", "PS256", "ES256", "EdDSA"]),
+            Ok(Algorithms::ALL)
+        );
+        assert_eq!(Algorithms::default(), Algorithms::ALL);
+        let two = Algorithms::parse(["EdDSA", " RS256"]).expect("algorithms");
+        assert_eq!(two.names(), vec!["RS256", "EdDSA"]);
+        assert!(two.contains(Algorithm::EdDSA) && !two.contains(Algorithm::PS256));
+        assert!(!Algorithms::ALL.contains(Algorithm::HS256));
+        for bad in [vec![], vec!["HS256"], vec!["rs256"], vec!["none"]] {
+            assert!(Algorithms::parse(bad.clone()).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_token_of_another_kind_is_refused() {
+        assert_eq!(media_type("JWT"), "application/jwt");
+        assert_eq!(media_type("application/AT+JWT"), "application/at+jwt");
+        let ok = |typ: Option<&str>, required| {
+            type_accepted(typ.map(media_type).as_deref(), required).is_ok()
+        };
+        for typ in [
+            None,
+            Some("JWT"),
+            Some("jwt"),
+            Some("at+jwt"),
+            Some("application/at+jwt"),
+        ] {
+            assert!(ok(typ, None), "{typ:?}");
+        }
+        for typ in [
+            "logout+jwt",
+            "secevent+jwt",
+            "dpop+jwt",
+            "JOSE",
+            "id_token+jwt",
+        ] {
+            assert!(!ok(Some(typ), None), "{typ}");
+        }
+        assert!(ok(Some("at+jwt"), Some("at+jwt")));
+        assert!(ok(Some("application/at+jwt"), Some("AT+JWT")));
+        assert!(!ok(Some("JWT"), Some("at+jwt")));
+        assert!(!ok(None, Some("at+jwt")));
+        let header = |typ: Value| {
+            token(
+                serde_json::json!({"alg": "ES256", "kid": "k", "typ": typ}),
+                serde_json::json!({"iss": "https://idp"}),
+            )
+        };
+        assert_eq!(
+            peek(&header(serde_json::json!("AT+JWT"))).map(|u| u.typ),
+            Ok(Some("application/at+jwt".to_string()))
+        );
+        assert_eq!(peek(&header(serde_json::json!(7))), Err(Refusal::TokenType));
     }
 
     #[test]

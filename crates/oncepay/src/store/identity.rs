@@ -7,8 +7,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
-use super::StoreError;
+use super::{Corrupt, StoreError};
 use crate::audit::{Action, Actor};
+use crate::identity::token::Algorithms;
 
 /// A merchant's identity provider.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -23,6 +24,11 @@ pub struct Identity {
     pub audience: String,
     /// The claim that holds a token's roles.
     pub roles_claim: String,
+    /// The one `typ` its tokens must carry; `None`: a sign-in's (no
+    /// `typ`, `JWT` or `at+jwt`).
+    pub token_type: Option<String>,
+    /// The algorithms it signs with.
+    pub algorithms: Algorithms,
     /// The merchant's own rate limit, read with the identity provider (by
     /// [`by_issuer`] only) so a token counts against the merchant's limit
     /// as its keys do.
@@ -37,7 +43,20 @@ fn from_row(row: &PgRow) -> Result<Identity, StoreError> {
         jwks_url: row.try_get("jwks_url")?,
         audience: row.try_get("audience")?,
         roles_claim: row.try_get("roles_claim")?,
+        token_type: row.try_get("token_type")?,
+        algorithms: algorithms(row)?,
         rate_limit: None,
+    })
+}
+
+/// `merchant_identity.algorithms` (its CHECK admits only the four names).
+fn algorithms(row: &PgRow) -> Result<Algorithms, StoreError> {
+    let names: Vec<String> = row.try_get("algorithms")?;
+    Algorithms::parse(names.iter().map(String::as_str)).map_err(|_| {
+        StoreError::from(Corrupt::Unknown {
+            what: "merchant_identity.algorithms",
+            value: names.join(","),
+        })
     })
 }
 
@@ -46,7 +65,7 @@ fn from_row(row: &PgRow) -> Result<Identity, StoreError> {
 pub async fn by_issuer(pool: &PgPool, issuer: &str) -> Result<Option<Identity>, StoreError> {
     let row = sqlx::query(
         "SELECT i.merchant_id, i.issuer, i.jwks_url, i.audience, i.roles_claim,
-                m.rate_limit_per_second, m.rate_limit_burst
+                i.token_type, i.algorithms, m.rate_limit_per_second, m.rate_limit_burst
            FROM merchant_identity i JOIN merchant m ON m.id = i.merchant_id
           WHERE i.issuer = $1",
     )
@@ -73,7 +92,8 @@ pub async fn of_merchant(
     name: &str,
 ) -> Result<Option<Option<Identity>>, StoreError> {
     let row = sqlx::query(
-        "SELECT m.id, i.merchant_id, i.issuer, i.jwks_url, i.audience, i.roles_claim
+        "SELECT m.id, i.merchant_id, i.issuer, i.jwks_url, i.audience, i.roles_claim,
+                i.token_type, i.algorithms
            FROM merchant m LEFT JOIN merchant_identity i ON i.merchant_id = m.id
           WHERE m.name = $1",
     )
@@ -101,8 +121,8 @@ pub enum SetOutcome {
     IssuerTaken,
 }
 
-/// What an identity provider is set to: the issuer, JWKS URL, audience
-/// and roles claim.
+/// What an identity provider is set to: the issuer, JWKS URL, audience,
+/// roles claim, token type and algorithms.
 #[derive(Debug, Clone, Copy)]
 pub struct NewIdentity<'a> {
     /// `iss`.
@@ -113,6 +133,10 @@ pub struct NewIdentity<'a> {
     pub audience: &'a str,
     /// The roles claim.
     pub roles_claim: &'a str,
+    /// The one `typ` its tokens must carry (`None`: a sign-in's).
+    pub token_type: Option<&'a str>,
+    /// The algorithms it signs with.
+    pub algorithms: Algorithms,
 }
 
 /// Sets the identity provider of the merchant named `name` (replacing the
@@ -140,18 +164,28 @@ pub async fn set(
     if taken {
         return Ok(SetOutcome::IssuerTaken);
     }
+    let algorithms: Vec<String> = new
+        .algorithms
+        .names()
+        .into_iter()
+        .map(str::to_string)
+        .collect();
     let written = sqlx::query(
-        "INSERT INTO merchant_identity (merchant_id, issuer, jwks_url, audience, roles_claim)
-         VALUES ($1, $2, $3, $4, $5)
+        "INSERT INTO merchant_identity
+                (merchant_id, issuer, jwks_url, audience, roles_claim, token_type, algorithms)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)
          ON CONFLICT (merchant_id) DO UPDATE SET issuer = EXCLUDED.issuer,
              jwks_url = EXCLUDED.jwks_url, audience = EXCLUDED.audience,
-             roles_claim = EXCLUDED.roles_claim, updated_at = now()",
+             roles_claim = EXCLUDED.roles_claim, token_type = EXCLUDED.token_type,
+             algorithms = EXCLUDED.algorithms, updated_at = now()",
     )
     .bind(merchant_id)
     .bind(new.issuer)
     .bind(new.jwks_url)
     .bind(new.audience)
     .bind(new.roles_claim)
+    .bind(new.token_type)
+    .bind(algorithms.clone())
     .execute(&mut *tx)
     .await;
     match written {
@@ -167,6 +201,8 @@ pub async fn set(
         "jwks_url": new.jwks_url,
         "audience": new.audience,
         "roles_claim": new.roles_claim,
+        "token_type": new.token_type,
+        "algorithms": algorithms,
     });
     let change = serde_json::json!({"before": before, "after": after});
     record(&mut tx, merchant_id, actor, change).await?;
@@ -214,7 +250,7 @@ async fn current(
     merchant_id: Uuid,
 ) -> Result<serde_json::Value, StoreError> {
     let row = sqlx::query(
-        "SELECT merchant_id, issuer, jwks_url, audience, roles_claim
+        "SELECT merchant_id, issuer, jwks_url, audience, roles_claim, token_type, algorithms
            FROM merchant_identity WHERE merchant_id = $1",
     )
     .bind(merchant_id)
@@ -228,6 +264,8 @@ async fn current(
                 "jwks_url": identity.jwks_url,
                 "audience": identity.audience,
                 "roles_claim": identity.roles_claim,
+                "token_type": identity.token_type,
+                "algorithms": identity.algorithms.names(),
             })
         }
         None => serde_json::Value::Null,

@@ -111,6 +111,7 @@ impl Default for Options {
                 ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
                 ("ONCEPAY_CHECKOUT_RATE_LIMIT_PER_SECOND", "0".into()),
                 ("ONCEPAY_CHECKOUT_ADDRESS_RATE_LIMIT_PER_SECOND", "0".into()),
+                ("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND", "0".into()),
                 // Test receivers listen on loopback.
                 ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
             ],
@@ -611,6 +612,8 @@ pub fn serve_env(db_url: &str, sandbox: &str) -> Vec<(&'static str, String)> {
         ("ONCEPAY_HTTP_WORKERS", "2".into()),
         ("ONCEPAY_DB_POOL_SIZE", "10".into()),
         ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
+        // The revocation tests hammer revoked keys from one address.
+        ("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND", "0".into()),
         ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
     ]
 }

@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::helpers::*;
 use oncepay::http::routes::{Access, Customers, Ownership};
+use oncepay::identity::token::Algorithms;
 
 pub(crate) const ISSUER: &str = "https://id.shop-a.example";
 const AUDIENCE: &str = "oncepay-shop-a";
@@ -127,6 +128,9 @@ struct Sign<'a> {
     claims: Value,
     alg: Option<&'static str>,
     kid: Option<String>,
+    /// The header's `typ` (PyJWT's own `JWT` unless said; `null` leaves
+    /// it out).
+    typ: Option<Value>,
 }
 
 impl<'a> Sign<'a> {
@@ -136,6 +140,7 @@ impl<'a> Sign<'a> {
             claims,
             alg: None,
             kid: None,
+            typ: None,
         }
     }
 }
@@ -150,10 +155,14 @@ async fn sign_all(requests: Vec<Sign<'_>>) -> Vec<String> {
             } else {
                 &r.key.private_pem
             };
+            let mut headers = json!({"kid": r.kid.clone().unwrap_or_else(|| r.key.kid.clone())});
+            if let Some(typ) = &r.typ {
+                headers["typ"] = typ.clone();
+            }
             json!({
                 "alg": alg,
                 "key": pem,
-                "headers": {"kid": r.kid.clone().unwrap_or_else(|| r.key.kid.clone())},
+                "headers": headers,
                 "claims": r.claims,
             })
         })
@@ -231,6 +240,18 @@ impl Idp {
 /// Merchant `name` trusts `idp` as `issuer` for `AUDIENCE` (as `oncepay
 /// merchant identity` sets it).
 pub(crate) async fn trust(app: &TestApp, name: &str, issuer: &str, idp: &Idp) {
+    trust_with(app, name, issuer, idp, None, Algorithms::ALL).await;
+}
+
+/// As [`trust`], with `--token-type` and `--algorithms`.
+async fn trust_with(
+    app: &TestApp,
+    name: &str,
+    issuer: &str,
+    idp: &Idp,
+    token_type: Option<&str>,
+    algorithms: Algorithms,
+) {
     let outcome = oncepay::store::identity::set(
         &app.db,
         name,
@@ -239,6 +260,8 @@ pub(crate) async fn trust(app: &TestApp, name: &str, issuer: &str, idp: &Idp) {
             jwks_url: &idp.url,
             audience: AUDIENCE,
             roles_claim: "roles",
+            token_type,
+            algorithms,
         },
         &oncepay::audit::Actor::cli(),
     )
@@ -1078,6 +1101,10 @@ async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
         AUDIENCE,
         "--roles-claim",
         "https://shop-a.example/roles",
+        "--token-type",
+        "at+jwt",
+        "--algorithms",
+        "ES256,EdDSA",
     ])
     .await;
     assert!(ok, "{text}");
@@ -1085,6 +1112,8 @@ async fn the_cli_sets_shows_and_removes_a_merchants_identity_provider() {
     assert!(ok, "{text}");
     assert!(text.contains(ISSUER) && text.contains(AUDIENCE), "{text}");
     assert!(text.contains("https://shop-a.example/roles"), "{text}");
+    assert!(text.contains("identity.token_type: at+jwt"), "{text}");
+    assert!(text.contains("identity.algorithms: ES256,EdDSA"), "{text}");
     // One issuer, one merchant.
     oncepay::api_keys::create(&app.db, "merchant-b")
         .await
@@ -1474,4 +1503,282 @@ async fn a_customer_token_cannot_set_an_orders_metadata() {
         .call_as(&app.key, Method::POST, "/orders", Some(&idem), Some(&body))
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
+}
+
+// Issue 54: the edges of authentication.
+
+#[tokio::test]
+async fn a_tokens_scheme_is_case_insensitive_and_its_403_is_titled_for_a_token() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let alice = sign(key, claims("alice", "customer")).await;
+    // RFC 7235: `bearer` is `Bearer`.
+    for scheme in ["bearer", "BEARER"] {
+        let r = app
+            .http
+            .get(format!("{}/orders", app.base))
+            .header("Authorization", format!("{scheme} {alice}"))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::OK, "{scheme}");
+    }
+    // A customer's refusal no longer speaks of an API key; same code.
+    let r = app.get_as(&alice, "/refunds").await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let problem = json_of(r).await;
+    assert_eq!(problem["code"], "insufficient_scope", "{problem}");
+    assert_eq!(
+        problem["title"], "The credentials lack the scope this needs",
+        "{problem}"
+    );
+}
+
+#[tokio::test]
+async fn a_token_of_another_kind_is_refused_and_a_merchant_may_require_one_type() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let typed = |typ: Value| Sign {
+        typ: Some(typ),
+        ..Sign::new(key, claims("alice", "customer"))
+    };
+    let types = [
+        json!("JWT"),
+        json!(null),
+        json!("at+jwt"),
+        json!("application/AT+JWT"),
+        json!("logout+jwt"),
+        json!("secevent+jwt"),
+        json!("application/dpop+jwt"),
+        json!(["JWT"]),
+    ];
+    let tokens = sign_all(types.iter().map(|t| typed(t.clone())).collect()).await;
+    // By default a sign-in's tokens: `JWT`, `at+jwt` or no `typ`; a
+    // logout token, a security event or a DPoP proof the same provider
+    // signed with the same key is not one.
+    for (typ, token) in types.iter().zip(&tokens) {
+        let r = app.get_as(token, "/orders").await;
+        match typ.as_str() {
+            Some("JWT" | "at+jwt" | "application/AT+JWT") | None if !typ.is_array() => {
+                assert_eq!(r.status(), StatusCode::OK, "typ {typ}")
+            }
+            _ => assert_invalid_token(r, token, &format!("typ {typ}"), "typ").await,
+        }
+    }
+    // `--token-type at+jwt`: that type only.
+    trust_with(
+        &app,
+        "merchant-a",
+        ISSUER,
+        &idp,
+        Some("at+jwt"),
+        Algorithms::ALL,
+    )
+    .await;
+    for (typ, token) in types.iter().zip(&tokens) {
+        let r = app.get_as(token, "/orders").await;
+        match typ.as_str() {
+            Some("at+jwt" | "application/AT+JWT") => {
+                assert_eq!(r.status(), StatusCode::OK, "typ {typ}")
+            }
+            _ => assert_invalid_token(r, token, &format!("typ {typ} with at+jwt"), "typ").await,
+        }
+    }
+    // The CLI's own flag, shown back.
+    let shown = oncepay::store::identity::of_merchant(&app.db, "merchant-a")
+        .await
+        .expect("read")
+        .flatten()
+        .expect("an identity provider");
+    assert_eq!(shown.token_type.as_deref(), Some("at+jwt"));
+}
+
+#[tokio::test]
+async fn an_rsa_key_naming_no_alg_verifies_one_algorithm() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["RS256"]).await;
+    let mut bare = made[0].clone();
+    bare.jwk.as_object_mut().expect("a JWK").remove("alg");
+    let idp = Idp::start(&[&bare]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let as_alg = |alg: &'static str| Sign {
+        alg: Some(alg),
+        ..Sign::new(&bare, claims("alice", "customer"))
+    };
+    let tokens = sign_all(vec![as_alg("RS256"), as_alg("PS256")]).await;
+    let (rs256, ps256) = (&tokens[0], &tokens[1]);
+    // One RSA key, one algorithm: RS256 by default, never PS256 as well.
+    assert_eq!(app.get_as(rs256, "/orders").await.status(), StatusCode::OK);
+    let r = app.get_as(ps256, "/orders").await;
+    assert_invalid_token(
+        r,
+        ps256,
+        "PS256 by an alg-less key",
+        "not a key for the token's alg",
+    )
+    .await;
+    // A provider that signs with PS256 only says so: then PS256, and
+    // RS256 is refused before any key is looked at.
+    let pss = Algorithms::parse(["PS256"]).expect("algorithms");
+    trust_with(&app, "merchant-a", ISSUER, &idp, None, pss).await;
+    assert_eq!(app.get_as(ps256, "/orders").await.status(), StatusCode::OK);
+    let r = app.get_as(rs256, "/orders").await;
+    assert_invalid_token(r, rs256, "RS256 with --algorithms PS256", "signs with").await;
+}
+
+#[tokio::test]
+async fn a_flood_of_tokens_of_an_unknown_issuer_costs_no_query_each() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let stranger = |issuer: &str| {
+        let mut c = claims("alice", "customer");
+        c["iss"] = json!(issuer);
+        Sign::new(key, c)
+    };
+    let tokens = sign_all(vec![
+        stranger("https://id.stranger.example"),
+        stranger("https://id.another-stranger.example"),
+    ])
+    .await;
+    let (seen, unseen) = (&tokens[0], &tokens[1]);
+    // The first token of an unknown issuer costs the query that finds no
+    // merchant trusting it.
+    let r = app.get_as(seen, "/orders").await;
+    assert_invalid_token(r, seen, "an unknown issuer", "issuer").await;
+    // No query can read merchant_identity while this lock is held: a
+    // flood of the same issuer is still answered at once, from memory.
+    let mut lock = app.db.begin().await.expect("begin");
+    sqlx::query("LOCK TABLE merchant_identity IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .expect("lock");
+    for i in 0..50 {
+        let r = tokio::time::timeout(Duration::from_secs(5), app.get_as(seen, "/orders"))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("token {i} of a known-unknown issuer waited for the database")
+            });
+        assert_invalid_token(r, seen, "the flood", "issuer").await;
+    }
+    // An issuer not seen yet is asked about: it waits for the lock, so
+    // the answers above did not come from the database.
+    let asked =
+        tokio::time::timeout(Duration::from_millis(500), app.get_as(unseen, "/orders")).await;
+    assert!(
+        asked.is_err(),
+        "an unseen issuer was answered without a query"
+    );
+    lock.rollback().await.expect("unlock");
+    let r = app.get_as(unseen, "/orders").await;
+    assert_invalid_token(r, unseen, "the unseen issuer", "issuer").await;
+    // A trusted issuer's tokens were never in the way.
+    let good = sign(key, claims("alice", "customer")).await;
+    assert_eq!(app.get_as(&good, "/orders").await.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn tokens_of_unknown_issuers_are_rate_limited_by_address() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND", "1")
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_BURST", "5"),
+    )
+    .await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let mut c = claims("alice", "customer");
+    c["iss"] = json!("https://id.stranger.example");
+    let stranger = sign(key, c).await;
+    let good = sign(key, claims("alice", "customer")).await;
+    // Credentials that authenticate someone count nothing.
+    for _ in 0..20 {
+        assert_eq!(app.get_as(&good, "/orders").await.status(), StatusCode::OK);
+    }
+    let first = app.get_as(&stranger, "/orders").await;
+    assert_invalid_token(first, &stranger, "the first stranger", "issuer").await;
+    // Then the address is held to its limit of failures, as for unknown
+    // API keys (`security::unknown_api_keys_are_rate_limited_by_address`).
+    let (n, most) = admitted(30, 1, 5, |_| app.get_as(&stranger, "/orders")).await;
+    assert!(n <= most, "{n} failures answered, at most {most}");
+    assert!(n < 30, "no failure was refused: {n} of 30 answered");
+}
+
+/// GHSA-h395-gr6q-cpjc (CVE-2026-25537; jsonwebtoken before 10.3.0, and
+/// the workspace keeps 9.3 for its ring backend): a standard claim of the
+/// wrong JSON type (`"nbf": "99999999999"`) parses as absent, so
+/// `validate_nbf` and `validate_exp` skip it. oncepay requires `iss`,
+/// `aud` and `sub` (the library refuses them absent or mistyped) and
+/// checks `exp`, `nbf` and `iat` itself as JSON numbers: every mistyped
+/// claim below, each in a token signed by the trusted key, is refused.
+#[tokio::test]
+async fn jsonwebtokens_claim_type_confusion_is_closed() {
+    if !pyjwt_or_skip() {
+        return;
+    }
+    let app = spawn_app().await;
+    let made = keys(&["ES256"]).await;
+    let key = &made[0];
+    let idp = Idp::start(&[key]);
+    trust(&app, "merchant-a", ISSUER, &idp).await;
+    let cases = [
+        // The advisory's own: a far future `nbf` as a string.
+        ("nbf", json!("99999999999"), "nbf"),
+        ("nbf", json!([99_999_999_999i64]), "nbf"),
+        ("nbf", json!({"at": 99_999_999_999i64}), "nbf"),
+        ("nbf", json!(true), "nbf"),
+        ("nbf", json!(null), "nbf"),
+        ("exp", json!("1"), "exp"),
+        ("exp", json!(null), "exp"),
+        ("exp", json!([now() + 300]), "exp"),
+        ("iat", json!("99999999999"), "iat"),
+        ("aud", json!(7), "aud"),
+        ("aud", json!({"aud": AUDIENCE}), "aud"),
+        ("sub", json!(5), "sub"),
+        ("sub", json!(["alice"]), "sub"),
+        ("iss", json!([ISSUER]), "iss"),
+    ];
+    let signs = cases
+        .iter()
+        .map(|(claim, value, _)| {
+            let mut c = claims("alice", "customer");
+            c[*claim] = value.clone();
+            Sign::new(key, c)
+        })
+        .collect();
+    let tokens = sign_all(signs).await;
+    for ((claim, value, why), token) in cases.iter().zip(&tokens) {
+        let case = format!("{claim}: {value}");
+        let r = app.get_as(token, "/orders").await;
+        assert_invalid_token(r, token, &case, why).await;
+    }
+    // The same token with its claims well typed is accepted: each refusal
+    // was the mistyped claim's.
+    let good = sign(key, claims("alice", "customer")).await;
+    assert_eq!(app.get_as(&good, "/orders").await.status(), StatusCode::OK);
 }

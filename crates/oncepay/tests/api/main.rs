@@ -10,6 +10,7 @@ mod cards;
 mod checkout;
 mod checkout_card;
 mod customer_action;
+mod customer_ids;
 mod disputes;
 mod events;
 mod failover;

@@ -5,10 +5,12 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use reqwest::StatusCode;
+use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
+use uuid::Uuid;
 
 use crate::helpers::*;
+use oncepay::http::routes::Access;
 
 /// Starts `oncepay <subcommand>` on `0.0.0.0:PORT` and returns whether it
 /// became ready, or its exit status and standard error if it stopped.
@@ -285,4 +287,190 @@ async fn responses_carry_no_banner_and_are_never_cached_or_sniffed() {
         assert_eq!(h["cache-control"], "no-store");
         assert!(h.get("server").is_none(), "no server banner");
     }
+}
+
+/// The `WWW-Authenticate` header of `r` (empty if none).
+fn challenge(r: &reqwest::Response) -> String {
+    r.headers()
+        .get("www-authenticate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// RFC 7235 asks a `WWW-Authenticate` challenge of every `401` (issue
+/// 54): missing credentials and unknown keys had none, only a refused
+/// token did. Every route that takes a caller is called without one.
+#[tokio::test]
+async fn every_401_carries_a_bearer_challenge() {
+    let app = spawn_app().await;
+    let mut checked = 0;
+    for route in oncepay::http::ROUTES {
+        if route.access == Access::Public {
+            continue;
+        }
+        let path = route.path.replace("{id}", &Uuid::new_v4().to_string());
+        let method = Method::from_bytes(route.method.as_bytes()).expect("method");
+        let r = app
+            .http
+            .request(method, format!("{}{path}", app.base))
+            .header("Idempotency-Key", Uuid::new_v4().to_string())
+            .json(&json!({}))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{route:?}");
+        assert_eq!(challenge(&r), r#"Bearer realm="oncepay""#, "{route:?}");
+        assert_eq!(json_of(r).await["code"], "unauthorized", "{route:?}");
+        checked += 1;
+    }
+    assert!(checked >= 25, "{checked} routes");
+    // Credentials that authenticate nobody, in every form.
+    let unknown_key = format!("opk_{}", "0".repeat(64));
+    for (authorization, code, expected) in [
+        (
+            format!("Bearer {unknown_key}"),
+            "unauthorized",
+            r#"Bearer realm="oncepay""#,
+        ),
+        (
+            "Basic dXNlcjpwYXNz".to_string(),
+            "unauthorized",
+            r#"Bearer realm="oncepay""#,
+        ),
+        (
+            "Bearer ".to_string(),
+            "unauthorized",
+            r#"Bearer realm="oncepay""#,
+        ),
+        (
+            "Bearer not.a.token".to_string(),
+            "invalid_token",
+            r#"Bearer error="invalid_token""#,
+        ),
+    ] {
+        let r = app
+            .http
+            .get(format!("{}/orders", app.base))
+            .header("Authorization", &authorization)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{authorization}");
+        assert_eq!(challenge(&r), expected, "{authorization}");
+        assert_eq!(json_of(r).await["code"], code, "{authorization}");
+    }
+}
+
+/// The authentication scheme is case-insensitive (RFC 7235 section 2.1):
+/// `bearer` was refused (issue 54).
+#[tokio::test]
+async fn the_bearer_scheme_is_matched_whatever_its_case() {
+    let app = spawn_app().await;
+    for scheme in ["bearer", "BEARER", "bEaReR", "Bearer "] {
+        let authorization = format!("{scheme} {}", app.key);
+        let r = app
+            .http
+            .get(format!("{}/orders", app.base))
+            .header("Authorization", &authorization)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::OK, "{scheme:?}");
+        let r = app
+            .http
+            .post(format!("{}/orders", app.base))
+            .header("Authorization", &authorization)
+            .header("Idempotency-Key", Uuid::new_v4().to_string())
+            .json(&order_body())
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::CREATED, "{scheme:?}");
+    }
+    // Another scheme, or none, is still no credential.
+    for authorization in [format!("Bearerx {}", app.key), app.key.clone()] {
+        let r = app
+            .http
+            .get(format!("{}/orders", app.base))
+            .header("Authorization", authorization)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    }
+}
+
+/// `403 insufficient_scope` is titled for any credential, not an API key
+/// alone (a customer's token gets it too; issue 54); its `code` is the
+/// same.
+#[tokio::test]
+async fn insufficient_scope_is_titled_for_any_credential() {
+    let app = spawn_app().await;
+    let read_only = oncepay::api_keys::create_scoped(
+        &app.db,
+        "merchant-a",
+        oncepay::api_keys::Scopes::parse(["read"]).expect("scopes"),
+        &oncepay::audit::Actor::cli(),
+    )
+    .await
+    .expect("key");
+    let r = app
+        .http
+        .get(format!("{}/api_keys", app.base))
+        .bearer_auth(&read_only)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let problem = json_of(r).await;
+    assert_eq!(problem["code"], "insufficient_scope");
+    assert_eq!(
+        problem["title"],
+        "The credentials lack the scope this needs"
+    );
+}
+
+/// Unknown API keys from one address are held to
+/// `ONCEPAY_AUTH_FAILURE_RATE_LIMIT_*` (each costs a database query and
+/// has no merchant whose limit could count it): past the burst, `429`
+/// with `Retry-After` before the next key is looked up. Keys that
+/// authenticate someone count nothing.
+#[tokio::test]
+async fn unknown_api_keys_are_rate_limited_by_address() {
+    let app = spawn_app_with(
+        Options::default()
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_PER_SECOND", "1")
+            .serve("ONCEPAY_AUTH_FAILURE_RATE_LIMIT_BURST", "5"),
+    )
+    .await;
+    for _ in 0..20 {
+        assert_eq!(app.get("/orders").await.status(), StatusCode::OK);
+    }
+    let started = std::time::Instant::now();
+    let (mut unauthorized, mut limited) = (0u64, 0u64);
+    for i in 0..30 {
+        let r = app
+            .http
+            .get(format!("{}/orders", app.base))
+            .bearer_auth(format!("opk_{i:064}"))
+            .send()
+            .await
+            .expect("sent");
+        match r.status() {
+            StatusCode::UNAUTHORIZED => unauthorized += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(r.headers().get("retry-after").is_some());
+                assert_eq!(json_of(r).await["code"], "rate_limited");
+                limited += 1;
+            }
+            other => panic!("an unknown key answered {other}"),
+        }
+    }
+    let most = 5 + started.elapsed().as_secs() + 1;
+    assert!(
+        unauthorized <= most,
+        "{unauthorized} unknown keys looked up, at most {most}"
+    );
+    assert!(limited > 0, "no unknown key was refused before its lookup");
 }

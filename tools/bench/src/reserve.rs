@@ -307,7 +307,7 @@ pub fn verdict_line(row: &Row) -> Option<String> {
     }
     if let Some((clients, one)) = floor::best(&row.ceiling) {
         line += &format!(
-            "; the database's own floor for the row (`BEGIN; UPDATE ledger_account SET held = held + 1 WHERE id = …; COMMIT`, the best of 4–64 connections, at {clients}): {:.0} tx/s, the service **{:.2}×** of it",
+            "; the database's own floor for the row (`BEGIN; UPDATE ledger_account SET updated_at = now() WHERE id = …; COMMIT`, the best of 4–64 connections, at {clients}): {:.0} tx/s, the service **{:.2}×** of it",
             one.tps,
             rate / one.tps
         );

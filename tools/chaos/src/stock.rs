@@ -2,14 +2,15 @@
 //! counting after the soak: the stock accounts and their transfers, the
 //! orders that reserved, what `GET /inventory/{sku}` shows and what the
 //! clients were told. Never oversold; reserved is the open reservations;
-//! every paid or authorized order's stock converted or reported short.
+//! every paid order's stock (reserved or not) converted, sold or reported
+//! short; every unit on hand, reserved, or sold to a paid order.
 
 use std::collections::HashMap;
 
 use serde_json::{json, Value};
 use sqlx::{PgPool, Row};
 
-use crate::clients::{Clients, Intent, STOCK_AT_START, STOCK_PLANS, STOCK_SKUS};
+use crate::clients::{Clients, Intent, STOCK_AT_START, STOCK_PLANS, STOCK_SKUS, UNRESERVED_STOCK};
 use crate::outbox::{count as scalar, Check};
 
 /// Counts every SKU in before the soak, as a warehouse would.
@@ -120,30 +121,42 @@ async fn on_hand_is_its_movements(db: &PgPool, clients: &Clients) -> Result<Chec
     ))
 }
 
-/// Every reservation of an order ever paid or authorized
-/// (`was_authorized!`) was converted
-/// whole, or (expired before the payment) sold late and reported short
-/// for the rest; every reservation of an order never paid was released
-/// or expired, with nothing sold.
+/// Every (order, tracked SKU) pair, whether the order reserved or not:
+/// an order paid (a succeeded payment, captured whole or in part) has its
+/// units converted, sold, or reported short, adding up to what it asked
+/// (issue 54: a paid order that reserved nothing takes them too), and
+/// none of its reservations open; an order never paid (awaiting payment,
+/// cancelled, its authorization voided or expired) has nothing converted,
+/// sold or short, and an open reservation only while it awaits payment
+/// or is authorized.
 async fn paid_orders_converted_or_short(db: &PgPool) -> Result<Check, String> {
-    let rows = sqlx::query(concat!(
-        "SELECT p.id::text, p.unit, p.amount, o.status,
-                EXISTS (SELECT 1 FROM payment_attempt a WHERE a.order_id = o.id
-                           AND (a.status = 'succeeded' OR ",
-        was_authorized!("a"),
-        ")) AS paid,
-                r.phase, r.code, r.amount,
-                COALESCE((SELECT sum(s.amount) FROM ledger_transfer s
-                           WHERE s.order_id = o.id AND s.code = 'sale'
-                             AND s.unit = p.unit AND s.ledger = 'stock'), 0)::bigint AS sold,
+    let rows = sqlx::query(
+        "WITH pairs AS (
+            SELECT o.id AS order_id, a.unit
+              FROM orders o
+              JOIN LATERAL (SELECT DISTINCT q.sku FROM jsonb_to_recordset(o.items) q(sku text)) i
+                ON true
+              JOIN ledger_account a ON a.merchant_id = o.merchant_id AND a.ledger = 'stock'
+                                   AND a.kind = 'holder' AND a.unit = i.sku)
+         SELECT p.order_id::text, p.unit, o.status,
+                EXISTS (SELECT 1 FROM payment_attempt a
+                         WHERE a.order_id = o.id AND a.status = 'succeeded') AS paid,
+                (SELECT COALESCE(sum(q.quantity), 0) FROM jsonb_to_recordset(o.items)
+                     q(sku text, quantity bigint) WHERE q.sku = p.unit)::bigint AS asked,
+                COALESCE((SELECT sum(t.amount) FROM ledger_transfer t
+                           WHERE t.order_id = o.id AND t.unit = p.unit AND t.ledger = 'stock'
+                             AND t.code = 'conversion'), 0)::bigint AS converted,
+                COALESCE((SELECT sum(t.amount) FROM ledger_transfer t
+                           WHERE t.order_id = o.id AND t.unit = p.unit AND t.ledger = 'stock'
+                             AND t.code = 'sale'), 0)::bigint AS sold,
                 COALESCE((SELECT sum((f->>'missing')::bigint)
                             FROM jsonb_array_elements(o.stock_shortfall) f
-                           WHERE f->>'sku' = p.unit), 0)::bigint AS missing
-           FROM ledger_transfer p
-           JOIN orders o ON o.id = p.order_id
-           LEFT JOIN ledger_transfer r ON r.pending_id = p.id
-          WHERE p.ledger = 'stock' AND p.phase = 'pending'",
-    ))
+                           WHERE f->>'sku' = p.unit), 0)::bigint AS missing,
+                (SELECT count(*) FROM ledger_transfer t
+                   JOIN ledger_open_pending op ON op.pending_id = t.id
+                  WHERE t.order_id = o.id AND t.unit = p.unit) AS open
+           FROM pairs p JOIN orders o ON o.id = p.order_id",
+    )
     .fetch_all(db)
     .await
     .map_err(|e| e.to_string())?;
@@ -151,30 +164,105 @@ async fn paid_orders_converted_or_short(db: &PgPool) -> Result<Check, String> {
     for r in &rows {
         let err = |e: sqlx::Error| e.to_string();
         let id: String = r.try_get(0).map_err(err)?;
-        let reserved: i64 = r.try_get(2).map_err(err)?;
-        let order_status: String = r.try_get(3).map_err(err)?;
-        let paid: bool = r.try_get(4).map_err(err)?;
-        let phase: Option<String> = r.try_get(5).map_err(err)?;
-        let code: Option<String> = r.try_get(6).map_err(err)?;
-        let resolved: Option<i64> = r.try_get(7).map_err(err)?;
-        let (sold, missing): (i64, i64) = (r.try_get(8).map_err(err)?, r.try_get(9).map_err(err)?);
-        let voided = phase.as_deref() == Some("void");
+        let sku: String = r.try_get(1).map_err(err)?;
+        let order_status: String = r.try_get(2).map_err(err)?;
+        let paid: bool = r.try_get(3).map_err(err)?;
+        let (asked, converted, sold, missing, open): (i64, i64, i64, i64, i64) = (
+            r.try_get(4).map_err(err)?,
+            r.try_get(5).map_err(err)?,
+            r.try_get(6).map_err(err)?,
+            r.try_get(7).map_err(err)?,
+            r.try_get(8).map_err(err)?,
+        );
         let ok = match paid {
-            true => {
-                (phase.as_deref() == Some("post") && resolved == Some(reserved) && sold == 0)
-                    || (voided && sold + missing == reserved)
+            true => open == 0 && converted + sold + missing == asked,
+            false => {
+                converted == 0
+                    && sold == 0
+                    && missing == 0
+                    && (open == 0
+                        || (open == 1
+                            && matches!(order_status.as_str(), "awaiting_payment" | "authorized")))
             }
-            false => voided && sold == 0 && missing == 0,
         };
         if !ok {
             eprintln!(
-                "breach: reservation {id} of {reserved} ({order_status}, paid: {paid}) resolved {phase:?} {code:?} {resolved:?}, sold {sold}, missing {missing}"
+                "breach: order {id} ({order_status}, paid: {paid}) asked {asked} of {sku}: converted {converted}, sold {sold}, missing {missing}, open reservations {open}"
             );
         }
         breaches += u64::from(!ok);
     }
     Ok((
-        "every paid or authorized order's stock converted or reported short (the others released)",
+        "every paid order's tracked SKUs converted, sold or reported short, reserved or not (the unpaid ones took nothing)",
+        rows.len() as u64,
+        breaches,
+    ))
+}
+
+/// Every unit is on hand, reserved, or sold to an order that was paid or
+/// captured (issue 54), by the ledger at the end, per SKU: what was
+/// counted in less what was counted out is what is on hand plus what was
+/// converted or sold to paid orders; nothing was converted or sold to an
+/// order never paid; and what is reserved is the open reservations of
+/// orders that may still be paid (awaiting payment, or authorized).
+async fn every_unit_accounted_for(db: &PgPool) -> Result<Check, String> {
+    let rows = sqlx::query(
+        "SELECT a.unit, a.posted, a.held,
+                COALESCE((SELECT sum(CASE t.code WHEN 'adjustment_in' THEN t.amount
+                                                 ELSE -t.amount END)
+                            FROM ledger_transfer t
+                           WHERE t.holder_account_id = a.id
+                             AND t.code IN ('adjustment_in', 'adjustment_out')), 0)::bigint,
+                COALESCE((SELECT sum(t.amount) FROM ledger_transfer t
+                           WHERE t.holder_account_id = a.id AND t.code IN ('conversion', 'sale')
+                             AND EXISTS (SELECT 1 FROM payment_attempt p
+                                          WHERE p.order_id = t.order_id
+                                            AND p.status = 'succeeded')), 0)::bigint,
+                COALESCE((SELECT sum(t.amount) FROM ledger_transfer t
+                           WHERE t.holder_account_id = a.id AND t.code IN ('conversion', 'sale')
+                             AND NOT EXISTS (SELECT 1 FROM payment_attempt p
+                                              WHERE p.order_id = t.order_id
+                                                AND p.status = 'succeeded')), 0)::bigint,
+                COALESCE((SELECT sum(op.amount) FROM ledger_open_pending op
+                            JOIN ledger_transfer t ON t.id = op.pending_id
+                            JOIN orders o ON o.id = t.order_id
+                           WHERE op.account_id = a.id
+                             AND o.status IN ('awaiting_payment', 'authorized')), 0)::bigint
+           FROM ledger_account a
+          WHERE a.ledger = 'stock' AND a.kind = 'holder'",
+    )
+    .fetch_all(db)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut breaches = 0;
+    for r in &rows {
+        let err = |e: sqlx::Error| e.to_string();
+        let sku: String = r.try_get(0).map_err(err)?;
+        let (on_hand, reserved, counted, sold_paid, sold_unpaid, held_for_live): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) = (
+            r.try_get(1).map_err(err)?,
+            r.try_get(2).map_err(err)?,
+            r.try_get(3).map_err(err)?,
+            r.try_get(4).map_err(err)?,
+            r.try_get(5).map_err(err)?,
+            r.try_get(6).map_err(err)?,
+        );
+        let ok = counted == on_hand + sold_paid && sold_unpaid == 0 && reserved == held_for_live;
+        if !ok {
+            eprintln!(
+                "breach: {sku}: counted {counted} = on hand {on_hand} + sold to paid orders {sold_paid}? sold to unpaid orders {sold_unpaid}; reserved {reserved}, by orders that may still pay {held_for_live}"
+            );
+        }
+        breaches += u64::from(!ok);
+    }
+    Ok((
+        "every unit is on hand, reserved, or sold to an order that was paid or captured (by the ledger)",
         rows.len() as u64,
         breaches,
     ))
@@ -250,6 +338,7 @@ pub async fn check(
         ),
         on_hand_is_its_movements(db, clients).await?,
         paid_orders_converted_or_short(db).await?,
+        every_unit_accounted_for(db).await?,
         refused_orders_created_nothing(db, intents).await,
         adjustment_answers(intents),
     ])
@@ -266,7 +355,7 @@ pub async fn table(db: &PgPool, intents: &[Intent]) -> String {
         }
     }
     let mut seen = Vec::new();
-    for plan in STOCK_PLANS {
+    for plan in STOCK_PLANS.into_iter().chain([UNRESERVED_STOCK]) {
         if seen.contains(&plan) {
             continue;
         }

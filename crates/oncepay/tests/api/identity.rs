@@ -1772,10 +1772,12 @@ async fn jsonwebtokens_claim_type_confusion_is_closed() {
         })
         .collect();
     let tokens = sign_all(signs).await;
-    for ((claim, value, why), token) in cases.iter().zip(&tokens) {
+    for ((claim, value, _), token) in cases.iter().zip(&tokens) {
         let case = format!("{claim}: {value}");
         let r = app.get_as(token, "/orders").await;
-        assert_invalid_token(r, token, &case, why).await;
+        // Refused, whichever check names it first (a claim of the wrong
+        // type may fail the token's decoding before its own check).
+        assert_invalid_token(r, token, &case, "").await;
     }
     // The same token with its claims well typed is accepted: each refusal
     // was the mistyped claim's.

@@ -161,6 +161,12 @@ pub enum Action {
     BalanceDebited,
     /// A SKU's stock was adjusted (counted in or out).
     InventoryAdjusted,
+    /// A hold was placed on a customer's balance.
+    BalanceHoldCreated,
+    /// A balance hold was captured.
+    BalanceHoldCaptured,
+    /// A balance hold was released.
+    BalanceHoldReleased,
 }
 
 impl Action {
@@ -179,6 +185,9 @@ impl Action {
             Action::BalanceCredited => "balance.credited",
             Action::BalanceDebited => "balance.debited",
             Action::InventoryAdjusted => "inventory.adjusted",
+            Action::BalanceHoldCreated => "balance_hold.created",
+            Action::BalanceHoldCaptured => "balance_hold.captured",
+            Action::BalanceHoldReleased => "balance_hold.released",
         }
     }
 
@@ -193,11 +202,14 @@ impl Action {
             Action::EventRedelivered => "event",
             Action::BalanceCredited | Action::BalanceDebited => "balance_transaction",
             Action::InventoryAdjusted => "inventory",
+            Action::BalanceHoldCreated
+            | Action::BalanceHoldCaptured
+            | Action::BalanceHoldReleased => "balance_hold",
         }
     }
 
     /// Every action.
-    pub const ALL: [Action; 12] = [
+    pub const ALL: [Action; 15] = [
         Action::ApiKeyCreated,
         Action::ApiKeyRotated,
         Action::ApiKeyRevoked,
@@ -210,5 +222,8 @@ impl Action {
         Action::BalanceCredited,
         Action::BalanceDebited,
         Action::InventoryAdjusted,
+        Action::BalanceHoldCreated,
+        Action::BalanceHoldCaptured,
+        Action::BalanceHoldReleased,
     ];
 }

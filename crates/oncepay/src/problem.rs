@@ -185,6 +185,27 @@ impl Problem {
         format!("/problems/{}", self.code)
     }
 
+    /// A money request beyond what may be taken, in the one style every
+    /// money error follows (issue 54): `detail` names the field, what was
+    /// asked and the most allowed (`amount: 1600 asked, at most 1067 left
+    /// to refund on this payment`), with `field` and the members
+    /// `requested` and `allowed` for a program.
+    pub fn beyond(
+        code: ProblemCode,
+        field: &str,
+        requested: i64,
+        allowed: i64,
+        of_what: &str,
+    ) -> Self {
+        Problem::new(
+            code,
+            format!("{field}: {requested} asked, at most {allowed} {of_what}"),
+        )
+        .with_field(field)
+        .with_member("requested", serde_json::json!(requested))
+        .with_member("allowed", serde_json::json!(allowed))
+    }
+
     /// Names the field at fault.
     pub fn with_field(mut self, field: impl Into<String>) -> Self {
         self.field = Some(field.into());

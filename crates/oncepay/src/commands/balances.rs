@@ -21,7 +21,7 @@ use super::{
 use crate::audit::{Action, Actor};
 use crate::domain::event::{Cause, EventType};
 use crate::domain::ledger::balance::Code;
-use crate::domain::ledger::{self, AccountRef, HoldRefusal, Phase, Resolve};
+use crate::domain::ledger::{self, AccountRef, HoldRefusal, HoldStatus, Phase, Resolve};
 use crate::domain::money::{Amount, Currency};
 use crate::domain::RuleViolation;
 use crate::idempotency::StoredResponse;
@@ -95,18 +95,21 @@ impl Movement {
     }
 }
 
-/// `422 insufficient_funds`, with what was available.
-pub fn insufficient(available: i64) -> Problem {
-    Problem::new(
+/// `422 insufficient_funds` for `requested`, with what was available.
+pub fn insufficient(requested: i64, available: i64) -> Problem {
+    Problem::beyond(
         ProblemCode::InsufficientFunds,
-        format!("the balance has {available} available, less than the amount"),
+        "amount",
+        requested,
+        available,
+        "available on the balance",
     )
     .with_member("available", json!(available))
 }
 
-fn rejected(e: TransferError, available: i64) -> CommandError {
+fn rejected(e: TransferError, requested: i64, available: i64) -> CommandError {
     match e {
-        TransferError::Insufficient => CommandError::Reject(insufficient(available)),
+        TransferError::Insufficient => CommandError::Reject(insufficient(requested, available)),
         TransferError::Store(e) => CommandError::Store(e),
         other => CommandError::Store(other.into()),
     }
@@ -159,7 +162,7 @@ async fn move_balance(
     if holder_is_debit {
         totals
             .after_debit(phase, amount, 0)
-            .map_err(|_| CommandError::Reject(insufficient(totals.available())))?;
+            .map_err(|_| CommandError::Reject(insufficient(amount, totals.available())))?;
     }
     let expires_at = expires_in.map(|s| locked.now + chrono::Duration::seconds(s));
     let transfer = store::ledger::insert(
@@ -182,10 +185,11 @@ async fn move_balance(
         },
     )
     .await
-    .map_err(|e| rejected(e, totals.available()))?;
+    .map_err(|e| rejected(e, amount, totals.available()))?;
     if let Some(actor) = actor {
         let action = match code {
             Code::Credit => Action::BalanceCredited,
+            Code::Hold => Action::BalanceHoldCreated,
             _ => Action::BalanceDebited,
         };
         store::audit::record(
@@ -270,7 +274,7 @@ fn actor_of(input: &CommandInput) -> Result<Actor, Problem> {
     input
         .actor
         .clone()
-        .ok_or_else(|| Problem::internal_from("a balance credit or debit without its actor"))
+        .ok_or_else(|| Problem::internal_from("a balance command without its actor"))
 }
 
 /// `POST /customers/{customer_id}/balance/credits`: store credit given.
@@ -353,6 +357,7 @@ pub struct CreateBalanceHold {
     movement: Movement,
     /// Seconds; `ONCEPAY_BALANCE_HOLD_TTL` when absent.
     expires_in: Option<i64>,
+    actor: Actor,
 }
 
 impl Command for CreateBalanceHold {
@@ -375,6 +380,7 @@ impl Command for CreateBalanceHold {
         Ok(CreateBalanceHold {
             movement,
             expires_in,
+            actor: actor_of(input)?,
         })
     }
 
@@ -386,7 +392,15 @@ impl Command for CreateBalanceHold {
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         let ttl = i64::try_from(ctx.balance_hold_ttl.as_secs()).unwrap_or(MAX_HOLD_SECONDS);
         let expires_in = self.expires_in.unwrap_or(ttl);
-        move_balance(ctx, run, &self.movement, Code::Hold, Some(expires_in), None).await
+        move_balance(
+            ctx,
+            run,
+            &self.movement,
+            Code::Hold,
+            Some(expires_in),
+            Some(&self.actor),
+        )
+        .await
     }
 }
 
@@ -395,6 +409,7 @@ impl Command for CreateBalanceHold {
 pub struct ResolveBalanceHold<const CAPTURE: bool> {
     hold_id: Uuid,
     amount: Option<i64>,
+    actor: Actor,
 }
 
 /// `POST /balance_holds/{id}/capture` `{amount?}`.
@@ -416,11 +431,9 @@ fn refusal(e: HoldRefusal) -> Problem {
             ),
         )
         .with_member("hold_status", json!(status.as_str())),
-        HoldRefusal::ExceedsHold(amount) => Problem::new(
-            ProblemCode::AmountExceedsHold,
-            format!("amount: the hold holds {amount}; a capture takes at most that"),
-        )
-        .with_field("amount"),
+        HoldRefusal::ExceedsHold { requested, held } => {
+            Problem::beyond(ProblemCode::AmountExceedsHold, "amount", requested, held, "held")
+        }
     }
 }
 
@@ -433,6 +446,7 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
             return Ok(ResolveBalanceHold {
                 hold_id,
                 amount: None,
+                actor: actor_of(input)?,
             });
         }
         body.only(&["amount"])?;
@@ -444,7 +458,11 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
                     .map_err(|e| Problem::rule(RuleViolation::new("amount", e.to_string())))
             })
             .transpose()?;
-        Ok(ResolveBalanceHold { hold_id, amount })
+        Ok(ResolveBalanceHold {
+            hold_id,
+            amount,
+            actor: actor_of(input)?,
+        })
     }
 
     async fn resolve(
@@ -522,19 +540,51 @@ impl<const CAPTURE: bool> ResolveBalanceHold<CAPTURE> {
             },
         )
         .await
-        .map_err(|e| match e {
-            // The lock makes these unreachable; the database holds them anyway.
-            TransferError::AlreadyResolved | TransferError::PendingExpired => {
-                CommandError::Reject(refusal(HoldRefusal::NotActive(hold.status())))
-            }
-            TransferError::ExceedsPending => {
-                CommandError::Reject(refusal(HoldRefusal::ExceedsHold(hold.amount)))
-            }
-            other => rejected(other, 0),
-        })?;
+        .map_err(|e| refused_resolution(e, &hold, amount))?;
         crate::balances::hold_event(&mut tx, &ctx.metrics, &transfer, event_type, Cause::Command)
             .await?;
+        let action = match CAPTURE {
+            true => Action::BalanceHoldCaptured,
+            false => Action::BalanceHoldReleased,
+        };
+        store::audit::record(
+            &mut tx,
+            run.merchant_id,
+            &self.actor,
+            action,
+            &self.hold_id.to_string(),
+            json!({
+                "customer_id": hold.customer_id,
+                "currency": hold.currency,
+                "amount": amount,
+            }),
+        )
+        .await?;
         hold_answer(tx, self.hold_id, run.merchant_id).await
+    }
+}
+
+/// The answer to a hold's resolution the database refused, as `hold`
+/// read a moment before: a capture whose statement began at or after the
+/// hold's deadline is refused by the trigger's clock
+/// (`ledger_post_before_expiry`) though the read found it held, and the
+/// answer (kept and replayed under the key) says what the database
+/// decided: `expired`.
+fn refused_resolution(e: TransferError, hold: &BalanceHold, amount: i64) -> CommandError {
+    match e {
+        TransferError::PendingExpired => {
+            CommandError::Reject(refusal(HoldRefusal::NotActive(HoldStatus::Expired)))
+        }
+        // Under the holder's lock nothing else resolves it; the database
+        // holds the rule anyway.
+        TransferError::AlreadyResolved => {
+            CommandError::Reject(refusal(HoldRefusal::NotActive(hold.status())))
+        }
+        TransferError::ExceedsPending => CommandError::Reject(refusal(HoldRefusal::ExceedsHold {
+            requested: amount,
+            held: hold.amount,
+        })),
+        other => rejected(other, amount, 0),
     }
 }
 
@@ -586,5 +636,46 @@ impl Command for ReleaseBalanceHold {
         _at: At<NoRecoveryPoint, ()>,
     ) -> Result<Step<NoRecoveryPoint, ()>, CommandError> {
         self.resolve(ctx, run).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held() -> BalanceHold {
+        let now = chrono::Utc::now();
+        BalanceHold {
+            id: Uuid::now_v7(),
+            customer_id: "cus_1".into(),
+            currency: "EUR".into(),
+            amount: 500,
+            captured_amount: 0,
+            status: "held",
+            expires_at: now,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    fn problem(e: CommandError) -> serde_json::Value {
+        match e {
+            CommandError::Reject(p) => serde_json::from_slice(&p.body()).expect("json"),
+            other => panic!("not a refusal: {other:?}"),
+        }
+    }
+
+    /// A capture read the hold held, then the database refused it for its
+    /// deadline (the statement began at or after it): the answer says
+    /// what the database decided, never the stale read.
+    #[test]
+    fn a_capture_refused_for_the_deadline_says_expired() {
+        let p = problem(refused_resolution(TransferError::PendingExpired, &held(), 500));
+        assert_eq!(p["code"], "hold_not_active");
+        assert_eq!(p["hold_status"], "expired");
+        let p = problem(refused_resolution(TransferError::ExceedsPending, &held(), 600));
+        assert_eq!(p["code"], "amount_exceeds_hold");
+        assert_eq!(p["field"], "amount");
+        assert_eq!((&p["requested"], &p["allowed"]), (&json!(600), &json!(500)));
     }
 }

@@ -204,11 +204,17 @@ impl CapturePayment {
                         why,
                     )
                     .with_member("payment_status", serde_json::json!(payment.status.as_str())),
-                    CaptureRefusal::ExceedsCapturable { capturable } => {
-                        Problem::new(ProblemCode::AmountExceedsCapturable, refusal.to_string())
-                            .with_field("amount")
-                            .with_member("amount_capturable", serde_json::json!(capturable))
-                    }
+                    CaptureRefusal::ExceedsCapturable {
+                        requested,
+                        capturable,
+                    } => Problem::beyond(
+                        ProblemCode::AmountExceedsCapturable,
+                        "amount",
+                        requested,
+                        capturable,
+                        "capturable",
+                    )
+                    .with_member("amount_capturable", serde_json::json!(capturable)),
                     CaptureRefusal::Expired(_) => {
                         Problem::new(ProblemCode::AuthorizationExpired, refusal.to_string())
                     }

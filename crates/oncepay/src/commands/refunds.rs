@@ -259,11 +259,34 @@ pub async fn start(
     // Capped by what was captured: a hold captured in part released the rest.
     let amount =
         refund::plan(payment.amount_captured, committed, disputed, plan.amount).map_err(|e| {
-            let code = match e {
-                refund::RefundRejection::Disputed { .. } => ProblemCode::PaymentDisputed,
-                _ => ProblemCode::RefundExceedsPayment,
-            };
-            CommandError::Reject(Problem::new(code, e.to_string()).with_field("amount"))
+            CommandError::Reject(match e {
+                refund::RefundRejection::Disputed {
+                    requested,
+                    left,
+                    disputed,
+                } => Problem::beyond(
+                    ProblemCode::PaymentDisputed,
+                    "amount",
+                    requested,
+                    left,
+                    &format!(
+                        "refundable: {disputed} of the payment is held by a dispute (open or lost)"
+                    ),
+                )
+                .with_member("disputed", serde_json::json!(disputed)),
+                refund::RefundRejection::Exceeds { requested, left } => Problem::beyond(
+                    ProblemCode::RefundExceedsPayment,
+                    "amount",
+                    requested,
+                    left,
+                    "left to refund on this payment (pending refunds count)",
+                ),
+                refund::RefundRejection::NothingLeft => {
+                    Problem::new(ProblemCode::RefundExceedsPayment, e.to_string())
+                        .with_field("amount")
+                        .with_member("allowed", serde_json::json!(0))
+                }
+            })
         })?;
     let provider = refund_provider(payment, plan.destination.as_str());
     super::provider_amounts::provider_takes(

@@ -332,8 +332,13 @@ pub enum HoldRefusal {
     #[error("the hold is {}", .0.as_str())]
     NotActive(HoldStatus),
     /// A capture above the hold.
-    #[error("the capture exceeds the hold's {0}")]
-    ExceedsHold(i64),
+    #[error("amount: {requested} asked, at most {held} held")]
+    ExceedsHold {
+        /// What was asked for.
+        requested: i64,
+        /// What the hold holds.
+        held: i64,
+    },
 }
 
 /// The transfer that resolves a hold of `amount` in `status`, as
@@ -344,7 +349,10 @@ pub fn resolve(status: HoldStatus, amount: i64, how: Resolve) -> Result<(Phase, 
     }
     match how {
         Resolve::Capture(None) => Ok((Phase::Post, amount)),
-        Resolve::Capture(Some(n)) if n > amount => Err(HoldRefusal::ExceedsHold(amount)),
+        Resolve::Capture(Some(n)) if n > amount => Err(HoldRefusal::ExceedsHold {
+            requested: n,
+            held: amount,
+        }),
         Resolve::Capture(Some(n)) => Ok((Phase::Post, n)),
         Resolve::Release => Ok((Phase::Void, amount)),
     }
@@ -622,7 +630,10 @@ mod tests {
         );
         assert_eq!(
             resolve(HoldStatus::Held, 50, Resolve::Capture(Some(51))),
-            Err(HoldRefusal::ExceedsHold(50))
+            Err(HoldRefusal::ExceedsHold {
+                requested: 51,
+                held: 50
+            })
         );
         assert_eq!(
             resolve(HoldStatus::Held, 50, Resolve::Release),

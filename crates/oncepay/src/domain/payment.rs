@@ -249,8 +249,10 @@ pub enum CaptureRefusal {
     #[error("{0}")]
     NotCapturable(String),
     /// More than the hold.
-    #[error("the amount exceeds what the payment can capture ({capturable})")]
+    #[error("amount: {requested} asked, at most {capturable} capturable")]
     ExceedsCapturable {
+        /// What was asked for.
+        requested: i64,
         /// What the hold allows.
         capturable: i64,
     },
@@ -293,7 +295,10 @@ pub fn capture_plan(
     let capturable = payment.amount;
     match amount {
         None => Ok(capturable),
-        Some(a) if a > capturable => Err(CaptureRefusal::ExceedsCapturable { capturable }),
+        Some(a) if a > capturable => Err(CaptureRefusal::ExceedsCapturable {
+            requested: a,
+            capturable,
+        }),
         Some(a) => Ok(a),
     }
 }
@@ -554,7 +559,10 @@ mod tests {
         assert_eq!(capture_plan(&p, false, Some(1000), now), Ok(1000));
         assert_eq!(
             capture_plan(&p, false, Some(1001), now),
-            Err(CaptureRefusal::ExceedsCapturable { capturable: 1000 })
+            Err(CaptureRefusal::ExceedsCapturable {
+                requested: 1001,
+                capturable: 1000
+            })
         );
         assert!(matches!(
             capture_plan(&p, true, None, now),

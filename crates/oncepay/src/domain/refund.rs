@@ -25,10 +25,10 @@ pub fn transition(held: PaymentStatus, observed: PaymentStatus) -> Transition {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RefundRejection {
     /// Refunds not `failed` already cover the whole amount.
-    #[error("nothing is left to refund on this payment (pending refunds count)")]
+    #[error("amount: nothing is left to refund on this payment (pending refunds count)")]
     NothingLeft,
     /// The requested amount is more than what is left.
-    #[error("amount: {requested} exceeds the {left} left to refund on this payment (pending refunds count)")]
+    #[error("amount: {requested} asked, at most {left} left to refund on this payment (pending refunds count)")]
     Exceeds {
         /// What was asked for.
         requested: i64,
@@ -37,7 +37,7 @@ pub enum RefundRejection {
     },
     /// The requested amount (or the rest) reaches into money a dispute
     /// holds (open or lost): the bank took it back already.
-    #[error("the payment is disputed: {disputed} of it is held by a dispute (open or lost), so at most {left} can be refunded, not {requested}")]
+    #[error("amount: {requested} asked, at most {left} refundable: {disputed} of the payment is held by a dispute (open or lost)")]
     Disputed {
         /// What was asked for (the rest, if no amount was given).
         requested: i64,

@@ -69,14 +69,53 @@ pub enum MigrateError {
     /// The database could not be reached or refused a statement.
     #[error("database error while migrating: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database takes no writes (a standby, or a primary demoted or
+    /// not promoted yet in a failover): migrations wait for a writable
+    /// primary.
+    #[error("the database is read-only (no writable primary yet)")]
+    ReadOnly,
     /// A migration file is malformed or the history diverges.
     #[error("migration failed: {0}")]
     Refinery(#[from] refinery_core::Error),
 }
 
+impl MigrateError {
+    /// Whether the database is unavailable for now (unreachable, a
+    /// failover under way, read-only), so that the same step may succeed
+    /// later: also when refinery wrapped the database's error in its own
+    /// (it reports a statement refused on a read-only node as a
+    /// migration that failed).
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            MigrateError::Database(e) => super::is_unavailable(e),
+            MigrateError::ReadOnly => true,
+            MigrateError::Refinery(e) => {
+                let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+                while let Some(cause) = source {
+                    if let Some(e) = cause.downcast_ref::<sqlx::Error>() {
+                        return super::is_unavailable(e);
+                    }
+                    source = cause.source();
+                }
+                false
+            }
+        }
+    }
+}
+
 /// Applies pending migrations, holding the migration lock meanwhile.
 /// Returns the names of the migrations it applied.
 pub async fn run(conn: &mut PgConnection) -> Result<Vec<String>, MigrateError> {
+    // A node that takes no writes is no place to migrate (nor to serve
+    // from): asked first, so that a standby answers "not yet" rather than
+    // a migration's failure.
+    let read_only: bool =
+        sqlx::query_scalar("SELECT current_setting('transaction_read_only') = 'on'")
+            .fetch_one(&mut *conn)
+            .await?;
+    if read_only {
+        return Err(MigrateError::ReadOnly);
+    }
     let migrations = MIGRATIONS
         .iter()
         .map(|(name, sql)| Migration::unapplied(name, sql))

@@ -406,8 +406,9 @@ pub async fn prepare_database(database_url: &str) -> Result<Vec<String>, migrate
 }
 
 /// [`prepare_database`], retried while the database is unavailable (no
-/// primary yet, a failover under way, a node still read-only) for up to
-/// `patience`: a process started during a failover waits for the new
+/// primary yet, a failover under way, a node still read-only: asked
+/// before migrating, and recognised inside refinery's errors too) for up
+/// to `patience`: a process started during a failover waits for the new
 /// primary instead of exiting. Any other error is returned at once.
 pub(crate) async fn prepare_database_patiently(
     database_url: &str,
@@ -416,10 +417,8 @@ pub(crate) async fn prepare_database_patiently(
     let started = std::time::Instant::now();
     loop {
         match prepare_database(database_url).await {
-            Err(migrate::MigrateError::Database(e))
-                if started.elapsed() < patience && is_unavailable(&e) =>
-            {
-                tracing::warn!("the database is unavailable at start; trying again");
+            Err(e) if started.elapsed() < patience && e.is_unavailable() => {
+                tracing::warn!(error = %e, "the database is unavailable at start (unreachable or read-only); waiting for a writable primary");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             other => return other,

@@ -22,6 +22,7 @@ mod inbound_webhooks;
 mod inventory;
 mod ledger_edges;
 mod lists;
+mod money_problems;
 mod ops;
 mod orders;
 mod payments;

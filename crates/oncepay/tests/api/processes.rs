@@ -583,3 +583,48 @@ async fn a_pool_of_three_starts_with_fewer_writers_and_pays() {
         assert!(said[0].contains(part), "{part}: {}", said[0]);
     }
 }
+
+/// `serve` started while its database takes no writes (a standby, or a
+/// primary demoted in a failover: here `default_transaction_read_only`)
+/// waits for it to become writable, then migrates and serves (issue 54:
+/// `make chaos-ha` saw a process exit on `cannot execute CREATE TABLE in
+/// a read-only transaction`, wrapped in refinery's error).
+#[tokio::test]
+async fn serve_started_on_a_read_only_database_waits_until_it_is_writable() {
+    let url = fresh_database_url();
+    let name = url.rsplit('/').next().expect("a database name").to_string();
+    let admin = PgPool::connect(&format!("{}/postgres", pg_server()))
+        .await
+        .expect("the server");
+    for sql in [
+        format!("CREATE DATABASE \"{name}\""),
+        format!("ALTER DATABASE \"{name}\" SET default_transaction_read_only = on"),
+    ] {
+        sqlx::query(&sql).execute(&admin).await.expect(&sql);
+    }
+    let options = Options {
+        database_url: Some(url.clone()),
+        ..Options::default()
+    }
+    .serve("ONCEPAY_DB_START_TIMEOUT", "60s");
+    let starting = tokio::spawn(spawn_app_with(options));
+    // The window in which the database is read-only: `serve` must still be
+    // waiting at its end, not gone.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !starting.is_finished(),
+        "serve gave up on a read-only database"
+    );
+    sqlx::query(&format!(
+        "ALTER DATABASE \"{name}\" RESET default_transaction_read_only"
+    ))
+    .execute(&admin)
+    .await
+    .expect("writable again");
+    let app = tokio::time::timeout(Duration::from_secs(30), starting)
+        .await
+        .expect("serve started once the database took writes")
+        .expect("the start task");
+    let order = app.create_order().await;
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "awaiting_payment");
+}

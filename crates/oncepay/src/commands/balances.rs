@@ -431,9 +431,13 @@ fn refusal(e: HoldRefusal) -> Problem {
             ),
         )
         .with_member("hold_status", json!(status.as_str())),
-        HoldRefusal::ExceedsHold { requested, held } => {
-            Problem::beyond(ProblemCode::AmountExceedsHold, "amount", requested, held, "held")
-        }
+        HoldRefusal::ExceedsHold { requested, held } => Problem::beyond(
+            ProblemCode::AmountExceedsHold,
+            "amount",
+            requested,
+            held,
+            "held",
+        ),
     }
 }
 
@@ -670,10 +674,18 @@ mod tests {
     /// what the database decided, never the stale read.
     #[test]
     fn a_capture_refused_for_the_deadline_says_expired() {
-        let p = problem(refused_resolution(TransferError::PendingExpired, &held(), 500));
+        let p = problem(refused_resolution(
+            TransferError::PendingExpired,
+            &held(),
+            500,
+        ));
         assert_eq!(p["code"], "hold_not_active");
         assert_eq!(p["hold_status"], "expired");
-        let p = problem(refused_resolution(TransferError::ExceedsPending, &held(), 600));
+        let p = problem(refused_resolution(
+            TransferError::ExceedsPending,
+            &held(),
+            600,
+        ));
         assert_eq!(p["code"], "amount_exceeds_hold");
         assert_eq!(p["field"], "amount");
         assert_eq!((&p["requested"], &p["allowed"]), (&json!(600), &json!(500)));

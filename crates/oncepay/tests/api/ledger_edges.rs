@@ -221,3 +221,59 @@ async fn ledger_check_holds_the_ledger_against_payments() {
     assert_eq!(eur.unmatched, 1, "{eur:?}");
     assert!(!eur.holds());
 }
+
+/// A balance hold's life is in the audit trail with its actor: created,
+/// captured, released (issue 54: only credits and debits were).
+#[tokio::test]
+async fn balance_holds_are_audited_with_their_actor() {
+    let app = spawn_app().await;
+    credit(&app, "cus_1", 1000).await;
+    let mut holds = Vec::new();
+    for _ in 0..2 {
+        let r = app
+            .post(
+                "/customers/cus_1/balance/holds",
+                &key(),
+                &json!({"amount": 100, "currency": "EUR"}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        holds.push(json_of(r).await["id"].as_str().unwrap().to_string());
+    }
+    for (hold, action) in holds.iter().zip(["capture", "release"]) {
+        let r = app
+            .post(
+                &format!("/balance_holds/{hold}/{action}"),
+                &key(),
+                &json!({}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::OK, "{action}");
+    }
+    let audit = json_of(app.get("/audit_events?limit=100").await).await;
+    let of_holds: Vec<(String, String)> = audit["data"]
+        .as_array()
+        .expect("audit")
+        .iter()
+        .filter(|e| e["target_type"] == "balance_hold")
+        .inspect(|e| assert_eq!(e["actor_type"], "api_key", "{e}"))
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap().to_string(),
+                e["target_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for (action, hold) in [
+        ("balance_hold.created", &holds[0]),
+        ("balance_hold.created", &holds[1]),
+        ("balance_hold.captured", &holds[0]),
+        ("balance_hold.released", &holds[1]),
+    ] {
+        assert!(
+            of_holds.contains(&(action.to_string(), hold.clone())),
+            "{action} {hold}: {audit}"
+        );
+    }
+    assert_eq!(of_holds.len(), 4, "{audit}");
+}

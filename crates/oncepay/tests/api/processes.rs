@@ -607,14 +607,13 @@ async fn serve_started_on_a_read_only_database_waits_until_it_is_writable() {
         ..Options::default()
     }
     .serve("ONCEPAY_DB_START_TIMEOUT", "60s");
-    let starting = tokio::spawn(spawn_app_with(options));
+    let mut starting = Box::pin(spawn_app_with(options));
     // The window in which the database is read-only: `serve` must still be
-    // waiting at its end, not gone.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        !starting.is_finished(),
-        "serve gave up on a read-only database"
-    );
+    // waiting at its end, not gone (a start that fails panics here).
+    tokio::select! {
+        _ = &mut starting => panic!("serve started on a read-only database"),
+        _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+    }
     sqlx::query(&format!(
         "ALTER DATABASE \"{name}\" RESET default_transaction_read_only"
     ))
@@ -623,8 +622,10 @@ async fn serve_started_on_a_read_only_database_waits_until_it_is_writable() {
     .expect("writable again");
     let app = tokio::time::timeout(Duration::from_secs(30), starting)
         .await
-        .expect("serve started once the database took writes")
-        .expect("the start task");
+        .expect("serve started once the database took writes");
     let order = app.create_order().await;
-    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "awaiting_payment");
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
 }

@@ -57,6 +57,27 @@ async fn request_ids_are_echoed_or_generated() {
 
 /// Runs the real binaries with logging at debug, sends an API key, card
 /// tokens and signed webhooks through them, and greps every log line.
+/// Reads a child's stderr and stdout to their ends on tasks of their own.
+fn drain(
+    child: &mut tokio::process::Child,
+) -> (
+    tokio::task::JoinHandle<String>,
+    tokio::task::JoinHandle<String>,
+) {
+    fn reader(
+        pipe: Option<impl tokio::io::AsyncRead + Unpin + Send + 'static>,
+    ) -> tokio::task::JoinHandle<String> {
+        tokio::spawn(async move {
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text).await;
+            }
+            text
+        })
+    }
+    (reader(child.stderr.take()), reader(child.stdout.take()))
+}
+
 #[tokio::test]
 async fn secrets_never_reach_the_logs() {
     let db_url = fresh_database_url();
@@ -102,6 +123,11 @@ async fn secrets_never_reach_the_logs() {
             ),
         ],
     );
+    // Both processes log at debug level: their pipes are read from the
+    // start, or a process blocks on a full pipe (64 KiB) as soon as a
+    // loaded machine slows the test down, and the test waits for ever.
+    let serve_logs = drain(&mut serve);
+    let sandbox_logs = drain(&mut sandbox);
     let base = format!("http://127.0.0.1:{serve_port}");
     let http = reqwest::Client::new();
     oncepay_testkit::ready::until_ready(
@@ -235,18 +261,15 @@ async fn secrets_never_reach_the_logs() {
     );
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let mut logs = String::new();
-    for child in [&mut serve, &mut sandbox] {
+    for (child, (err, out)) in [(&mut serve, serve_logs), (&mut sandbox, sandbox_logs)] {
         let pid = child.id().expect("pid").to_string();
         std::process::Command::new("kill")
             .args(["-TERM", &pid])
             .status()
             .expect("kill");
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), child.wait()).await;
-        if let Some(mut err) = child.stderr.take() {
-            err.read_to_string(&mut logs).await.expect("read logs");
-        }
-        if let Some(mut out) = child.stdout.take() {
-            out.read_to_string(&mut logs).await.expect("read logs");
+        for drained in [err, out] {
+            logs += &drained.await.expect("the logs' reader");
         }
     }
     assert!(

@@ -112,7 +112,7 @@ pub async fn payment(
                     store::captures::settle_of_payment(tx, attempt_id, status, None).await?;
                 }
                 PaymentStatus::Voided => {
-                    let code = Some("authorization_released");
+                    let code = Some(store::captures::HOLD_ENDED);
                     store::captures::settle_of_payment(tx, attempt_id, PaymentStatus::Failed, code)
                         .await?;
                 }

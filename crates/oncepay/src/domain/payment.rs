@@ -1,7 +1,8 @@
 //! The one-way state machine shared by payment attempts and refunds:
 //! `pending → succeeded | failed`, and for a payment captured later
 //! (`capture_method: manual`) `pending → requires_capture → succeeded |
-//! voided`; nothing leaves a final state. Which holds may be captured or
+//! voided`; nothing leaves a final state. A capture the provider refuses
+//! moves nothing: the hold stands. Which holds may be captured or
 //! voided is decided here too ([`capture_plan`], [`void_plan`]). No I/O.
 
 /// Status of a payment attempt or a refund.
@@ -245,7 +246,8 @@ impl VoidReason {
 /// Why a hold cannot be captured now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CaptureRefusal {
-    /// Not `requires_capture`, or a capture or a void already started.
+    /// Not `requires_capture`, or a capture (pending or made) or a void
+    /// already started.
     #[error("{0}")]
     NotCapturable(String),
     /// More than the hold.
@@ -262,8 +264,10 @@ pub enum CaptureRefusal {
 }
 
 /// What a capture of `payment` for `amount` (`None`: all that is
-/// capturable) takes, given whether a capture already started for it and
-/// the time now: the amount, or why not.
+/// capturable) takes, given whether a capture of it is under way or made
+/// (`capture_started`; one the provider refused is neither: the hold
+/// stands and may be captured again) and the time now: the amount, or why
+/// not.
 pub fn capture_plan(
     payment: &Payment,
     capture_started: bool,
@@ -278,7 +282,7 @@ pub fn capture_plan(
     }
     if capture_started {
         return Err(CaptureRefusal::NotCapturable(
-            "the payment is requires_capture with a capture already made for it; a payment is captured once".into(),
+            "the payment is requires_capture with a capture already under way or made for it; a payment is captured once".into(),
         ));
     }
     if payment.void_requested.is_some() {
@@ -303,8 +307,9 @@ pub fn capture_plan(
     }
 }
 
-/// Whether `payment` can be voided now, given whether a capture already
-/// started for it: only a hold with no capture or void under way.
+/// Whether `payment` can be voided now, given whether a capture of it is
+/// under way or made (one the provider refused is neither): only a hold
+/// with no capture or void under way.
 pub fn void_plan(payment: &Payment, capture_started: bool) -> Result<(), String> {
     if payment.status != PaymentStatus::RequiresCapture {
         return Err(format!(

@@ -405,7 +405,12 @@ pub trait PaymentProvider: Send + Sync {
     /// `Known` with the charge as it is after the call: `succeeded` (with
     /// `amount_captured`), or `voided` when the provider refused because
     /// the hold expired or was released (the provider decides, never our
-    /// clock), or `requires_capture` if it still holds it uncaptured.
+    /// clock), or `requires_capture` if it still holds it uncaptured; or
+    /// `failed` when the provider refused this capture itself (a decline,
+    /// an amount or a state it will not take; nothing captured under the
+    /// key, its code in `failure_code`): the caller reads the charge back
+    /// ([`PaymentProvider::find_capture`]) before the capture ends
+    /// `failed` with the hold standing.
     fn capture<'a>(&'a self, request: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome>;
     /// Reads whether a capture that may have been sent happened: `Known`
     /// with the charge once it is captured or released, `NotFound` while

@@ -143,7 +143,7 @@ pub struct Payment {
     /// `requires_capture`.
     pub capture_before: Option<chrono::DateTime<chrono::Utc>>,
     /// Why the hold was released (`requested`, `order_cancelled`,
-    /// `expired`): `null` unless `voided`.
+    /// `expired`, `cancelled_at_provider`): `null` unless `voided`.
     pub void_reason: Option<VoidReason>,
     /// What the customer must do before the payment can settle (3-D
     /// Secure at their bank): `null` unless the payment is `pending` and
@@ -218,8 +218,13 @@ pub enum VoidReason {
     /// Its order was cancelled.
     OrderCancelled,
     /// Not captured before `capture_before` (voided by oncepay's sweeper,
-    /// or reported expired or cancelled by the provider).
+    /// or reported expired by the provider).
     Expired,
+    /// Cancelled at the provider by someone other than oncepay, while it
+    /// could still be captured (Stripe's Dashboard: `requested_by_customer`,
+    /// `fraudulent`, `duplicate`); the payment's `failure_code` keeps the
+    /// provider's own reason.
+    CancelledAtProvider,
 }
 
 impl VoidReason {
@@ -229,6 +234,7 @@ impl VoidReason {
             VoidReason::Requested => "requested",
             VoidReason::OrderCancelled => "order_cancelled",
             VoidReason::Expired => "expired",
+            VoidReason::CancelledAtProvider => "cancelled_at_provider",
         }
     }
 
@@ -238,6 +244,7 @@ impl VoidReason {
             "requested" => Some(VoidReason::Requested),
             "order_cancelled" => Some(VoidReason::OrderCancelled),
             "expired" => Some(VoidReason::Expired),
+            "cancelled_at_provider" => Some(VoidReason::CancelledAtProvider),
             _ => None,
         }
     }
@@ -533,6 +540,7 @@ mod tests {
             VoidReason::Requested,
             VoidReason::OrderCancelled,
             VoidReason::Expired,
+            VoidReason::CancelledAtProvider,
         ] {
             assert_eq!(VoidReason::parse(r.as_str()), Some(r));
         }

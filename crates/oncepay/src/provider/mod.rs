@@ -109,7 +109,11 @@ pub struct ProviderObject {
     pub id: String,
     /// Its status in the provider's books.
     pub status: PaymentStatus,
-    /// Why it failed.
+    /// Why it failed. For a hold released (`voided`): the provider's
+    /// reason when someone cancelled it (Stripe's `cancellation_reason`,
+    /// `requested_by_customer`, `fraudulent`, `duplicate`), `None` when it
+    /// lapsed (an expiry); settling tells oncepay's own void from a cancel
+    /// at the provider (`domain::settlement::release_reason`).
     pub failure_code: Option<String>,
     /// A readable reason.
     pub failure_message: Option<String>,

@@ -184,6 +184,7 @@ pub fn known(body: &[u8]) -> CallOutcome {
                 other => intent_status(other, error.is_some()),
             };
             let failed = status == Some(PaymentStatus::Failed);
+            let voided = status == Some(PaymentStatus::Voided);
             let code = match (failed, error) {
                 // Cancelled by us because its customer never authenticated
                 // (`PaymentProvider::abandon`): the same code whichever
@@ -193,6 +194,15 @@ pub fn known(body: &[u8]) -> CallOutcome {
                 }
                 (true, Some(e)) => e.decline_code.clone().or_else(|| e.code.clone()),
                 (true, None) => Some(object.status.clone()),
+                // A released hold: who cancelled it, where someone did
+                // (`requested_by_customer`, `fraudulent`, `duplicate`: the
+                // Dashboard's, or our void's); nothing where Stripe let it
+                // lapse (`automatic`, and `expired` from 2025-03-31.basil:
+                // PaymentIntents API, `cancellation_reason`).
+                _ if voided => object
+                    .cancellation_reason
+                    .clone()
+                    .filter(|r| !matches!(r.as_str(), "automatic" | "expired")),
                 _ => None,
             };
             let message = error.filter(|_| failed).and_then(|e| e.message.clone());
@@ -799,6 +809,24 @@ mod hold_tests {
             "capture_method": "manual", "cancellation_reason": reason,
             "currency": "eur", "amount_received": 0, "created": 100,
         })
+    }
+
+    #[test]
+    fn a_released_hold_says_who_cancelled_it_and_an_expiry_says_nothing() {
+        let code_of =
+            |reason: Option<&str>| match known(held("canceled", reason).to_string().as_bytes()) {
+                CallOutcome::Known(o) => {
+                    assert_eq!(o.status, PaymentStatus::Voided, "{reason:?}");
+                    o.failure_code
+                }
+                other => panic!("{reason:?}: {other:?}"),
+            };
+        for reason in ["requested_by_customer", "fraudulent", "duplicate"] {
+            assert_eq!(code_of(Some(reason)).as_deref(), Some(reason));
+        }
+        for expiry in [Some("automatic"), Some("expired"), None] {
+            assert_eq!(code_of(expiry), None, "{expiry:?}");
+        }
     }
 
     #[test]

@@ -229,8 +229,12 @@ pub struct ProviderDispute {
     pub charge: String,
     /// Minor units.
     pub amount: i64,
-    /// In our terms.
-    pub status: crate::domain::dispute::DisputeStatus,
+    /// In our terms; `None` for a status its adapter does not know (a
+    /// newer API's): the dispute is stored all the same, with its
+    /// `provider_status`, held open when new
+    /// (`DisputeStatus::UNRECOGNISED`), and counted for an operator
+    /// (`oncepay_dispute_statuses_unrecognised_total`).
+    pub status: Option<crate::domain::dispute::DisputeStatus>,
     /// The provider's own status.
     pub provider_status: String,
     /// An inquiry, not a chargeback (Stripe's `warning_*`): the bank took

@@ -127,7 +127,7 @@ pub(crate) fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
         id: d.id,
         charge: d.charge_id,
         amount: d.amount,
-        status,
+        status: Some(status),
         provider_status: d.status,
         // The sandbox's disputes are all chargebacks.
         inquiry: false,
@@ -245,11 +245,14 @@ mod tests {
         let d = dispute(body).expect("a dispute");
         assert_eq!(d.charge, "ch_1");
         assert_eq!(d.amount, 500);
-        assert_eq!(d.status, DisputeStatus::NeedsResponse);
+        assert_eq!(d.status, Some(DisputeStatus::NeedsResponse));
         assert_eq!(d.provider_status, "needs_response");
         assert_eq!(d.evidence_due_by, Some(1_700_000_000));
         let lost = br#"{"id":"dp_1","charge_id":"ch_1","amount":500,"status":"lost","reason":"fraudulent"}"#;
-        assert_eq!(dispute(lost).map(|d| d.status), Some(DisputeStatus::Lost));
+        assert_eq!(
+            dispute(lost).and_then(|d| d.status),
+            Some(DisputeStatus::Lost)
+        );
         let unknown =
             br#"{"id":"dp_1","charge_id":"ch_1","amount":500,"status":"open","reason":"x"}"#;
         assert_eq!(dispute(unknown), None);

@@ -743,15 +743,22 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
 
 /// Stripe's dispute statuses in ours: the `warning_*` ones (an inquiry,
 /// before a chargeback) map onto the first two, and an inquiry closed
-/// without a chargeback (`warning_closed`) is won. `None` for a status
-/// this version does not document.
+/// without a chargeback (`warning_closed`) is won. `prevented` (Disputes
+/// API, the status's list; added with 2025-08-27.basil, "Add preventions
+/// to Dispute") is a dispute closed before any chargeback by a prevention
+/// the merchant's account runs, which resolves it by giving the customer
+/// the money back (a Visa RDR resolution read `lost` before this status
+/// existed): closed, the money gone, so `lost`, which holds the amount
+/// back from oncepay's refunds (a refund of it would pay the customer
+/// twice). `None` for a status this adapter does not know (a newer API's):
+/// the dispute is stored all the same (`ProviderDispute::status`).
 pub fn dispute_status(stripe: &str) -> Option<crate::domain::dispute::DisputeStatus> {
     use crate::domain::dispute::DisputeStatus::*;
     Some(match stripe {
         "warning_needs_response" | "needs_response" => NeedsResponse,
         "warning_under_review" | "under_review" => UnderReview,
         "warning_closed" | "won" => Won,
-        "lost" => Lost,
+        "lost" | "prevented" => Lost,
         _ => return None,
     })
 }
@@ -767,7 +774,7 @@ pub fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
     let text = |k: &str| o.get(k).and_then(|v| v.as_str()).map(str::to_string);
     let id = text("id").filter(|i| !i.is_empty())?;
     let provider_status = text("status")?;
-    let status = dispute_status(&provider_status)?;
+    let status = dispute_status(&provider_status);
     let currency = text("currency").unwrap_or_default();
     let amount = o
         .get("amount")
@@ -992,7 +999,9 @@ mod tests {
             ("warning_closed", Some(Won)),
             ("won", Some(Won)),
             ("lost", Some(Lost)),
+            ("prevented", Some(Lost)),
             ("charge_refunded", None),
+            ("a_status_from_a_newer_api", None),
         ] {
             assert_eq!(dispute_status(stripe), ours, "{stripe}");
         }
@@ -1007,9 +1016,16 @@ mod tests {
         assert_eq!(d.amount, 1000);
         assert_eq!(
             d.status,
-            crate::domain::dispute::DisputeStatus::NeedsResponse
+            Some(crate::domain::dispute::DisputeStatus::NeedsResponse)
         );
         assert_eq!(d.provider_status, "warning_needs_response");
+        // A status this adapter does not know is read all the same: stored
+        // with its provider status, never refused.
+        let newer = body.replace("warning_needs_response", "a_status_from_a_newer_api");
+        let d = dispute(newer.as_bytes()).expect("a dispute");
+        assert_eq!(d.status, None);
+        assert_eq!(d.provider_status, "a_status_from_a_newer_api");
+        assert!(!d.inquiry);
         assert_eq!(d.evidence_due_by, Some(1_700_000_000));
         assert_eq!(dispute(br#"{"id":"pi_1","object":"payment_intent"}"#), None);
         let event = event(&serde_json::json!({

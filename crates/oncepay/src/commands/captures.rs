@@ -44,8 +44,7 @@ use crate::idempotency::StoredResponse;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::provider::{CallOutcome, CaptureRequest, ProviderObject};
-use crate::store::captures::HOLD_ENDED;
-use crate::store::captures::{Capture, InsertCaptureError, NewCapture};
+use crate::store::captures::{Capture, InsertCaptureError, NewCapture, HOLD_ENDED};
 use crate::store::{self, Corrupt, StoreError};
 
 recovery_points! {

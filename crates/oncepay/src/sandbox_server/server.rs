@@ -1161,7 +1161,8 @@ async fn capture_charge(
                 None => HoldAnswer::Error(error(404, "charge_not_found", "no such charge")),
             },
             (None, None) => {
-                let refusal = books.capture_refusals.get(path.as_str()).cloned();
+                // A decline asked for with the lever (`refuse_capture`).
+                let lever = books.capture_refusals.get(path.as_str()).cloned();
                 let Some(charge) = books.charges.get_mut(&charge_key) else {
                     return error(404, "charge_not_found", "no such charge");
                 };
@@ -1175,8 +1176,8 @@ async fn capture_charge(
                         "invalid_amount",
                         "amount must be from 1 to the authorized amount",
                     )),
-                    "authorized" if refusal.is_some() => {
-                        let code = refusal.unwrap_or_default();
+                    "authorized" if lever.is_some() => {
+                        let code = lever.unwrap_or_default();
                         books.capture_refusals.remove(path.as_str());
                         books
                             .refused_captures

@@ -90,6 +90,10 @@ pub struct Metrics {
     /// Disputes waiting for the merchant's evidence (`needs_response`)
     /// whose deadline is within 72 hours or past, read at each scrape.
     pub disputes_evidence_due_soon: prometheus::IntGauge,
+    /// Disputes read from a provider in a status its adapter does not
+    /// know (stored with its provider status, held open), by provider:
+    /// counted at each read, for the alert that has the status mapped.
+    pub dispute_statuses_unrecognised: IntCounterVec,
     /// A group-commit statement's time from its queueing until a writer
     /// took it (`until="taken"`) and until it was answered, its group
     /// committed (`until="answered"`): how much of a payment's latency is
@@ -510,6 +514,11 @@ impl Metrics {
                 &["provider", "status"],
             ),
             disputes_evidence_due_soon,
+            dispute_statuses_unrecognised: counter(
+                "oncepay_dispute_statuses_unrecognised_total",
+                "Disputes read from a provider in a status oncepay does not know (stored, held open), by provider",
+                &["provider"],
+            ),
             reconciler: counter(
                 "oncepay_reconciler_total",
                 "Reconciler work by kind and outcome",
@@ -549,6 +558,8 @@ impl Metrics {
             for status in DISPUTES {
                 self.disputes.with_label_values(&[provider, status]);
             }
+            self.dispute_statuses_unrecognised
+                .with_label_values(&[provider]);
         }
     }
 

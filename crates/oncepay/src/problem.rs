@@ -86,6 +86,7 @@ problem_codes! {
     PaymentNotCapturable = "payment_not_capturable", 409, "Payment cannot be captured";
     AmountExceedsCapturable = "amount_exceeds_capturable", 422, "Amount exceeds what the payment can capture";
     AuthorizationExpired = "authorization_expired", 409, "The payment's authorization expired";
+    CaptureRefused = "capture_refused", 402, "The provider refused the capture";
     PaymentNotVoidable = "payment_not_voidable", 409, "Payment cannot be voided";
     CheckoutNotFound = "checkout_not_found", 404, "Checkout not found";
     ApiKeyNotFound = "api_key_not_found", 404, "API key not found";

@@ -425,7 +425,7 @@ pub fn capture_script(f: &Fixture) -> String {
     s += &inline(payments::GET, &[payment, &m]);
     s += &inline(orders::LOCK_BY_ID, &[order]);
     s += &inline(payments::LOCK, &[payment]);
-    s += &inline(captures::OF_PAYMENT, &[payment]);
+    s += &inline(captures::OF_PAYMENT, &[payment, key]);
     s += &inline(
         captures::INSERT,
         &[capture, &m, payment, "2800", key, fingerprint, "10000"],

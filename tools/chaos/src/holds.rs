@@ -4,7 +4,10 @@
 //! with the captures the Stripe layer saw localstripe make) against what
 //! the clients were told. One outcome per authorization: captured once
 //! for at most what was authorized, or voided (asked for, by its order's
-//! cancel, or expired) and then released at the provider, never both.
+//! cancel, or expired) and then released at the provider, never both. A
+//! capture the provider refused (its row `failed`, the hold standing) or
+//! oncepay refused before any row (an amount the provider cannot take) is
+//! no outcome: only succeeded capture rows are counted.
 
 use std::collections::HashMap;
 
@@ -267,7 +270,9 @@ fn no_hold_for_a_failed_payment(payments: &HashMap<String, Manual>, books: &Book
 }
 
 /// Each capture, void and cancel answer matches what is stored, repeats
-/// of a key are identical, and a race of two keys had one winner.
+/// of a key are identical, and a race of two keys had one winner. A
+/// capture refused (`402 capture_refused`, `422
+/// amount_not_supported_by_provider`) leaves the hold: it wins nothing.
 fn hold_answers_match(payments: &HashMap<String, Manual>, intents: &[Intent]) -> Check {
     let (mut checked, mut breaches) = (0u64, 0u64);
     for intent in intents {
@@ -290,6 +295,8 @@ fn hold_answers_match(payments: &HashMap<String, Manual>, intents: &[Intent]) ->
                             && p.amount_captured == body["amount_captured"].as_i64().unwrap_or(-1)
                     }),
                     202 => body["status"] == "requires_capture",
+                    402 => text(&body["code"]) == "capture_refused",
+                    422 => text(&body["code"]) == "amount_not_supported_by_provider",
                     409 => matches!(
                         text(&body["code"]),
                         "payment_not_capturable" | "payment_not_voidable" | "authorization_expired"

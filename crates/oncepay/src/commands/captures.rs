@@ -4,17 +4,24 @@
 //!
 //! A capture:
 //! 1. with the order and the payment locked, checks the hold
-//!    ([`capture_plan`]) and inserts the capture's own row, whose id is the
-//!    provider's idempotency key (one per payment: a unique index), and
-//!    records the step;
+//!    ([`capture_plan`]) and that its provider can take the amount (its
+//!    units, its minimum: `422 amount_not_supported_by_provider` before
+//!    any row or call, the hold untouched), and inserts the capture's own
+//!    row, whose id is the provider's idempotency key (one pending or
+//!    succeeded per payment: a unique index), and records the step;
 //! 2. sends the capture with that key, holding no connection (a resumed
 //!    one reads the provider first and sends again, same key, only if the
 //!    provider still holds the charge uncaptured);
 //! 3. applies the provider's answer through `settle::payment`, like any
 //!    charge: `succeeded` with its `amount_captured`, or `voided` when the
 //!    provider refused because the hold had ended (the provider decides,
-//!    never our clock alone). An unknown answer is `202` with the payment
-//!    still `requires_capture`; the reconciler settles the capture.
+//!    never our clock alone). A provider that refuses the capture itself
+//!    (a decline, an amount it will not take) and, read back, still holds
+//!    the charge uncaptured ends the capture `failed` with its code: the
+//!    payment stays `requires_capture`, to be captured again (a new
+//!    capture, so a new key) or voided; `402 capture_refused`. An unknown
+//!    answer is `202` with the payment still `requires_capture`; the
+//!    reconciler settles the capture.
 //!
 //! A void marks the hold (`void_reason`, so no capture can start), asks its
 //! provider to release it, and applies the answer the same way; one that is
@@ -37,7 +44,7 @@ use crate::idempotency::StoredResponse;
 use crate::input::Obj;
 use crate::problem::{Problem, ProblemCode};
 use crate::provider::{CallOutcome, CaptureRequest, ProviderObject};
-use crate::store::captures::{Capture, InsertCaptureError, NewCapture};
+use crate::store::captures::{Capture, InsertCaptureError, NewCapture, HOLD_ENDED};
 use crate::store::{self, Corrupt, StoreError};
 
 recovery_points! {
@@ -128,22 +135,29 @@ impl Command for CapturePayment {
                 None => (resource, pending_capture(ctx, resource).await?),
             },
         };
-        let observed = match &outstanding {
+        let learned = match &outstanding {
             Some(o) => send_or_find(ctx, o).await,
             None => None,
         };
         let mut tx = ctx.pool.begin().await?;
-        let payment = finish(&mut tx, ctx, capture_id, observed, Cause::Command).await?;
-        let response = capture_response(&payment)?;
+        let (payment, capture) = finish(&mut tx, ctx, capture_id, learned, Cause::Command).await?;
+        let response = capture_response(&payment, &capture)?;
         Ok(Step::Complete { tx, response })
     }
 }
 
-/// The answer to a capture: `200` with the payment once captured, `202`
-/// while the provider's answer is not known (the payment still
-/// `requires_capture`), `409 authorization_expired` when the provider
-/// refused because the hold had ended.
-fn capture_response(payment: &Payment) -> Result<StoredResponse, CommandError> {
+/// The answer to a capture: `402 capture_refused` when the provider
+/// refused this capture (whatever became of the payment since: the answer
+/// to a key is what its capture did), `200` with the payment once
+/// captured, `202` while the provider's answer is not known (the payment
+/// still `requires_capture`), `409 authorization_expired` when the
+/// provider refused because the hold had ended.
+fn capture_response(payment: &Payment, capture: &Capture) -> Result<StoredResponse, CommandError> {
+    let refused = capture.status == PaymentStatus::Failed
+        && capture.failure_code.as_deref() != Some(HOLD_ENDED);
+    if refused {
+        return Ok(problem_response(&capture_refused(payment, capture)));
+    }
     match payment.status {
         PaymentStatus::Succeeded => json_response(200, payment, None),
         PaymentStatus::RequiresCapture | PaymentStatus::Pending => json_response(202, payment, None),
@@ -161,6 +175,22 @@ fn problem_response(problem: &Problem) -> StoredResponse {
         body: problem.body(),
         location: None,
     }
+}
+
+/// `402 capture_refused`: the provider refused the capture (its code in
+/// `failure_code`); nothing was captured.
+fn capture_refused(payment: &Payment, capture: &Capture) -> Problem {
+    let code = capture.failure_code.as_deref().unwrap_or_default();
+    Problem::new(
+        ProblemCode::CaptureRefused,
+        format!(
+            "the provider refused to capture {} of the payment ({code}); nothing was captured. While the payment is requires_capture it can be captured again (another Idempotency-Key) or voided; it is {}",
+            capture.amount,
+            payment.status.as_str()
+        ),
+    )
+    .with_member("failure_code", serde_json::json!(code))
+    .with_member("payment_status", serde_json::json!(payment.status.as_str()))
 }
 
 fn not_capturable(payment: &Payment) -> Problem {
@@ -182,10 +212,11 @@ impl CapturePayment {
         run: Run<'_>,
     ) -> Result<Step<CapturePoint, Option<Outstanding>>, CommandError> {
         let (mut tx, payment) = lock_payment(ctx, run, self.payment_id).await?;
-        let existing = store::captures::of_payment(&mut tx, payment.id).await?;
+        let captures = store::captures::of_payment(&mut tx, payment.id, Some(run.key)).await?;
         // A retry after the idempotency record expired: the key already
-        // made this payment's capture, so that capture is the answer.
-        if let Some(own) = existing.as_ref().filter(|c| c.idempotency_key == run.key) {
+        // made one of this payment's captures, so that capture is the
+        // answer (a refused one too: it is never sent again).
+        if let Some(own) = captures.iter().find(|c| c.idempotency_key == run.key) {
             let outstanding = (own.status == PaymentStatus::Pending)
                 .then(|| outstanding(&payment, own, true))
                 .transpose()?;
@@ -196,8 +227,10 @@ impl CapturePayment {
                 memo: outstanding,
             });
         }
-        let amount = capture_plan(&payment, existing.is_some(), self.amount, Utc::now()).map_err(
-            |refusal| {
+        // A capture the provider refused leaves the hold to capture again.
+        let started = captures.iter().any(|c| c.status != PaymentStatus::Failed);
+        let amount =
+            capture_plan(&payment, started, self.amount, Utc::now()).map_err(|refusal| {
                 CommandError::Reject(match refusal {
                     CaptureRefusal::NotCapturable(why) => Problem::new(
                         ProblemCode::PaymentNotCapturable,
@@ -219,8 +252,17 @@ impl CapturePayment {
                         Problem::new(ProblemCode::AuthorizationExpired, refusal.to_string())
                     }
                 })
-            },
-        )?;
+            })?;
+        // An amount its provider cannot take (its units, its minimum) is
+        // refused here: sent, it could only be refused, and the hold must
+        // not pay for our request.
+        super::provider_amounts::provider_takes(
+            ctx.providers.named(&payment.provider).as_ref(),
+            amount,
+            &payment.currency,
+            super::provider_amounts::Movement::Capture,
+        )
+        .map_err(CommandError::Reject)?;
         let new = NewCapture {
             id: Uuid::now_v7(),
             merchant_id: run.merchant_id,
@@ -236,7 +278,7 @@ impl CapturePayment {
                 return Err(CommandError::Reject(
                     Problem::new(
                         ProblemCode::PaymentNotCapturable,
-                        "the payment is requires_capture with a capture already made for it; a payment is captured once",
+                        "the payment is requires_capture with a capture already under way or made for it; a payment is captured once",
                     )
                     .with_member("payment_status", serde_json::json!(payment.status.as_str())),
                 ))
@@ -319,25 +361,56 @@ pub(crate) async fn pending_capture(
     Ok(Some(outstanding(&payment, &capture, true)?))
 }
 
+/// What step 2 learned of a capture.
+#[derive(Debug, Clone)]
+pub(crate) enum Learned {
+    /// The charge as its provider holds it now: captured, released, or
+    /// still held (a repeat that proves nothing yet).
+    Charge(ProviderObject),
+    /// The provider refused this capture (its code in `failure_code`) and,
+    /// read back, still holds the charge uncaptured: the capture fails,
+    /// the hold stands.
+    Refused(ProviderObject),
+}
+
 /// Step 2, holding no connection: sends the capture, or, if it may have
 /// been sent, reads the provider first and sends it again (same key) only
-/// while the charge is still held uncaptured. `None`: nothing learned.
-pub(crate) async fn send_or_find(
-    ctx: &AppContext,
-    outstanding: &Outstanding,
-) -> Option<ProviderObject> {
+/// while the charge is still held uncaptured. A refusal of the capture
+/// itself is read back once: a hold that ended meanwhile (or a refusal
+/// answered for a capture that was made, by a gateway on the way) is the
+/// charge as the provider holds it. `None`: nothing learned.
+pub(crate) async fn send_or_find(ctx: &AppContext, outstanding: &Outstanding) -> Option<Learned> {
     let provider = ctx.providers.named(&outstanding.provider);
     let request = &outstanding.request;
-    let outcome = if outstanding.maybe_sent {
+    if outstanding.maybe_sent {
         match provider.find_capture(request).await {
-            CallOutcome::NotFound => provider.capture(request).await,
-            other => other,
+            CallOutcome::NotFound => {}
+            other => return learned(request, other),
         }
-    } else {
-        provider.capture(request).await
-    };
+    }
+    match provider.capture(request).await {
+        CallOutcome::Known(refusal) if refusal.status == PaymentStatus::Failed => {
+            match provider.find_capture(request).await {
+                CallOutcome::Known(charge) => Some(Learned::Charge(charge)),
+                CallOutcome::NotFound => Some(Learned::Refused(refusal)),
+                // The refusal is the provider's word on this key (it
+                // captured nothing under it, and answers a repeat the
+                // same): it stands; a hold that ended is the sweeper's or
+                // its webhook's to settle.
+                CallOutcome::Unknown(reason) => {
+                    tracing::warn!(capture_id = %request.idempotency_key, %reason, "a refused capture's charge could not be read back; the refusal stands");
+                    Some(Learned::Refused(refusal))
+                }
+            }
+        }
+        other => learned(request, other),
+    }
+}
+
+/// What a capture's or a read's `outcome` teaches: the charge, or nothing.
+fn learned(request: &CaptureRequest, outcome: CallOutcome) -> Option<Learned> {
     match outcome {
-        CallOutcome::Known(object) => Some(object),
+        CallOutcome::Known(object) => Some(Learned::Charge(object)),
         CallOutcome::NotFound => None,
         CallOutcome::Unknown(reason) => {
             tracing::warn!(capture_id = %request.idempotency_key, %reason, "capture outcome unknown; leaving it pending");
@@ -347,14 +420,15 @@ pub(crate) async fn send_or_find(
 }
 
 /// Step 3: applies what step 2 learned to the payment (and its capture and
-/// order) inside `tx`; returns the payment as it now is.
+/// order) inside `tx`; returns the payment and the capture as they now
+/// are.
 pub(crate) async fn finish(
     tx: &mut sqlx::PgConnection,
     ctx: &AppContext,
     capture_id: Uuid,
-    observed: Option<ProviderObject>,
+    learned: Option<Learned>,
     cause: Cause,
-) -> Result<Payment, StoreError> {
+) -> Result<(Payment, Capture), StoreError> {
     // Not locked here: settling locks order, payment, then the capture.
     let capture = store::captures::by_id(tx, capture_id)
         .await?
@@ -362,18 +436,47 @@ pub(crate) async fn finish(
     let payment = store::payments::by_id(tx, capture.payment_id)
         .await?
         .ok_or_else(|| Corrupt::vanished("payment", capture.payment_id))?;
-    match observed {
-        Some(object) => Ok(settle::payment(
-            tx,
-            &ctx.metrics,
-            (payment.id, payment.order_id),
-            &object,
-            cause,
-        )
-        .await?
-        .0),
-        None => Ok(payment),
+    let ids = (payment.id, payment.order_id);
+    match learned {
+        Some(Learned::Charge(object)) => {
+            let (payment, _) = settle::payment(tx, &ctx.metrics, ids, &object, cause).await?;
+            let capture = store::captures::by_id(tx, capture_id)
+                .await?
+                .ok_or_else(|| Corrupt::vanished("capture", capture_id))?;
+            Ok((payment, capture))
+        }
+        Some(Learned::Refused(refusal)) => refused(tx, ids, capture_id, &refusal).await,
+        None => Ok((payment, capture)),
     }
+}
+
+/// The provider refused capture `capture_id` of the payment `ids` and
+/// still holds its charge uncaptured: the capture ends `failed` with the
+/// provider's code, under the order's and the payment's locks (the one
+/// lock order), and the hold stands, to be captured again (a new capture,
+/// so a new key at the provider) or voided. A capture settled meanwhile
+/// (its hold ended) stays as it is.
+async fn refused(
+    tx: &mut sqlx::PgConnection,
+    (payment_id, order_id): (Uuid, Uuid),
+    capture_id: Uuid,
+    refusal: &ProviderObject,
+) -> Result<(Payment, Capture), StoreError> {
+    store::orders::lock_by_id(tx, order_id).await?;
+    let payment = store::payments::lock(tx, payment_id)
+        .await?
+        .ok_or_else(|| Corrupt::vanished("payment", payment_id))?;
+    let code = refusal.failure_code.as_deref().unwrap_or("capture_refused");
+    let capture = match store::captures::fail(tx, capture_id, code).await? {
+        Some(capture) => {
+            tracing::warn!(%capture_id, %payment_id, code, "the provider refused the capture; the hold stands");
+            capture
+        }
+        None => store::captures::by_id(tx, capture_id)
+            .await?
+            .ok_or_else(|| Corrupt::vanished("capture", capture_id))?,
+    };
+    Ok((payment, capture))
 }
 
 /// Release a hold.
@@ -402,8 +505,11 @@ impl Command for VoidPayment {
     ) -> Result<Step<VoidPoint, ()>, CommandError> {
         if let At::Start = at {
             let (mut tx, payment) = lock_payment(ctx, run, self.payment_id).await?;
-            let capture = store::captures::of_payment(&mut tx, payment.id).await?;
-            let capturing = capture.is_some_and(|c| c.status != PaymentStatus::Failed);
+            // A capture the provider refused is over: the hold can go.
+            let capturing = store::captures::of_payment(&mut tx, payment.id, None)
+                .await?
+                .iter()
+                .any(|c| c.status != PaymentStatus::Failed);
             void_plan(&payment, capturing).map_err(|why| {
                 CommandError::Reject(
                     Problem::new(ProblemCode::PaymentNotVoidable, why)

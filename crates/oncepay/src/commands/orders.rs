@@ -396,8 +396,11 @@ impl CancelOrder {
                 let held = store::payments::lock(&mut tx, held.id)
                     .await?
                     .ok_or_else(|| Corrupt::vanished("payment", held.id))?;
-                let capture = store::captures::of_payment(&mut tx, held.id).await?;
-                let capturing = capture.is_some_and(|c| c.status != PaymentStatus::Failed);
+                // A capture the provider refused is over: the hold can go.
+                let capturing = store::captures::of_payment(&mut tx, held.id, None)
+                    .await?
+                    .iter()
+                    .any(|c| c.status != PaymentStatus::Failed);
                 crate::domain::payment::void_plan(&held, capturing).map_err(|why| {
                     CommandError::Reject(Problem::new(
                         ProblemCode::OrderNotCancellable,

@@ -10,7 +10,9 @@ use uuid::Uuid;
 use super::fast_path::SettleKnown;
 use super::AppContext;
 use crate::domain::order::Order;
-use crate::domain::payment::{CaptureMethod, Payment, PaymentStatus, Refund, Transition};
+use crate::domain::payment::{
+    CaptureMethod, Payment, PaymentStatus, Refund, Transition, VoidReason,
+};
 use crate::domain::settlement::{self, Report, Settlement};
 use crate::metrics::Metrics;
 use crate::provider::ProviderObject;
@@ -84,15 +86,25 @@ pub async fn payment(
     if transition == Transition::StrayHold {
         store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
     }
+    // A released hold's provider reason (`ProviderObject::failure_code`)
+    // says someone cancelled it at the provider; it is kept only then: the
+    // reason of oncepay's own void, or of an expiry, tells nothing new.
+    let void_reason = settlement::release_reason(
+        &current,
+        observed.status == PaymentStatus::Voided && observed.failure_code.is_some(),
+        Utc::now(),
+    );
+    let keep_failure =
+        observed.status != PaymentStatus::Voided || void_reason == VoidReason::CancelledAtProvider;
     let facts = store::payments::ChargeFacts {
         charge_id: non_empty(&observed.id),
-        failure_code: observed.failure_code.as_deref(),
-        failure_message: observed.failure_message.as_deref(),
+        failure_code: observed.failure_code.as_deref().filter(|_| keep_failure),
+        failure_message: observed.failure_message.as_deref().filter(|_| keep_failure),
         capture_before: observed
             .capture_before
             .and_then(|s| chrono::DateTime::from_timestamp(s, 0)),
         amount_captured: observed.amount_captured,
-        void_reason: Some(settlement::void_reason(&current)),
+        void_reason: Some(void_reason),
     };
     let report = Report {
         status: observed.status,
@@ -112,7 +124,7 @@ pub async fn payment(
                     store::captures::settle_of_payment(tx, attempt_id, status, None).await?;
                 }
                 PaymentStatus::Voided => {
-                    let code = Some("authorization_released");
+                    let code = Some(store::captures::HOLD_ENDED);
                     store::captures::settle_of_payment(tx, attempt_id, PaymentStatus::Failed, code)
                         .await?;
                 }

@@ -19,7 +19,9 @@ pub enum DisputeStatus {
     UnderReview,
     /// Closed for the merchant: the money stays (or comes back).
     Won,
-    /// Closed for the customer: the money is gone for good.
+    /// Closed for the customer: the money is gone for good (Stripe: `lost`,
+    /// and `prevented`, a dispute resolved before any chargeback by giving
+    /// the customer the money back).
     Lost,
 }
 
@@ -31,6 +33,13 @@ impl DisputeStatus {
         DisputeStatus::Won,
         DisputeStatus::Lost,
     ];
+
+    /// What a new dispute whose provider status its adapter does not know
+    /// (a newer API's) is held as until a known status arrives: open, so
+    /// its amount is held back from refunds (a chargeback's money may be
+    /// gone already), and under review, claiming no evidence deadline the
+    /// provider did not give. A dispute held already keeps its status.
+    pub const UNRECOGNISED: DisputeStatus = DisputeStatus::UnderReview;
 
     /// The name stored and shown.
     pub fn as_str(self) -> &'static str {
@@ -236,6 +245,10 @@ mod tests {
 
     #[test]
     fn open_and_lost_disputes_hold_the_money_a_won_one_does_not() {
+        assert!(
+            DisputeStatus::UNRECOGNISED.holds_money() && !DisputeStatus::UNRECOGNISED.is_final(),
+            "a status no adapter knows is held open"
+        );
         assert!(NeedsResponse.holds_money());
         assert!(UnderReview.holds_money());
         assert!(Lost.holds_money());

@@ -1,7 +1,8 @@
 //! The one-way state machine shared by payment attempts and refunds:
 //! `pending → succeeded | failed`, and for a payment captured later
 //! (`capture_method: manual`) `pending → requires_capture → succeeded |
-//! voided`; nothing leaves a final state. Which holds may be captured or
+//! voided`; nothing leaves a final state. A capture the provider refuses
+//! moves nothing: the hold stands. Which holds may be captured or
 //! voided is decided here too ([`capture_plan`], [`void_plan`]). No I/O.
 
 /// Status of a payment attempt or a refund.
@@ -142,7 +143,7 @@ pub struct Payment {
     /// `requires_capture`.
     pub capture_before: Option<chrono::DateTime<chrono::Utc>>,
     /// Why the hold was released (`requested`, `order_cancelled`,
-    /// `expired`): `null` unless `voided`.
+    /// `expired`, `cancelled_at_provider`): `null` unless `voided`.
     pub void_reason: Option<VoidReason>,
     /// What the customer must do before the payment can settle (3-D
     /// Secure at their bank): `null` unless the payment is `pending` and
@@ -217,8 +218,13 @@ pub enum VoidReason {
     /// Its order was cancelled.
     OrderCancelled,
     /// Not captured before `capture_before` (voided by oncepay's sweeper,
-    /// or reported expired or cancelled by the provider).
+    /// or reported expired by the provider).
     Expired,
+    /// Cancelled at the provider by someone other than oncepay, while it
+    /// could still be captured (Stripe's Dashboard: `requested_by_customer`,
+    /// `fraudulent`, `duplicate`); the payment's `failure_code` keeps the
+    /// provider's own reason.
+    CancelledAtProvider,
 }
 
 impl VoidReason {
@@ -228,6 +234,7 @@ impl VoidReason {
             VoidReason::Requested => "requested",
             VoidReason::OrderCancelled => "order_cancelled",
             VoidReason::Expired => "expired",
+            VoidReason::CancelledAtProvider => "cancelled_at_provider",
         }
     }
 
@@ -237,6 +244,7 @@ impl VoidReason {
             "requested" => Some(VoidReason::Requested),
             "order_cancelled" => Some(VoidReason::OrderCancelled),
             "expired" => Some(VoidReason::Expired),
+            "cancelled_at_provider" => Some(VoidReason::CancelledAtProvider),
             _ => None,
         }
     }
@@ -245,7 +253,8 @@ impl VoidReason {
 /// Why a hold cannot be captured now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CaptureRefusal {
-    /// Not `requires_capture`, or a capture or a void already started.
+    /// Not `requires_capture`, or a capture (pending or made) or a void
+    /// already started.
     #[error("{0}")]
     NotCapturable(String),
     /// More than the hold.
@@ -262,8 +271,10 @@ pub enum CaptureRefusal {
 }
 
 /// What a capture of `payment` for `amount` (`None`: all that is
-/// capturable) takes, given whether a capture already started for it and
-/// the time now: the amount, or why not.
+/// capturable) takes, given whether a capture of it is under way or made
+/// (`capture_started`; one the provider refused is neither: the hold
+/// stands and may be captured again) and the time now: the amount, or why
+/// not.
 pub fn capture_plan(
     payment: &Payment,
     capture_started: bool,
@@ -278,7 +289,7 @@ pub fn capture_plan(
     }
     if capture_started {
         return Err(CaptureRefusal::NotCapturable(
-            "the payment is requires_capture with a capture already made for it; a payment is captured once".into(),
+            "the payment is requires_capture with a capture already under way or made for it; a payment is captured once".into(),
         ));
     }
     if payment.void_requested.is_some() {
@@ -303,8 +314,9 @@ pub fn capture_plan(
     }
 }
 
-/// Whether `payment` can be voided now, given whether a capture already
-/// started for it: only a hold with no capture or void under way.
+/// Whether `payment` can be voided now, given whether a capture of it is
+/// under way or made (one the provider refused is neither): only a hold
+/// with no capture or void under way.
 pub fn void_plan(payment: &Payment, capture_started: bool) -> Result<(), String> {
     if payment.status != PaymentStatus::RequiresCapture {
         return Err(format!(
@@ -528,6 +540,7 @@ mod tests {
             VoidReason::Requested,
             VoidReason::OrderCancelled,
             VoidReason::Expired,
+            VoidReason::CancelledAtProvider,
         ] {
             assert_eq!(VoidReason::parse(r.as_str()), Some(r));
         }

@@ -41,10 +41,38 @@ pub enum Settlement {
     Nothing,
 }
 
-/// Why a hold the provider reports released ended: the void asked for,
-/// or else it expired (the provider let it lapse or cancelled it itself).
+/// Why a hold the provider reports released ended, as far as the order
+/// cares: the void asked for, or else it expired (only a cancel of the
+/// order moves the order elsewhere than back to awaiting payment).
 pub fn void_reason(attempt: &Payment) -> VoidReason {
     attempt.void_requested.unwrap_or(VoidReason::Expired)
+}
+
+/// Why a hold the provider reports released ended, as it is stored and
+/// shown: the void oncepay asked for (the merchant's, its order's cancel);
+/// else, when the provider says someone cancelled it
+/// (`cancelled_at_provider`: its adapter reports a reason that is not an
+/// expiry, as for a cancel in Stripe's Dashboard) while it could still be
+/// captured, [`VoidReason::CancelledAtProvider`]; else it expired. Past
+/// the deadline every release is an expiry: the sweeper's own void of an
+/// overdue hold comes back from the provider as a cancel, and a webhook of
+/// it may be read first.
+pub fn release_reason(
+    attempt: &Payment,
+    cancelled_at_provider: bool,
+    now: chrono::DateTime<chrono::Utc>,
+) -> VoidReason {
+    match attempt.void_requested {
+        Some(asked) => asked,
+        None if cancelled_at_provider
+            && attempt
+                .capture_before
+                .is_some_and(|deadline| now < deadline) =>
+        {
+            VoidReason::CancelledAtProvider
+        }
+        None => VoidReason::Expired,
+    }
 }
 
 /// The one settlement rule.
@@ -201,5 +229,36 @@ mod tests {
             decide(&known, OrderStatus::Paid, &report(Succeeded)),
             Settlement::Nothing
         );
+    }
+
+    #[test]
+    fn a_release_says_who_ended_the_hold() {
+        let now = chrono::Utc::now();
+        let hold = Payment {
+            capture_before: Some(now + chrono::Duration::days(3)),
+            ..attempt(RequiresCapture)
+        };
+        assert_eq!(release_reason(&hold, false, now), VoidReason::Expired);
+        assert_eq!(
+            release_reason(&hold, true, now),
+            VoidReason::CancelledAtProvider,
+            "cancelled at the provider while it could still be captured"
+        );
+        let overdue = Payment {
+            capture_before: Some(now - chrono::Duration::seconds(1)),
+            ..hold.clone()
+        };
+        assert_eq!(
+            release_reason(&overdue, true, now),
+            VoidReason::Expired,
+            "past the deadline every release is an expiry (the sweeper's void too)"
+        );
+        for asked in [VoidReason::Requested, VoidReason::OrderCancelled] {
+            let asking = Payment {
+                void_requested: Some(asked),
+                ..hold.clone()
+            };
+            assert_eq!(release_reason(&asking, true, now), asked);
+        }
     }
 }

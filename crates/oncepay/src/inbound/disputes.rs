@@ -81,6 +81,18 @@ pub(super) async fn apply(
         );
         return unapplied(EventOutcome::Mismatch, detail).await;
     }
+    // A status its adapter does not know (a newer API's, as Stripe's
+    // `prevented` was) is no reason to refuse the event: refused, it would
+    // be sent again until the provider gave up, and the dispute never
+    // stored. It is stored with its provider status, held open, and
+    // counted, for an operator to map it (`OncepayDisputeStatusUnrecognised`).
+    if truth.status.is_none() {
+        ctx.metrics
+            .dispute_statuses_unrecognised
+            .with_label_values(&[provider])
+            .inc();
+        tracing::warn!(event_id, dispute = id, provider_status = %truth.provider_status, "a dispute status oncepay does not know: stored with its provider status, held open");
+    }
     let payment = {
         let mut conn = ctx.pool.acquire().await?;
         store::payments::by_charge(&mut conn, provider, &truth.charge).await?
@@ -134,7 +146,7 @@ pub(super) async fn apply(
             .await?;
         }
     }
-    let label = if applied.changed || applied.before == Some(truth.status) {
+    let label = if applied.changed || truth.status.is_none() || applied.before == truth.status {
         EventOutcome::Processed
     } else {
         EventOutcome::Ignored

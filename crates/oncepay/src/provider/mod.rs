@@ -109,7 +109,11 @@ pub struct ProviderObject {
     pub id: String,
     /// Its status in the provider's books.
     pub status: PaymentStatus,
-    /// Why it failed.
+    /// Why it failed. For a hold released (`voided`): the provider's
+    /// reason when someone cancelled it (Stripe's `cancellation_reason`,
+    /// `requested_by_customer`, `fraudulent`, `duplicate`), `None` when it
+    /// lapsed (an expiry); settling tells oncepay's own void from a cancel
+    /// at the provider (`domain::settlement::release_reason`).
     pub failure_code: Option<String>,
     /// A readable reason.
     pub failure_message: Option<String>,
@@ -225,8 +229,12 @@ pub struct ProviderDispute {
     pub charge: String,
     /// Minor units.
     pub amount: i64,
-    /// In our terms.
-    pub status: crate::domain::dispute::DisputeStatus,
+    /// In our terms; `None` for a status its adapter does not know (a
+    /// newer API's): the dispute is stored all the same, with its
+    /// `provider_status`, held open when new
+    /// (`DisputeStatus::UNRECOGNISED`), and counted for an operator
+    /// (`oncepay_dispute_statuses_unrecognised_total`).
+    pub status: Option<crate::domain::dispute::DisputeStatus>,
     /// The provider's own status.
     pub provider_status: String,
     /// An inquiry, not a chargeback (Stripe's `warning_*`): the bank took
@@ -405,7 +413,12 @@ pub trait PaymentProvider: Send + Sync {
     /// `Known` with the charge as it is after the call: `succeeded` (with
     /// `amount_captured`), or `voided` when the provider refused because
     /// the hold expired or was released (the provider decides, never our
-    /// clock), or `requires_capture` if it still holds it uncaptured.
+    /// clock), or `requires_capture` if it still holds it uncaptured; or
+    /// `failed` when the provider refused this capture itself (a decline,
+    /// an amount or a state it will not take; nothing captured under the
+    /// key, its code in `failure_code`): the caller reads the charge back
+    /// ([`PaymentProvider::find_capture`]) before the capture ends
+    /// `failed` with the hold standing.
     fn capture<'a>(&'a self, request: &'a CaptureRequest) -> BoxFuture<'a, CallOutcome>;
     /// Reads whether a capture that may have been sent happened: `Known`
     /// with the charge once it is captured or released, `NotFound` while

@@ -13,7 +13,11 @@
 //! `ONCEPAY_SANDBOX_CAPTURE_WINDOW`); `POST /v1/charges/{id}/capture`
 //! (`Idempotency-Key`, `{"amount"}`) and `POST /v1/charges/{id}/void` end
 //! the hold; past its deadline it expires (`charge.expired`), at once with
-//! `POST /v1/charges/{id}/expire` (a test's lever).
+//! `POST /v1/charges/{id}/expire` (a test's lever). `POST
+//! /v1/charges/{id}/refuse_capture` (`{"code"}`, a decline code, default
+//! `card_declined`; a test's lever) has the charge's next capture declined
+//! as a card's issuer may decline one: `402` with the code, answered
+//! again to a repeat of that capture's key; the charge stays authorized.
 
 use std::net::TcpListener;
 use std::pin::Pin;
@@ -1138,17 +1142,27 @@ async fn capture_charge(
             Err(answer) => return *answer,
         };
         let mut events = Vec::new();
-        let answer = match books.captures.get(&key).cloned() {
-            Some(done) if done.charge_id != *path => HoldAnswer::Error(error(
+        let refused_before = books.refused_captures.get(&key).cloned();
+        let answer = match (books.captures.get(&key).cloned(), refused_before) {
+            (_, Some((charge_id, _))) if charge_id != *path => HoldAnswer::Error(error(
                 409,
                 "idempotency_key_reused",
                 "this key captured another charge",
             )),
-            Some(_) => match books.charges.get(&charge_key) {
+            // The same capture, declined before: declined again.
+            (_, Some((_, code))) => HoldAnswer::Error(capture_declined(&code)),
+            (Some(done), None) if done.charge_id != *path => HoldAnswer::Error(error(
+                409,
+                "idempotency_key_reused",
+                "this key captured another charge",
+            )),
+            (Some(_), None) => match books.charges.get(&charge_key) {
                 Some(charge) => HoldAnswer::Charge(Box::new(charge.clone())),
                 None => HoldAnswer::Error(error(404, "charge_not_found", "no such charge")),
             },
-            None => {
+            (None, None) => {
+                // A decline asked for with the lever (`refuse_capture`).
+                let lever = books.capture_refusals.get(path.as_str()).cloned();
                 let Some(charge) = books.charges.get_mut(&charge_key) else {
                     return error(404, "charge_not_found", "no such charge");
                 };
@@ -1162,6 +1176,14 @@ async fn capture_charge(
                         "invalid_amount",
                         "amount must be from 1 to the authorized amount",
                     )),
+                    "authorized" if lever.is_some() => {
+                        let code = lever.unwrap_or_default();
+                        books.capture_refusals.remove(path.as_str());
+                        books
+                            .refused_captures
+                            .insert(key.clone(), (path.as_str().to_string(), code.clone()));
+                        HoldAnswer::Error(capture_declined(&code))
+                    }
                     "authorized" => {
                         charge.status = "captured";
                         charge.amount_captured = take;
@@ -1210,6 +1232,53 @@ async fn capture_charge(
         sandbox.config.faults.duplicate_webhooks,
     );
     hold_answer(answer, delivery).await
+}
+
+/// A declined capture: the sandbox's decline answer (`402`, its code), as
+/// for a charge; nothing was captured and the charge stays authorized.
+fn capture_declined(code: &str) -> HttpResponse {
+    error(
+        402,
+        code,
+        "The card was declined: the capture was not made.",
+    )
+}
+
+#[derive(Deserialize, Default)]
+struct RefuseCaptureBody {
+    #[serde(default)]
+    code: Option<String>,
+}
+
+/// `POST /v1/charges/{id}/refuse_capture` (`{"code"}`, default
+/// `card_declined`; one of the documented decline codes): the charge's
+/// next capture is declined, `402` with the code, as a card's issuer may
+/// decline a capture (a test's lever). The charge stays authorized, and a
+/// capture under another key after it is made as usual.
+async fn refuse_capture(
+    sandbox: Shared,
+    path: web::Path<String>,
+    body: Option<web::Json<RefuseCaptureBody>>,
+) -> HttpResponse {
+    let charge_id = path.into_inner();
+    let code = body
+        .and_then(|b| b.into_inner().code)
+        .unwrap_or_else(|| "card_declined".to_string());
+    if !crate::provider::sandbox::classify::DECLINE_CODES.contains(&code.as_str()) {
+        return error(
+            400,
+            "invalid_request",
+            "code must be a documented decline code",
+        );
+    }
+    let mut books = sandbox.books();
+    if !books.charge_keys.contains_key(&charge_id) {
+        return error(404, "charge_not_found", "no such charge");
+    }
+    books
+        .capture_refusals
+        .insert(charge_id.clone(), code.clone());
+    HttpResponse::Ok().json(json!({"charge": charge_id, "refuse_capture": code}))
 }
 
 async fn hold_answer(answer: HoldAnswer, delivery: Delivery) -> HttpResponse {
@@ -1430,6 +1499,10 @@ pub fn start(
             .route("/v1/charges/{id}/capture", web::post().to(capture_charge))
             .route("/v1/charges/{id}/void", web::post().to(void_charge))
             .route("/v1/charges/{id}/expire", web::post().to(expire_charge))
+            .route(
+                "/v1/charges/{id}/refuse_capture",
+                web::post().to(refuse_capture),
+            )
             .route("/v1/refunds", web::post().to(create_refund))
             .route("/v1/refunds", web::get().to(find_refund))
             .route("/v1/refunds/{id}", web::get().to(get_refund))

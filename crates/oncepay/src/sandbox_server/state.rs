@@ -152,6 +152,12 @@ pub struct Books {
     pub disputes: BTreeMap<String, Dispute>,
     /// Captures by idempotency key.
     pub captures: BTreeMap<String, Capture>,
+    /// Charges whose next capture is declined, with the decline code
+    /// (`POST /v1/charges/{id}/refuse_capture`), by charge id.
+    pub capture_refusals: HashMap<String, String>,
+    /// Captures declined, by idempotency key: the charge id and the code,
+    /// answered again to a repeat of the key.
+    pub refused_captures: HashMap<String, (String, String)>,
     /// Tokens made by `POST /v1/tokens`, and the test token each behaves as.
     pub tokens: HashMap<String, &'static str>,
 }

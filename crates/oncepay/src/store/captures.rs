@@ -1,6 +1,8 @@
 //! SQL of captures: one row per capture of a held payment, its id the
-//! provider's idempotency key (see migration V19 for the constraints: one
-//! per payment, within the amount, never for a voided payment).
+//! provider's idempotency key (see migrations V22 and V26 for the
+//! constraints: one pending or succeeded per payment, within the amount,
+//! never for a voided payment). A capture the provider refused stays
+//! `failed` beside the next one, which is a new row, so a new key.
 
 use std::time::Duration;
 
@@ -25,6 +27,10 @@ pub struct Capture {
     pub status: PaymentStatus,
     /// The client's key that made it.
     pub idempotency_key: String,
+    /// Why it failed: the provider's code for a capture it refused
+    /// (Stripe's `card_declined`, `amount_too_small`), or [`HOLD_ENDED`]
+    /// when its hold ended first.
+    pub failure_code: Option<String>,
     /// When it was made.
     pub created_at: DateTime<Utc>,
 }
@@ -33,7 +39,7 @@ pub struct Capture {
 /// whole constants: `oncepay-bench` runs them as its same-SQL floor).
 macro_rules! capture_columns {
     () => {
-        "id, payment_id, amount, status, idempotency_key, created_at"
+        "id, payment_id, amount, status, idempotency_key, failure_code, created_at"
     };
 }
 
@@ -46,9 +52,14 @@ fn from_row(row: &PgRow) -> Result<Capture, StoreError> {
         status: PaymentStatus::parse(&status)
             .ok_or_else(|| Corrupt::unknown("capture status", &status))?,
         idempotency_key: row.try_get("idempotency_key")?,
+        failure_code: row.try_get("failure_code")?,
         created_at: row.try_get("created_at")?,
     })
 }
+
+/// The failure code of a capture whose hold ended before it (voided,
+/// expired, released): the provider refused nothing of the capture itself.
+pub const HOLD_ENDED: &str = "authorization_released";
 
 /// A new pending capture.
 pub struct NewCapture<'a> {
@@ -71,8 +82,9 @@ pub struct NewCapture<'a> {
 /// Why a capture could not be inserted.
 #[derive(Debug, thiserror::Error)]
 pub enum InsertCaptureError {
-    /// The payment has a capture already (`payment_capture_one_per_payment`),
-    /// or is no longer a hold the database lets be captured.
+    /// The payment has a capture pending or made already
+    /// (`payment_capture_one_per_payment`), or is no longer a hold the
+    /// database lets be captured.
     #[error("the payment cannot take another capture")]
     NotCapturable,
     /// Anything else.
@@ -119,21 +131,51 @@ pub async fn insert(
     }
 }
 
-/// Reads a payment's capture (see [`of_payment`]).
+/// Reads a payment's captures (see [`of_payment`]).
 pub const OF_PAYMENT: &str = concat!(
     "SELECT ",
     capture_columns!(),
-    " FROM payment_capture WHERE payment_id = $1"
+    " FROM payment_capture
+      WHERE payment_id = $1 AND (status <> 'failed' OR idempotency_key = $2)
+      ORDER BY created_at, id"
 );
 
-/// The payment's capture, if it has one.
+/// The payment's capture pending or made, if it has one, and the one made
+/// with the client's key `key` (whatever its status), oldest first.
 pub async fn of_payment(
     conn: &mut PgConnection,
     payment_id: Uuid,
-) -> Result<Option<Capture>, StoreError> {
-    let row = sqlx::query(OF_PAYMENT)
+    key: Option<&str>,
+) -> Result<Vec<Capture>, StoreError> {
+    let rows = sqlx::query(OF_PAYMENT)
         .bind(payment_id)
-        .fetch_optional(conn)
+        .bind(key)
+        .fetch_all(conn)
+        .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Ends a pending capture the provider refused (see [`fail`]).
+pub const FAIL: &str = concat!(
+    "UPDATE payment_capture SET status = 'failed', failure_code = $2, updated_at = now()
+          WHERE id = $1 AND status = 'pending'
+          RETURNING ",
+    capture_columns!()
+);
+
+/// Ends the pending capture `id` `failed` with the provider's
+/// `failure_code`: the provider refused it and still holds the charge
+/// uncaptured. Called with the capture's order and payment locked (the
+/// one lock order). `None` if it was no longer pending.
+pub async fn fail(
+    tx: &mut PgConnection,
+    id: Uuid,
+    failure_code: &str,
+) -> Result<Option<Capture>, StoreError> {
+    let row = sqlx::query(FAIL)
+        .bind(id)
+        .bind(failure_code)
+        .fetch_optional(tx)
         .await?;
     row.as_ref().map(from_row).transpose()
 }
@@ -162,8 +204,8 @@ pub const SETTLE_OF_PAYMENT: &str = concat!(
 );
 
 /// Settles the payment's pending capture, if it has one: `succeeded`
-/// when the payment was captured, `failed` when its hold ended without
-/// (voided, expired). Returns it as it now is.
+/// when the payment was captured, `failed` ([`HOLD_ENDED`]) when its hold
+/// ended without (voided, expired). Returns it as it now is.
 pub async fn settle_of_payment(
     tx: &mut PgConnection,
     payment_id: Uuid,
@@ -185,7 +227,7 @@ impl super::queue::Queued for Capture {
         name: "payment_capture",
         alias: "c",
         returning:
-            "c.id, c.payment_id, c.amount, c.status, c.idempotency_key, c.created_at, c.merchant_id",
+            "c.id, c.payment_id, c.amount, c.status, c.idempotency_key, c.failure_code, c.created_at, c.merchant_id",
         next_look: next_check_after_claim!("c"),
     };
 

@@ -72,7 +72,11 @@ pub struct Applied {
 /// Applies the provider's `truth` about a dispute of `payment` (whose row
 /// the caller has locked, so two reports of one dispute are serialised):
 /// inserts it when new, else moves it forward and takes its new facts
-/// (deadline, provider status) while it is open.
+/// (deadline, provider status) while it is open. A status its adapter
+/// does not know (`truth.status` `None`) moves nothing: a new dispute is
+/// held as [`DisputeStatus::UNRECOGNISED`], one held keeps its status (and
+/// stays a chargeback unless both say inquiry), and only its
+/// `provider_status` and other facts are taken.
 pub async fn apply(
     tx: &mut PgConnection,
     payment: &Payment,
@@ -111,7 +115,7 @@ pub async fn apply(
         .bind(&truth.id)
         .bind(truth.amount)
         .bind(&payment.currency)
-        .bind(truth.status.as_str())
+        .bind(truth.status.unwrap_or(DisputeStatus::UNRECOGNISED).as_str())
         .bind(&truth.provider_status)
         .bind(&truth.reason)
         .bind(due)
@@ -125,22 +129,25 @@ pub async fn apply(
             changed: true,
         });
     };
-    let status = match held
-        .status
-        .advance_phase(held.inquiry, truth.status, truth.inquiry)
-    {
-        DisputeMove::Advance(status) => status,
-        DisputeMove::Unchanged => held.status,
-        DisputeMove::Ignored => {
-            return Ok(Applied {
-                before: Some(held.status),
-                dispute: held,
-                changed: false,
-            })
-        }
+    let (status, inquiry) = match truth.status {
+        None => (held.status, held.inquiry && truth.inquiry),
+        Some(observed) => match held
+            .status
+            .advance_phase(held.inquiry, observed, truth.inquiry)
+        {
+            DisputeMove::Advance(status) => (status, truth.inquiry),
+            DisputeMove::Unchanged => (held.status, truth.inquiry),
+            DisputeMove::Ignored => {
+                return Ok(Applied {
+                    before: Some(held.status),
+                    dispute: held,
+                    changed: false,
+                })
+            }
+        },
     };
     let same = status == held.status
-        && held.inquiry == truth.inquiry
+        && held.inquiry == inquiry
         && held.provider_status == truth.provider_status
         && held.evidence_due_by == due
         && held.amount == truth.amount
@@ -166,7 +173,7 @@ pub async fn apply(
     .bind(&truth.reason)
     .bind(due)
     .bind(now)
-    .bind(truth.inquiry)
+    .bind(inquiry)
     .fetch_optional(&mut *tx)
     .await?;
     Ok(match row {

@@ -421,20 +421,22 @@ async fn settle_refund(ctx: &AppContext, refund: &Refund) -> Result<bool, StoreE
 /// A capture whose answer was lost, resumed like a charge: the provider
 /// is read first, and the capture sent again with its own key only while
 /// the charge is still held uncaptured; past `capture_before` the
-/// provider's answer (refused, expired) settles it. True if now known.
+/// provider's answer (refused, expired) settles it, and a capture the
+/// provider refuses while the hold stands ends `failed`. True if the
+/// capture is now settled.
 async fn settle_capture(ctx: &AppContext, capture_id: Uuid) -> Result<bool, StoreError> {
     let Some(outstanding) = commands::captures::pending_capture(ctx, capture_id).await? else {
         return Ok(true);
     };
-    let Some(object) = commands::captures::send_or_find(ctx, &outstanding).await else {
+    let Some(learned) = commands::captures::send_or_find(ctx, &outstanding).await else {
         return Ok(false);
     };
     let mut tx = ctx.pool.begin().await?;
-    let payment =
-        commands::captures::finish(&mut tx, ctx, capture_id, Some(object), Cause::Reconciler)
+    let (_, capture) =
+        commands::captures::finish(&mut tx, ctx, capture_id, Some(learned), Cause::Reconciler)
             .await?;
     tx.commit().await?;
-    Ok(payment.status.is_final())
+    Ok(capture.status != PaymentStatus::Pending)
 }
 
 /// Logs and counts, once each, payments and refunds pending for longer than

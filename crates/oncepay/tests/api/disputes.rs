@@ -349,6 +349,148 @@ async fn with_stripe_a_dispute_moves_forward_and_never_back() {
     assert_eq!(send("created", forged).await, "unconfirmed");
 }
 
+/// Issue 55, item 7. A dispute in a status oncepay does not map is no
+/// longer refused (`503` on every delivery until Stripe gave up, never
+/// stored). Stripe's `prevented` (Disputes API, `status`; added with
+/// 2025-08-27.basil) is closed, the money given back to the customer:
+/// `lost`, its amount not refundable. A status from a newer API is stored
+/// with its `provider_status`, held open (`under_review`: its amount not
+/// refundable), answered `200` and counted
+/// (`oncepay_dispute_statuses_unrecognised_total`, the alert's); a status
+/// oncepay knows then moves it on.
+#[tokio::test]
+async fn with_stripe_a_dispute_status_oncepay_does_not_know_is_stored_not_refused() {
+    use crate::provider_contract::{app_with, post_stripe_event};
+    let Some(app) = app_with(Provider::Stripe).await else {
+        return;
+    };
+    let Some(stack) = app.stripe.as_ref() else {
+        return;
+    };
+    let send = |kind: &'static str, object: Value| {
+        let app = &app;
+        async move {
+            let event = json!({
+                "id": format!("evt_{}", Uuid::new_v4().simple()),
+                "object": "event",
+                "type": format!("charge.dispute.{kind}"),
+                "created": chrono::Utc::now().timestamp(),
+                "data": {"object": object},
+            });
+            let r = post_stripe_event(app, &event).await;
+            assert_eq!(r.status(), StatusCode::OK, "answered, never refused");
+            json_of(r).await["outcome"]
+                .as_str()
+                .expect("outcome")
+                .to_string()
+        }
+    };
+    let shown = |pid: String| {
+        let app = &app;
+        async move { json_of(app.get(&format!("/payments/{pid}")).await).await["dispute"].clone() }
+    };
+    let unrecognised = || {
+        app.ctx
+            .metrics
+            .render()
+            .lines()
+            .find(|l| {
+                l.starts_with("oncepay_dispute_statuses_unrecognised_total{provider=\"stripe\"}")
+            })
+            .map(str::to_string)
+    };
+
+    // prevented: closed, lost.
+    let paid = paid_with(&app, "pm_card_visa").await;
+    let pid = paid["id"].as_str().expect("id").to_string();
+    let intent = paid["provider_charge_id"].as_str().expect("intent");
+    let amount = paid["amount"].as_i64().expect("amount");
+    let opened = stack.layer.open_dispute(
+        (intent, "ch_prevented"),
+        (amount, "eur"),
+        "fraudulent",
+        "needs_response",
+    );
+    let id = opened["id"].as_str().expect("id").to_string();
+    assert_eq!(send("created", opened).await, "processed");
+    let prevented = stack
+        .layer
+        .set_dispute_status(&id, "prevented")
+        .expect("dispute");
+    assert_eq!(send("closed", prevented).await, "processed");
+    let dispute = shown(pid.clone()).await;
+    assert_eq!(
+        (
+            dispute["status"].as_str(),
+            dispute["provider_status"].as_str()
+        ),
+        (Some("lost"), Some("prevented")),
+        "{dispute}"
+    );
+    let r = app
+        .post(
+            &format!("/payments/{pid}/refunds"),
+            "after-prevented",
+            &json!({"amount": 100}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(r).await["code"], "payment_disputed");
+    assert_eq!(
+        unrecognised().as_deref(),
+        Some("oncepay_dispute_statuses_unrecognised_total{provider=\"stripe\"} 0"),
+        "prevented is mapped"
+    );
+
+    // A status from a newer API: stored, held open, counted.
+    let paid = paid_with(&app, "pm_card_visa").await;
+    let pid = paid["id"].as_str().expect("id").to_string();
+    let intent = paid["provider_charge_id"].as_str().expect("intent");
+    let opened = stack.layer.open_dispute(
+        (intent, "ch_newer"),
+        (amount, "eur"),
+        "fraudulent",
+        "escalated_to_a_status_from_a_newer_api",
+    );
+    let id = opened["id"].as_str().expect("id").to_string();
+    assert_eq!(send("created", opened).await, "processed");
+    let dispute = shown(pid.clone()).await;
+    assert_eq!(
+        (
+            dispute["status"].as_str(),
+            dispute["provider_status"].as_str()
+        ),
+        (
+            Some("under_review"),
+            Some("escalated_to_a_status_from_a_newer_api")
+        ),
+        "{dispute}"
+    );
+    let r = app
+        .post(
+            &format!("/payments/{pid}/refunds"),
+            "while-unrecognised",
+            &json!({"amount": 100}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT, "held open");
+    assert_eq!(
+        unrecognised().as_deref(),
+        Some("oncepay_dispute_statuses_unrecognised_total{provider=\"stripe\"} 1")
+    );
+    // A status oncepay knows moves it on.
+    let won = stack.layer.close_dispute(&id, "won").expect("dispute");
+    assert_eq!(send("closed", won).await, "processed");
+    let dispute = shown(pid).await;
+    assert_eq!(
+        (
+            dispute["status"].as_str(),
+            dispute["provider_status"].as_str()
+        ),
+        (Some("won"), Some("won"))
+    );
+}
+
 async fn paid_with(app: &TestApp, card: &str) -> Value {
     let order = app.create_order().await;
     let (status, payment) = app.pay(&order, card).await;

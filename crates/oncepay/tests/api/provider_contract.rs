@@ -1301,6 +1301,38 @@ impl TestApp {
         }
     }
 
+    /// The provider declines the next capture of `payment`'s hold, as a
+    /// card's issuer may: the sandbox's lever (`refuse_capture`, `402
+    /// card_declined`), Stripe's `402 card_error` `card_declined`, saved
+    /// under the capture's key as Stripe saves an answer.
+    async fn provider_declines_next_capture(&self, payment: &Value) {
+        match &self.stripe {
+            None => {
+                let charge = payment["provider_charge_id"].as_str().expect("charge id");
+                let r = self
+                    .http
+                    .post(format!(
+                        "{}/v1/charges/{charge}/refuse_capture",
+                        self.sandbox
+                    ))
+                    .json(&json!({"code": "card_declined"}))
+                    .send()
+                    .await
+                    .expect("the sandbox answers");
+                assert_eq!(r.status(), StatusCode::OK);
+            }
+            Some(stack) => stack.layer.set_times(
+                Call::Capture,
+                StripeFault::Refuse {
+                    status: 402,
+                    kind: "card_error",
+                    code: "card_declined",
+                },
+                1,
+            ),
+        }
+    }
+
     async fn capture(&self, payment: &Value, key: &str, body: Value) -> (StatusCode, Value) {
         let path = format!("/payments/{}/capture", payment["id"].as_str().expect("id"));
         let r = self.post(&path, key, &body).await;
@@ -1465,6 +1497,91 @@ async fn settles_a_lost_capture_answer(app: TestApp) {
     );
     assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
     assert_eq!(app.hold_at_provider(&held).await, ("captured".into(), 1));
+}
+
+/// A capture the provider declines (a card's issuer may decline one) ends
+/// `failed` with the provider's code and moves nothing: `402
+/// capture_refused`, kept for its key; the payment stays
+/// `requires_capture`, its order `authorized`, the hold stands at the
+/// provider and the reconciler sends nothing again; then a new capture
+/// (another key, another amount) is made, once.
+async fn a_declined_capture_leaves_the_hold_to_capture_again(app: TestApp) {
+    let (order, held) = app.held().await;
+    let id = held["id"].as_str().expect("id").to_string();
+    app.provider_declines_next_capture(&held).await;
+    let (status, problem) = app
+        .capture(&held, "declined", json!({"amount": 1000}))
+        .await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{problem}");
+    assert_eq!(problem["code"], "capture_refused");
+    assert_eq!(problem["failure_code"], "card_declined");
+    assert_eq!(problem["payment_status"], "requires_capture");
+    assert_eq!(
+        app.capture(&held, "declined", json!({"amount": 1000}))
+            .await,
+        (status, problem.clone()),
+        "kept for its key"
+    );
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (
+            p["status"].as_str(),
+            p["void_reason"].as_str(),
+            p["amount_captured"].as_i64()
+        ),
+        (Some("requires_capture"), None, Some(0)),
+        "{p}"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "authorized"
+    );
+    app.reconcile().await;
+    assert_eq!(app.hold_at_provider(&held).await, ("authorized".into(), 0));
+    let (status, paid) = app.capture(&held, "again", json!({"amount": 900})).await;
+    assert_eq!(status, StatusCode::OK, "{paid}");
+    assert_eq!(
+        (paid["status"].as_str(), paid["amount_captured"].as_i64()),
+        (Some("succeeded"), Some(900))
+    );
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(app.hold_at_provider(&held).await, ("captured".into(), 1));
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT status, failure_code FROM payment_capture WHERE payment_id = $1::uuid ORDER BY created_at, id",
+    )
+    .bind(&id)
+    .fetch_all(&app.db)
+    .await
+    .expect("capture rows");
+    assert_eq!(
+        rows,
+        vec![
+            ("failed".to_string(), Some("card_declined".to_string())),
+            ("succeeded".to_string(), None),
+        ],
+        "two captures, two keys: the declined one and the one made"
+    );
+}
+
+/// Right after a declined capture the hold can be voided (no capture is
+/// under way): `voided`, `requested`, released at the provider.
+async fn a_declined_capture_leaves_the_hold_to_void(app: TestApp) {
+    let (order, held) = app.held().await;
+    app.provider_declines_next_capture(&held).await;
+    let (status, problem) = app.capture(&held, "declined", json!({})).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{problem}");
+    assert_eq!(problem["code"], "capture_refused");
+    let (status, voided) = app.void(&held, "void").await;
+    assert_eq!(status, StatusCode::OK, "{voided}");
+    assert_eq!(
+        (voided["status"].as_str(), voided["void_reason"].as_str()),
+        (Some("voided"), Some("requested"))
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    assert_eq!(app.hold_at_provider(&held).await, ("released".into(), 0));
 }
 
 impl TestApp {
@@ -1633,6 +1750,8 @@ contract!(
     refuses_a_capture_after_expiry,
     captures_once_with_two_keys,
     settles_a_lost_capture_answer,
+    a_declined_capture_leaves_the_hold_to_capture_again,
+    a_declined_capture_leaves_the_hold_to_void,
     an_expiry_event_voids_the_hold,
     an_authorization_event_is_read_back,
 );
@@ -2077,6 +2196,8 @@ balance_contract!(
         refuses_a_capture_after_expiry => "manual capture: a balance authorizes nothing to capture (refuses_to_hold)",
         captures_once_with_two_keys => "manual capture: a balance authorizes nothing to capture (refuses_to_hold)",
         settles_a_lost_capture_answer => "manual capture: a balance authorizes nothing to capture (refuses_to_hold)",
+        a_declined_capture_leaves_the_hold_to_capture_again => "manual capture: a balance authorizes nothing to capture (refuses_to_hold)",
+        a_declined_capture_leaves_the_hold_to_void => "manual capture: a balance authorizes nothing to capture or void (refuses_to_hold)",
         an_expiry_event_voids_the_hold => "manual capture and provider events: the balance holds nothing and sends no webhooks",
         an_authorization_event_is_read_back => "manual capture and provider events: the balance holds nothing and sends no webhooks",
     }

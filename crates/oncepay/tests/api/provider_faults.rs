@@ -331,12 +331,12 @@ async fn authorized(app: &TestApp) -> (String, String) {
     (order_id, payment["id"].as_str().expect("id").to_string())
 }
 
-/// A capture is never declined (the sandbox documents no `402` for one):
-/// a decline answering a capture that was made proves nothing, so the
-/// payment is not voided on its word; the capture is read at the provider
-/// and the payment succeeds with it, captured once, nothing refunded.
-/// (`make chaos` found payments voided here while the provider had
-/// captured them.)
+/// A decline answering a capture that was made (a gateway on the way)
+/// proves nothing about the hold, so the payment is not voided on its
+/// word, nor the capture failed: a refused capture is read back at the
+/// provider before it is final, and the payment succeeds with the capture
+/// the provider made, captured once, nothing refunded. (`make chaos` found
+/// payments voided here while the provider had captured them.)
 #[tokio::test]
 async fn a_capture_answered_with_a_decline_is_read_at_the_provider_not_taken_as_a_void() {
     let app = spawn_app_with(through_a_fault_proxy()).await;
@@ -350,8 +350,10 @@ async fn a_capture_answered_with_a_decline_is_read_at_the_provider_not_taken_as_
         )
         .await;
     app.proxy().heal();
-    assert_eq!(r.status(), StatusCode::ACCEPTED);
-    assert_eq!(json_of(r).await["status"], "requires_capture");
+    let status = r.status();
+    let captured = json_of(r).await;
+    assert_eq!(status, StatusCode::OK, "read back at once: {captured}");
+    assert_eq!(captured["status"], "succeeded");
     app.reconcile().await;
     let payment = json_of(app.get(&format!("/payments/{payment_id}")).await).await;
     assert_eq!(payment["status"], "succeeded", "{payment}");
@@ -366,6 +368,82 @@ async fn a_capture_answered_with_a_decline_is_read_at_the_provider_not_taken_as_
     );
     assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
     assert_eq!(app.status_of(&format!("/orders/{order_id}")).await, "paid");
+}
+
+/// A capture the provider declined, whose answer was lost on the way
+/// (`202`): the reconciler reads the charge still held, sends the capture
+/// again with its own key, meets the same decline (the sandbox answers a
+/// declined key the same, as Stripe replays a saved answer) and ends the
+/// capture `failed` with its code. The hold stands: the payment is still
+/// `requires_capture`, and a new capture (a new key) is made, once.
+#[tokio::test]
+async fn a_declined_capture_whose_answer_was_lost_ends_failed_at_the_reconciler() {
+    let app = spawn_app_with(through_a_fault_proxy()).await;
+    let (order_id, payment_id) = authorized(&app).await;
+    let payment = json_of(app.get(&format!("/payments/{payment_id}")).await).await;
+    let charge = payment["provider_charge_id"].as_str().expect("charge id");
+    let r = app
+        .http
+        .post(format!(
+            "{}/v1/charges/{charge}/refuse_capture",
+            app.sandbox
+        ))
+        .json(&json!({"code": "insufficient_funds"}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert_eq!(r.status(), StatusCode::OK);
+    app.proxy().set(
+        Route::Charge,
+        Fault::ForwardThenAnswer {
+            status: 503,
+            body: r#"{"code":"unavailable"}"#.into(),
+        },
+    );
+    let (status, pending) = {
+        let r = app
+            .post(
+                &format!("/payments/{payment_id}/capture"),
+                "lost-decline",
+                &json!({"amount": 1000}),
+            )
+            .await;
+        (r.status(), json_of(r).await)
+    };
+    app.proxy().heal();
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "requires_capture");
+    app.reconcile().await;
+    let row: (String, Option<String>) = sqlx::query_as(
+        "SELECT status, failure_code FROM payment_capture WHERE payment_id = $1::uuid",
+    )
+    .bind(&payment_id)
+    .fetch_one(&app.db)
+    .await
+    .expect("the capture row");
+    assert_eq!(
+        row,
+        ("failed".to_string(), Some("insufficient_funds".to_string()))
+    );
+    let held = json_of(app.get(&format!("/payments/{payment_id}")).await).await;
+    assert_eq!(held["status"], "requires_capture", "{held}");
+    assert_eq!(
+        app.status_of(&format!("/orders/{order_id}")).await,
+        "authorized"
+    );
+    let r = app
+        .post(
+            &format!("/payments/{payment_id}/capture"),
+            "after-the-decline",
+            &json!({"amount": 900}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(json_of(r).await["amount_captured"], 900);
+    assert_eq!(
+        app.ledger().await["captures"].as_array().map(Vec::len),
+        Some(1)
+    );
 }
 
 /// A manual payment answered with a decline the provider did not make

@@ -797,3 +797,289 @@ async fn a_payment_without_return_url_shows_use_stripe_sdk_and_has_a_deadline() 
         .await;
     assert_eq!(r.status(), StatusCode::OK, "the order is free again");
 }
+
+// ---- holds Stripe refuses to capture, and holds cancelled at Stripe
+// (issue 55) ----
+
+/// A manual payment of `order` with Stripe's test card: held.
+async fn held_at_stripe(app: &TestApp, order: &str) -> Value {
+    let r = app
+        .post(
+            "/payments",
+            &Uuid::new_v4().to_string(),
+            &json!({"order_id": order, "payment_method": "pm_card_visa", "capture_method": "manual"}),
+        )
+        .await;
+    let status = r.status();
+    let held = json_of(r).await;
+    assert_eq!(status, StatusCode::CREATED, "{held}");
+    assert_eq!(held["status"], "requires_capture", "{held}");
+    held
+}
+
+async fn capture_at(app: &TestApp, payment: &Value, key: &str, body: Value) -> (StatusCode, Value) {
+    let id = payment["id"].as_str().expect("id");
+    let r = app
+        .post(&format!("/payments/{id}/capture"), key, &body)
+        .await;
+    let status = r.status();
+    (status, json_of(r).await)
+}
+
+/// `payment`'s PaymentIntent as localstripe holds it (past the layer).
+async fn intent_at_stripe(app: &TestApp, payment: &Value) -> Value {
+    let intent = payment["provider_charge_id"].as_str().expect("intent");
+    reqwest::Client::new()
+        .get(format!(
+            "{}/v1/payment_intents/{intent}",
+            app.stripe.as_ref().expect("stripe").localstripe.url()
+        ))
+        .bearer_auth(STRIPE_KEY)
+        .send()
+        .await
+        .expect("localstripe answers")
+        .json()
+        .await
+        .expect("an intent")
+}
+
+/// Issue 55, item 1. A capture amount Stripe cannot take in its currency
+/// (three-decimal not ending in 0, MGA not whole ariary, under Stripe's
+/// minimum: docs/providers/stripe.md, currency units) is `422
+/// amount_not_supported_by_provider` (`field` `amount`) before any
+/// capture row or call: the payment stays `requires_capture`, the hold
+/// stands at Stripe, and a capture of an amount Stripe takes is then made.
+/// It used to end the payment `voided`, `expired`, `409
+/// authorization_expired`, with nothing cancelled at Stripe. (A capture
+/// Stripe declines, `402 card_error`, is the provider contract's
+/// `a_declined_capture_leaves_the_hold_to_capture_again`.)
+#[tokio::test]
+async fn a_capture_amount_stripe_cannot_take_is_refused_before_anything_and_the_hold_stands() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    for (currency, total, refused, rule, taken) in [
+        ("KWD", 10_000, 5125, "last digit 0", 5120),
+        ("MGA", 100_000, 50_050, "multiple of 100", 50_000),
+        ("EUR", 1000, 49, "minimum", 50),
+    ] {
+        let order = app.order_in(currency, total).await;
+        let held = held_at_stripe(&app, &order).await;
+        let sent = app.layer().forwarded(Call::Capture);
+        let rows = app.count("SELECT count(*) FROM payment_capture").await;
+        let (status, problem) = capture_at(
+            &app,
+            &held,
+            &format!("odd-{currency}"),
+            json!({"amount": refused}),
+        )
+        .await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{currency} {refused}: {problem}"
+        );
+        assert_eq!(problem["code"], "amount_not_supported_by_provider");
+        assert_eq!(problem["field"], "amount");
+        assert_eq!(problem["currency"], currency);
+        let detail = problem["detail"].as_str().expect("detail");
+        assert!(detail.contains(rule), "{detail}");
+        assert_eq!(app.layer().forwarded(Call::Capture), sent, "no call");
+        assert_eq!(
+            app.count("SELECT count(*) FROM payment_capture").await,
+            rows,
+            "no capture row"
+        );
+        let p = payment(&app, &held["id"]).await;
+        assert_eq!(
+            (p["status"].as_str(), p["void_reason"].as_str()),
+            (Some("requires_capture"), None),
+            "{p}"
+        );
+        assert_eq!(
+            intent_at_stripe(&app, &held).await["status"],
+            "requires_capture",
+            "the hold stands at Stripe"
+        );
+        let (status, paid) = capture_at(
+            &app,
+            &held,
+            &format!("even-{currency}"),
+            json!({"amount": taken}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{currency} {taken}: {paid}");
+        assert_eq!(
+            (paid["status"].as_str(), paid["amount_captured"].as_i64()),
+            (Some("succeeded"), Some(taken))
+        );
+        assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    }
+}
+
+/// Issue 55, item 2. Stripe refuses a capture without naming the intent
+/// (`400 invalid_request_error` `amount_too_small`, saved under the key
+/// and replayed: PaymentIntents API, error codes). The capture is final:
+/// `402 capture_refused` with Stripe's code, the capture row `failed`,
+/// nothing sent again by the reconciler, the payment `requires_capture`,
+/// and a void right after is `200 voided`. Stripe's
+/// `charge_expired_for_capture` reads the intent back and applies what it
+/// says: the hold Stripe cancelled at its deadline is `voided`, `expired`.
+/// Both used to be `202`, the key re-sent on every pass, and a void
+/// refused while the payment was "being captured".
+#[tokio::test]
+async fn a_capture_stripe_refuses_without_the_intent_is_final_and_the_hold_can_be_voided() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let order = app.create_order().await;
+    let held = held_at_stripe(&app, &order).await;
+    let id = held["id"].as_str().expect("id").to_string();
+    app.layer().set_times(
+        Call::Capture,
+        StripeFault::Refuse {
+            status: 400,
+            kind: "invalid_request_error",
+            code: "amount_too_small",
+        },
+        1,
+    );
+    let (status, problem) = capture_at(&app, &held, "small", json!({"amount": 60})).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{problem}");
+    assert_eq!(problem["code"], "capture_refused");
+    assert_eq!(problem["failure_code"], "amount_too_small");
+    assert_eq!(problem["payment_status"], "requires_capture");
+    let row: (String, Option<String>) = sqlx::query_as(
+        "SELECT status, failure_code FROM payment_capture WHERE payment_id = $1::uuid",
+    )
+    .bind(&id)
+    .fetch_one(&app.db)
+    .await
+    .expect("the capture row");
+    assert_eq!(
+        row,
+        ("failed".to_string(), Some("amount_too_small".to_string()))
+    );
+    // Final: the reconciler sends nothing again, under any key.
+    let replayed = app.layer().replayed();
+    app.reconcile().await;
+    assert_eq!(app.layer().replayed(), replayed, "the key is not re-sent");
+    assert_eq!(app.layer().refused(Call::Capture), 1);
+    assert_eq!(app.layer().forwarded(Call::Capture), 0);
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(p["status"], "requires_capture", "{p}");
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "authorized"
+    );
+    // The hold can be released at once.
+    let r = app
+        .post(&format!("/payments/{id}/void"), "void-after", &json!({}))
+        .await;
+    let status = r.status();
+    let voided = json_of(r).await;
+    assert_eq!(status, StatusCode::OK, "{voided}");
+    assert_eq!(
+        (voided["status"].as_str(), voided["void_reason"].as_str()),
+        (Some("voided"), Some("requested"))
+    );
+    assert_eq!(intent_at_stripe(&app, &held).await["status"], "canceled");
+
+    // charge_expired_for_capture: Stripe refuses, and the intent, read
+    // back, was cancelled at its deadline (`automatic`).
+    let order = app.create_order().await;
+    let held = held_at_stripe(&app, &order).await;
+    app.layer().set_times(
+        Call::Capture,
+        StripeFault::Refuse {
+            status: 400,
+            kind: "invalid_request_error",
+            code: "charge_expired_for_capture",
+        },
+        1,
+    );
+    app.layer()
+        .expire_hold(held["provider_charge_id"].as_str().expect("intent"));
+    let (status, problem) = capture_at(&app, &held, "late", json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{problem}");
+    assert_eq!(problem["code"], "authorization_expired");
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (p["status"].as_str(), p["void_reason"].as_str()),
+        (Some("voided"), Some("expired")),
+        "{p}"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+    assert_eq!(intent_at_stripe(&app, &held).await["status"], "canceled");
+    assert_eq!(app.layer().forwarded(Call::Capture), 0, "nothing captured");
+}
+
+/// Issue 55, item 8. A hold cancelled in Stripe's Dashboard (here
+/// `fraudulent`, through the layer, which shows a cancel's
+/// `cancellation_reason` on the intent as Stripe does) reads `voided`,
+/// `void_reason: cancelled_at_provider`, with Stripe's reason in
+/// `failure_code`, and the order is payable again; it used to read
+/// `expired`. A hold Stripe cancels at its deadline (`automatic`) still
+/// reads `expired` (the contract's `an_expiry_event_voids_the_hold`), and
+/// our own void `requested` (`voids_a_hold`).
+#[tokio::test]
+async fn a_hold_cancelled_in_stripes_dashboard_reads_cancelled_at_provider() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let order = app.create_order().await;
+    let held = held_at_stripe(&app, &order).await;
+    let intent = held["provider_charge_id"].as_str().expect("intent");
+    let cancelled: Value = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/payment_intents/{intent}/cancel",
+            app.layer().url()
+        ))
+        .bearer_auth(STRIPE_KEY)
+        .form(&[("cancellation_reason", "fraudulent")])
+        .send()
+        .await
+        .expect("the layer answers")
+        .json()
+        .await
+        .expect("an intent");
+    assert_eq!(
+        (
+            cancelled["status"].as_str(),
+            cancelled["cancellation_reason"].as_str()
+        ),
+        (Some("canceled"), Some("fraudulent")),
+        "{cancelled}"
+    );
+    let event = json!({
+        "id": format!("evt_{}", Uuid::new_v4().simple()),
+        "object": "event",
+        "type": "payment_intent.canceled",
+        "created": chrono::Utc::now().timestamp(),
+        "data": {"object": cancelled},
+    });
+    let r = post_stripe_event(&app, &event).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(json_of(r).await["outcome"], "processed");
+    let p = payment(&app, &held["id"]).await;
+    assert_eq!(
+        (
+            p["status"].as_str(),
+            p["void_reason"].as_str(),
+            p["failure_code"].as_str()
+        ),
+        (
+            Some("voided"),
+            Some("cancelled_at_provider"),
+            Some("fraudulent")
+        ),
+        "{p}"
+    );
+    assert_eq!(
+        app.status_of(&format!("/orders/{order}")).await,
+        "awaiting_payment"
+    );
+}

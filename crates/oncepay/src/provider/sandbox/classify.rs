@@ -127,7 +127,7 @@ pub(crate) fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
         id: d.id,
         charge: d.charge_id,
         amount: d.amount,
-        status,
+        status: Some(status),
         provider_status: d.status,
         // The sandbox's disputes are all chargebacks.
         inquiry: false,
@@ -179,17 +179,35 @@ struct Refusal {
     charge: Object,
 }
 
+/// Classifies the answer to a capture: a documented decline of the
+/// capture (`402` with a decline code, as a card's issuer may refuse a
+/// capture: `POST /v1/charges/{id}/refuse_capture` asks the sandbox for
+/// one) is the capture refused, `failed` with its code, a fact about this
+/// capture and never about the hold: the caller reads the charge back
+/// before the capture ends (a gateway's lying decline of a capture that
+/// was made reads captured). Anything else as [`classify_hold`].
+pub(crate) fn classify_capture(status: u16, body: &[u8]) -> Verdict {
+    if status == 402 {
+        return Verdict::Done(match decline(body) {
+            Some(refused) => CallOutcome::Known(refused),
+            None => CallOutcome::Unknown(
+                "provider answered 402 to a capture without a documented decline code".into(),
+            ),
+        });
+    }
+    classify_hold(status, body)
+}
+
 /// Classifies the answer to a capture or a void: a documented refusal
 /// (`409` carrying the charge) is the charge's state, a fact; anything
 /// else as any write.
 pub(crate) fn classify_hold(status: u16, body: &[u8]) -> Verdict {
-    // A capture or a void is never declined: the sandbox documents no `402`
-    // for them. One proves nothing about the hold (a lying gateway may
-    // answer it after the capture was made), so the capture is read at the
-    // provider before anything is decided, never taken as a void.
+    // A void is never declined: the sandbox documents no `402` for one,
+    // and one proves nothing about the hold, never taken as a void. (A
+    // capture's is [`classify_capture`]'s.)
     if status == 402 {
         return Verdict::Done(CallOutcome::Unknown(
-            "provider answered 402 to a capture or void, which it never documents".into(),
+            "provider answered 402 to a void, which it never documents".into(),
         ));
     }
     if status == 409 {
@@ -227,11 +245,14 @@ mod tests {
         let d = dispute(body).expect("a dispute");
         assert_eq!(d.charge, "ch_1");
         assert_eq!(d.amount, 500);
-        assert_eq!(d.status, DisputeStatus::NeedsResponse);
+        assert_eq!(d.status, Some(DisputeStatus::NeedsResponse));
         assert_eq!(d.provider_status, "needs_response");
         assert_eq!(d.evidence_due_by, Some(1_700_000_000));
         let lost = br#"{"id":"dp_1","charge_id":"ch_1","amount":500,"status":"lost","reason":"fraudulent"}"#;
-        assert_eq!(dispute(lost).map(|d| d.status), Some(DisputeStatus::Lost));
+        assert_eq!(
+            dispute(lost).and_then(|d| d.status),
+            Some(DisputeStatus::Lost)
+        );
         let unknown =
             br#"{"id":"dp_1","charge_id":"ch_1","amount":500,"status":"open","reason":"x"}"#;
         assert_eq!(dispute(unknown), None);
@@ -390,12 +411,26 @@ mod tests {
     }
 
     #[test]
-    fn a_decline_answering_a_capture_or_void_proves_nothing() {
+    fn a_decline_answering_a_void_proves_nothing_and_one_answering_a_capture_refuses_it() {
         let declined = br#"{"code":"card_declined","detail":"declined"}"#;
         assert!(matches!(
             classify_hold(402, declined),
             Verdict::Done(CallOutcome::Unknown(_))
         ));
+        // The capture refused, with its code (read back by the caller
+        // before it is final); an undocumented code proves nothing.
+        assert!(matches!(
+            classify_capture(402, declined),
+            Verdict::Done(CallOutcome::Known(ref o))
+                if o.status == PaymentStatus::Failed
+                    && o.failure_code.as_deref() == Some("card_declined")
+        ));
+        assert!(matches!(
+            classify_capture(402, br#"{"code":"rate_limited"}"#),
+            Verdict::Done(CallOutcome::Unknown(_))
+        ));
+        // A capture's other answers are a hold's.
+        assert!(matches!(classify_capture(500, b""), Verdict::Retry(_)));
         // A charge's decline is still a decline.
         assert!(matches!(
             classify(CallKind::Write, 402, declined),

@@ -250,7 +250,7 @@ impl PaymentProvider for Sandbox {
                     .header("Idempotency-Key", r.idempotency_key.to_string())
                     .json(&json!({ "amount": r.amount }))
             },
-            |s, _, b| classify::classify_hold(s, b),
+            |s, _, b| classify::classify_capture(s, b),
         ))
     }
 

@@ -17,7 +17,9 @@
 //! A refund's create differs in one row ([`refund_creation`]): any other
 //! `4xx` carrying Stripe's error object is Stripe refusing the refund
 //! (nothing was created, and Stripe replays the refusal for the key), so
-//! the refund fails with Stripe's `code`.
+//! the refund fails with Stripe's `code`. So does a hold's capture
+//! ([`capture_answer`]): the capture is refused, `failed` with Stripe's
+//! code, and the hold is read back before the capture ends.
 //!
 //! "Unknown" settles nothing: the attempt stays `pending` and the
 //! reconciler reads the intent by id later.
@@ -182,6 +184,7 @@ pub fn known(body: &[u8]) -> CallOutcome {
                 other => intent_status(other, error.is_some()),
             };
             let failed = status == Some(PaymentStatus::Failed);
+            let voided = status == Some(PaymentStatus::Voided);
             let code = match (failed, error) {
                 // Cancelled by us because its customer never authenticated
                 // (`PaymentProvider::abandon`): the same code whichever
@@ -191,6 +194,15 @@ pub fn known(body: &[u8]) -> CallOutcome {
                 }
                 (true, Some(e)) => e.decline_code.clone().or_else(|| e.code.clone()),
                 (true, None) => Some(object.status.clone()),
+                // A released hold: who cancelled it, where someone did
+                // (`requested_by_customer`, `fraudulent`, `duplicate`: the
+                // Dashboard's, or our void's); nothing where Stripe let it
+                // lapse (`automatic`, and `expired` from 2025-03-31.basil:
+                // PaymentIntents API, `cancellation_reason`).
+                _ if voided => object
+                    .cancellation_reason
+                    .clone()
+                    .filter(|r| !matches!(r.as_str(), "automatic" | "expired")),
                 _ => None,
             };
             let message = error.filter(|_| failed).and_then(|e| e.message.clone());
@@ -347,19 +359,75 @@ pub fn creation(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict
 /// payment_intent_unexpected_state`, its error carrying the PaymentIntent
 /// as it is: that intent is the answer, a fact. Anything else as any write.
 pub fn hold_answer(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
-    if status == 400 {
-        let intent = serde_json::from_slice::<serde_json::Value>(body)
-            .ok()
-            .filter(|v| {
-                v.pointer("/error/code").and_then(serde_json::Value::as_str)
-                    == Some("payment_intent_unexpected_state")
-            })
-            .and_then(|v| v.pointer("/error/payment_intent").cloned())
-            .filter(|pi| pi.is_object());
-        if let Some(intent) = intent {
-            if let CallOutcome::Known(object) = known(intent.to_string().as_bytes()) {
-                return Verdict::Done(CallOutcome::Known(object));
-            }
+    if let Some(intent) = intent_of_refusal(status, body) {
+        return Verdict::Done(CallOutcome::Known(intent));
+    }
+    classify(CallKind::Write, status, should_retry, body)
+}
+
+/// The PaymentIntent a `400 payment_intent_unexpected_state` carries, in
+/// our terms.
+fn intent_of_refusal(status: u16, body: &[u8]) -> Option<ProviderObject> {
+    if status != 400 {
+        return None;
+    }
+    let intent = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .filter(|v| {
+            v.pointer("/error/code").and_then(serde_json::Value::as_str)
+                == Some("payment_intent_unexpected_state")
+        })
+        .and_then(|v| v.pointer("/error/payment_intent").cloned())
+        .filter(|pi| pi.is_object())?;
+    match known(intent.to_string().as_bytes()) {
+        CallOutcome::Known(object) => Some(object),
+        _ => None,
+    }
+}
+
+/// The answer to capturing a hold: [`hold_answer`]'s fact (the intent a
+/// `payment_intent_unexpected_state` carries), and Stripe's refusal of
+/// the capture itself. A `4xx` carrying Stripe's error object is a
+/// content error (PaymentIntents API error codes: `amount_too_small`,
+/// `charge_expired_for_capture`; a `402 card_error` decline): nothing was
+/// captured under the key, and Stripe answers a repeat of it the same, so
+/// left unknown the capture would be sent again on every pass until the
+/// hold dies. It is `failed` with Stripe's code (a decline's
+/// `decline_code` first); the caller reads the PaymentIntent back before
+/// the capture ends, and applies what it says (a hold Stripe cancelled as
+/// expired is `voided`). The exceptions are [`refund_creation`]'s: `400
+/// idempotency_error` (our bug), `409` and `429` (retried, same key),
+/// `401` and `403` (our credentials), Stripe's own "retry", and a body
+/// that is not Stripe's error object.
+pub fn capture_answer(status: u16, should_retry: Option<bool>, body: &[u8]) -> Verdict {
+    if let Some(intent) = intent_of_refusal(status, body) {
+        return Verdict::Done(CallOutcome::Known(intent));
+    }
+    let refused = (400..500).contains(&status)
+        && !matches!(status, 401 | 403 | 409 | 429)
+        && should_retry != Some(true);
+    if refused {
+        let e = serde_json::from_slice::<ErrorBody>(body)
+            .unwrap_or_default()
+            .error;
+        if let Some(kind) = e.kind.as_deref().filter(|k| *k != "idempotency_error") {
+            let code = e
+                .decline_code
+                .clone()
+                .or_else(|| e.code.clone())
+                .unwrap_or_else(|| kind.to_string());
+            return Verdict::Done(CallOutcome::Known(ProviderObject {
+                id: String::new(),
+                status: PaymentStatus::Failed,
+                failure_code: Some(code),
+                failure_message: Some(
+                    e.message
+                        .unwrap_or_else(|| "Stripe refused the capture".into()),
+                ),
+                next_action: None,
+                capture_before: None,
+                amount_captured: None,
+            }));
         }
     }
     classify(CallKind::Write, status, should_retry, body)
@@ -675,15 +743,22 @@ pub fn event(payload: &serde_json::Value) -> crate::provider::Event {
 
 /// Stripe's dispute statuses in ours: the `warning_*` ones (an inquiry,
 /// before a chargeback) map onto the first two, and an inquiry closed
-/// without a chargeback (`warning_closed`) is won. `None` for a status
-/// this version does not document.
+/// without a chargeback (`warning_closed`) is won. `prevented` (Disputes
+/// API, the status's list; added with 2025-08-27.basil, "Add preventions
+/// to Dispute") is a dispute closed before any chargeback by a prevention
+/// the merchant's account runs, which resolves it by giving the customer
+/// the money back (a Visa RDR resolution read `lost` before this status
+/// existed): closed, the money gone, so `lost`, which holds the amount
+/// back from oncepay's refunds (a refund of it would pay the customer
+/// twice). `None` for a status this adapter does not know (a newer API's):
+/// the dispute is stored all the same (`ProviderDispute::status`).
 pub fn dispute_status(stripe: &str) -> Option<crate::domain::dispute::DisputeStatus> {
     use crate::domain::dispute::DisputeStatus::*;
     Some(match stripe {
         "warning_needs_response" | "needs_response" => NeedsResponse,
         "warning_under_review" | "under_review" => UnderReview,
         "warning_closed" | "won" => Won,
-        "lost" => Lost,
+        "lost" | "prevented" => Lost,
         _ => return None,
     })
 }
@@ -699,7 +774,7 @@ pub fn dispute(body: &[u8]) -> Option<crate::provider::ProviderDispute> {
     let text = |k: &str| o.get(k).and_then(|v| v.as_str()).map(str::to_string);
     let id = text("id").filter(|i| !i.is_empty())?;
     let provider_status = text("status")?;
-    let status = dispute_status(&provider_status)?;
+    let status = dispute_status(&provider_status);
     let currency = text("currency").unwrap_or_default();
     let amount = o
         .get("amount")
@@ -732,6 +807,108 @@ mod hold_tests {
             CallOutcome::Known(o) => Some((o.status, o.capture_before, o.amount_captured)),
             _ => None,
         }
+    }
+
+    /// A manual PaymentIntent in `status`, cancelled for `reason` if any.
+    fn held(status: &str, reason: Option<&str>) -> serde_json::Value {
+        serde_json::json!({
+            "id": "pi_1", "object": "payment_intent", "status": status,
+            "capture_method": "manual", "cancellation_reason": reason,
+            "currency": "eur", "amount_received": 0, "created": 100,
+        })
+    }
+
+    #[test]
+    fn a_released_hold_says_who_cancelled_it_and_an_expiry_says_nothing() {
+        let code_of =
+            |reason: Option<&str>| match known(held("canceled", reason).to_string().as_bytes()) {
+                CallOutcome::Known(o) => {
+                    assert_eq!(o.status, PaymentStatus::Voided, "{reason:?}");
+                    o.failure_code
+                }
+                other => panic!("{reason:?}: {other:?}"),
+            };
+        for reason in ["requested_by_customer", "fraudulent", "duplicate"] {
+            assert_eq!(code_of(Some(reason)).as_deref(), Some(reason));
+        }
+        for expiry in [Some("automatic"), Some("expired"), None] {
+            assert_eq!(code_of(expiry), None, "{expiry:?}");
+        }
+    }
+
+    #[test]
+    fn a_capture_stripe_refuses_fails_with_its_code_and_the_rest_stays_a_holds_answer() {
+        let err = |kind: &str, code: &str| {
+            format!(r#"{{"error":{{"type":"{kind}","code":"{code}","message":"m"}}}}"#)
+        };
+        let of = |status, retry, body: &str| match capture_answer(status, retry, body.as_bytes()) {
+            Verdict::Done(CallOutcome::Known(o)) => format!(
+                "{}:{}",
+                o.status.as_str(),
+                o.failure_code.unwrap_or_default()
+            ),
+            Verdict::Done(CallOutcome::Unknown(_)) => "unknown".into(),
+            Verdict::Done(CallOutcome::NotFound) => "not_found".into(),
+            Verdict::Retry(_) => "retry".into(),
+            Verdict::Bug(_) => "bug".into(),
+        };
+        // Content errors Stripe documents for a capture: final, with its code.
+        for code in ["amount_too_small", "charge_expired_for_capture"] {
+            assert_eq!(
+                of(400, None, &err("invalid_request_error", code)),
+                format!("failed:{code}")
+            );
+        }
+        let declined = r#"{"error":{"type":"card_error","code":"card_declined","decline_code":"insufficient_funds","message":"m"}}"#;
+        assert_eq!(of(402, None, declined), "failed:insufficient_funds");
+        // The intent a refusal carries is the answer, as for a void.
+        let refused = serde_json::json!({"error": {
+            "type": "invalid_request_error", "code": "payment_intent_unexpected_state",
+            "payment_intent": held("canceled", Some("automatic")),
+        }});
+        assert_eq!(of(400, None, &refused.to_string()), "voided:");
+        // Not Stripe's word on the capture: as any write.
+        assert_eq!(
+            of(
+                400,
+                None,
+                r#"{"error":{"type":"idempotency_error","message":"m"}}"#
+            ),
+            "bug"
+        );
+        assert_eq!(
+            of(
+                409,
+                None,
+                &err("invalid_request_error", "idempotency_key_in_use")
+            ),
+            "retry"
+        );
+        assert_eq!(
+            of(429, None, &err("invalid_request_error", "lock_timeout")),
+            "retry"
+        );
+        for status in [401, 403] {
+            assert_eq!(
+                of(status, None, &err("authentication_error", "")),
+                "unknown"
+            );
+        }
+        assert_eq!(
+            of(400, Some(true), &err("invalid_request_error", "x")),
+            "retry"
+        );
+        assert_eq!(of(400, None, "<html>bad</html>"), "unknown");
+        assert_eq!(of(500, None, &err("api_error", "")), "retry");
+        // A void's answer is unchanged: a bare 400 proves nothing there.
+        assert!(matches!(
+            hold_answer(
+                400,
+                None,
+                err("invalid_request_error", "amount_too_small").as_bytes()
+            ),
+            Verdict::Done(CallOutcome::Unknown(_))
+        ));
     }
 
     #[test]
@@ -822,7 +999,9 @@ mod tests {
             ("warning_closed", Some(Won)),
             ("won", Some(Won)),
             ("lost", Some(Lost)),
+            ("prevented", Some(Lost)),
             ("charge_refunded", None),
+            ("a_status_from_a_newer_api", None),
         ] {
             assert_eq!(dispute_status(stripe), ours, "{stripe}");
         }
@@ -837,9 +1016,16 @@ mod tests {
         assert_eq!(d.amount, 1000);
         assert_eq!(
             d.status,
-            crate::domain::dispute::DisputeStatus::NeedsResponse
+            Some(crate::domain::dispute::DisputeStatus::NeedsResponse)
         );
         assert_eq!(d.provider_status, "warning_needs_response");
+        // A status this adapter does not know is read all the same: stored
+        // with its provider status, never refused.
+        let newer = body.replace("warning_needs_response", "a_status_from_a_newer_api");
+        let d = dispute(newer.as_bytes()).expect("a dispute");
+        assert_eq!(d.status, None);
+        assert_eq!(d.provider_status, "a_status_from_a_newer_api");
+        assert!(!d.inquiry);
         assert_eq!(d.evidence_due_by, Some(1_700_000_000));
         assert_eq!(dispute(br#"{"id":"pi_1","object":"payment_intent"}"#), None);
         let event = event(&serde_json::json!({

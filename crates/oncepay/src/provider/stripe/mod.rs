@@ -493,7 +493,7 @@ impl PaymentProvider for Stripe {
                     ("amount_to_capture".into(), amount.to_string()),
                     ("expand[]".into(), "latest_charge".into()),
                 ],
-                classify::hold_answer,
+                classify::capture_answer,
             )
             .await
         })

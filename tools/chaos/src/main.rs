@@ -865,6 +865,7 @@ async fn settle(db: &PgPool, books: &Books<'_>, patience: Duration) -> Result<Du
                   + (SELECT count(*) FROM payment_attempt WHERE decline_check_at IS NOT NULL)
                   + (SELECT count(*) FROM refund WHERE decline_check_at IS NOT NULL)
                   + (SELECT count(*) FROM payment_capture WHERE status = 'pending')
+                  + (SELECT count(*) FROM payment_capture WHERE decline_check_at IS NOT NULL)
                   -- Every authorization and balance hold of the soak ends
                   -- within seconds (captured, voided or expired).
                   + (SELECT count(*) FROM payment_attempt WHERE status = 'requires_capture')

@@ -470,6 +470,11 @@ async fn refused(
     let capture = match store::captures::fail(tx, capture_id, code).await? {
         Some(capture) => {
             tracing::warn!(%capture_id, %payment_id, code, "the provider refused the capture; the hold stands");
+            // A refusal in the capture's own answer may be an answer
+            // replaced on its way, or a request the provider gets after
+            // the read that confirmed it: one more read, later, tells
+            // (`confirm_refusal`), as for a charge's decline.
+            store::queue::confirm_decline_later::<Capture>(tx, capture_id).await?;
             capture
         }
         None => store::captures::by_id(tx, capture_id)
@@ -477,6 +482,52 @@ async fn refused(
             .ok_or_else(|| Corrupt::vanished("capture", capture_id))?,
     };
     Ok((payment, capture))
+}
+
+/// The reconciler's confirming read of a capture the provider refused
+/// (queued by [`refused`], after the delay a pending capture would have
+/// waited): the charge read at its provider; captured after all (the
+/// refusal was an answer replaced on its way, or the request arrived
+/// late), or its hold ended, it is settled as any charge
+/// (`settle::payment`, which makes the refused capture the one made);
+/// still held uncaptured, the refusal stands. True if the provider's
+/// record was read.
+pub(crate) async fn confirm_refusal(
+    ctx: &AppContext,
+    capture_id: Uuid,
+) -> Result<bool, StoreError> {
+    let mut conn = ctx.pool.acquire().await?;
+    let capture = store::captures::by_id(&mut conn, capture_id)
+        .await?
+        .ok_or_else(|| Corrupt::vanished("capture", capture_id))?;
+    let payment = store::payments::by_id(&mut conn, capture.payment_id)
+        .await?
+        .ok_or_else(|| Corrupt::vanished("payment", capture.payment_id))?;
+    drop(conn);
+    let request = outstanding(&payment, &capture, true)?.request;
+    let read = ctx
+        .providers
+        .named(&payment.provider)
+        .find_capture(&request)
+        .await;
+    let mut tx = ctx.pool.begin().await?;
+    let confirmed = match read {
+        CallOutcome::Known(charge) => {
+            let ids = (payment.id, payment.order_id);
+            settle::payment(&mut tx, &ctx.metrics, ids, &charge, Cause::Reconciler).await?;
+            true
+        }
+        CallOutcome::NotFound => true,
+        CallOutcome::Unknown(reason) => {
+            tracing::warn!(%capture_id, %reason, "a refused capture's confirming read proved nothing; it is retried");
+            false
+        }
+    };
+    if confirmed {
+        store::queue::decline_confirmed::<Capture>(&mut tx, capture_id).await?;
+    }
+    tx.commit().await?;
+    Ok(confirmed)
 }
 
 /// Release a hold.

@@ -121,12 +121,25 @@ pub async fn payment(
             // because the hold ended first.
             match status {
                 PaymentStatus::Succeeded if current.capture_method == CaptureMethod::Manual => {
-                    store::captures::settle_of_payment(tx, attempt_id, status, None).await?;
+                    store::captures::settle_of_payment(
+                        tx,
+                        attempt_id,
+                        status,
+                        None,
+                        facts.amount_captured,
+                    )
+                    .await?;
                 }
                 PaymentStatus::Voided => {
                     let code = Some(store::captures::HOLD_ENDED);
-                    store::captures::settle_of_payment(tx, attempt_id, PaymentStatus::Failed, code)
-                        .await?;
+                    store::captures::settle_of_payment(
+                        tx,
+                        attempt_id,
+                        PaymentStatus::Failed,
+                        code,
+                        None,
+                    )
+                    .await?;
                 }
                 _ => {}
             }

@@ -198,24 +198,40 @@ pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Capture>,
 /// Settles a payment's pending capture (see [`settle_of_payment`]).
 pub const SETTLE_OF_PAYMENT: &str = concat!(
     "UPDATE payment_capture SET status = $2, failure_code = $3, updated_at = now()
-          WHERE payment_id = $1 AND status = 'pending'
-          RETURNING ",
+      WHERE id = (
+            SELECT c.id FROM payment_capture c
+             WHERE c.payment_id = $1
+               AND (c.status = 'pending'
+                    OR ($2 = 'succeeded' AND c.status = 'failed'
+                        AND NOT EXISTS (SELECT 1 FROM payment_capture o
+                                         WHERE o.payment_id = $1
+                                           AND o.status IN ('pending', 'succeeded'))))
+             ORDER BY (c.status = 'pending') DESC, (c.amount = $4) DESC, c.created_at DESC
+             LIMIT 1)
+      RETURNING ",
     capture_columns!()
 );
 
 /// Settles the payment's pending capture, if it has one: `succeeded`
 /// when the payment was captured, `failed` ([`HOLD_ENDED`]) when its hold
-/// ended without (voided, expired). Returns it as it now is.
+/// ended without (voided, expired). A payment captured at its provider
+/// with no capture pending had its capture answered as refused while the
+/// provider made it (an answer replaced on its way, a request delivered
+/// after the read that confirmed the refusal): the latest refused capture
+/// (of the amount captured, if one is) is the one made, and succeeds.
+/// Returns it as it now is.
 pub async fn settle_of_payment(
     tx: &mut PgConnection,
     payment_id: Uuid,
     status: PaymentStatus,
     failure_code: Option<&str>,
+    amount_captured: Option<i64>,
 ) -> Result<Option<Capture>, StoreError> {
     let row = sqlx::query(SETTLE_OF_PAYMENT)
         .bind(payment_id)
         .bind(status.as_str())
         .bind(failure_code)
+        .bind(amount_captured)
         .fetch_optional(tx)
         .await?;
     row.as_ref().map(from_row).transpose()

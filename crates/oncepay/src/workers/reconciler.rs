@@ -154,6 +154,12 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
         let confirmed = confirm_refund_decline(ctx, &refund).await;
         declines(ctx, &mut done, refund.id, confirmed);
     }
+    for capture in
+        store::queue::claim_declines_due::<store::captures::Capture>(&ctx.pool, BATCH).await?
+    {
+        let confirmed = commands::captures::confirm_refusal(ctx, capture.id).await;
+        declines(ctx, &mut done, capture.id, confirmed);
+    }
     for (refund, _merchant) in store::queue::claim_due::<Refund>(&ctx.pool, BATCH).await? {
         match settle_refund(ctx, &refund).await {
             Ok(settled) => {

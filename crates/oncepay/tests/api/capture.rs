@@ -914,3 +914,58 @@ async fn a_void_whose_answer_is_lost_blocks_captures_and_is_asked_again_by_the_s
     assert!(sandbox_captures(&app, &charge["id"]).await.is_empty());
     assert_eq!(event_count(&app, &payment_id, "payment.voided").await, 1);
 }
+
+/// A capture answered as refused while the provider captured the charge
+/// all the same (the refusal replaced on its way, or the request reaching
+/// the provider after the read that confirmed the refusal: `make chaos`
+/// saw it): the refusal's confirming read, later, finds the charge
+/// captured and settles it; the refused capture becomes the one made, and
+/// no second capture is sent. Webhooks off: the read alone tells.
+#[tokio::test]
+async fn a_refused_capture_the_provider_made_after_all_is_settled_by_its_confirming_read() {
+    let app = spawn_app_with(options().sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")).await;
+    let (order_id, payment) = held(&app, "tok_visa").await;
+    let payment_id = id_of(&payment);
+    let charge = payment["provider_charge_id"].as_str().expect("charge id");
+    let r = app
+        .http
+        .post(format!(
+            "{}/v1/charges/{charge}/refuse_capture",
+            app.sandbox
+        ))
+        .json(&json!({"code": "card_declined"}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert_eq!(r.status(), StatusCode::OK);
+    let (status, problem) = capture(&app, &payment_id, "refused", json!({"amount": 1000})).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{problem}");
+    // The provider captures it after all (as a late request would).
+    let r = app
+        .http
+        .post(format!("{}/v1/charges/{charge}/capture", app.sandbox))
+        .header("Idempotency-Key", format!("late-{payment_id}"))
+        .json(&json!({"amount": 1000}))
+        .send()
+        .await
+        .expect("the sandbox answers");
+    assert!(r.status().is_success(), "{}", r.status());
+    let settled = app.reconciled_to(&payment["id"], "succeeded").await;
+    assert_eq!(settled["amount_captured"], 1000, "{settled}");
+    assert_eq!(order_status(&app, &order_id).await, "paid");
+    let rows: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT status, failure_code FROM payment_capture WHERE payment_id = $1::uuid",
+    )
+    .bind(&payment_id)
+    .fetch_all(&app.db)
+    .await
+    .expect("capture rows");
+    assert_eq!(rows, vec![("succeeded".to_string(), None)]);
+    assert_eq!(
+        sandbox_captures(&app, &sandbox_charge(&app, &payment_id).await["id"])
+            .await
+            .len(),
+        1,
+        "one capture at the provider"
+    );
+}

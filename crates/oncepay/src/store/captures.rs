@@ -197,7 +197,9 @@ pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Capture>,
 
 /// Settles a payment's pending capture (see [`settle_of_payment`]).
 pub const SETTLE_OF_PAYMENT: &str = concat!(
-    "UPDATE payment_capture SET status = $2, failure_code = $3, updated_at = now()
+    "UPDATE payment_capture SET status = $2, failure_code = $3, updated_at = now(),
+            -- Settled: a refusal's confirming read has nothing left to tell.
+            decline_check_at = NULL
       WHERE id = (
             SELECT c.id FROM payment_capture c
              WHERE c.payment_id = $1

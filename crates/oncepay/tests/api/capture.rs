@@ -923,7 +923,22 @@ async fn a_void_whose_answer_is_lost_blocks_captures_and_is_asked_again_by_the_s
 /// no second capture is sent. Webhooks off: the read alone tells.
 #[tokio::test]
 async fn a_refused_capture_the_provider_made_after_all_is_settled_by_its_confirming_read() {
-    let app = spawn_app_with(options().sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off")).await;
+    refused_capture_made_after_all(false).await;
+}
+
+/// The same, told by the provider's webhook before the confirming read:
+/// the capture settles, and nothing is left for the read to do.
+#[tokio::test]
+async fn a_refused_capture_the_provider_made_after_all_is_settled_by_its_webhook() {
+    refused_capture_made_after_all(true).await;
+}
+
+async fn refused_capture_made_after_all(webhooks: bool) {
+    let app = spawn_app_with(options().sandbox(
+        "ONCEPAY_SANDBOX_WEBHOOKS",
+        if webhooks { "on" } else { "off" },
+    ))
+    .await;
     let (order_id, payment) = held(&app, "tok_visa").await;
     let payment_id = id_of(&payment);
     let charge = payment["provider_charge_id"].as_str().expect("charge id");
@@ -950,8 +965,22 @@ async fn a_refused_capture_the_provider_made_after_all_is_settled_by_its_confirm
         .await
         .expect("the sandbox answers");
     assert!(r.status().is_success(), "{}", r.status());
-    let settled = app.reconciled_to(&payment["id"], "succeeded").await;
+    let settled = match webhooks {
+        true => {
+            app.poll_until(&format!("/payments/{payment_id}"), |p| {
+                p["status"] == "succeeded"
+            })
+            .await
+        }
+        false => app.reconciled_to(&payment["id"], "succeeded").await,
+    };
     assert_eq!(settled["amount_captured"], 1000, "{settled}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM payment_capture WHERE decline_check_at IS NOT NULL")
+            .await,
+        0,
+        "no confirming read left waiting"
+    );
     assert_eq!(order_status(&app, &order_id).await, "paid");
     let rows: Vec<(String, Option<String>)> = sqlx::query_as(
         "SELECT status, failure_code FROM payment_capture WHERE payment_id = $1::uuid",

@@ -102,17 +102,20 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
     };
     let lease = ctx.engine.config().lease;
     let ttl = ctx.engine.config().ttl;
+    // Every lease of the batch starts with the statement: a command
+    // resumed late in the batch has that much less of its lease left.
+    let leased_at = std::time::Instant::now();
     for (id, record) in
         crate::idempotency::persistence::take_over_expired(&ctx.pool, BATCH, lease, ttl).await?
     {
-        let claim = Claim::resumed(id.clone(), record.clone());
+        let claim = Claim::resumed(id.clone(), record.clone(), leased_at);
         if claim.is_effect_free() {
             ctx.engine.release(&claim).await;
             done.freed += 1;
             count(ctx, "command", "freed");
             continue;
         }
-        match commands::resume(ctx, id, record).await {
+        match commands::resume(ctx, id, record, leased_at).await {
             Ok(()) => {
                 done.resumed += 1;
                 ctx.metrics.idempotency("resumed");

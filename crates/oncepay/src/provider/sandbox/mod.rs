@@ -42,15 +42,17 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// An adapter for the sandbox at `base_url`, verifying its webhooks
-    /// with `webhook_secret`.
+    /// with `webhook_secret`; each request waits `timeout` at most, and
+    /// every call ends within its share of the commands' `lease`
+    /// (`call::RetryPolicy::new`).
     pub fn new(
         (base_url, public_url): (&str, &str),
         webhook_secret: WebhookSecret,
-        timeout: Duration,
+        (timeout, lease): (Duration, Duration),
         metrics: Arc<Metrics>,
     ) -> Result<Self, BuildError> {
         Ok(Sandbox {
-            caller: Caller::new(NAME, timeout, metrics)?,
+            caller: Caller::new(NAME, timeout, lease, metrics)?,
             base_url: base_url.trim_end_matches('/').to_string(),
             webhook_secret,
             card: TokenizedCard::new(format!("{}/v1/tokens", public_url.trim_end_matches('/'))),

@@ -126,7 +126,8 @@ pub struct StripeConfig {
     /// `ONCEPAY_STRIPE_TIMEOUT`: how long one request to Stripe may take.
     /// Longer than the sandbox's: a confirm waits for the card's issuer
     /// (Stripe's own SDKs wait 80 s), and a confirm cut short is an
-    /// unknown outcome the reconciler must settle later.
+    /// unknown outcome the reconciler must settle later. Cut to what is
+    /// left of the command's share of its lease (`provider::call`).
     pub timeout: Duration,
 }
 
@@ -184,10 +185,16 @@ fn key(id: Uuid, call: &str) -> String {
 }
 
 impl Stripe {
-    /// The adapter.
-    pub fn new(config: StripeConfig, metrics: Arc<Metrics>) -> Result<Self, BuildError> {
+    /// The adapter, for commands leased for `lease`
+    /// (`ONCEPAY_IDEMPOTENCY_LEASE`): its calls end within their share of
+    /// it (`call::RetryPolicy::new`).
+    pub fn new(
+        config: StripeConfig,
+        lease: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, BuildError> {
         Ok(Stripe {
-            caller: Caller::new(NAME, config.timeout, metrics)?,
+            caller: Caller::new(NAME, config.timeout, lease, metrics)?,
             elements: config.publishable_key.clone().map(Elements::new),
             config,
         })

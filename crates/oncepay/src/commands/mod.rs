@@ -23,6 +23,7 @@ pub mod local_runs;
 pub mod orders;
 pub mod payments;
 pub mod provider_amounts;
+pub mod provider_keys;
 pub mod refunds;
 pub mod settle;
 pub mod webhook_endpoints;

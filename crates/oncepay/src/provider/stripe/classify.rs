@@ -315,6 +315,28 @@ pub(crate) fn classify(
     }
 }
 
+/// Whether an answer to a `POST` spends its idempotency key: a `5xx`
+/// carrying Stripe's error object. Stripe saved it under the key and
+/// replays it to every repeat for a day (Idempotent requests: the result
+/// of a request that began executing is saved, "including 500 errors";
+/// stripe-node, `RequestSender`: "we expect the stripe-should-retry header
+/// to be false in most cases when a 500 is returned, since our idempotency
+/// framework would typically replay it anyway"), so the key can tell
+/// nothing more, and the request under it has ended. Not when Stripe asks
+/// for a retry (`Stripe-Should-Retry: true`: the key is worth repeating),
+/// nor for a body that is not Stripe's (a proxy's page: Stripe may never
+/// have seen the request). What a spent key's send did is then read
+/// (`commands::payments`, `commands::refunds`), and a send proved to have
+/// made nothing is made again under a new key.
+pub(crate) fn spends_key(status: u16, should_retry: Option<bool>, body: &[u8]) -> bool {
+    (500..600).contains(&status)
+        && should_retry != Some(true)
+        && serde_json::from_slice::<ErrorBody>(body)
+            .ok()
+            .and_then(|b| b.error.kind)
+            .is_some()
+}
+
 /// The answer to creating an unconfirmed PaymentIntent. A create moves no
 /// money whatever happens, so a refusal of the request itself (`400`
 /// `invalid_request_error` other than `idempotency_error`, `404`: an
@@ -1085,6 +1107,37 @@ mod tests {
             ),
             "unknown"
         );
+    }
+
+    #[test]
+    fn a_stripe_5xx_spends_its_key_and_nothing_else_does() {
+        let err = |kind: &str| format!(r#"{{"error":{{"type":"{kind}","message":"m"}}}}"#);
+        let api = err("api_error");
+        assert!(spends_key(500, Some(false), api.as_bytes()));
+        assert!(
+            spends_key(500, None, api.as_bytes()),
+            "a replay need not carry the header"
+        );
+        assert!(spends_key(503, None, api.as_bytes()));
+        assert!(
+            !spends_key(500, Some(true), api.as_bytes()),
+            "Stripe asks for a retry: the key is worth repeating"
+        );
+        assert!(
+            !spends_key(502, None, b"<html>bad gateway</html>"),
+            "not Stripe's answer"
+        );
+        for status in [400, 401, 402, 404, 409, 429] {
+            assert!(
+                !spends_key(status, Some(false), err("invalid_request_error").as_bytes()),
+                "{status}"
+            );
+        }
+        assert!(!spends_key(
+            200,
+            None,
+            br#"{"id":"pi_1","object":"payment_intent","status":"succeeded"}"#
+        ));
     }
 
     #[test]

@@ -43,7 +43,7 @@ use super::card_form::CardForm;
 use super::trace::Trace;
 use super::{
     BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
-    Health, Opened, PaymentProvider, RefundRequest, SubjectKind,
+    Health, Opened, PaymentProvider, RefundRequest, Sent, SubjectKind,
 };
 use crate::domain::money::Currency;
 use crate::metrics::Metrics;
@@ -184,6 +184,17 @@ fn key(id: Uuid, call: &str) -> String {
     format!("oncepay_{id}_{call}")
 }
 
+/// The key of generation `generation` of a send (`ChargeRequest::key_generation`):
+/// the first is the key sends always had, so the rows made before
+/// generations existed keep theirs; each later one is new to Stripe
+/// (`oncepay_<id>_confirm_1`, …).
+fn key_of(id: Uuid, call: &str, generation: i32) -> String {
+    match generation {
+        0 => key(id, call),
+        n => format!("oncepay_{id}_{call}_{n}"),
+    }
+}
+
 impl Stripe {
     /// The adapter, for commands leased for `lease`
     /// (`ONCEPAY_IDEMPOTENCY_LEASE`): its calls end within their share of
@@ -230,6 +241,43 @@ impl Stripe {
                 |status, headers, body| classify(status, should_retry(headers), body),
             )
             .await
+    }
+
+    /// A `POST` that sends money's way (a confirm, a refund): as
+    /// [`Stripe::post`], and whether Stripe's last answer spent its key
+    /// (`classify::spends_key`: an error Stripe keeps under the key and
+    /// replays), when the outcome is unknown.
+    async fn post_send(
+        &self,
+        operation: &'static str,
+        path: String,
+        idempotency_key: String,
+        form: Vec<(String, String)>,
+        classify: impl Fn(u16, Option<bool>, &[u8]) -> Verdict + Sync,
+    ) -> Sent {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let url = self.url(&path);
+        let spent = AtomicBool::new(false);
+        let outcome = self
+            .caller
+            .call(
+                operation,
+                |client| {
+                    // A new try: only the last answer says what the key holds.
+                    spent.store(false, Ordering::SeqCst);
+                    self.authed(client.post(&url))
+                        .header("Idempotency-Key", &idempotency_key)
+                        .form(&form)
+                },
+                |status, headers, body| {
+                    let retry = should_retry(headers);
+                    spent.store(classify::spends_key(status, retry, body), Ordering::SeqCst);
+                    classify(status, retry, body)
+                },
+            )
+            .await;
+        let key_spent = spent.into_inner() && matches!(outcome, CallOutcome::Unknown(_));
+        Sent { outcome, key_spent }
     }
 
     async fn get(
@@ -402,10 +450,12 @@ impl PaymentProvider for Stripe {
         &'a self,
         r: &'a ChargeRequest,
         reference: Option<&'a str>,
-    ) -> BoxFuture<'a, CallOutcome> {
+    ) -> BoxFuture<'a, Sent> {
         Box::pin(async move {
             let Some(intent) = reference else {
-                return CallOutcome::Unknown("no PaymentIntent recorded to confirm".into());
+                return Sent::from(CallOutcome::Unknown(
+                    "no PaymentIntent recorded to confirm".into(),
+                ));
             };
             // Where the bank sends the customer back after 3-D Secure:
             // given here, Stripe answers `next_action.redirect_to_url`
@@ -417,10 +467,13 @@ impl PaymentProvider for Stripe {
                 // A hold's deadline is on its charge.
                 .chain(expand_charge(r.capture_method))
                 .collect();
-            self.post(
+            // A PaymentIntent succeeds at most once: a confirm under a new
+            // key (after a read proved this one unconfirmed) cannot charge
+            // twice.
+            self.post_send(
                 "charge",
                 format!("/v1/payment_intents/{intent}/confirm"),
-                key(r.idempotency_key, "confirm"),
+                key_of(r.idempotency_key, "confirm", r.key_generation),
                 form,
                 |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
             )
@@ -540,11 +593,11 @@ impl PaymentProvider for Stripe {
         })
     }
 
-    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
+    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, Sent> {
         Box::pin(async move {
             let amount = match units::of_request(&r.currency, r.amount, units::refund_to_stripe) {
                 Ok(amount) => amount,
-                Err(refused) => return *refused,
+                Err(refused) => return Sent::from(*refused),
             };
             let form: Vec<(String, String)> = [
                 ("payment_intent".to_string(), r.charge_id.clone()),
@@ -553,10 +606,14 @@ impl PaymentProvider for Stripe {
             .into_iter()
             .chain(metadata(&r.trace))
             .collect();
-            self.post(
+            // Under a new generation's key only once a read found no
+            // refund with our metadata after Stripe answered the last key
+            // with an error it keeps (`commands::refunds`): that request
+            // had ended, and made nothing.
+            self.post_send(
                 "refund",
                 "/v1/refunds".into(),
-                key(r.idempotency_key, "refund"),
+                key_of(r.idempotency_key, "refund", r.key_generation),
                 form,
                 classify::refund_creation,
             )

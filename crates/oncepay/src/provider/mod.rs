@@ -30,6 +30,15 @@ pub mod sandbox;
 pub mod stripe;
 pub mod trace;
 
+/// The `failure_code` an adapter reports on a hold it reads `voided`
+/// because oncepay gave up on it ([`PaymentProvider::abandon`]) after its
+/// customer approved it: the cancel released an authorization, and the
+/// payment reads `void_reason: abandoned`, never `authentication_expired`
+/// (`domain::settlement::release_reason`). Stripe's own word for the
+/// cancel (`cancellation_reason=abandoned`), kept as the vocabulary of all
+/// adapters.
+pub const ABANDONED: &str = "abandoned";
+
 /// Every provider oncepay speaks, by name: `ONCEPAY_PROVIDER`'s values and
 /// the labels its metrics start at 0 with (`Metrics::know_providers`,
 /// called by startup). A new adapter adds its name here.
@@ -435,9 +444,11 @@ pub trait PaymentProvider: Send + Sync {
     /// Gives up on the charge of `attempt_id` (the provider's object
     /// `reference`) whose customer never completed the action it waits
     /// for: cancels it at the provider, so a late approval cannot move
-    /// money. `Known` with the provider's word: `failed` (cancelled) or
-    /// `succeeded` (the customer approved in time, which stands); anything
-    /// else, or `Unknown`, settles nothing yet.
+    /// money. `Known` with the provider's word: `failed` (cancelled),
+    /// `succeeded` or `requires_capture` (the customer approved in time,
+    /// which stands), or `voided` with [`ABANDONED`] as its
+    /// `failure_code` (a hold approved just before the cancel, which
+    /// released it); anything else, or `Unknown`, settles nothing yet.
     fn abandon<'a>(
         &'a self,
         attempt_id: Uuid,

@@ -231,7 +231,11 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
 /// (Stripe: `cancellation_reason=abandoned`), so a late approval cannot
 /// take money for a failed attempt; only a cancelled charge fails, as
 /// `authentication_expired`. If the provider answers that the customer
-/// approved in time, that stands. `None`: the provider could not say now
+/// approved in time, that stands: a charge that succeeded, a hold to
+/// capture or void. A hold approved just before the cancel reached it
+/// (Stripe cancels a hold as readily) comes back released: it reads
+/// `voided`, `void_reason: abandoned` (review N6), never
+/// `authentication_expired`. `None`: the provider could not say now
 /// (tried again at the next pass; nothing is applied).
 async fn expire_action(
     ctx: &AppContext,
@@ -266,9 +270,18 @@ async fn expire_action(
             tracing::warn!(payment_id = %payment.id, "the customer never completed the payment's authentication; cancelled at the provider and failed");
             Some(failed(cancelled))
         }
-        CallOutcome::Known(approved) if approved.status == PaymentStatus::Succeeded => {
-            tracing::info!(payment_id = %payment.id, "the customer approved just before the payment was given up");
+        CallOutcome::Known(approved)
+            if matches!(
+                approved.status,
+                PaymentStatus::Succeeded | PaymentStatus::RequiresCapture
+            ) =>
+        {
+            tracing::info!(payment_id = %payment.id, status = approved.status.as_str(), "the customer approved just before the payment was given up");
             Some(approved)
+        }
+        CallOutcome::Known(released) if released.status == PaymentStatus::Voided => {
+            tracing::warn!(payment_id = %payment.id, "the customer approved just before the payment was given up, and the cancel released the authorization");
+            Some(released)
         }
         CallOutcome::Known(_) => None,
         CallOutcome::Unknown(reason) => {

@@ -107,6 +107,22 @@ impl Object {
             .or_else(|| self.created.map(|c| c + DOCUMENTED_WINDOW))
     }
 
+    /// Whether its charge was authorized: its latest charge, where
+    /// expanded, `succeeded` (Stripe's status of an authorized charge,
+    /// captured or not). A manual intent cancelled `abandoned` that has one
+    /// was approved by its customer before oncepay's cancel reached it
+    /// (Stripe cancels an intent in `requires_capture` too, releasing the
+    /// hold: PaymentIntents API, cancel): a released hold, not an
+    /// authentication that never came. A charge not expanded (an id)
+    /// tells nothing, and abandoned intents are read expanded.
+    fn authorized(&self) -> bool {
+        self.latest_charge
+            .as_ref()
+            .and_then(|c| c.get("status"))
+            .and_then(serde_json::Value::as_str)
+            == Some("succeeded")
+    }
+
     /// What a manual intent that succeeded captured, in minor units: its
     /// charge's `amount_captured`, else the intent's `amount_received`.
     fn amount_captured(&self) -> Option<i64> {
@@ -174,10 +190,13 @@ pub fn known(body: &[u8]) -> CallOutcome {
                 "requires_capture" if object.manual() => Some(PaymentStatus::RequiresCapture),
                 // A manual intent cancelled (by our void, or by Stripe when
                 // the authorization expired: `automatic`) released its
-                // hold; one we gave up waiting for its customer failed.
+                // hold; one we gave up waiting for its customer failed,
+                // unless its customer approved before the cancel: then a
+                // hold was released (`crate::provider::ABANDONED`).
                 "canceled"
                     if object.manual()
-                        && object.cancellation_reason.as_deref() != Some("abandoned") =>
+                        && (object.cancellation_reason.as_deref() != Some("abandoned")
+                            || object.authorized()) =>
                 {
                     Some(PaymentStatus::Voided)
                 }
@@ -961,6 +980,30 @@ mod hold_tests {
         assert_eq!(
             status_of(intent("canceled", Some("abandoned"))).map(|s| s.0),
             Some(PaymentStatus::Failed)
+        );
+        // Approved before oncepay's cancel took it (review N6): its charge
+        // was authorized, so a hold was released, never an
+        // authentication that expired.
+        let mut approved = intent("canceled", Some("abandoned"));
+        approved["latest_charge"]["status"] = serde_json::json!("succeeded");
+        approved["latest_charge"]["captured"] = serde_json::json!(false);
+        match known(approved.to_string().as_bytes()) {
+            CallOutcome::Known(o) => {
+                assert_eq!(o.status, PaymentStatus::Voided);
+                assert_eq!(o.failure_code.as_deref(), Some(crate::provider::ABANDONED));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Cancelled while it waited for its customer: no authorized charge.
+        let mut waited = intent("canceled", Some("abandoned"));
+        waited["latest_charge"] = serde_json::Value::Null;
+        assert_eq!(status_of(waited).map(|s| s.0), Some(PaymentStatus::Failed));
+        let mut unexpanded = intent("canceled", Some("abandoned"));
+        unexpanded["latest_charge"] = serde_json::json!("ch_1");
+        assert_eq!(
+            status_of(unexpanded).map(|s| s.0),
+            Some(PaymentStatus::Failed),
+            "an id tells nothing"
         );
         let mut unexpanded = intent("requires_capture", None);
         unexpanded["latest_charge"] = serde_json::json!("ch_1");

@@ -511,13 +511,20 @@ impl PaymentProvider for Stripe {
                 return self.find_charge(attempt_id, None).await;
             };
             // Its own key: a cancel retried after a lost answer is the
-            // same cancel.
+            // same cancel. Stripe cancels a hold its customer approved
+            // meanwhile (`requires_capture`) as readily: the intent comes
+            // back with its charge, which tells an approval from an
+            // authentication that never came (`classify::known`, review
+            // N6).
             let cancelled = self
                 .post(
                     "abandon",
                     format!("/v1/payment_intents/{intent}/cancel"),
                     key(attempt_id, "cancel"),
-                    vec![("cancellation_reason".into(), "abandoned".into())],
+                    vec![
+                        ("cancellation_reason".into(), "abandoned".into()),
+                        ("expand[]".into(), "latest_charge".into()),
+                    ],
                     |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
                 )
                 .await;

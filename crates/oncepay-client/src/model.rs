@@ -135,7 +135,8 @@ pub struct Payment {
     #[serde(default)]
     pub capture_before: Option<String>,
     /// Why the hold was released (`requested`, `order_cancelled`,
-    /// `expired`), once `voided`.
+    /// `expired`, `cancelled_at_provider`, `abandoned`; a string, so a
+    /// value added later still reads), once `voided`.
     #[serde(default)]
     pub void_reason: Option<String>,
     /// While `pending` and waiting for the customer (3-D Secure): where to

@@ -19,7 +19,9 @@
 //! - **Faults** per kind of call ([`Call`]): `429 lock_timeout` and `429
 //!   rate_limit`, `500` with `Stripe-Should-Retry: true|false`, `401`
 //!   (a rotated key), `400 idempotency_error`, an answer dropped after the
-//!   effect, a `500` saved under the key after the effect, and a stall
+//!   effect, a `500` saved under the key after the effect, a `500` saved
+//!   under the key before any effect and replayed with its
+//!   `Stripe-Should-Retry` ([`StripeFault::ErrorSaved`]), and a stall
 //!   that holds a request in flight until released.
 //!
 //! - **3-D Secure by redirect**: localstripe refuses `return_url` at
@@ -152,6 +154,22 @@ pub enum StripeFault {
     /// that answer under the key, as Stripe does when it fails after it
     /// began executing: every repeat of the key gets the same `500`.
     ErrorAfterEffect,
+    /// `500 api_error` with `Stripe-Should-Retry` (`None`: no header),
+    /// after the layer took the key and before the provider sees it, saved
+    /// under the key and replayed (with the same header) to every repeat
+    /// of it: Stripe failing after it began executing a request, before
+    /// any effect. Stripe saves such a `500` ("Idempotent requests": the
+    /// result of a request that began executing is saved, 500 errors
+    /// included) and sends it with `Stripe-Should-Retry: false`
+    /// (stripe-node `RequestSender`: "we expect the stripe-should-retry
+    /// header to be false in most cases when a 500 is returned, since our
+    /// idempotency framework would typically replay it anyway"). Nothing
+    /// reaches localstripe: the PaymentIntent stays `requires_confirmation`,
+    /// no refund is made. Only a new key gets through (review N4).
+    ErrorSaved {
+        /// The header's value, if sent (and replayed).
+        should_retry: Option<bool>,
+    },
     /// `400 idempotency_error` before the provider sees it: what Stripe
     /// answers a key reused with other parameters (a bug of the caller's).
     IdempotencyError,
@@ -178,6 +196,9 @@ struct Saved {
     fingerprint: (String, String, Bytes),
     /// `None` while the first request is in flight.
     answer: Option<(u16, Bytes)>,
+    /// The `Stripe-Should-Retry` the answer was sent with, sent again with
+    /// each replay of it ([`StripeFault::ErrorSaved`]).
+    should_retry: Option<bool>,
 }
 
 #[derive(Default)]
@@ -279,6 +300,17 @@ fn stripe_shaped(status: u16, body: Bytes) -> Bytes {
         }
     }
     Bytes::from(value.to_string())
+}
+
+/// `response` with `Stripe-Should-Retry` as given (`None`: no header).
+fn with_should_retry(mut response: HttpResponse, should_retry: Option<bool>) -> HttpResponse {
+    if let Some(retry) = should_retry {
+        response.headers_mut().insert(
+            actix_web::http::header::HeaderName::from_static("stripe-should-retry"),
+            actix_web::http::header::HeaderValue::from_static(if retry { "true" } else { "false" }),
+        );
+    }
+    response
 }
 
 fn relay(status: u16, body: Bytes, replayed: bool) -> HttpResponse {
@@ -495,18 +527,10 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             )
         }
         Some(StripeFault::ServerError { should_retry }) => {
-            let mut response = stripe_error(500, "api_error", None, "An unknown error occurred");
-            if let Some(retry) = should_retry {
-                response.headers_mut().insert(
-                    actix_web::http::header::HeaderName::from_static("stripe-should-retry"),
-                    actix_web::http::header::HeaderValue::from_static(if retry {
-                        "true"
-                    } else {
-                        "false"
-                    }),
-                );
-            }
-            return response;
+            return with_should_retry(
+                stripe_error(500, "api_error", None, "An unknown error occurred"),
+                should_retry,
+            );
         }
         Some(StripeFault::IdempotencyError) => {
             return stripe_error(
@@ -566,11 +590,12 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             }
             Some(Saved {
                 answer: Some((status, bytes)),
+                should_retry,
                 ..
             }) => {
-                let (status, bytes) = (*status, bytes.clone());
+                let (status, bytes, should_retry) = (*status, bytes.clone(), *should_retry);
                 state.replayed += 1;
-                return relay(status, bytes, true);
+                return with_should_retry(relay(status, bytes, true), should_retry);
             }
             None => {
                 state.keys.insert(
@@ -578,10 +603,24 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
                     Saved {
                         fingerprint,
                         answer: None,
+                        should_retry: None,
                     },
                 );
             }
         }
+    }
+    if let Some(StripeFault::ErrorSaved { should_retry }) = &fault {
+        let error = json!({"error": {
+            "type": "api_error",
+            "message": "An unknown error occurred",
+        }});
+        let bytes = Bytes::from(error.to_string());
+        let mut state = shared.state();
+        if let Some(saved) = key.as_ref().and_then(|k| state.keys.get_mut(k)) {
+            saved.answer = Some((500, bytes.clone()));
+            saved.should_retry = *should_retry;
+        }
+        return with_should_retry(relay(500, bytes, false), *should_retry);
     }
     if let Some(StripeFault::Refuse { status, kind, code }) = &fault {
         let error = json!({"error": {

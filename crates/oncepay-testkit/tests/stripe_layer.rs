@@ -239,6 +239,71 @@ async fn stripe_should_retry_is_sent_both_ways() {
     }
 }
 
+/// A `500` Stripe saved before any effect: replayed, with its
+/// `Stripe-Should-Retry`, to every repeat of the key; the intent stays
+/// unconfirmed; a new key gets through (review N4).
+#[tokio::test]
+async fn a_500_saved_under_a_key_is_replayed_and_only_a_new_key_gets_through() {
+    let Some((stripe, layer)) = stack().await else {
+        return;
+    };
+    let (status, intent, _) = post(layer.url(), "/v1/payment_intents", Some("k7"), INTENT)
+        .await
+        .expect("create");
+    assert_eq!(status, 200, "{intent}");
+    let confirm = format!(
+        "/v1/payment_intents/{}/confirm",
+        intent["id"].as_str().expect("id")
+    );
+    layer.set_times(
+        Call::Confirm,
+        StripeFault::ErrorSaved {
+            should_retry: Some(false),
+        },
+        1,
+    );
+    let send = |key: &'static str| {
+        let url = format!("{}{confirm}", layer.url());
+        async move {
+            let r = reqwest::Client::new()
+                .post(url)
+                .bearer_auth(KEY)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .header("Idempotency-Key", key)
+                .body("")
+                .send()
+                .await
+                .expect("sent");
+            let retry = r
+                .headers()
+                .get("stripe-should-retry")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
+            let replayed = r.headers().contains_key("idempotent-replayed");
+            let status = r.status().as_u16();
+            let body: Value = r.json().await.unwrap_or(Value::Null);
+            (status, retry, replayed, body)
+        }
+    };
+    for (n, replayed) in [(1, false), (2, true), (3, true)] {
+        let (status, retry, was_replayed, body) = send("k8").await;
+        assert_eq!(status, 500, "try {n}: {body}");
+        assert_eq!(body["error"]["type"], "api_error");
+        assert_eq!(retry.as_deref(), Some("false"), "try {n}");
+        assert_eq!(was_replayed, replayed, "try {n}");
+    }
+    assert_eq!(
+        layer.forwarded(Call::Confirm),
+        0,
+        "nothing reached the provider"
+    );
+    assert_eq!(intents(&stripe).await[0]["status"], "requires_confirmation");
+    let (status, _, replayed, confirmed) = send("k9").await;
+    assert_eq!((status, replayed), (200, false), "{confirmed}");
+    assert_eq!(confirmed["status"], "succeeded");
+    assert_eq!(layer.forwarded(Call::Confirm), 1);
+}
+
 #[tokio::test]
 async fn lists_are_filtered_by_created_and_paged_as_stripe_pages_them() {
     let Some((_stripe, layer)) = stack().await else {

@@ -77,14 +77,18 @@ fn providers(
     let mut all: Vec<Arc<dyn PaymentProvider>> = vec![Arc::new(Sandbox::new(
         (&config.provider_url, public),
         config.webhook_secret.clone(),
-        config.provider_timeout,
+        (config.provider_timeout, config.idempotency_lease),
         metrics.clone(),
     )?)];
     if let Some(stripe) = &config.stripe {
         if stripe.webhook_secrets.is_none() {
             tracing::warn!("ONCEPAY_STRIPE_WEBHOOK_SECRET is not set: Stripe webhooks are refused, and Stripe payments settle by the reconciler alone");
         }
-        all.push(Arc::new(Stripe::new(stripe.clone(), metrics.clone())?));
+        all.push(Arc::new(Stripe::new(
+            stripe.clone(),
+            config.idempotency_lease,
+            metrics.clone(),
+        )?));
     }
     // Always there: a payment names it with `payment_method: "balance"`.
     all.push(Arc::new(crate::provider::balance::Balance::new(

@@ -113,6 +113,9 @@ pub(super) async fn orphan(
     };
     let request = RefundRequest {
         idempotency_key: refund_id,
+        // An orphan's refund has no row to record another key on: its one
+        // key, sent again at each pass.
+        key_generation: 0,
         charge_id: entry.state.id.clone(),
         amount: left,
         currency: entry.currency.clone(),
@@ -122,7 +125,7 @@ pub(super) async fn orphan(
             ..trace.clone()
         },
     };
-    let resolution = match provider.refund(&request).await {
+    let resolution = match provider.refund(&request).await.outcome {
         CallOutcome::Known(ProviderObject {
             status: PaymentStatus::Succeeded,
             ..

@@ -23,6 +23,7 @@ pub mod local_runs;
 pub mod orders;
 pub mod payments;
 pub mod provider_amounts;
+pub mod provider_keys;
 pub mod refunds;
 pub mod settle;
 pub mod webhook_endpoints;
@@ -632,7 +633,16 @@ async fn drive<C: Command>(
         key_hash = %claim.key_hash(),
         recovery_point = %claim.recovery_point(),
     );
-    let executed = tracing::Instrument::instrument(steps(ctx, claim, command, memo), span).await;
+    // No provider call outlives the lease: together they end with its
+    // share (`provider::call`), and recording what they answered fits in
+    // the rest, before another process may take the command over.
+    let calls_end =
+        claim.leased_at() + crate::provider::call::share_of_lease(ctx.engine.config().lease);
+    let executed = tracing::Instrument::instrument(
+        crate::provider::call::ending_by(calls_end, steps(ctx, claim, command, memo)),
+        span,
+    )
+    .await;
     match executed {
         Ok(done) => Ok(done.into_response()),
         Err(CommandError::Reject(problem)) => {
@@ -747,9 +757,15 @@ async fn steps<C: Command>(
 }
 
 /// Parses a stored input back into its command and drives it: how the
-/// reconciler finishes a command whose process died.
-pub async fn resume(ctx: &AppContext, id: RecordId, lease: Lease) -> Result<(), Problem> {
-    let mut claim = Claim::resumed(id, lease);
+/// reconciler finishes a command whose process died, under the lease it
+/// took over at `leased_at`.
+pub async fn resume(
+    ctx: &AppContext,
+    id: RecordId,
+    lease: Lease,
+    leased_at: std::time::Instant,
+) -> Result<(), Problem> {
+    let mut claim = Claim::resumed(id, lease, leased_at);
     let input: CommandInput = serde_json::from_value(claim.input().clone()).map_err(|e| {
         Problem::internal_from(format_args!(
             "the stored input of {} no longer parses: {e}",

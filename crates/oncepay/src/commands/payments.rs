@@ -25,6 +25,7 @@ use chrono::{SubsecRound, Utc};
 use uuid::Uuid;
 
 use super::fast_path::ClaimAttempt;
+use super::provider_keys;
 use super::settle::{self, Cause};
 use super::{
     json_response, recovery_points, AppContext, At, ClaimingStep, Command, CommandError,
@@ -216,8 +217,10 @@ impl Command for CreatePayment {
                 memo: Some(PaymentMemo::Created { attempt, order }),
                 ..
             } => match open(ctx, &attempt).await {
+                // The first send: the attempt's first key. (Were it moved
+                // on meanwhile, that key is spent: Stripe only replays it.)
                 Opening::Charge => {
-                    let observed = charge(ctx, &attempt).await;
+                    let observed = charge(ctx, &attempt, 0).await;
                     (attempt, Some(order), observed)
                 }
                 Opening::Record(reference) => {
@@ -248,7 +251,7 @@ impl Command for CreatePayment {
                 memo: Some(PaymentMemo::Opened { attempt, order }),
                 ..
             } => {
-                let observed = charge(ctx, &attempt).await;
+                let observed = charge(ctx, &attempt, 0).await;
                 (attempt, Some(order), observed)
             }
             At::After {
@@ -424,9 +427,12 @@ enum Opening {
     Settled(Option<ProviderObject>),
 }
 
+/// The request of the attempt's charge, under its first key (a send
+/// after a read takes the attempt's generation of keys).
 fn charge_request(attempt: &Payment) -> ChargeRequest {
     ChargeRequest {
         idempotency_key: attempt.id,
+        key_generation: 0,
         amount: attempt.amount,
         currency: attempt.currency.clone(),
         payment_method: attempt.payment_method.clone(),
@@ -466,39 +472,64 @@ fn known(outcome: CallOutcome, id: Uuid, what: &str) -> Option<ProviderObject> {
 }
 
 /// Charges (or re-charges with the same key; confirms the recorded object)
-/// with the attempt's provider and returns what it said, or `None` when
-/// the outcome is unknown.
-pub async fn charge(ctx: &AppContext, attempt: &Payment) -> Option<ProviderObject> {
+/// with the attempt's provider under its keys of `key_generation`, and
+/// returns what it said, or `None` when the outcome is unknown. A key the
+/// provider spent is recorded ([`provider_keys`]).
+pub async fn charge(
+    ctx: &AppContext,
+    attempt: &Payment,
+    key_generation: i32,
+) -> Option<ProviderObject> {
     let provider = ctx.providers.named(&attempt.provider);
-    let request = charge_request(attempt);
-    let outcome = provider
+    let request = ChargeRequest {
+        key_generation,
+        ..charge_request(attempt)
+    };
+    let sent = provider
         .charge(&request, attempt.provider_charge_id.as_deref())
         .await;
-    known(outcome, attempt.id, "charge")
+    if sent.key_spent {
+        provider_keys::spent::<Payment>(ctx, attempt.id, key_generation).await;
+    }
+    known(sent.outcome, attempt.id, "charge")
 }
 
 /// Learns a pending attempt's outcome after a crash or for the reconciler:
-/// asks the attempt's provider first, and charges (same keys; opening and
-/// recording the provider's object first where it has one) only if the
-/// provider holds nothing that can have moved money. `None`: nothing new
-/// was learned.
+/// asks the attempt's provider first, and charges (opening and recording
+/// the provider's object first where it has one) only if the provider
+/// holds nothing that can have moved money: under the same key, or under
+/// the attempt's next key where its provider spent the last one on an
+/// error it replays (Stripe's saved `500`: [`provider_keys`]). `None`:
+/// nothing new was learned.
 pub(crate) async fn look_up_or_charge(
     ctx: &AppContext,
     attempt: &Payment,
 ) -> Option<ProviderObject> {
     let provider = ctx.providers.named(&attempt.provider);
+    // Before the read: a key recorded spent by then was answered before it.
+    let keys = provider_keys::before_read::<Payment>(ctx, attempt.id).await?;
     let found = provider
         .find_charge(attempt.id, attempt.provider_charge_id.as_deref())
         .await;
     match found {
         CallOutcome::Known(object) => Some(object),
         CallOutcome::NotFound => match open(ctx, attempt).await {
-            Opening::Charge => charge(ctx, attempt).await,
+            Opening::Charge => {
+                let generation =
+                    provider_keys::for_resend::<Payment>(ctx, attempt.id, keys).await?;
+                charge(ctx, attempt, generation).await
+            }
             Opening::Settled(observed) => observed,
             Opening::Record(reference) => {
                 let recorded = record_reference(ctx, attempt.id, &reference).await;
                 match recorded {
-                    Ok(Some(attempt)) => charge(ctx, &attempt).await,
+                    // A new object, never confirmed: no key of the attempt
+                    // was spent on it, but one spent before moves on too.
+                    Ok(Some(attempt)) => {
+                        let generation =
+                            provider_keys::for_resend::<Payment>(ctx, attempt.id, keys).await?;
+                        charge(ctx, &attempt, generation).await
+                    }
                     Ok(None) => None,
                     Err(e) => {
                         tracing::warn!(payment_id = %attempt.id, error = %e, "recording the provider's object failed; it is retried");

@@ -5,6 +5,7 @@
 use chrono::Utc;
 use uuid::Uuid;
 
+use super::provider_keys;
 use super::settle::{self, Cause};
 use super::{
     json_response, recovery_points, AppContext, At, Command, CommandError, CommandInput, Run, Step,
@@ -349,6 +350,9 @@ pub(crate) fn refund_request(
     })?;
     Ok(RefundRequest {
         idempotency_key: refund.id,
+        // The first key; a send after a read takes the row's
+        // (`look_up_or_send`).
+        key_generation: 0,
         charge_id,
         amount: refund.amount,
         currency: payment.currency.clone(),
@@ -409,9 +413,22 @@ pub(crate) async fn step_2(
 /// the payment's provider with the refund id as key, holding no
 /// connection. `None`: nothing new was learned (the outcome is unknown).
 pub async fn send(ctx: &AppContext, outstanding: &Outstanding) -> Option<ProviderObject> {
-    let provider = ctx.providers.named(&outstanding.provider);
-    let request = &outstanding.request;
-    match provider.refund(request).await {
+    send_request(ctx, &outstanding.provider, &outstanding.request).await
+}
+
+/// Sends `request` to `provider` under its keys of
+/// `request.key_generation`; a key the provider spent is recorded
+/// ([`provider_keys`]).
+async fn send_request(
+    ctx: &AppContext,
+    provider: &str,
+    request: &RefundRequest,
+) -> Option<ProviderObject> {
+    let sent = ctx.providers.named(provider).refund(request).await;
+    if sent.key_spent {
+        provider_keys::spent::<Refund>(ctx, request.idempotency_key, request.key_generation).await;
+    }
+    match sent.outcome {
         CallOutcome::Known(object) => Some(object),
         CallOutcome::NotFound => None,
         CallOutcome::Unknown(reason) => {
@@ -422,21 +439,34 @@ pub async fn send(ctx: &AppContext, outstanding: &Outstanding) -> Option<Provide
 }
 
 /// Learns a pending refund's outcome after a crash or for the reconciler:
-/// asks the payment's provider first and sends the refund again (same
-/// key) only if the provider has no record of it. `None`: nothing new was
-/// learned.
+/// asks the payment's provider first and sends the refund again only if
+/// the provider has no record of it: under the same key, or under the
+/// refund's next key where its provider spent the last one on an error it
+/// replays (Stripe's saved `500`: [`provider_keys`]; the read, made after
+/// that key's answer, found no refund carrying our id). `None`: nothing
+/// new was learned.
 pub(crate) async fn look_up_or_send(
     ctx: &AppContext,
     outstanding: &Outstanding,
 ) -> Option<ProviderObject> {
     let provider = ctx.providers.named(&outstanding.provider);
     let request = &outstanding.request;
+    // Before the read: a key recorded spent by then was answered before it.
+    let keys = provider_keys::before_read::<Refund>(ctx, request.idempotency_key).await?;
     match provider
         .find_refund(request, outstanding.reference.as_deref())
         .await
     {
         CallOutcome::Known(object) => Some(object),
-        CallOutcome::NotFound => send(ctx, outstanding).await,
+        CallOutcome::NotFound => {
+            let key_generation =
+                provider_keys::for_resend::<Refund>(ctx, request.idempotency_key, keys).await?;
+            let request = RefundRequest {
+                key_generation,
+                ..request.clone()
+            };
+            send_request(ctx, &outstanding.provider, &request).await
+        }
         CallOutcome::Unknown(reason) => {
             tracing::warn!(refund_id = %request.idempotency_key, %reason, "refund status unknown; leaving it pending");
             None

@@ -87,13 +87,18 @@ pub async fn payment(
         store::queue::confirm_decline_later::<Payment>(tx, attempt_id).await?;
     }
     // A released hold's provider reason (`ProviderObject::failure_code`)
-    // says someone cancelled it at the provider; it is kept only then: the
-    // reason of oncepay's own void, or of an expiry, tells nothing new.
-    let void_reason = settlement::release_reason(
-        &current,
-        observed.status == PaymentStatus::Voided && observed.failure_code.is_some(),
-        Utc::now(),
-    );
+    // says someone cancelled it at the provider, or that oncepay's own
+    // give-up on its customer released it (`provider::ABANDONED`); it is
+    // kept only for someone else's cancel: the reason of oncepay's own
+    // void, give-up or an expiry tells nothing new.
+    let released = match (observed.status, observed.failure_code.as_deref()) {
+        (PaymentStatus::Voided, Some(crate::provider::ABANDONED)) => {
+            settlement::Released::Abandoned
+        }
+        (PaymentStatus::Voided, Some(_)) => settlement::Released::Cancelled,
+        _ => settlement::Released::Lapsed,
+    };
+    let void_reason = settlement::release_reason(&current, released, Utc::now());
     let keep_failure =
         observed.status != PaymentStatus::Voided || void_reason == VoidReason::CancelledAtProvider;
     let facts = store::payments::ChargeFacts {

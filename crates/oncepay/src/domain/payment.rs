@@ -143,7 +143,8 @@ pub struct Payment {
     /// `requires_capture`.
     pub capture_before: Option<chrono::DateTime<chrono::Utc>>,
     /// Why the hold was released (`requested`, `order_cancelled`,
-    /// `expired`, `cancelled_at_provider`): `null` unless `voided`.
+    /// `expired`, `cancelled_at_provider`, `abandoned`): `null` unless
+    /// `voided`.
     pub void_reason: Option<VoidReason>,
     /// What the customer must do before the payment can settle (3-D
     /// Secure at their bank): `null` unless the payment is `pending` and
@@ -225,6 +226,10 @@ pub enum VoidReason {
     /// `fraudulent`, `duplicate`); the payment's `failure_code` keeps the
     /// provider's own reason.
     CancelledAtProvider,
+    /// oncepay gave up waiting for the customer's action
+    /// (`ONCEPAY_ACTION_TIMEOUT`), and the cancel found the customer had
+    /// approved just before: the authorization was released by oncepay.
+    Abandoned,
 }
 
 impl VoidReason {
@@ -235,6 +240,7 @@ impl VoidReason {
             VoidReason::OrderCancelled => "order_cancelled",
             VoidReason::Expired => "expired",
             VoidReason::CancelledAtProvider => "cancelled_at_provider",
+            VoidReason::Abandoned => "abandoned",
         }
     }
 
@@ -245,6 +251,7 @@ impl VoidReason {
             "order_cancelled" => Some(VoidReason::OrderCancelled),
             "expired" => Some(VoidReason::Expired),
             "cancelled_at_provider" => Some(VoidReason::CancelledAtProvider),
+            "abandoned" => Some(VoidReason::Abandoned),
             _ => None,
         }
     }
@@ -541,6 +548,7 @@ mod tests {
             VoidReason::OrderCancelled,
             VoidReason::Expired,
             VoidReason::CancelledAtProvider,
+            VoidReason::Abandoned,
         ] {
             assert_eq!(VoidReason::parse(r.as_str()), Some(r));
         }

@@ -48,23 +48,45 @@ pub fn void_reason(attempt: &Payment) -> VoidReason {
     attempt.void_requested.unwrap_or(VoidReason::Expired)
 }
 
+/// What a provider's report of a released hold says of who released it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// Nobody says: it lapsed, or it was oncepay's own void.
+    Lapsed,
+    /// Someone cancelled it at the provider: its adapter reports a reason
+    /// that is not an expiry (a cancel in Stripe's Dashboard).
+    Cancelled,
+    /// oncepay's give-up on a customer who had not acted
+    /// (`PaymentProvider::abandon`) found the payment approved and
+    /// released its authorization (`crate::provider::ABANDONED`).
+    Abandoned,
+}
+
 /// Why a hold the provider reports released ended, as it is stored and
 /// shown: the void oncepay asked for (the merchant's, its order's cancel);
-/// else, when the provider says someone cancelled it
-/// (`cancelled_at_provider`: its adapter reports a reason that is not an
-/// expiry, as for a cancel in Stripe's Dashboard) while it could still be
-/// captured, [`VoidReason::CancelledAtProvider`]; else it expired. Past
-/// the deadline every release is an expiry: the sweeper's own void of an
-/// overdue hold comes back from the provider as a cancel, and a webhook of
-/// it may be read first.
+/// else, released by oncepay's give-up on an attempt that waited for its
+/// customer, [`VoidReason::Abandoned`] (its customer approved, so never
+/// `authentication_expired`), also when the approval's own event made the
+/// attempt `requires_capture` before the cancel's answer was applied;
+/// else, when the provider says someone cancelled it while it could still
+/// be captured, [`VoidReason::CancelledAtProvider`]; else it expired.
+/// Past the deadline every release is an expiry: the sweeper's own void
+/// of an overdue hold comes back from the provider as a cancel, and a
+/// webhook of it may be read first. oncepay gives up only on attempts that
+/// waited for their customer (`action_required_at`): on any other, a
+/// cancel reading `abandoned` was someone else's.
 pub fn release_reason(
     attempt: &Payment,
-    cancelled_at_provider: bool,
+    released: Released,
     now: chrono::DateTime<chrono::Utc>,
 ) -> VoidReason {
+    let cancelled = matches!(released, Released::Cancelled | Released::Abandoned);
     match attempt.void_requested {
         Some(asked) => asked,
-        None if cancelled_at_provider
+        None if released == Released::Abandoned && attempt.action_required_at.is_some() => {
+            VoidReason::Abandoned
+        }
+        None if cancelled
             && attempt
                 .capture_before
                 .is_some_and(|deadline| now < deadline) =>
@@ -238,18 +260,26 @@ mod tests {
             capture_before: Some(now + chrono::Duration::days(3)),
             ..attempt(RequiresCapture)
         };
-        assert_eq!(release_reason(&hold, false, now), VoidReason::Expired);
         assert_eq!(
-            release_reason(&hold, true, now),
+            release_reason(&hold, Released::Lapsed, now),
+            VoidReason::Expired
+        );
+        assert_eq!(
+            release_reason(&hold, Released::Cancelled, now),
             VoidReason::CancelledAtProvider,
             "cancelled at the provider while it could still be captured"
+        );
+        assert_eq!(
+            release_reason(&hold, Released::Abandoned, now),
+            VoidReason::CancelledAtProvider,
+            "oncepay never gives up on a payment that asked its customer nothing"
         );
         let overdue = Payment {
             capture_before: Some(now - chrono::Duration::seconds(1)),
             ..hold.clone()
         };
         assert_eq!(
-            release_reason(&overdue, true, now),
+            release_reason(&overdue, Released::Cancelled, now),
             VoidReason::Expired,
             "past the deadline every release is an expiry (the sweeper's void too)"
         );
@@ -258,7 +288,32 @@ mod tests {
                 void_requested: Some(asked),
                 ..hold.clone()
             };
-            assert_eq!(release_reason(&asking, true, now), asked);
+            assert_eq!(release_reason(&asking, Released::Cancelled, now), asked);
         }
+        // Given up on while it waited for its customer, who had approved
+        // (review N6): released by oncepay, never an expired
+        // authentication.
+        let waiting = Payment {
+            action_required_at: Some(now - chrono::Duration::hours(1)),
+            ..attempt(Pending)
+        };
+        assert_eq!(
+            release_reason(&waiting, Released::Abandoned, now),
+            VoidReason::Abandoned
+        );
+        assert_eq!(
+            release_reason(&waiting, Released::Lapsed, now),
+            VoidReason::Expired
+        );
+        // The approval's event applied first: held, then released by the
+        // give-up's cancel.
+        let approved = Payment {
+            action_required_at: waiting.action_required_at,
+            ..hold.clone()
+        };
+        assert_eq!(
+            release_reason(&approved, Released::Abandoned, now),
+            VoidReason::Abandoned
+        );
     }
 }

@@ -104,6 +104,11 @@ pub struct Claim {
     /// When a fresh record was claimed (before the insert, so no later than
     /// the database's own clock): its expiry is at least this plus the TTL.
     fresh_since: Option<Instant>,
+    /// When this process took the lease (before the statement that took
+    /// it, so no later than the database's clock): the lease lasts at
+    /// least until this plus its length, and the command's provider calls
+    /// end within their share of it (`provider::call::ending_by`).
+    leased_at: Instant,
 }
 
 /// Proof that a command's response was stored with its last writes. Only
@@ -120,13 +125,20 @@ impl Completed {
 }
 
 impl Claim {
-    /// A claim taken over by the reconciler.
-    pub fn resumed(id: RecordId, lease: Lease) -> Claim {
+    /// A claim taken over by the reconciler, whose statement started at
+    /// `leased_at`.
+    pub fn resumed(id: RecordId, lease: Lease, leased_at: Instant) -> Claim {
         Claim {
             id,
             lease,
             fresh_since: None,
+            leased_at,
         }
+    }
+
+    /// When this process took the lease (see the field).
+    pub fn leased_at(&self) -> Instant {
+        self.leased_at
     }
 
     /// The last step the command recorded (`started` if none).
@@ -369,6 +381,7 @@ impl Engine {
                 fingerprint: request.fingerprint.as_bytes().to_vec(),
             },
             fresh_since: Some(claimed_at),
+            leased_at: claimed_at,
         };
         Ok(Some((claim, handed_on)))
     }
@@ -392,6 +405,7 @@ impl Engine {
                     id: request.id.clone(),
                     lease,
                     fresh_since: Some(claimed_at),
+                    leased_at: claimed_at,
                 }));
             }
             let outcome = records::load_live(
@@ -430,6 +444,7 @@ impl Engine {
                         id: request.id.clone(),
                         lease,
                         fresh_since: None,
+                        leased_at: claimed_at,
                     }));
                 }
                 Some(ClaimOutcome::Executing) => {

@@ -30,6 +30,15 @@ pub mod sandbox;
 pub mod stripe;
 pub mod trace;
 
+/// The `failure_code` an adapter reports on a hold it reads `voided`
+/// because oncepay gave up on it ([`PaymentProvider::abandon`]) after its
+/// customer approved it: the cancel released an authorization, and the
+/// payment reads `void_reason: abandoned`, never `authentication_expired`
+/// (`domain::settlement::release_reason`). Stripe's own word for the
+/// cancel (`cancellation_reason=abandoned`), kept as the vocabulary of all
+/// adapters.
+pub const ABANDONED: &str = "abandoned";
+
 /// Every provider oncepay speaks, by name: `ONCEPAY_PROVIDER`'s values and
 /// the labels its metrics start at 0 with (`Metrics::know_providers`,
 /// called by startup). A new adapter adds its name here.
@@ -55,6 +64,13 @@ pub struct ChargeRequest {
     /// Our payment attempt id, from which the provider's idempotency keys
     /// are derived.
     pub idempotency_key: Uuid,
+    /// Which of the attempt's keys the charge is sent under: 0, the key
+    /// it always had, unless its provider spent a key on an error it keeps
+    /// ([`Sent::key_spent`]) and a read then proved nothing was charged;
+    /// each later generation is recorded on the attempt before it is used
+    /// (`store::provider_keys`). Providers whose keys never keep an error
+    /// (the sandbox, the balance) only ever see 0.
+    pub key_generation: i32,
     /// Minor units.
     pub amount: i64,
     /// ISO 4217 code.
@@ -91,6 +107,10 @@ pub struct CaptureRequest {
 pub struct RefundRequest {
     /// Our refund id, from which the provider's idempotency key is derived.
     pub idempotency_key: Uuid,
+    /// Which of the refund's keys it is sent under, as
+    /// [`ChargeRequest::key_generation`]: 0 for a first send; a send after
+    /// a read takes the refund row's.
+    pub key_generation: i32,
     /// The provider's id of the charge refunded.
     pub charge_id: String,
     /// Minor units.
@@ -157,6 +177,32 @@ pub enum CallOutcome {
     /// retries, a refused or unreadable answer). The effect may or may not
     /// exist; only a later look can tell.
     Unknown(String),
+}
+
+/// What sending a charge or a refund came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sent {
+    /// What the answer proves.
+    pub outcome: CallOutcome,
+    /// The provider's last answer under the send's idempotency key was an
+    /// error it keeps for that key and replays to every repeat (Stripe
+    /// saves a `500` under the key), and the outcome is unknown: the key
+    /// can tell nothing more, and re-sending it would stay unknown until
+    /// the provider forgets the key (Stripe: a day), then act late. Once a
+    /// read proves the send made nothing, it is sent again under the next
+    /// generation of keys. Never set by a provider that keeps no error
+    /// under a key (the sandbox, the balance).
+    pub key_spent: bool,
+}
+
+impl From<CallOutcome> for Sent {
+    /// An answer that spends no key.
+    fn from(outcome: CallOutcome) -> Sent {
+        Sent {
+            outcome,
+            key_spent: false,
+        }
+    }
 }
 
 /// The first phase of a charge.
@@ -379,12 +425,12 @@ pub trait PaymentProvider: Send + Sync {
     /// charge; [`Opened::NotNeeded`] (without a call) for the others.
     fn open_charge<'a>(&'a self, request: &'a ChargeRequest) -> BoxFuture<'a, Opened>;
     /// Makes a charge (confirms the opened one, `reference`), or returns
-    /// the one already made with this key.
+    /// the one already made with this key (`request.key_generation`'s).
     fn charge<'a>(
         &'a self,
         request: &'a ChargeRequest,
         reference: Option<&'a str>,
-    ) -> BoxFuture<'a, CallOutcome>;
+    ) -> BoxFuture<'a, Sent>;
     /// Reads the charge of attempt `attempt_id` (`reference`: the id we
     /// recorded, if any); a safe, retried read.
     fn find_charge<'a>(
@@ -392,14 +438,17 @@ pub trait PaymentProvider: Send + Sync {
         attempt_id: Uuid,
         reference: Option<&'a str>,
     ) -> BoxFuture<'a, CallOutcome>;
-    /// Makes a refund, or returns the one already made with this key.
-    fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, CallOutcome>;
+    /// Makes a refund, or returns the one already made with this key
+    /// (`request.key_generation`'s).
+    fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Sent>;
     /// Gives up on the charge of `attempt_id` (the provider's object
     /// `reference`) whose customer never completed the action it waits
     /// for: cancels it at the provider, so a late approval cannot move
-    /// money. `Known` with the provider's word: `failed` (cancelled) or
-    /// `succeeded` (the customer approved in time, which stands); anything
-    /// else, or `Unknown`, settles nothing yet.
+    /// money. `Known` with the provider's word: `failed` (cancelled),
+    /// `succeeded` or `requires_capture` (the customer approved in time,
+    /// which stands), or `voided` with [`ABANDONED`] as its
+    /// `failure_code` (a hold approved just before the cancel, which
+    /// released it); anything else, or `Unknown`, settles nothing yet.
     fn abandon<'a>(
         &'a self,
         attempt_id: Uuid,
@@ -557,12 +606,8 @@ impl PaymentProvider for Unconfigured {
     fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async move { Opened::Settled(self.unknown()) })
     }
-    fn charge<'a>(
-        &'a self,
-        _: &'a ChargeRequest,
-        _: Option<&'a str>,
-    ) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(async move { self.unknown() })
+    fn charge<'a>(&'a self, _: &'a ChargeRequest, _: Option<&'a str>) -> BoxFuture<'a, Sent> {
+        Box::pin(async move { Sent::from(self.unknown()) })
     }
     fn find_charge<'a>(&'a self, _: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move { self.unknown() })
@@ -570,8 +615,8 @@ impl PaymentProvider for Unconfigured {
     fn abandon<'a>(&'a self, _: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
         Box::pin(async move { self.unknown() })
     }
-    fn refund<'a>(&'a self, _: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(async move { self.unknown() })
+    fn refund<'a>(&'a self, _: &'a RefundRequest) -> BoxFuture<'a, Sent> {
+        Box::pin(async move { Sent::from(self.unknown()) })
     }
     fn captures_later(&self) -> bool {
         false

@@ -108,6 +108,7 @@ pub mod order_batch;
 pub mod orders;
 pub mod pages;
 pub mod payments;
+pub mod provider_keys;
 pub mod queue;
 pub mod refunds;
 pub mod revocations;

@@ -102,17 +102,20 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
     };
     let lease = ctx.engine.config().lease;
     let ttl = ctx.engine.config().ttl;
+    // Every lease of the batch starts with the statement: a command
+    // resumed late in the batch has that much less of its lease left.
+    let leased_at = std::time::Instant::now();
     for (id, record) in
         crate::idempotency::persistence::take_over_expired(&ctx.pool, BATCH, lease, ttl).await?
     {
-        let claim = Claim::resumed(id.clone(), record.clone());
+        let claim = Claim::resumed(id.clone(), record.clone(), leased_at);
         if claim.is_effect_free() {
             ctx.engine.release(&claim).await;
             done.freed += 1;
             count(ctx, "command", "freed");
             continue;
         }
-        match commands::resume(ctx, id, record).await {
+        match commands::resume(ctx, id, record, leased_at).await {
             Ok(()) => {
                 done.resumed += 1;
                 ctx.metrics.idempotency("resumed");
@@ -234,7 +237,11 @@ async fn settle_payment(ctx: &AppContext, payment: &Payment) -> Result<bool, Sto
 /// (Stripe: `cancellation_reason=abandoned`), so a late approval cannot
 /// take money for a failed attempt; only a cancelled charge fails, as
 /// `authentication_expired`. If the provider answers that the customer
-/// approved in time, that stands. `None`: the provider could not say now
+/// approved in time, that stands: a charge that succeeded, a hold to
+/// capture or void. A hold approved just before the cancel reached it
+/// (Stripe cancels a hold as readily) comes back released: it reads
+/// `voided`, `void_reason: abandoned` (review N6), never
+/// `authentication_expired`. `None`: the provider could not say now
 /// (tried again at the next pass; nothing is applied).
 async fn expire_action(
     ctx: &AppContext,
@@ -269,9 +276,18 @@ async fn expire_action(
             tracing::warn!(payment_id = %payment.id, "the customer never completed the payment's authentication; cancelled at the provider and failed");
             Some(failed(cancelled))
         }
-        CallOutcome::Known(approved) if approved.status == PaymentStatus::Succeeded => {
-            tracing::info!(payment_id = %payment.id, "the customer approved just before the payment was given up");
+        CallOutcome::Known(approved)
+            if matches!(
+                approved.status,
+                PaymentStatus::Succeeded | PaymentStatus::RequiresCapture
+            ) =>
+        {
+            tracing::info!(payment_id = %payment.id, status = approved.status.as_str(), "the customer approved just before the payment was given up");
             Some(approved)
+        }
+        CallOutcome::Known(released) if released.status == PaymentStatus::Voided => {
+            tracing::warn!(payment_id = %payment.id, "the customer approved just before the payment was given up, and the cancel released the authorization");
+            Some(released)
         }
         CallOutcome::Known(_) => None,
         CallOutcome::Unknown(reason) => {

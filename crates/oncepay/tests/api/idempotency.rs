@@ -224,25 +224,42 @@ async fn a_duplicate_past_the_wait_gets_409_in_flight_with_retry_after() {
 
 #[tokio::test]
 async fn an_expired_lease_is_taken_over_and_no_finished_step_runs_again() {
-    // The first executor is slow (the provider answers after 2 s) and its
-    // lease is 500 ms: a retry takes the command over, resumes after step 1
-    // (no second attempt row), repeats the charge with the same provider key
-    // (no second charge), and the slow executor's late commit is refused by
-    // the fencing token, so it replays the winner's answer instead. Webhooks
-    // are off: otherwise the charge's webhook settles the attempt first and
-    // the resumed command rightly skips the provider call altogether.
+    // The first executor loses its lease while the provider still holds
+    // its charge (answered after 1.5 s): a retry takes the command over,
+    // resumes after step 1 (no second attempt row), looks the charge up
+    // with the same provider key (no second charge), and the first
+    // executor's late commit is refused by the fencing token, so it replays
+    // the winner's answer instead. A slow provider can no longer make a
+    // command outlive its lease (its calls end within three quarters of
+    // it: issue 55, item 5), so the lease is ended here as a process
+    // stalled past it would find it, by its expiry in the database.
+    // Webhooks are off: otherwise the charge's webhook settles the attempt
+    // first and the resumed command rightly skips the provider call
+    // altogether.
     let app = spawn_app_with(
         Options::default()
-            .serve("ONCEPAY_IDEMPOTENCY_LEASE", "500ms")
+            .serve("ONCEPAY_IDEMPOTENCY_LEASE", "3s")
             .serve("ONCEPAY_IDEMPOTENCY_WAIT", "3s")
             .sandbox("ONCEPAY_SANDBOX_WEBHOOKS", "off"),
     )
     .await;
     let order_id = app.create_order().await;
-    let body = json!({"order_id": order_id, "payment_method": "tok_visa+delay=2000"});
+    let body = json!({"order_id": order_id, "payment_method": "tok_visa+delay=1500"});
     let (first, second) = tokio::join!(app.post("/payments", "lease", &body), async {
-        app.wait_for_record("lease", "lease_expires_at < now()")
-            .await;
+        // The charge is at the provider, its answer delayed: the lease
+        // ends now.
+        let charged = oncepay_testkit::ready::until(std::time::Duration::from_secs(10), || async {
+            app.charges_for(&order_id).await.len() == 1
+        })
+        .await;
+        assert!(charged.is_ok(), "the charge reached the provider");
+        sqlx::query(
+            "UPDATE idempotency_record SET lease_expires_at = now() - interval '1 millisecond'
+              WHERE idempotency_key = 'lease' AND state = 'executing'",
+        )
+        .execute(&app.db)
+        .await
+        .expect("the lease ends");
         app.post("/payments", "lease", &body).await
     });
     assert_eq!(first.status(), StatusCode::CREATED);

@@ -161,9 +161,12 @@ async fn a_payment_storm_over_two_processes_charges_once() {
 
 /// Starts a payment whose charge is made but answered only after 3 s, and
 /// SIGKILLs the process once the sandbox holds the charge: the process dies
-/// after the provider call and before step 3 commits.
+/// after the provider call and before step 3 commits. Its lease (4 s) is
+/// long enough for the call to wait for that answer: a command's calls end
+/// within three quarters of its lease (issue 55, item 5), and a shorter
+/// lease would answer `202` before the kill.
 async fn kill_between_charge_and_commit(cluster: &Cluster, idem: &str) -> Value {
-    let mut a = cluster.serve(&[("ONCEPAY_IDEMPOTENCY_LEASE", "1s")]).await;
+    let mut a = cluster.serve(&[("ONCEPAY_IDEMPOTENCY_LEASE", "4s")]).await;
     let order = cluster
         .create_order(&a.base, &format!("order-{idem}"))
         .await;
@@ -245,7 +248,8 @@ async fn a_crash_between_charge_and_commit_is_resumed_by_the_reconciler() {
             ("ONCEPAY_RECONCILE_INTERVAL", "200ms"),
         ])
         .await;
-    let finished = oncepay_testkit::ready::until(Duration::from_secs(10), || async {
+    // The dead process's lease (4 s) runs out first.
+    let finished = oncepay_testkit::ready::until(Duration::from_secs(20), || async {
         cluster.count("SELECT count(*) FROM idempotency_record WHERE state = 'completed' AND idempotency_key = 'crash'").await == 1
     })
     .await;

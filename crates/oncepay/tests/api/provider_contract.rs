@@ -202,6 +202,36 @@ impl TestApp {
         (order, waiting, bank)
     }
 
+    /// As [`TestApp::pay_waiting`], a manual payment (`capture_method:
+    /// manual`): authorized, not charged, when the customer approves.
+    async fn pay_waiting_held(&self) -> (String, Value, String) {
+        let order = self.create_order().await;
+        let method = match &self.stripe {
+            None => "tok_3ds".to_string(),
+            Some(_) => crate::stripe::stripe_card(self, "4000002760003184").await,
+        };
+        let r = self
+            .post(
+                "/payments",
+                &Uuid::new_v4().to_string(),
+                &json!({
+                    "order_id": order,
+                    "payment_method": method,
+                    "capture_method": "manual",
+                    "return_url": "http://127.0.0.1:9/back",
+                }),
+            )
+            .await;
+        let waiting = json_of(r).await;
+        assert_eq!(waiting["status"], "pending", "{waiting}");
+        assert_eq!(waiting["next_action"]["type"], "redirect", "{waiting}");
+        let bank = waiting["next_action"]["url"]
+            .as_str()
+            .expect("url")
+            .to_string();
+        (order, waiting, bank)
+    }
+
     /// Presses `button` on the bank page as the customer would; the page's
     /// answer status.
     async fn at_bank(&self, bank: &str, button: &str) -> StatusCode {
@@ -933,6 +963,74 @@ async fn abandoned_action_approved_at_the_last_moment(app: TestApp) {
     assert_eq!(paid["failure_code"], Value::Null);
     assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
     assert_eq!(app.charges_at_provider(&order).await.0, 1);
+    assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
+}
+
+/// The same race for a manual payment (issue 55, item 6; review N6): the
+/// customer approves while the cancel is in flight. The payment never
+/// reads `failed`, `authentication_expired` (it used to, with Stripe). The
+/// sandbox cancels only a charge still waiting, so the approval stands:
+/// `requires_capture`, its order `authorized`. Stripe cancels a hold as
+/// readily as a waiting intent, so the cancel released the authorization:
+/// `voided`, `void_reason: abandoned` (released by oncepay), the intent
+/// `canceled`, the order payable again. No money moves either way.
+async fn abandoned_hold_approved_at_the_last_moment(app: TestApp) {
+    let (order, waiting, bank) = app.pay_waiting_held().await;
+    let id = waiting["id"].as_str().expect("id").to_string();
+    let due = ready::until(Duration::from_secs(10), || async {
+        app.count(&format!(
+            "SELECT count(*) FROM payment_attempt WHERE id = '{id}' AND action_required_at < now() - interval '1 second'"
+        ))
+        .await
+            == 1
+    })
+    .await;
+    assert!(due.is_ok(), "the action's deadline passed");
+    app.hold_cancel();
+    let ctx = app.ctx.clone();
+    let pass = tokio::spawn(async move { oncepay::workers::reconciler::pass(&ctx).await });
+    let held = ready::until(Duration::from_secs(10), || async {
+        app.cancels_held() == 1
+    })
+    .await;
+    assert!(held.is_ok(), "the cancel is in flight");
+    let _ = app.at_bank(&bank, "approve").await;
+    app.release_cancel();
+    pass.await.expect("the pass ran").expect("the pass");
+    let p = payment(&app, &waiting["id"]).await;
+    assert_ne!(p["failure_code"], "authentication_expired", "{p}");
+    assert_ne!(p["status"], "failed", "{p}");
+    match app.under() {
+        Provider::Sandbox => {
+            assert_eq!(p["status"], "requires_capture", "{p}");
+            assert_eq!(
+                app.status_of(&format!("/orders/{order}")).await,
+                "authorized"
+            );
+        }
+        Provider::Stripe => {
+            assert_eq!(
+                (
+                    p["status"].as_str(),
+                    p["void_reason"].as_str(),
+                    p["failure_code"].as_str()
+                ),
+                (Some("voided"), Some("abandoned"), None),
+                "{p}"
+            );
+            assert_eq!(app.provider_status(&p).await, "canceled");
+            assert_eq!(
+                app.status_of(&format!("/orders/{order}")).await,
+                "awaiting_payment"
+            );
+            // Read again (a webhook, the reconciler): the same.
+            app.reconcile().await;
+            let again = payment(&app, &waiting["id"]).await;
+            assert_eq!(again["void_reason"], "abandoned", "{again}");
+            let (status, paid) = app.pay(&order, app.card()).await;
+            assert_eq!(status, StatusCode::CREATED, "payable again: {paid}");
+        }
+    }
     assert_eq!(app.count("SELECT count(*) FROM incident").await, 0);
 }
 
@@ -1732,6 +1830,7 @@ contract!(
     refund_failing_after_success,
     abandoned_action_is_cancelled,
     abandoned_action_approved_at_the_last_moment,
+    abandoned_hold_approved_at_the_last_moment,
     dispute_opened,
     dispute_won,
     dispute_lost,
@@ -2179,6 +2278,7 @@ balance_contract!(
         refund_failing_after_success => "a credit posted to a balance cannot fail later: ledger entries are append-only, and no card or bank stands behind it",
         abandoned_action_is_cancelled => "3-D Secure: a balance payment asks the customer for nothing",
         abandoned_action_approved_at_the_last_moment => "3-D Secure: a balance payment asks the customer for nothing",
+        abandoned_hold_approved_at_the_last_moment => "3-D Secure and manual capture: a balance payment asks the customer for nothing and authorizes nothing (refuses_to_hold)",
         dispute_opened => "disputes: no card network or bank stands behind a balance payment to dispute it",
         dispute_won => "disputes: no card network or bank stands behind a balance payment to dispute it",
         dispute_lost => "disputes: no card network or bank stands behind a balance payment to dispute it",

@@ -1083,3 +1083,231 @@ async fn a_hold_cancelled_in_stripes_dashboard_reads_cancelled_at_provider() {
         "awaiting_payment"
     );
 }
+
+// ---- a 500 Stripe replays for a key, and the lease (issue 55, items 4
+// and 5) ----
+
+impl TestApp {
+    /// Where the keys of the row `id` of `table` stand: its generation and
+    /// whether the provider spent its key.
+    async fn provider_keys(&self, table: &str, id: &Value) -> (i32, bool) {
+        sqlx::query_as(&format!(
+            "SELECT provider_key_generation, provider_key_spent FROM {table} WHERE id = $1::uuid"
+        ))
+        .bind(id.as_str().expect("an id"))
+        .fetch_one(&self.db)
+        .await
+        .expect("the row's keys")
+    }
+}
+
+/// Issue 55, item 4 (review N4). Stripe saves a `500` under the confirm's
+/// key and replays it (`Stripe-Should-Retry: false`: the layer's
+/// `ErrorSaved`), and the PaymentIntent stays `requires_confirmation`.
+/// The attempt used to stay `pending` until Stripe forgot the key, a day
+/// later, and then charge. The spent key is recorded; the reconciler's
+/// read proves the intent unconfirmed, so it confirms it under a new key
+/// of its own, recorded first (`oncepay_<attempt>_confirm_1`): the payment
+/// succeeds at the first pass, charged once.
+#[tokio::test]
+async fn a_confirm_answered_with_a_replayed_500_is_sent_again_under_a_new_key() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    app.layer().set_times(
+        Call::Confirm,
+        StripeFault::ErrorSaved {
+            should_retry: Some(false),
+        },
+        1,
+    );
+    let (order, status, pending) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "pending", "never a decline");
+    assert_eq!(app.layer().forwarded(Call::Confirm), 0);
+    assert_eq!(
+        app.provider_keys("payment_attempt", &pending["id"]).await,
+        (0, true),
+        "the spent key is recorded"
+    );
+    // Stripe replays the 500 to the key, and the intent is unconfirmed.
+    let id = pending["id"].as_str().expect("id");
+    let intent = pending["provider_charge_id"].as_str().expect("intent");
+    let replay = reqwest::Client::new()
+        .post(format!(
+            "{}/v1/payment_intents/{intent}/confirm",
+            app.layer().url()
+        ))
+        .bearer_auth(STRIPE_KEY)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("Idempotency-Key", format!("oncepay_{id}_confirm"))
+        .body("")
+        .send()
+        .await
+        .expect("the layer answers");
+    assert_eq!(replay.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["stripe-should-retry"], "false");
+    assert_eq!(
+        intent_at_stripe(&app, &pending).await["status"],
+        "requires_confirmation"
+    );
+
+    app.reconcile().await;
+    let paid = payment(&app, &pending["id"]).await;
+    assert_eq!(paid["status"], "succeeded", "{paid}");
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(
+        app.charges_at_provider(&order).await,
+        (1, 1),
+        "charged once"
+    );
+    assert_eq!(
+        app.layer().forwarded(Call::Confirm),
+        1,
+        "one confirm got through"
+    );
+    assert_eq!(
+        app.provider_keys("payment_attempt", &pending["id"]).await,
+        (1, false),
+        "the new key was recorded before it was used"
+    );
+    assert_eq!(
+        app.metric("oncepay_reconciler_total{kind=\"payment\",outcome=\"new_provider_key\"}"),
+        1
+    );
+    // Settled: nothing is sent again.
+    app.reconcile().await;
+    assert_eq!(app.layer().forwarded(Call::Confirm), 1);
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+}
+
+/// Issue 55, item 4, for a refund: Stripe saves a `500` under the
+/// refund's key and replays it; no refund exists at Stripe. The refund
+/// used to stay `pending`, its amount held, until Stripe forgot the key. A
+/// read of the PaymentIntent's refunds, made after the spent key was
+/// recorded, finds none carrying the refund's id, so it is made under a
+/// new key (`oncepay_<refund>_refund_1`): succeeded at the first pass,
+/// refunded once.
+#[tokio::test]
+async fn a_refund_answered_with_a_replayed_500_is_sent_again_under_a_new_key() {
+    let Some(app) = stripe_app().await else {
+        return;
+    };
+    let (order, status, paid) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    app.layer().set_times(
+        Call::Refund,
+        StripeFault::ErrorSaved {
+            should_retry: Some(false),
+        },
+        1,
+    );
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let r = app
+        .post(&path, "replayed-500", &json!({"amount": 700}))
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let pending = json_of(r).await;
+    assert_eq!(pending["status"], "pending", "{pending}");
+    assert_eq!(app.layer().forwarded(Call::Refund), 0);
+    assert_eq!(
+        app.provider_keys("refund", &pending["id"]).await,
+        (0, true),
+        "the spent key is recorded"
+    );
+    let intent = paid["provider_charge_id"].as_str().expect("intent");
+    let stack = app.stripe.as_ref().expect("stripe");
+    let refunds_path = format!("/v1/refunds?payment_intent={intent}&limit=100");
+    assert!(stripe_list(stack, &refunds_path).await.is_empty());
+
+    app.reconcile().await;
+    let refund_id = pending["id"].as_str().expect("id");
+    let refund = json_of(app.get(&format!("/refunds/{refund_id}")).await).await;
+    assert_eq!(refund["status"], "succeeded", "{refund}");
+    let refunds = stripe_list(stack, &refunds_path).await;
+    assert_eq!(refunds.len(), 1, "refunded once: {refunds:?}");
+    assert_eq!(refunds[0]["amount"], 700);
+    assert_eq!(refunds[0]["metadata"]["oncepay_refund_id"], refund_id);
+    assert_eq!(
+        app.provider_keys("refund", &pending["id"]).await,
+        (1, false)
+    );
+    assert_eq!(payment(&app, &paid["id"]).await["refunded_amount"], 700);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    app.reconcile().await;
+    assert_eq!(stripe_list(stack, &refunds_path).await.len(), 1);
+    assert_eq!(app.layer().forwarded(Call::Refund), 1);
+}
+
+/// Issue 55, item 5 (review N5). A lease of 4 s, a Stripe timeout of 10 s
+/// (whose retry budget, twice that, used to be 20 s), and a confirm Stripe
+/// holds past the lease: the command's calls end within three quarters of
+/// its lease, so it answers `202` before the lease ends, and a
+/// reconciler passing all along (as another process's would, past the
+/// lease's end too) never resumes it. Released, the confirm charges, and
+/// the reconciler settles the payment, charged once.
+#[tokio::test]
+async fn a_confirm_slower_than_the_lease_is_cut_within_it_and_never_resumed_while_it_runs() {
+    if !localstripe_or_skip() {
+        return;
+    }
+    let lease = Duration::from_secs(4);
+    let app = spawn_app_with(
+        Options::default()
+            .provider(Provider::Stripe)
+            .serve("ONCEPAY_IDEMPOTENCY_LEASE", "4s")
+            .serve("ONCEPAY_STRIPE_TIMEOUT", "10s"),
+    )
+    .await;
+    app.layer().set_times(Call::Confirm, StripeFault::Stall, 1);
+    let order = app.create_order().await;
+    let key = Uuid::new_v4().to_string();
+    let body = json!({"order_id": order, "payment_method": "pm_card_visa"});
+    let started = std::time::Instant::now();
+    let pay = async {
+        let r = app.post("/payments", &key, &body).await;
+        (started.elapsed(), r.status(), json_of(r).await)
+    };
+    let other_process = async {
+        let mut resumed = 0;
+        while started.elapsed() < lease + Duration::from_secs(1) {
+            let pass = oncepay::workers::reconciler::pass(&app.ctx)
+                .await
+                .expect("a pass");
+            resumed += pass.resumed;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        resumed
+    };
+    let ((took, status, pending), resumed) = tokio::join!(pay, other_process);
+    assert_eq!(status, StatusCode::ACCEPTED, "{pending}");
+    assert_eq!(pending["status"], "pending");
+    assert!(took < lease, "answered in {took:?}, within the lease");
+    assert_eq!(resumed, 0, "never resumed while it ran");
+    assert_eq!(
+        app.metric("oncepay_idempotency_total{outcome=\"resumed\"}"),
+        0
+    );
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM idempotency_record
+              WHERE idempotency_key = '{key}' AND state = 'completed'"
+        ))
+        .await,
+        1,
+        "its answer is the stored one"
+    );
+    assert_eq!(app.layer().stalled(), 1, "Stripe still holds the confirm");
+    // Released, it charges; the reconciler settles what Stripe did.
+    app.layer().heal();
+    let settled = ready::until(Duration::from_secs(20), || async {
+        app.reconcile().await;
+        payment(&app, &pending["id"]).await["status"] == "succeeded"
+    })
+    .await;
+    assert!(settled.is_ok(), "settled after the release");
+    assert_eq!(app.charges_at_provider(&order).await, (1, 1));
+    let again = app.post("/payments", &key, &body).await;
+    assert_eq!(again.status(), StatusCode::ACCEPTED, "the stored answer");
+}

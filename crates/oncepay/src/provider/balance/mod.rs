@@ -26,7 +26,7 @@ use uuid::Uuid;
 use super::card_form::CardForm;
 use super::{
     BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
-    Health, Opened, PaymentProvider, ProviderObject, RefundRequest, SubjectKind,
+    Health, Opened, PaymentProvider, ProviderObject, RefundRequest, Sent, SubjectKind,
 };
 use crate::balances::{self as ledger_ops, Paid};
 use crate::domain::payment::PaymentStatus;
@@ -173,12 +173,8 @@ impl PaymentProvider for Balance {
     fn open_charge<'a>(&'a self, _: &'a ChargeRequest) -> BoxFuture<'a, Opened> {
         Box::pin(async { Opened::NotNeeded })
     }
-    fn charge<'a>(
-        &'a self,
-        request: &'a ChargeRequest,
-        _: Option<&'a str>,
-    ) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(self.pay(request.idempotency_key))
+    fn charge<'a>(&'a self, request: &'a ChargeRequest, _: Option<&'a str>) -> BoxFuture<'a, Sent> {
+        Box::pin(async move { Sent::from(self.pay(request.idempotency_key).await) })
     }
     fn find_charge<'a>(
         &'a self,
@@ -187,8 +183,8 @@ impl PaymentProvider for Balance {
     ) -> BoxFuture<'a, CallOutcome> {
         Box::pin(self.find_payment(attempt_id))
     }
-    fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
-        Box::pin(self.credit(request.idempotency_key, true))
+    fn refund<'a>(&'a self, request: &'a RefundRequest) -> BoxFuture<'a, Sent> {
+        Box::pin(async move { Sent::from(self.credit(request.idempotency_key, true).await) })
     }
     fn abandon<'a>(&'a self, attempt_id: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
         // Nothing waits for a customer here: the charge is what it is.

@@ -22,7 +22,8 @@ use super::classify::CallKind;
 use super::trace::Trace;
 use super::{
     BookEntry, BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead,
-    Envelope, Event, Headers, Health, Opened, PaymentProvider, RefundRequest, Subject, SubjectKind,
+    Envelope, Event, Headers, Health, Opened, PaymentProvider, RefundRequest, Sent, Subject,
+    SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::standard_webhooks::WebhookSecret;
@@ -42,15 +43,17 @@ pub struct Sandbox {
 
 impl Sandbox {
     /// An adapter for the sandbox at `base_url`, verifying its webhooks
-    /// with `webhook_secret`.
+    /// with `webhook_secret`; each request waits `timeout` at most, and
+    /// every call ends within its share of the commands' `lease`
+    /// (`call::RetryPolicy::new`).
     pub fn new(
         (base_url, public_url): (&str, &str),
         webhook_secret: WebhookSecret,
-        timeout: Duration,
+        (timeout, lease): (Duration, Duration),
         metrics: Arc<Metrics>,
     ) -> Result<Self, BuildError> {
         Ok(Sandbox {
-            caller: Caller::new(NAME, timeout, metrics)?,
+            caller: Caller::new(NAME, timeout, lease, metrics)?,
             base_url: base_url.trim_end_matches('/').to_string(),
             webhook_secret,
             card: TokenizedCard::new(format!("{}/v1/tokens", public_url.trim_end_matches('/'))),
@@ -170,29 +173,34 @@ impl PaymentProvider for Sandbox {
         Box::pin(async { Opened::NotNeeded })
     }
 
-    fn charge<'a>(
-        &'a self,
-        r: &'a ChargeRequest,
-        _: Option<&'a str>,
-    ) -> BoxFuture<'a, CallOutcome> {
+    // The sandbox keeps no error under a key (a charge it did not make
+    // is found by the key, and sent again under it): its keys are never
+    // spent, and `key_generation` is always 0.
+    fn charge<'a>(&'a self, r: &'a ChargeRequest, _: Option<&'a str>) -> BoxFuture<'a, Sent> {
         let url = format!("{}/v1/charges", self.base_url);
-        Box::pin(self.caller.call(
-            "charge",
-            move |client| {
-                client
-                    .post(&url)
-                    .header("Idempotency-Key", r.idempotency_key.to_string())
-                    .json(&json!({
-                        "amount": r.amount,
-                        "currency": r.currency,
-                        "source": r.payment_method,
-                        "metadata": r.trace.metadata_json(),
-                        "return_url": r.return_url,
-                        "capture": r.capture_method == crate::domain::payment::CaptureMethod::Automatic,
-                    }))
-            },
-            |s, _, b| classify(CallKind::Write, s, b),
-        ))
+        Box::pin(async move {
+            let outcome = self
+                .caller
+                .call(
+                    "charge",
+                    move |client| {
+                        client
+                            .post(&url)
+                            .header("Idempotency-Key", r.idempotency_key.to_string())
+                            .json(&json!({
+                                "amount": r.amount,
+                                "currency": r.currency,
+                                "source": r.payment_method,
+                                "metadata": r.trace.metadata_json(),
+                                "return_url": r.return_url,
+                                "capture": r.capture_method == crate::domain::payment::CaptureMethod::Automatic,
+                            }))
+                    },
+                    |s, _, b| classify(CallKind::Write, s, b),
+                )
+                .await;
+            Sent::from(outcome)
+        })
     }
 
     fn find_charge<'a>(&'a self, key: Uuid, _: Option<&'a str>) -> BoxFuture<'a, CallOutcome> {
@@ -218,22 +226,28 @@ impl PaymentProvider for Sandbox {
         })
     }
 
-    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
+    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, Sent> {
         let url = format!("{}/v1/refunds", self.base_url);
-        Box::pin(self.caller.call(
-            "refund",
-            move |client| {
-                client
-                    .post(&url)
-                    .header("Idempotency-Key", r.idempotency_key.to_string())
-                    .json(&json!({
-                        "charge": r.charge_id,
-                        "amount": r.amount,
-                        "metadata": r.trace.metadata_json(),
-                    }))
-            },
-            |s, _, b| classify(CallKind::Write, s, b),
-        ))
+        Box::pin(async move {
+            let outcome = self
+                .caller
+                .call(
+                    "refund",
+                    move |client| {
+                        client
+                            .post(&url)
+                            .header("Idempotency-Key", r.idempotency_key.to_string())
+                            .json(&json!({
+                                "charge": r.charge_id,
+                                "amount": r.amount,
+                                "metadata": r.trace.metadata_json(),
+                            }))
+                    },
+                    |s, _, b| classify(CallKind::Write, s, b),
+                )
+                .await;
+            Sent::from(outcome)
+        })
     }
 
     fn captures_later(&self) -> bool {

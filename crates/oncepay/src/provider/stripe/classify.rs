@@ -107,6 +107,22 @@ impl Object {
             .or_else(|| self.created.map(|c| c + DOCUMENTED_WINDOW))
     }
 
+    /// Whether its charge was authorized: its latest charge, where
+    /// expanded, `succeeded` (Stripe's status of an authorized charge,
+    /// captured or not). A manual intent cancelled `abandoned` that has one
+    /// was approved by its customer before oncepay's cancel reached it
+    /// (Stripe cancels an intent in `requires_capture` too, releasing the
+    /// hold: PaymentIntents API, cancel): a released hold, not an
+    /// authentication that never came. A charge not expanded (an id)
+    /// tells nothing, and abandoned intents are read expanded.
+    fn authorized(&self) -> bool {
+        self.latest_charge
+            .as_ref()
+            .and_then(|c| c.get("status"))
+            .and_then(serde_json::Value::as_str)
+            == Some("succeeded")
+    }
+
     /// What a manual intent that succeeded captured, in minor units: its
     /// charge's `amount_captured`, else the intent's `amount_received`.
     fn amount_captured(&self) -> Option<i64> {
@@ -174,10 +190,13 @@ pub fn known(body: &[u8]) -> CallOutcome {
                 "requires_capture" if object.manual() => Some(PaymentStatus::RequiresCapture),
                 // A manual intent cancelled (by our void, or by Stripe when
                 // the authorization expired: `automatic`) released its
-                // hold; one we gave up waiting for its customer failed.
+                // hold; one we gave up waiting for its customer failed,
+                // unless its customer approved before the cancel: then a
+                // hold was released (`crate::provider::ABANDONED`).
                 "canceled"
                     if object.manual()
-                        && object.cancellation_reason.as_deref() != Some("abandoned") =>
+                        && (object.cancellation_reason.as_deref() != Some("abandoned")
+                            || object.authorized()) =>
                 {
                     Some(PaymentStatus::Voided)
                 }
@@ -313,6 +332,28 @@ pub(crate) fn classify(
             e.code.unwrap_or_default()
         )),
     }
+}
+
+/// Whether an answer to a `POST` spends its idempotency key: a `5xx`
+/// carrying Stripe's error object. Stripe saved it under the key and
+/// replays it to every repeat for a day (Idempotent requests: the result
+/// of a request that began executing is saved, "including 500 errors";
+/// stripe-node, `RequestSender`: "we expect the stripe-should-retry header
+/// to be false in most cases when a 500 is returned, since our idempotency
+/// framework would typically replay it anyway"), so the key can tell
+/// nothing more, and the request under it has ended. Not when Stripe asks
+/// for a retry (`Stripe-Should-Retry: true`: the key is worth repeating),
+/// nor for a body that is not Stripe's (a proxy's page: Stripe may never
+/// have seen the request). What a spent key's send did is then read
+/// (`commands::payments`, `commands::refunds`), and a send proved to have
+/// made nothing is made again under a new key.
+pub(crate) fn spends_key(status: u16, should_retry: Option<bool>, body: &[u8]) -> bool {
+    (500..600).contains(&status)
+        && should_retry != Some(true)
+        && serde_json::from_slice::<ErrorBody>(body)
+            .ok()
+            .and_then(|b| b.error.kind)
+            .is_some()
 }
 
 /// The answer to creating an unconfirmed PaymentIntent. A create moves no
@@ -940,6 +981,30 @@ mod hold_tests {
             status_of(intent("canceled", Some("abandoned"))).map(|s| s.0),
             Some(PaymentStatus::Failed)
         );
+        // Approved before oncepay's cancel took it (review N6): its charge
+        // was authorized, so a hold was released, never an
+        // authentication that expired.
+        let mut approved = intent("canceled", Some("abandoned"));
+        approved["latest_charge"]["status"] = serde_json::json!("succeeded");
+        approved["latest_charge"]["captured"] = serde_json::json!(false);
+        match known(approved.to_string().as_bytes()) {
+            CallOutcome::Known(o) => {
+                assert_eq!(o.status, PaymentStatus::Voided);
+                assert_eq!(o.failure_code.as_deref(), Some(crate::provider::ABANDONED));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Cancelled while it waited for its customer: no authorized charge.
+        let mut waited = intent("canceled", Some("abandoned"));
+        waited["latest_charge"] = serde_json::Value::Null;
+        assert_eq!(status_of(waited).map(|s| s.0), Some(PaymentStatus::Failed));
+        let mut unexpanded = intent("canceled", Some("abandoned"));
+        unexpanded["latest_charge"] = serde_json::json!("ch_1");
+        assert_eq!(
+            status_of(unexpanded).map(|s| s.0),
+            Some(PaymentStatus::Failed),
+            "an id tells nothing"
+        );
         let mut unexpanded = intent("requires_capture", None);
         unexpanded["latest_charge"] = serde_json::json!("ch_1");
         assert_eq!(
@@ -1085,6 +1150,37 @@ mod tests {
             ),
             "unknown"
         );
+    }
+
+    #[test]
+    fn a_stripe_5xx_spends_its_key_and_nothing_else_does() {
+        let err = |kind: &str| format!(r#"{{"error":{{"type":"{kind}","message":"m"}}}}"#);
+        let api = err("api_error");
+        assert!(spends_key(500, Some(false), api.as_bytes()));
+        assert!(
+            spends_key(500, None, api.as_bytes()),
+            "a replay need not carry the header"
+        );
+        assert!(spends_key(503, None, api.as_bytes()));
+        assert!(
+            !spends_key(500, Some(true), api.as_bytes()),
+            "Stripe asks for a retry: the key is worth repeating"
+        );
+        assert!(
+            !spends_key(502, None, b"<html>bad gateway</html>"),
+            "not Stripe's answer"
+        );
+        for status in [400, 401, 402, 404, 409, 429] {
+            assert!(
+                !spends_key(status, Some(false), err("invalid_request_error").as_bytes()),
+                "{status}"
+            );
+        }
+        assert!(!spends_key(
+            200,
+            None,
+            br#"{"id":"pi_1","object":"payment_intent","status":"succeeded"}"#
+        ));
     }
 
     #[test]

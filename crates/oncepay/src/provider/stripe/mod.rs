@@ -43,7 +43,7 @@ use super::card_form::CardForm;
 use super::trace::Trace;
 use super::{
     BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
-    Health, Opened, PaymentProvider, RefundRequest, SubjectKind,
+    Health, Opened, PaymentProvider, RefundRequest, Sent, SubjectKind,
 };
 use crate::domain::money::Currency;
 use crate::metrics::Metrics;
@@ -126,7 +126,8 @@ pub struct StripeConfig {
     /// `ONCEPAY_STRIPE_TIMEOUT`: how long one request to Stripe may take.
     /// Longer than the sandbox's: a confirm waits for the card's issuer
     /// (Stripe's own SDKs wait 80 s), and a confirm cut short is an
-    /// unknown outcome the reconciler must settle later.
+    /// unknown outcome the reconciler must settle later. Cut to what is
+    /// left of the command's share of its lease (`provider::call`).
     pub timeout: Duration,
 }
 
@@ -183,11 +184,28 @@ fn key(id: Uuid, call: &str) -> String {
     format!("oncepay_{id}_{call}")
 }
 
+/// The key of generation `generation` of a send (`ChargeRequest::key_generation`):
+/// the first is the key sends always had, so the rows made before
+/// generations existed keep theirs; each later one is new to Stripe
+/// (`oncepay_<id>_confirm_1`, …).
+fn key_of(id: Uuid, call: &str, generation: i32) -> String {
+    match generation {
+        0 => key(id, call),
+        n => format!("oncepay_{id}_{call}_{n}"),
+    }
+}
+
 impl Stripe {
-    /// The adapter.
-    pub fn new(config: StripeConfig, metrics: Arc<Metrics>) -> Result<Self, BuildError> {
+    /// The adapter, for commands leased for `lease`
+    /// (`ONCEPAY_IDEMPOTENCY_LEASE`): its calls end within their share of
+    /// it (`call::RetryPolicy::new`).
+    pub fn new(
+        config: StripeConfig,
+        lease: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, BuildError> {
         Ok(Stripe {
-            caller: Caller::new(NAME, config.timeout, metrics)?,
+            caller: Caller::new(NAME, config.timeout, lease, metrics)?,
             elements: config.publishable_key.clone().map(Elements::new),
             config,
         })
@@ -223,6 +241,43 @@ impl Stripe {
                 |status, headers, body| classify(status, should_retry(headers), body),
             )
             .await
+    }
+
+    /// A `POST` that sends money's way (a confirm, a refund): as
+    /// [`Stripe::post`], and whether Stripe's last answer spent its key
+    /// (`classify::spends_key`: an error Stripe keeps under the key and
+    /// replays), when the outcome is unknown.
+    async fn post_send(
+        &self,
+        operation: &'static str,
+        path: String,
+        idempotency_key: String,
+        form: Vec<(String, String)>,
+        classify: impl Fn(u16, Option<bool>, &[u8]) -> Verdict + Sync,
+    ) -> Sent {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let url = self.url(&path);
+        let spent = AtomicBool::new(false);
+        let outcome = self
+            .caller
+            .call(
+                operation,
+                |client| {
+                    // A new try: only the last answer says what the key holds.
+                    spent.store(false, Ordering::SeqCst);
+                    self.authed(client.post(&url))
+                        .header("Idempotency-Key", &idempotency_key)
+                        .form(&form)
+                },
+                |status, headers, body| {
+                    let retry = should_retry(headers);
+                    spent.store(classify::spends_key(status, retry, body), Ordering::SeqCst);
+                    classify(status, retry, body)
+                },
+            )
+            .await;
+        let key_spent = spent.into_inner() && matches!(outcome, CallOutcome::Unknown(_));
+        Sent { outcome, key_spent }
     }
 
     async fn get(
@@ -395,10 +450,12 @@ impl PaymentProvider for Stripe {
         &'a self,
         r: &'a ChargeRequest,
         reference: Option<&'a str>,
-    ) -> BoxFuture<'a, CallOutcome> {
+    ) -> BoxFuture<'a, Sent> {
         Box::pin(async move {
             let Some(intent) = reference else {
-                return CallOutcome::Unknown("no PaymentIntent recorded to confirm".into());
+                return Sent::from(CallOutcome::Unknown(
+                    "no PaymentIntent recorded to confirm".into(),
+                ));
             };
             // Where the bank sends the customer back after 3-D Secure:
             // given here, Stripe answers `next_action.redirect_to_url`
@@ -410,10 +467,13 @@ impl PaymentProvider for Stripe {
                 // A hold's deadline is on its charge.
                 .chain(expand_charge(r.capture_method))
                 .collect();
-            self.post(
+            // A PaymentIntent succeeds at most once: a confirm under a new
+            // key (after a read proved this one unconfirmed) cannot charge
+            // twice.
+            self.post_send(
                 "charge",
                 format!("/v1/payment_intents/{intent}/confirm"),
-                key(r.idempotency_key, "confirm"),
+                key_of(r.idempotency_key, "confirm", r.key_generation),
                 form,
                 |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
             )
@@ -451,13 +511,20 @@ impl PaymentProvider for Stripe {
                 return self.find_charge(attempt_id, None).await;
             };
             // Its own key: a cancel retried after a lost answer is the
-            // same cancel.
+            // same cancel. Stripe cancels a hold its customer approved
+            // meanwhile (`requires_capture`) as readily: the intent comes
+            // back with its charge, which tells an approval from an
+            // authentication that never came (`classify::known`, review
+            // N6).
             let cancelled = self
                 .post(
                     "abandon",
                     format!("/v1/payment_intents/{intent}/cancel"),
                     key(attempt_id, "cancel"),
-                    vec![("cancellation_reason".into(), "abandoned".into())],
+                    vec![
+                        ("cancellation_reason".into(), "abandoned".into()),
+                        ("expand[]".into(), "latest_charge".into()),
+                    ],
                     |status, retry, body| classify::classify(CallKind::Write, status, retry, body),
                 )
                 .await;
@@ -533,11 +600,11 @@ impl PaymentProvider for Stripe {
         })
     }
 
-    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, CallOutcome> {
+    fn refund<'a>(&'a self, r: &'a RefundRequest) -> BoxFuture<'a, Sent> {
         Box::pin(async move {
             let amount = match units::of_request(&r.currency, r.amount, units::refund_to_stripe) {
                 Ok(amount) => amount,
-                Err(refused) => return *refused,
+                Err(refused) => return Sent::from(*refused),
             };
             let form: Vec<(String, String)> = [
                 ("payment_intent".to_string(), r.charge_id.clone()),
@@ -546,10 +613,14 @@ impl PaymentProvider for Stripe {
             .into_iter()
             .chain(metadata(&r.trace))
             .collect();
-            self.post(
+            // Under a new generation's key only once a read found no
+            // refund with our metadata after Stripe answered the last key
+            // with an error it keeps (`commands::refunds`): that request
+            // had ended, and made nothing.
+            self.post_send(
                 "refund",
                 "/v1/refunds".into(),
-                key(r.idempotency_key, "refund"),
+                key_of(r.idempotency_key, "refund", r.key_generation),
                 form,
                 classify::refund_creation,
             )

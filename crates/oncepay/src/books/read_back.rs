@@ -7,7 +7,9 @@
 //!   says so, and a provider's list of refunds cannot be filtered by a
 //!   change of status (Stripe's is filtered by creation only), so our
 //!   succeeded refunds of the last [`REVERSAL_WATCH`] are read again one
-//!   by one (`find_refund`), the least recently read first. One failed
+//!   by one (`find_refund`), the least recently read first (but those the
+//!   run's walk just compared with the provider's list: created in its
+//!   window, where a failure is applied the same way). One failed
 //!   since is applied by `settle::refund`, as its webhook would have been
 //!   (`Transition::Reversed`: failed, its amount refundable again, the
 //!   order paid again, a `refund_failed_after_success` incident,
@@ -210,9 +212,17 @@ async fn refunds(
     let mut counts = Counts::default();
     let since = Utc::now() - chrono::Duration::from_std(REVERSAL_WATCH).unwrap_or_default();
     let limit = i64::try_from(options.read_back).unwrap_or(i64::MAX);
-    let due =
-        store::refunds::to_read_back(&ctx.pool, provider.name(), since, run.started_at, limit)
-            .await?;
+    // Those created in the run's window were compared with the provider's
+    // list by its walk a moment ago (and reversed there if they failed).
+    let walked = (run.window_from, run.window_until);
+    let due = store::refunds::to_read_back(
+        &ctx.pool,
+        provider.name(),
+        (since, run.started_at),
+        walked,
+        limit,
+    )
+    .await?;
     if !due.is_empty() && due.len() >= options.read_back {
         tracing::warn!(
             provider = provider.name(),

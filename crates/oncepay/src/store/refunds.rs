@@ -317,13 +317,15 @@ pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, 
 /// that last changed at or after `since` (their success, in practice) and
 /// were not read again since `read_before`, the least recently read first,
 /// at most `limit`: what the books pass reads again for a failure after
-/// success (`books::read_back`). `refund_reversal_watch_idx` (V28) keeps
+/// success (`books::read_back`). Those created in `[from, until)` are
+/// left out: the run's walk of that window compared them with the
+/// provider's list a moment ago. `refund_reversal_watch_idx` (V28) keeps
 /// the look to the recent ones.
 pub(crate) async fn to_read_back(
     pool: &sqlx::PgPool,
     provider: &str,
-    since: DateTime<Utc>,
-    read_before: DateTime<Utc>,
+    (since, read_before): (DateTime<Utc>, DateTime<Utc>),
+    (from, until): (DateTime<Utc>, DateTime<Utc>),
     limit: i64,
 ) -> Result<Vec<Refund>, StoreError> {
     let rows = sqlx::query(concat!(
@@ -333,6 +335,7 @@ pub(crate) async fn to_read_back(
           WHERE r.status = 'succeeded' AND r.updated_at >= $2 AND r.destination = 'original'
             AND p.provider = $1
             AND (r.reversal_checked_at IS NULL OR r.reversal_checked_at < $3)
+            AND NOT (r.created_at >= $5 AND r.created_at < $6)
           ORDER BY r.reversal_checked_at NULLS FIRST, r.id
           LIMIT $4"
     ))
@@ -340,6 +343,8 @@ pub(crate) async fn to_read_back(
     .bind(since)
     .bind(read_before)
     .bind(limit)
+    .bind(from)
+    .bind(until)
     .fetch_all(pool)
     .await?;
     rows.iter().map(from_row).collect()

@@ -871,8 +871,10 @@ fn disputes_listed(shared: &Shared, req: &HttpRequest) -> HttpResponse {
         })
         .cloned()
         .collect();
+    // Newest first; the id orders disputes of one second.
     matching.sort_by(|a, b| {
-        (b["created"].as_i64(), b["id"].as_str()).cmp(&(a["created"].as_i64(), a["id"].as_str()))
+        let newer = b["created"].as_i64().cmp(&a["created"].as_i64());
+        newer.then_with(|| b["id"].as_str().cmp(&a["id"].as_str()))
     });
     let start = match query_param(&pairs, "starting_after") {
         Some(id) => match matching.iter().position(|d| d["id"] == id) {

@@ -109,8 +109,8 @@ fn warn_without_stripe_webhooks(config: &ServeConfig) {
     }
     let every = config.books.interval.as_secs();
     let every = match every {
-        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s if s >= 3600 && s.is_multiple_of(3600) => format!("{}h", s / 3600),
+        s if s >= 60 && s.is_multiple_of(60) => format!("{}m", s / 60),
         s => format!("{s}s"),
     };
     tracing::warn!(

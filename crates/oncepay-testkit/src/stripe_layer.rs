@@ -60,8 +60,10 @@
 //! - **Disputes**, which localstripe does not have: the layer holds them
 //!   ([`StripeLayer::open_dispute`], [`StripeLayer::close_dispute`]) and
 //!   answers `GET /v1/disputes/{id}` with Stripe's Dispute object (`404
-//!   resource_missing` for another id). The `charge.dispute.*` event is
-//!   the test's to send, as for a refund that fails later.
+//!   resource_missing` for another id), and the list `GET /v1/disputes`
+//!   as Stripe pages it (`created` filters, newest first, `has_more`).
+//!   The `charge.dispute.*` event is the test's to send, as for a refund
+//!   that fails later: a test that sends none has only the reads.
 //!
 //! - **Holds** (`capture_method=manual`), which localstripe captures and
 //!   cancels but never expires nor dates: a PaymentIntent first seen in
@@ -488,6 +490,9 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
             };
         }
     }
+    if call == Call::Read && req.path() == "/v1/disputes" {
+        return disputes_listed(&shared, &req);
+    }
     if call == Call::Read && req.query_string().contains("created") {
         return created_filtered(&shared, &req).await;
     }
@@ -854,6 +859,80 @@ async fn created_filtered(shared: &Shared, req: &HttpRequest) -> HttpResponse {
     let has_more = matching.len() > start + page.len();
     HttpResponse::Ok().content_type("application/json").body(
         json!({"object": "list", "url": req.path(), "data": page, "has_more": has_more})
+            .to_string(),
+    )
+}
+
+/// A query parameter's value.
+fn query_param<'q>(pairs: &'q [(String, String)], name: &str) -> Option<&'q str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// `GET /v1/disputes`, which localstripe does not have: the disputes the
+/// layer holds, as Stripe lists them (Disputes API, "List all disputes":
+/// `charge`, `payment_intent`, `created` with `gt`, `gte`, `lt`, `lte`
+/// ("Only return disputes that were created during the given date
+/// interval"), the cursor `starting_after` and `limit`, 1 to 100, 10 by
+/// default): newest first, each as `GET /v1/disputes/{id}` shows it now,
+/// `has_more` when more match. A cursor naming no listed dispute is
+/// Stripe's `400 invalid_request_error`.
+fn disputes_listed(shared: &Shared, req: &HttpRequest) -> HttpResponse {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(req.query_string()).unwrap_or_default();
+    let bound = |name: &str| query_param(&pairs, name).and_then(|v| v.parse::<i64>().ok());
+    let (gte, gt, lt, lte) = (
+        bound("created[gte]"),
+        bound("created[gt]"),
+        bound("created[lt]"),
+        bound("created[lte]"),
+    );
+    let limit = bound("limit").unwrap_or(10).clamp(1, 100) as usize;
+    let (charge, intent) = (
+        query_param(&pairs, "charge"),
+        query_param(&pairs, "payment_intent"),
+    );
+    let mut matching: Vec<Value> = shared
+        .state()
+        .disputes
+        .values()
+        .filter(|d| {
+            let d: &Value = d;
+            let c = d["created"].as_i64().unwrap_or(0);
+            gte.is_none_or(|b| c >= b)
+                && gt.is_none_or(|b| c > b)
+                && lt.is_none_or(|b| c < b)
+                && lte.is_none_or(|b| c <= b)
+                && charge.is_none_or(|ch| d["charge"] == ch)
+                && intent.is_none_or(|pi| d["payment_intent"] == pi)
+        })
+        .cloned()
+        .collect();
+    // Newest first; the id orders disputes of one second.
+    matching.sort_by(|a, b| {
+        let newer = b["created"].as_i64().cmp(&a["created"].as_i64());
+        newer.then_with(|| b["id"].as_str().cmp(&a["id"].as_str()))
+    });
+    let start = match query_param(&pairs, "starting_after") {
+        Some(id) => match matching.iter().position(|d| d["id"] == id) {
+            Some(i) => i + 1,
+            None => {
+                return stripe_error(
+                    400,
+                    "invalid_request_error",
+                    Some("resource_missing"),
+                    &format!("No such dispute: '{id}'"),
+                )
+            }
+        },
+        None => 0,
+    };
+    let page: Vec<Value> = matching.iter().skip(start).take(limit).cloned().collect();
+    let has_more = matching.len() > start + page.len();
+    HttpResponse::Ok().content_type("application/json").body(
+        json!({"object": "list", "url": "/v1/disputes", "data": page, "has_more": has_more})
             .to_string(),
     )
 }

@@ -365,3 +365,93 @@ async fn lists_are_filtered_by_created_and_paged_as_stripe_pages_them() {
     assert_eq!(before["has_more"], false);
     assert_eq!(layer.filtered_lists(), 3);
 }
+
+/// Disputes, which localstripe lacks, are listed by the layer as Stripe
+/// lists them (Disputes API, "List all disputes"): filtered by `created`
+/// and `payment_intent`, newest first, paged with `starting_after` and
+/// `has_more`, each as `GET /v1/disputes/{id}` shows it now; a cursor
+/// naming no dispute is a `400`. Nothing reaches localstripe, so none is
+/// needed.
+#[tokio::test]
+async fn disputes_are_listed_as_stripe_lists_them() {
+    let layer = StripeLayer::start("http://127.0.0.1:9").expect("layer starts");
+    let mut opened = Vec::new();
+    for intent in ["pi_a", "pi_b", "pi_a"] {
+        let dispute = layer.open_dispute(
+            (intent, "ch_x"),
+            (1000, "eur"),
+            "fraudulent",
+            "needs_response",
+        );
+        opened.push(dispute["id"].as_str().expect("id").to_string());
+    }
+    let list = |query: String| {
+        let url = format!("{}/v1/disputes?{query}", layer.url());
+        async move {
+            let r = reqwest::Client::new()
+                .get(url)
+                .bearer_auth(KEY)
+                .send()
+                .await
+                .expect("list");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.expect("json"))
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs() as i64;
+    let ids = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|o| o["id"].as_str().expect("id").to_string())
+            .collect()
+    };
+    let window = format!("created[gte]={}&created[lt]={}", now - 60, now + 60);
+    let (status, first) = list(format!("limit=2&{window}")).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["object"], "list");
+    assert_eq!(ids(&first).len(), 2);
+    assert_eq!(first["has_more"], true);
+    let created: Vec<i64> = first["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| d["created"].as_i64().expect("created"))
+        .collect();
+    assert!(created[0] >= created[1], "newest first: {created:?}");
+    let after = ids(&first)[1].clone();
+    let (_, second) = list(format!("limit=2&{window}&starting_after={after}")).await;
+    assert_eq!(ids(&second).len(), 1);
+    assert_eq!(second["has_more"], false);
+    let mut all = [ids(&first), ids(&second)].concat();
+    all.sort();
+    opened.sort();
+    assert_eq!(all, opened);
+    // By PaymentIntent.
+    let (_, of_a) = list(format!("limit=100&payment_intent=pi_a&{window}")).await;
+    assert_eq!(ids(&of_a).len(), 2);
+    // A window before them: nothing.
+    let (_, before) = list(format!("created[lt]={}", now - 3600)).await;
+    assert!(ids(&before).is_empty());
+    assert_eq!(before["has_more"], false);
+    // A dispute that moved is listed as it is now.
+    layer
+        .set_dispute_status(&opened[0], "under_review")
+        .expect("the dispute");
+    let (_, moved) = list(format!("limit=100&{window}")).await;
+    let shown = moved["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .find(|d| d["id"] == opened[0].as_str())
+        .cloned()
+        .expect("listed");
+    assert_eq!(shown["status"], "under_review");
+    let (status, refused) = list("starting_after=dp_nowhere".to_string()).await;
+    assert_eq!(status, 400, "{refused}");
+    assert_eq!(refused["error"]["type"], "invalid_request_error");
+}

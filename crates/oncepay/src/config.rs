@@ -361,6 +361,12 @@ impl<F: Fn(&str) -> Option<String>> Env<F> {
             books: BooksConfig {
                 interval: self.duration("ONCEPAY_BOOKS_INTERVAL", Duration::from_secs(3600))?,
                 window: self.duration("ONCEPAY_BOOKS_WINDOW", Duration::from_secs(26 * 3600))?,
+                read_back_limit: self.number(
+                    "ONCEPAY_BOOKS_READ_BACK_LIMIT",
+                    1000usize,
+                    1,
+                    100_000,
+                )?,
                 orphan_policy: self.get(
                     "ONCEPAY_ORPHAN_POLICY",
                     crate::domain::adoption::OrphanPolicy::Refund,
@@ -817,6 +823,11 @@ pub struct BooksConfig {
     /// What is done with a charge no order can own
     /// (`ONCEPAY_ORPHAN_POLICY`: `refund`, the default, or `hold`).
     pub orphan_policy: crate::domain::adoption::OrphanPolicy,
+    /// At most how many succeeded refunds, and how many open disputes,
+    /// each pass reads again from each provider
+    /// (`ONCEPAY_BOOKS_READ_BACK_LIMIT`, 1000): with no more than that in
+    /// the last 30 days, each is read every pass.
+    pub read_back_limit: usize,
 }
 
 /// Parses `500ms`, `2s`, `5m`, `24h`, `7d` (a bare number means seconds).

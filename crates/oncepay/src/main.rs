@@ -325,6 +325,7 @@ async fn reconcile(
         dry_run,
         policy: config.books.orphan_policy,
         trigger: oncepay::books::Trigger::Cli,
+        read_back: config.books.read_back_limit,
     };
     let Some(runs) = oncepay::books::reconcile(&ctx, window, options).await? else {
         anyhow::bail!("another process is reconciling the books now; try again when it finishes");
@@ -344,12 +345,23 @@ async fn reconcile(
             ""
         }
     );
-    println!("provider\tmatched\tadopted\trefunded\theld\tmismatched\tmissing\trun");
+    println!(
+        "provider\tmatched\tadopted\trefunded\theld\tmismatched\tmissing\treversed\tdisputes\trun"
+    );
     for run in runs {
         let c = run.counts;
         println!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
-            run.provider, c.matched, c.adopted, c.refunded, c.held, c.mismatched, c.missing, run.id
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            run.provider,
+            c.matched,
+            c.adopted,
+            c.refunded,
+            c.held,
+            c.mismatched,
+            c.missing,
+            c.reversed,
+            c.disputes,
+            run.id
         );
     }
     Ok(())

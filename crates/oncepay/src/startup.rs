@@ -81,9 +81,6 @@ fn providers(
         metrics.clone(),
     )?)];
     if let Some(stripe) = &config.stripe {
-        if stripe.webhook_secrets.is_none() {
-            tracing::warn!("ONCEPAY_STRIPE_WEBHOOK_SECRET is not set: Stripe webhooks are refused, and Stripe payments settle by the reconciler alone");
-        }
         all.push(Arc::new(Stripe::new(
             stripe.clone(),
             config.idempotency_lease,
@@ -101,6 +98,33 @@ fn providers(
             config.provider
         ))
     })
+}
+
+/// `serve` with Stripe and no webhook secret: every Stripe webhook is
+/// refused, so what only a webhook tells waits for the books pass. Said
+/// once at start, naming what is lost and for how long, since it looks
+/// like it works (payments still settle by the reconciler's reads).
+fn warn_without_stripe_webhooks(config: &ServeConfig) {
+    let Some(stripe) = &config.stripe else {
+        return;
+    };
+    if stripe.webhook_secrets.is_some() {
+        return;
+    }
+    let every = config.books.interval.as_secs();
+    let every = match every {
+        s if s >= 3600 && s.is_multiple_of(3600) => format!("{}h", s / 3600),
+        s if s >= 60 && s.is_multiple_of(60) => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    };
+    tracing::warn!(
+        books_interval = %every,
+        "ONCEPAY_STRIPE_WEBHOOK_SECRET is not set: every Stripe webhook is refused (401). \
+         Payments and refunds still settle by the reconciler's reads, but a refund that fails \
+         after it succeeded and a dispute opened or moved at Stripe are learned only by the \
+         books pass, up to ONCEPAY_BOOKS_INTERVAL ({every}) later, while a dispute's evidence \
+         deadline runs; set the webhook endpoint's signing secret (required in production)"
+    );
 }
 
 /// Everything commands and workers share, for `serve` and for the CLI
@@ -262,7 +286,12 @@ fn spawn_workers(
             stopped.clone(),
             ctx,
             move |ctx| async move {
-                let pass = crate::books::scheduled_pass(&ctx, books.window, books.orphan_policy);
+                let pass = crate::books::scheduled_pass(
+                    &ctx,
+                    books.window,
+                    books.orphan_policy,
+                    books.read_back_limit,
+                );
                 if let Err(e) = pass.await {
                     tracing::warn!(error = %e, "books reconciliation failed; the next pass resumes it");
                 }
@@ -339,6 +368,7 @@ impl Application {
                 fitted.warning()
             );
         }
+        warn_without_stripe_webhooks(&config);
         let applied =
             store::prepare_database_patiently(&config.database_url, config.db_start_timeout)
                 .await?;

@@ -16,7 +16,11 @@
 //!   and, by `ONCEPAY_ORPHAN_POLICY`, a refund (the default) or a hold for
 //!   a person;
 //! - then our succeeded rows the provider does not list (60 s inside the
-//!   window's edges, its consistency allowance) → `missing_at_provider`.
+//!   window's edges, its consistency allowance) → `missing_at_provider`;
+//! - then what only a webhook would have told (`read_back.rs`): our
+//!   succeeded refunds of the last 30 days read again (one failed since is
+//!   applied as its webhook would have been), the provider's disputes
+//!   created in the window, and ours still open read again.
 //!
 //! One process at a time across the fleet (an advisory lock); a run stores
 //! its phase and high-water mark as it goes, so a run cut off by a crash is
@@ -24,7 +28,9 @@
 //!
 //! Here: the entry points and a run's settings. `walk.rs` goes through a
 //! run's phases and the provider's lists; `charges.rs` and `refunds.rs`
-//! examine one object of each kind against our row; `adopt.rs` rebuilds
+//! examine one object of each kind against our row (a refund failed since
+//! it succeeded is applied, not a mismatch); `read_back.rs` reads again
+//! what only webhooks carry; `adopt.rs` rebuilds
 //! the row we lost (one shape for both kinds), `orphan.rs` deals with a
 //! charge no order can own; `outcome.rs` is what examining comes to;
 //! `restore_guard.rs` runs reconciliation over a gap in the database's
@@ -43,6 +49,7 @@ mod adopt;
 mod charges;
 mod orphan;
 mod outcome;
+mod read_back;
 mod refunds;
 mod restore_guard;
 mod walk;
@@ -109,6 +116,10 @@ pub struct Options {
     pub policy: OrphanPolicy,
     /// What started it.
     pub trigger: Trigger,
+    /// At most how many of what only webhooks carry are read again from
+    /// each provider (`ONCEPAY_BOOKS_READ_BACK_LIMIT`): succeeded refunds,
+    /// and disputes still open, each kind the least recently read first.
+    pub read_back: usize,
 }
 
 /// A provider's creation time (Unix seconds) as ours.

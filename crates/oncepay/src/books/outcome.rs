@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::{BooksError, Options};
 use crate::commands::settle::{self, Cause};
 use crate::commands::AppContext;
-use crate::domain::adoption::{agreement, Agreement};
+use crate::domain::adoption::{agreement, refund_agreement, Agreement};
 use crate::domain::payment::PaymentStatus;
 use crate::provider::{BookEntry, PaymentProvider};
 use crate::store::books::{self as sql, BooksIncident, Counts};
@@ -86,12 +86,29 @@ pub(super) async fn compare_status(
     ids: Owners,
     options: Options,
 ) -> Result<Counts, BooksError> {
-    let (what, id, status) = match ours {
-        Ours::Attempt { id, status, .. } => ("attempt", id, status),
-        Ours::Refund { id, status } => ("refund", id, status),
+    let (what, id, status, agreed) = match ours {
+        Ours::Attempt { id, status, .. } => {
+            ("attempt", id, status, agreement(status, entry.state.status))
+        }
+        Ours::Refund { id, status } => (
+            "refund",
+            id,
+            status,
+            refund_agreement(status, entry.state.status),
+        ),
     };
-    match agreement(status, entry.state.status) {
+    match agreed {
         Agreement::Agree => Ok(one(|c| c.matched += 1)),
+        // A refund paid and returned since (the card was closed): what
+        // its webhook would have applied, applied by the same function.
+        Agreement::Reverse => {
+            if !options.dry_run {
+                let mut tx = ctx.pool.begin().await?;
+                settle::refund(&mut tx, &ctx.metrics, id, &entry.state, Cause::Reconciler).await?;
+                tx.commit().await?;
+            }
+            Ok(one(|c| c.reversed += 1))
+        }
         // Forward from pending, or a charge on a failed attempt (whose
         // money rule records the incident and refunds it): the webhook's
         // rules, applied by the one function that applies them.

@@ -56,6 +56,8 @@ pub(crate) async fn restore_guard(
         dry_run: false,
         policy: settings.policy,
         trigger: Trigger::Restore,
+        // A gap is urgent: the next scheduled pass reads back.
+        read_back: 0,
     };
     let until = Utc::now() + chrono::Duration::seconds(2);
     match reconcile(ctx, (gap_from, until), options).await? {
@@ -70,12 +72,14 @@ pub(crate) async fn restore_guard(
 }
 
 /// The background pass in `serve` (`ONCEPAY_BOOKS_INTERVAL`): the last
-/// `window` of every provider's books; does nothing while another process
+/// `window` of every provider's books, then what only webhooks carry, up
+/// to `read_back` of each kind; does nothing while another process
 /// reconciles.
 pub(crate) async fn scheduled_pass(
     ctx: &AppContext,
     window: Duration,
     policy: OrphanPolicy,
+    read_back: usize,
 ) -> Result<(), BooksError> {
     let until = Utc::now();
     let from = until - chrono::Duration::from_std(window).unwrap_or_default();
@@ -83,6 +87,7 @@ pub(crate) async fn scheduled_pass(
         dry_run: false,
         policy,
         trigger: Trigger::Schedule,
+        read_back,
     };
     if reconcile(ctx, (from, until), options).await?.is_none() {
         tracing::debug!("another process is reconciling the books");

@@ -1,20 +1,21 @@
 //! A run's phases: the provider's charges, then its refunds, page by page
 //! from the run's high-water mark, each object examined against our rows;
-//! then our succeeded rows the provider does not list.
+//! then our succeeded rows the provider does not list; then what only
+//! webhooks carry, read back (`read_back.rs`).
 
 use std::collections::HashSet;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
-use super::{at, charges, refunds, BooksError, Options, Trigger, CONSISTENCY_DELAY};
+use super::{at, charges, read_back, refunds, BooksError, Options, Trigger, CONSISTENCY_DELAY};
 use crate::commands::AppContext;
 use crate::provider::{BookEntry, PaymentProvider, SubjectKind};
 use crate::store::books::{self as sql, BooksIncident, Counts, Phase, Run};
 
 /// A window's end in a provider's whole seconds: an object created in the
 /// window's last, partial second is in it.
-fn unix_ceil(t: DateTime<Utc>) -> i64 {
+pub(super) fn unix_ceil(t: DateTime<Utc>) -> i64 {
     t.timestamp() + i64::from(t.timestamp_subsec_nanos() > 0)
 }
 
@@ -40,13 +41,33 @@ pub(super) async fn finish(
                 let counts = missing(ctx, provider, &run, options).await?;
                 record(ctx, &counts);
                 run.counts += counts;
+                let next = match options.trigger {
+                    // A restore's gap is urgent (money commands wait for
+                    // it); what only webhooks carry waits for the next
+                    // scheduled pass.
+                    Trigger::Restore => Phase::Done,
+                    Trigger::Cli | Trigger::Schedule => Phase::ReadBack,
+                };
+                let mut conn = ctx.pool.acquire().await?;
+                sql::advance(&mut conn, run.id, next, run.window_until, counts).await?;
+                next
+            }
+            Phase::ReadBack => {
+                let counts = match options.trigger {
+                    Trigger::Restore => Counts::default(),
+                    Trigger::Cli | Trigger::Schedule => {
+                        read_back::read_back(ctx, provider, &run, options).await?
+                    }
+                };
+                record(ctx, &counts);
+                run.counts += counts;
                 let mut conn = ctx.pool.acquire().await?;
                 sql::advance(&mut conn, run.id, Phase::Done, run.window_until, counts).await?;
                 Phase::Done
             }
             Phase::Done => break,
         };
-        if next != Phase::Done {
+        if matches!(next, Phase::Refunds | Phase::Missing) {
             let mut conn = ctx.pool.acquire().await?;
             sql::advance(&mut conn, run.id, next, run.window_from, Counts::default()).await?;
             run.position = run.window_from;
@@ -60,8 +81,8 @@ pub(super) async fn finish(
         run = %run.id, provider = %run.provider, trigger = %run.trigger, dry_run = run.dry_run,
         from = %run.window_from, until = %run.window_until,
         matched = c.matched, adopted = c.adopted, refunded = c.refunded, held = c.held,
-        mismatched = c.mismatched, missing = c.missing,
-        seconds = started.elapsed().as_secs_f64(),
+        mismatched = c.mismatched, missing = c.missing, reversed = c.reversed,
+        disputes = c.disputes, seconds = started.elapsed().as_secs_f64(),
         "books reconciled"
     );
     if !run.dry_run {
@@ -80,6 +101,8 @@ fn record(ctx: &AppContext, c: &Counts) {
         ("held", c.held),
         ("mismatched", c.mismatched),
         ("missing", c.missing),
+        ("reversed", c.reversed),
+        ("disputes", c.disputes),
     ] {
         if n > 0 {
             ctx.metrics
@@ -90,7 +113,7 @@ fn record(ctx: &AppContext, c: &Counts) {
     }
 }
 
-fn provider_error(provider: &dyn PaymentProvider, reason: String) -> BooksError {
+pub(super) fn provider_error(provider: &dyn PaymentProvider, reason: String) -> BooksError {
     BooksError::Provider {
         provider: provider.name().to_string(),
         reason,

@@ -763,7 +763,7 @@ pub async fn resume(
     ctx: &AppContext,
     id: RecordId,
     lease: Lease,
-    leased_at: std::time::Instant,
+    leased_at: tokio::time::Instant,
 ) -> Result<(), Problem> {
     let mut claim = Claim::resumed(id, lease, leased_at);
     let input: CommandInput = serde_json::from_value(claim.input().clone()).map_err(|e| {

@@ -75,6 +75,7 @@ pub(crate) const VARIABLES: &[Variable] = &[
     v("ONCEPAY_EVENT_RETENTION", "serve", "30d"),
     v("ONCEPAY_BOOKS_INTERVAL", "serve", "1h"),
     v("ONCEPAY_BOOKS_WINDOW", "serve", "26h"),
+    v("ONCEPAY_BOOKS_READ_BACK_LIMIT", "serve, reconcile", "1000"),
     v("ONCEPAY_ORPHAN_POLICY", "serve, reconcile", "refund"),
     v("ONCEPAY_DB_START_TIMEOUT", "serve", "60s"),
     v("ONCEPAY_DB_POOL_SIZE", "serve", "8"),

@@ -2,7 +2,8 @@
 //! reconciliation, `crate::books`): the rule, free of I/O.
 
 use super::order::Order;
-use super::payment::PaymentStatus;
+use super::payment::{PaymentStatus, Transition};
+use super::refund;
 
 /// What to do with an object we have no row for: the rule, in one place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +60,10 @@ pub enum Agreement {
     },
     /// A final status of ours the provider's does not explain.
     Disagree,
+    /// A refund of ours succeeded and the provider's has failed since (a
+    /// card refund the issuer returned): a fact, applied by the webhook's
+    /// rule (`settle::refund`'s [`Transition::Reversed`]), never a mismatch.
+    Reverse,
 }
 
 /// [`Agreement`] of our status with the provider's.
@@ -71,6 +76,16 @@ pub(crate) fn agreement(ours: PaymentStatus, theirs: PaymentStatus) -> Agreement
         },
         (Failed | Voided, Succeeded) => Agreement::Settle { contradicted: true },
         _ => Agreement::Disagree,
+    }
+}
+
+/// [`Agreement`] of our refund's status with the provider's refund's: a
+/// charge's, and the one move a refund can make and a charge cannot
+/// (`succeeded` then `failed`, [`refund::transition`]).
+pub(crate) fn refund_agreement(ours: PaymentStatus, theirs: PaymentStatus) -> Agreement {
+    match refund::transition(ours, theirs) {
+        Transition::Reversed => Agreement::Reverse,
+        _ => agreement(ours, theirs),
     }
 }
 
@@ -134,6 +149,27 @@ mod tests {
         );
         assert_eq!(agreement(Succeeded, Failed), Agreement::Disagree);
         assert_eq!(agreement(Failed, Pending), Agreement::Disagree);
+    }
+
+    #[test]
+    fn a_refund_failed_after_it_succeeded_is_a_reversal_not_a_mismatch() {
+        use PaymentStatus::*;
+        assert_eq!(refund_agreement(Succeeded, Failed), Agreement::Reverse);
+        // Everything else as for a charge.
+        assert_eq!(refund_agreement(Succeeded, Succeeded), Agreement::Agree);
+        assert_eq!(
+            refund_agreement(Pending, Failed),
+            Agreement::Settle {
+                contradicted: false
+            }
+        );
+        assert_eq!(
+            refund_agreement(Failed, Succeeded),
+            Agreement::Settle { contradicted: true }
+        );
+        assert_eq!(refund_agreement(Succeeded, Pending), Agreement::Disagree);
+        // A charge never reverses.
+        assert_eq!(agreement(Succeeded, Failed), Agreement::Disagree);
     }
 
     #[test]

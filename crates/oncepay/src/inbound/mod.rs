@@ -29,7 +29,7 @@
 //! Dispute events (`charge.dispute.*`) name a dispute, which is read from
 //! the provider and applied as it says (`disputes.rs`).
 
-mod disputes;
+pub(crate) mod disputes;
 mod payload;
 
 pub(crate) use payload::{nul_at, without_nul};

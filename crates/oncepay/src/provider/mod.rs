@@ -381,6 +381,17 @@ pub struct BooksPage {
     pub next: Option<String>,
 }
 
+/// A page of a provider's disputes.
+#[derive(Debug, Clone, Default)]
+pub struct DisputesPage {
+    /// The disputes on it created in the window asked for, in our terms;
+    /// one its adapter cannot read is left out (as a list's unreadable
+    /// charge is).
+    pub disputes: Vec<ProviderDispute>,
+    /// The cursor of the next page, if there is one.
+    pub next: Option<String>,
+}
+
 /// A webhook's headers, by lower-case name.
 pub type Headers<'a> = &'a dyn Fn(&str) -> Option<String>;
 
@@ -510,6 +521,16 @@ pub trait PaymentProvider: Send + Sync {
         window: (i64, i64),
         after: Option<&'a str>,
     ) -> BoxFuture<'a, Result<BooksPage, String>>;
+    /// One page of the provider's disputes created in `[from, until)`
+    /// (Unix seconds), after the cursor `after`, in our terms: how the
+    /// books pass learns of a dispute whose webhook never came (an
+    /// endpoint down, no secret set, the provider's retries over). A safe,
+    /// retried read; `Err` says why there is no page.
+    fn list_disputes<'a>(
+        &'a self,
+        window: (i64, i64),
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<DisputesPage, String>>;
 }
 
 /// The providers this process can speak to, by name, and the one new
@@ -672,6 +693,13 @@ impl PaymentProvider for Unconfigured {
         _: (i64, i64),
         _: Option<&'a str>,
     ) -> BoxFuture<'a, Result<BooksPage, String>> {
+        Box::pin(async { Err(format!("provider {} is not configured", self.name)) })
+    }
+    fn list_disputes<'a>(
+        &'a self,
+        _: (i64, i64),
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<DisputesPage, String>> {
         Box::pin(async { Err(format!("provider {} is not configured", self.name)) })
     }
 }

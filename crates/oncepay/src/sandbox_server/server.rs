@@ -7,7 +7,8 @@
 //! the same for refunds, `POST /v1/refunds/{id}/fail` (a refund that
 //! fails after it succeeded), disputes (`POST /v1/charges/{id}/disputes`
 //! opens one, `POST /v1/disputes/{id}/close` closes it, each sending its
-//! `charge.dispute.*` webhook; `GET /v1/disputes/{id}`), `GET /v1/ledger`,
+//! `charge.dispute.*` webhook; `GET /v1/disputes/{id}`, and the list
+//! `GET /v1/disputes?created[gte]=…&created[lt]=…`), `GET /v1/ledger`,
 //! `GET /v1/ledger/totals`, `GET /healthz`. Holds: `POST /v1/charges` with
 //! `"capture": false` authorizes only (`authorized`, `capture_before` after
 //! `ONCEPAY_SANDBOX_CAPTURE_WINDOW`); `POST /v1/charges/{id}/capture`
@@ -949,6 +950,19 @@ async fn close_dispute(
     HttpResponse::Ok().json(dispute)
 }
 
+/// `GET /v1/disputes?created[gte]=…&created[lt]=…&limit=…&starting_after=…`:
+/// the disputes opened in the window, in the charges' list shape (oldest
+/// first), as they are now (closed ones too): what oncepay's books pass
+/// reads when no webhook came.
+async fn list_disputes(sandbox: Shared, query: web::Query<Lookup>) -> HttpResponse {
+    let books = sandbox.books();
+    let all = books
+        .disputes
+        .values()
+        .map(|d| (d.created, d.id.clone(), d));
+    list(all, &query)
+}
+
 /// `GET /v1/disputes/{id}`.
 async fn get_dispute(sandbox: Shared, path: web::Path<String>) -> HttpResponse {
     match sandbox.books().disputes.get(path.as_str()) {
@@ -1509,6 +1523,7 @@ pub fn start(
             .route("/v1/refunds/{id}/fail", web::post().to(fail_refund))
             .route("/v1/charges/{id}/disputes", web::post().to(open_dispute))
             .route("/v1/disputes/{id}/close", web::post().to(close_dispute))
+            .route("/v1/disputes", web::get().to(list_disputes))
             .route("/v1/disputes/{id}", web::get().to(get_dispute))
             .route("/v1/authenticate/{id}", web::get().to(bank_page))
             .route(

@@ -29,6 +29,12 @@ pub struct Counts {
     pub mismatched: i64,
     /// Our succeeded rows the provider does not have.
     pub missing: i64,
+    /// Our succeeded refunds the provider failed since, applied (the
+    /// refund failed, its amount refundable again).
+    pub reversed: i64,
+    /// Disputes read from the provider (listed, or ours still open read
+    /// again) that changed what we hold: stored, or moved.
+    pub disputes: i64,
 }
 
 impl std::ops::AddAssign for Counts {
@@ -39,6 +45,8 @@ impl std::ops::AddAssign for Counts {
         self.held += o.held;
         self.mismatched += o.mismatched;
         self.missing += o.missing;
+        self.reversed += o.reversed;
+        self.disputes += o.disputes;
     }
 }
 
@@ -51,6 +59,8 @@ pub enum Phase {
     Refunds,
     /// Looking for our rows it does not have.
     Missing,
+    /// Reading back what only webhooks carry (`books::read_back`).
+    ReadBack,
     /// Finished: its counts are final.
     Done,
 }
@@ -61,6 +71,7 @@ impl Phase {
             Phase::Charges => "charges",
             Phase::Refunds => "refunds",
             Phase::Missing => "missing",
+            Phase::ReadBack => "read_back",
             Phase::Done => "done",
         }
     }
@@ -70,6 +81,7 @@ impl Phase {
             "charges" => Phase::Charges,
             "refunds" => Phase::Refunds,
             "missing" => Phase::Missing,
+            "read_back" => Phase::ReadBack,
             _ => Phase::Done,
         }
     }
@@ -105,7 +117,8 @@ pub struct Run {
 }
 
 const RUN_COLUMNS: &str = "id, provider, trigger, dry_run, window_from, window_until, phase, \
-     position, matched, adopted, refunded, held, mismatched, missing, started_at, finished_at";
+     position, matched, adopted, refunded, held, mismatched, missing, reversed, disputes, \
+     started_at, finished_at";
 
 fn run_from_row(row: &PgRow) -> Result<Run, StoreError> {
     Ok(Run {
@@ -124,6 +137,8 @@ fn run_from_row(row: &PgRow) -> Result<Run, StoreError> {
             held: row.try_get("held")?,
             mismatched: row.try_get("mismatched")?,
             missing: row.try_get("missing")?,
+            reversed: row.try_get("reversed")?,
+            disputes: row.try_get("disputes")?,
         },
         started_at: row.try_get("started_at")?,
         finished_at: row.try_get("finished_at")?,
@@ -182,7 +197,8 @@ pub(crate) async fn advance(
         "UPDATE books_run
             SET phase = $2, position = $3, matched = matched + $4, adopted = adopted + $5,
                 refunded = refunded + $6, held = held + $7, mismatched = mismatched + $8,
-                missing = missing + $9, updated_at = now(),
+                missing = missing + $9, reversed = reversed + $10,
+                disputes = disputes + $11, updated_at = now(),
                 finished_at = CASE WHEN $2 = 'done' THEN now() END
           WHERE id = $1",
     )
@@ -195,6 +211,8 @@ pub(crate) async fn advance(
     .bind(add.held)
     .bind(add.mismatched)
     .bind(add.missing)
+    .bind(add.reversed)
+    .bind(add.disputes)
     .execute(conn)
     .await?;
     Ok(())

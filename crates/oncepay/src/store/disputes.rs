@@ -261,6 +261,68 @@ pub async fn list(
     .await
 }
 
+/// The provider's ids of `provider`'s disputes still open here that were
+/// not read again since `read_before`, the least recently read first, at
+/// most `limit`: what the books pass reads again by id, so that a dispute
+/// that moved at the provider without a webhook is applied
+/// (`books::read_back`).
+pub(crate) async fn open_to_read_back(
+    pool: &sqlx::PgPool,
+    provider: &str,
+    read_before: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<String>, StoreError> {
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT provider_dispute_id FROM dispute
+          WHERE provider = $1 AND status NOT IN ('won', 'lost')
+            AND (read_back_at IS NULL OR read_back_at < $2)
+          ORDER BY read_back_at NULLS FIRST, id
+          LIMIT $3",
+    )
+    .bind(provider)
+    .bind(read_before)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    Ok(ids)
+}
+
+/// Notes that `provider`'s disputes `ids` were read from it at `at`.
+pub(crate) async fn read_back(
+    pool: &sqlx::PgPool,
+    provider: &str,
+    ids: &[String],
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE dispute SET read_back_at = $3
+          WHERE provider = $1 AND provider_dispute_id = ANY($2)",
+    )
+    .bind(provider)
+    .bind(ids)
+    .bind(at)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The provider's status of `provider`'s dispute `id` as we hold it, if
+/// we hold it (what a dry run compares with).
+pub(crate) async fn held_provider_status(
+    pool: &sqlx::PgPool,
+    provider: &str,
+    id: &str,
+) -> Result<Option<String>, StoreError> {
+    let status: Option<String> = sqlx::query_scalar(
+        "SELECT provider_status FROM dispute WHERE provider = $1 AND provider_dispute_id = $2",
+    )
+    .bind(provider)
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(status)
+}
+
 /// Disputes waiting for the merchant's evidence (`needs_response`) whose
 /// deadline is within `within` from now (or already past), for the
 /// `oncepay_disputes_evidence_due_soon` gauge.

@@ -313,6 +313,58 @@ pub async fn by_id(conn: &mut PgConnection, id: Uuid) -> Result<Option<Refund>, 
     row.as_ref().map(from_row).transpose()
 }
 
+/// `provider`'s succeeded refunds, paid back to their payment's method,
+/// that last changed at or after `since` (their success, in practice) and
+/// were not read again since `read_before`, the least recently read first,
+/// at most `limit`: what the books pass reads again for a failure after
+/// success (`books::read_back`). Those created in `[from, until)` are
+/// left out: the run's walk of that window compared them with the
+/// provider's list a moment ago. `refund_reversal_watch_idx` (V28) keeps
+/// the look to the recent ones.
+pub(crate) async fn to_read_back(
+    pool: &sqlx::PgPool,
+    provider: &str,
+    (since, read_before): (DateTime<Utc>, DateTime<Utc>),
+    (from, until): (DateTime<Utc>, DateTime<Utc>),
+    limit: i64,
+) -> Result<Vec<Refund>, StoreError> {
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        refund_columns_r!(),
+        " FROM refund r JOIN payment_attempt p ON p.id = r.payment_id
+          WHERE r.status = 'succeeded' AND r.updated_at >= $2 AND r.destination = 'original'
+            AND p.provider = $1
+            AND (r.reversal_checked_at IS NULL OR r.reversal_checked_at < $3)
+            AND NOT (r.created_at >= $5 AND r.created_at < $6)
+          ORDER BY r.reversal_checked_at NULLS FIRST, r.id
+          LIMIT $4"
+    ))
+    .bind(provider)
+    .bind(since)
+    .bind(read_before)
+    .bind(limit)
+    .bind(from)
+    .bind(until)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(from_row).collect()
+}
+
+/// Notes that the refunds `ids` were read again from their provider at
+/// `at` (it changes nothing else: their `updated_at` stays their success).
+pub(crate) async fn read_back(
+    pool: &sqlx::PgPool,
+    ids: &[Uuid],
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE refund SET reversal_checked_at = $2 WHERE id = ANY($1)")
+        .bind(ids)
+        .bind(at)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// One page of the merchant's rows, newest first, and whether there are more
 /// (see `store::pages`).
 pub async fn list(

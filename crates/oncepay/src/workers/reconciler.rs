@@ -104,7 +104,7 @@ pub async fn pass(ctx: &AppContext) -> Result<Pass, StoreError> {
     let ttl = ctx.engine.config().ttl;
     // Every lease of the batch starts with the statement: a command
     // resumed late in the batch has that much less of its lease left.
-    let leased_at = std::time::Instant::now();
+    let leased_at = tokio::time::Instant::now();
     for (id, record) in
         crate::idempotency::persistence::take_over_expired(&ctx.pool, BATCH, lease, ttl).await?
     {

@@ -97,6 +97,22 @@ pub(crate) fn counts(report: &str, provider: &str) -> [i64; 6] {
     [n[0], n[1], n[2], n[3], n[4], n[5]]
 }
 
+/// The report's `reversed` and `disputes` of `provider`: what reading
+/// back what only webhooks carry applied.
+pub(crate) fn read_back_counts(report: &str, provider: &str) -> (i64, i64) {
+    let line = report
+        .lines()
+        .find(|l| l.starts_with(&format!("{provider}\t")))
+        .unwrap_or_else(|| panic!("no {provider} row in:\n{report}"));
+    let n: Vec<i64> = line
+        .split('\t')
+        .skip(7)
+        .take(2)
+        .map(|v| v.parse().expect("a count"))
+        .collect();
+    (n[0], n[1])
+}
+
 async fn pay_with_key(app: &TestApp, order: &str, key: &str, token: &str) -> (StatusCode, Value) {
     let r = app
         .post(

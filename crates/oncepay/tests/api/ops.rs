@@ -310,6 +310,66 @@ async fn secrets_never_reach_the_logs() {
     }
 }
 
+/// `serve` with Stripe and no `ONCEPAY_STRIPE_WEBHOOK_SECRET` says at
+/// start, once, what is lost without Stripe's webhooks (a refund failing
+/// after it succeeded, a dispute opened or moved) and how long until the
+/// books pass applies it (`ONCEPAY_BOOKS_INTERVAL`); with the secret set it
+/// says nothing of the kind.
+#[tokio::test]
+async fn serve_with_stripe_and_no_webhook_secret_warns_what_is_lost() {
+    let db_url = fresh_database_url();
+    let mut logs = Vec::new();
+    for secret in [None, Some(STRIPE_WEBHOOK_SECRET)] {
+        let port = free_port();
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_oncepay"));
+        cmd.arg("serve")
+            .env("DATABASE_URL", &db_url)
+            .env("ONCEPAY_BIND", format!("127.0.0.1:{port}"))
+            .env("ONCEPAY_STRIPE_SECRET_KEY", STRIPE_KEY)
+            // Never called: the warning is said before anything is asked.
+            .env("ONCEPAY_STRIPE_API_BASE", "http://127.0.0.1:9")
+            .env("ONCEPAY_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(secret) = secret {
+            cmd.env("ONCEPAY_STRIPE_WEBHOOK_SECRET", secret);
+        }
+        let mut serve = cmd.spawn().expect("spawn");
+        let (err, out) = drain(&mut serve);
+        oncepay_testkit::ready::until_ready(
+            &format!("http://127.0.0.1:{port}/readyz"),
+            std::time::Duration::from_secs(30),
+        )
+        .await
+        .expect("serve is ready");
+        let pid = serve.id().expect("pid").to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), serve.wait()).await;
+        logs.push(err.await.expect("stderr") + &out.await.expect("stdout"));
+    }
+    let warning = |logs: &str| {
+        logs.lines()
+            .find(|l| l.contains("ONCEPAY_STRIPE_WEBHOOK_SECRET is not set"))
+            .map(str::to_string)
+    };
+    let line = warning(&logs[0]).unwrap_or_else(|| panic!("no warning in:\n{}", logs[0]));
+    for said in [
+        "every Stripe webhook is refused",
+        "a refund that fails after it succeeded",
+        "a dispute opened or moved",
+        "ONCEPAY_BOOKS_INTERVAL (1h)",
+        "required in production",
+    ] {
+        assert!(line.contains(said), "{said:?} is not in: {line}");
+    }
+    assert!(line.contains("WARN"), "{line}");
+    assert_eq!(warning(&logs[1]), None, "with the secret: {}", logs[1]);
+}
+
 /// The compose files cannot be run here (no Docker engine): they are kept
 /// correct by reading, and by this test, which parses them and checks what
 /// a first `docker compose up` would trip on.

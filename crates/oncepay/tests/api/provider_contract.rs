@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::helpers::*;
+use oncepay::store::books::{Counts, Run};
 use oncepay_testkit::fault_proxy::{Fault, Route};
 use oncepay_testkit::ready;
 use oncepay_testkit::stripe_layer::{Call, StripeFault};
@@ -309,6 +310,40 @@ impl TestApp {
     /// card closed or expired), and delivers the provider's event of it
     /// (`refund.failed`); returns the event's outcome.
     async fn refund_fails_later(&self, refund: &Value) -> String {
+        let object = self.refund_fails_unheard(refund).await;
+        let r = match &self.stripe {
+            None => {
+                let event = json!({
+                    "id": format!("evt_{}", Uuid::new_v4().simple()),
+                    "type": "refund.failed",
+                    "created": chrono::Utc::now().timestamp(),
+                    "data": {"object": object},
+                });
+                post_signed_webhook(self, &event).await
+            }
+            Some(_) => {
+                let event = json!({
+                    "id": format!("evt_{}", Uuid::new_v4().simple()),
+                    "object": "event",
+                    "type": "refund.failed",
+                    "created": chrono::Utc::now().timestamp(),
+                    "data": {"object": object},
+                });
+                post_stripe_event(self, &event).await
+            }
+        };
+        assert_eq!(r.status(), StatusCode::OK);
+        json_of(r).await["outcome"]
+            .as_str()
+            .expect("outcome")
+            .to_string()
+    }
+
+    /// Makes `refund`, which succeeded, fail at the provider afterwards (a
+    /// card closed or expired; the sandbox's `POST /v1/refunds/{id}/fail`,
+    /// the layer's `fail_refund`), and no event of it comes; returns the
+    /// provider's refund as it now reads (`failed`).
+    async fn refund_fails_unheard(&self, refund: &Value) -> Value {
         let id = refund["id"].as_str().expect("id");
         let provider_id: String =
             sqlx::query_scalar("SELECT provider_refund_id FROM refund WHERE id = $1::uuid")
@@ -316,7 +351,7 @@ impl TestApp {
                 .fetch_one(&self.db)
                 .await
                 .expect("the refund's provider id");
-        let (object, r) = match &self.stripe {
+        let object = match &self.stripe {
             None => {
                 let failed = self
                     .http
@@ -326,44 +361,25 @@ impl TestApp {
                     .await
                     .expect("the sandbox answers");
                 assert_eq!(failed.status(), StatusCode::OK);
-                let object = json_of(failed).await;
-                let event = json!({
-                    "id": format!("evt_{}", Uuid::new_v4().simple()),
-                    "type": "refund.failed",
-                    "created": chrono::Utc::now().timestamp(),
-                    "data": {"object": object},
-                });
-                (object, post_signed_webhook(self, &event).await)
+                json_of(failed).await
             }
             Some(stack) => {
                 stack
                     .layer
                     .fail_refund(&provider_id, "expired_or_canceled_card");
-                let object: Value = reqwest::Client::new()
+                reqwest::Client::new()
                     .get(format!("{}/v1/refunds/{provider_id}", stack.layer.url()))
                     .bearer_auth(STRIPE_KEY)
                     .send()
                     .await
                     .expect("the layer answers")
-                    .json()
+                    .json::<Value>()
                     .await
-                    .expect("a refund");
-                let event = json!({
-                    "id": format!("evt_{}", Uuid::new_v4().simple()),
-                    "object": "event",
-                    "type": "refund.failed",
-                    "created": chrono::Utc::now().timestamp(),
-                    "data": {"object": object},
-                });
-                (object, post_stripe_event(self, &event).await)
+                    .expect("a refund")
             }
         };
         assert_eq!(object["status"], "failed", "{object}");
-        assert_eq!(r.status(), StatusCode::OK);
-        json_of(r).await["outcome"]
-            .as_str()
-            .expect("outcome")
-            .to_string()
+        object
     }
 
     /// Every refund object the provider holds for `payment`'s charge, in
@@ -442,6 +458,13 @@ impl TestApp {
     /// provider's event of it is delivered (`charge.dispute.closed`);
     /// returns the event's outcome.
     async fn dispute_closes(&self, dispute: &Value, outcome: &str) -> String {
+        let closed = self.dispute_closes_unheard(dispute, outcome).await;
+        self.dispute_event(&closed, "closed").await
+    }
+
+    /// The bank decides `dispute` (`won` or `lost`) at the provider, and no
+    /// event of it comes; returns the provider's dispute.
+    async fn dispute_closes_unheard(&self, dispute: &Value, outcome: &str) -> Value {
         let id = dispute["id"].as_str().expect("id");
         let closed = match &self.stripe {
             None => {
@@ -461,7 +484,64 @@ impl TestApp {
                 .expect("the layer's dispute"),
         };
         assert_eq!(closed["status"], outcome, "{closed}");
-        self.dispute_event(&closed, "closed").await
+        closed
+    }
+
+    /// One books pass over `window`, as `serve` runs one every
+    /// `ONCEPAY_BOOKS_INTERVAL` (and `oncepay reconcile` the same); its
+    /// report per provider.
+    pub async fn books_pass(
+        &self,
+        window: (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
+    ) -> Vec<Run> {
+        let options = oncepay::books::Options {
+            dry_run: false,
+            policy: oncepay::books::OrphanPolicy::Refund,
+            trigger: oncepay::books::Trigger::Schedule,
+            read_back: 1000,
+        };
+        oncepay::books::reconcile(&self.ctx, window, options)
+            .await
+            .expect("a books pass")
+            .expect("no other pass holds the books")
+    }
+
+    /// The scheduled books pass now: the last 26 hours
+    /// (`ONCEPAY_BOOKS_WINDOW`).
+    pub async fn books_now(&self) -> Vec<Run> {
+        let now = chrono::Utc::now();
+        self.books_pass((now - chrono::Duration::hours(26), now))
+            .await
+    }
+
+    /// A books pass as one days later sees the provider's lists: its window
+    /// ends an hour ago, so it lists nothing made now, and only reading
+    /// back finds what changed since.
+    pub async fn books_later(&self) -> Vec<Run> {
+        let now = chrono::Utc::now();
+        self.books_pass((
+            now - chrono::Duration::hours(27),
+            now - chrono::Duration::hours(1),
+        ))
+        .await
+    }
+
+    /// The name of the provider under test, as runs and metrics say it.
+    fn provider_name(&self) -> &'static str {
+        match self.under() {
+            Provider::Sandbox => "sandbox",
+            Provider::Stripe => "stripe",
+        }
+    }
+
+    /// The line of `/metrics` that starts with `prefix`, if any.
+    fn metric_line(&self, prefix: &str) -> Option<String> {
+        self.ctx
+            .metrics
+            .render()
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .map(str::to_string)
     }
 
     /// Delivers the provider's `charge.dispute.<kind>` event carrying
@@ -564,6 +644,14 @@ impl TestApp {
         let status = r.status();
         (status, json_of(r).await)
     }
+}
+
+/// What `provider`'s run of a books pass counted.
+pub fn report_of(runs: &[Run], provider: &str) -> Counts {
+    runs.iter()
+        .find(|r| r.provider == provider)
+        .map(|r| r.counts)
+        .unwrap_or_else(|| panic!("no run of {provider} in {runs:?}"))
 }
 
 /// Every object of a localstripe list (read from localstripe itself, not
@@ -906,6 +994,57 @@ async fn refund_failing_after_success(app: TestApp) {
     assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
 }
 
+/// A refund fails at the provider after it succeeded, and its event never
+/// comes (no webhook: an endpoint down, no secret, the provider's retries
+/// over). A books pass days later, whose window no longer holds the
+/// refund, reads our succeeded refunds again and applies the failure as
+/// the event would have (`refund_failing_after_success`): failed with the
+/// provider's reason, the amount refundable again, the order paid again,
+/// one `refund_failed_after_success` incident, one `refund.failed` (caused
+/// by the reconciler). Passes after it change nothing.
+async fn refund_failing_later_without_a_webhook(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let refund = json_of(app.post(&path, "all", &json!({})).await).await;
+    assert_eq!(refund["status"], "succeeded", "{refund}");
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
+    app.refund_fails_unheard(&refund).await;
+    let id = refund["id"].as_str().expect("id");
+    assert_eq!(
+        app.status_of(&format!("/refunds/{id}")).await,
+        "succeeded",
+        "no event came"
+    );
+
+    let runs = app.books_later().await;
+    let report = report_of(&runs, app.provider_name());
+    assert_eq!((report.reversed, report.mismatched), (1, 0), "{report:?}");
+    let now = json_of(app.get(&format!("/refunds/{id}")).await).await;
+    assert_eq!(now["status"], "failed", "{now}");
+    assert_eq!(now["failure_code"], "expired_or_canceled_card");
+    assert_eq!(payment(&app, &paid["id"]).await["refunded_amount"], 0);
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    let incidents = "SELECT count(*) FROM incident WHERE kind = 'refund_failed_after_success'";
+    assert_eq!(app.count(incidents).await, 1);
+    let failed = format!(
+        "SELECT count(*) FROM event WHERE type = 'refund.failed' AND object_id = '{id}' AND cause = 'reconciler'"
+    );
+    assert_eq!(app.count(&failed).await, 1);
+
+    // Again, now and later: nothing more.
+    let runs = app.books_now().await;
+    let report = report_of(&runs, app.provider_name());
+    assert_eq!((report.reversed, report.mismatched), (0, 0), "{report:?}");
+    app.books_later().await;
+    assert_eq!(app.count(incidents).await, 1);
+    assert_eq!(app.count(&failed).await, 1);
+    // The merchant refunds again: the whole amount is open.
+    let again = json_of(app.post(&path, "again", &json!({})).await).await;
+    assert_eq!(again["status"], "succeeded", "{again}");
+    assert_eq!(again["amount"], amount);
+}
+
 /// A customer who never authenticates: past `ONCEPAY_ACTION_TIMEOUT` the
 /// provider's charge is cancelled first, then the payment fails
 /// `authentication_expired`; an approval after that moves no money.
@@ -1199,6 +1338,80 @@ async fn refund_of_a_dispute_not_yet_heard_of_is_refused_by_the_provider(app: Te
     assert_eq!(json_of(rest).await["status"], "succeeded");
     assert_eq!(app.refunded_at_provider(&paid).await, amount - 1000);
     assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+}
+
+/// A dispute opens at the provider, then closes, and no event of either
+/// ever comes. The books pass lists the provider's disputes of its window
+/// and applies the new one as its event would have: the payment shows it,
+/// `dispute.created` is written once (caused by the reconciler), it is
+/// counted in `oncepay_disputes_total`, a refund is `409
+/// payment_disputed`. A pass days later, whose window no longer lists it,
+/// reads the open dispute again by id and applies its close
+/// (`dispute.closed` once); passes after that change nothing.
+async fn dispute_without_a_webhook(app: TestApp) {
+    let (order, paid) = paid(&app).await;
+    let amount = paid["amount"].as_i64().expect("amount");
+    let at_provider = app.dispute_opens_unheard(&paid, None).await;
+    assert_eq!(
+        payment(&app, &paid["id"]).await["dispute"],
+        Value::Null,
+        "no event came"
+    );
+
+    let runs = app.books_now().await;
+    assert_eq!(report_of(&runs, app.provider_name()).disputes, 1);
+    let dispute = payment(&app, &paid["id"]).await["dispute"].clone();
+    assert_eq!(dispute["status"], "needs_response", "{dispute}");
+    assert_eq!(dispute["provider_status"], at_provider["status"]);
+    assert_eq!(dispute["amount"], amount);
+    assert!(dispute["evidence_due_by"].is_string(), "{dispute}");
+    let created =
+        "SELECT count(*) FROM event WHERE type = 'dispute.created' AND cause = 'reconciler'";
+    assert_eq!(app.count(created).await, 1);
+    assert_eq!(in_trail(&app, &order, "dispute.created").await, 1);
+    let counted = |status: &str| {
+        app.metric_line(&format!(
+            "oncepay_disputes_total{{provider=\"{}\",status=\"{status}\"}}",
+            app.provider_name()
+        ))
+    };
+    assert_eq!(
+        counted("needs_response")
+            .as_deref()
+            .and_then(|l| l.rsplit(' ').next()),
+        Some("1")
+    );
+    refused_as_disputed(&app, &paid, "r-all", json!({})).await;
+
+    // The bank decides, and still no event: a later pass reads it by id.
+    app.dispute_closes_unheard(&at_provider, "lost").await;
+    let runs = app.books_later().await;
+    assert_eq!(report_of(&runs, app.provider_name()).disputes, 1);
+    let dispute = payment(&app, &paid["id"]).await["dispute"].clone();
+    assert_eq!(dispute["status"], "lost", "{dispute}");
+    let closed: Vec<(String, String)> =
+        sqlx::query_as("SELECT data->>'status', cause FROM event WHERE type = 'dispute.closed'")
+            .fetch_all(&app.db)
+            .await
+            .expect("events");
+    assert_eq!(closed, vec![("lost".to_string(), "reconciler".to_string())]);
+    assert_eq!(
+        counted("lost")
+            .as_deref()
+            .and_then(|l| l.rsplit(' ').next()),
+        Some("1")
+    );
+
+    // Again, now and later: nothing more.
+    for runs in [app.books_now().await, app.books_later().await] {
+        assert_eq!(report_of(&runs, app.provider_name()).disputes, 0);
+    }
+    assert_eq!(
+        app.count("SELECT count(*) FROM event WHERE type LIKE 'dispute.%'")
+            .await,
+        2
+    );
+    refused_as_disputed(&app, &paid, "r-after", json!({})).await;
 }
 
 async fn cancels_a_paid_order(app: TestApp) {
@@ -1828,6 +2041,7 @@ contract!(
     refunds_twice_at_once,
     refund_refused_by_the_provider,
     refund_failing_after_success,
+    refund_failing_later_without_a_webhook,
     abandoned_action_is_cancelled,
     abandoned_action_approved_at_the_last_moment,
     abandoned_hold_approved_at_the_last_moment,
@@ -1835,6 +2049,7 @@ contract!(
     dispute_won,
     dispute_lost,
     refund_of_a_dispute_not_yet_heard_of_is_refused_by_the_provider,
+    dispute_without_a_webhook,
     cancels_a_paid_order,
     takes_a_duplicate_event_once,
     ignores_an_event_out_of_order,
@@ -2276,6 +2491,7 @@ balance_contract!(
         resumes_after_a_crash_between_opening_and_charging => "needs the charge call not to get through; the balance's charge is a transaction in oncepay's own database, nothing between to fail (its crash after the transfer runs as settles_an_answer_lost_after_the_charge)",
         refund_refused_by_the_provider => "needs a refund made at the provider past oncepay (a dashboard); the balance's books are oncepay's ledger, so its only refusal is oncepay's cap (refuses_a_refund_over_the_payment)",
         refund_failing_after_success => "a credit posted to a balance cannot fail later: ledger entries are append-only, and no card or bank stands behind it",
+        refund_failing_later_without_a_webhook => "a credit posted to a balance cannot fail later, and the balance sends no webhooks to miss: its books are oncepay's own ledger",
         abandoned_action_is_cancelled => "3-D Secure: a balance payment asks the customer for nothing",
         abandoned_action_approved_at_the_last_moment => "3-D Secure: a balance payment asks the customer for nothing",
         abandoned_hold_approved_at_the_last_moment => "3-D Secure and manual capture: a balance payment asks the customer for nothing and authorizes nothing (refuses_to_hold)",
@@ -2283,6 +2499,7 @@ balance_contract!(
         dispute_won => "disputes: no card network or bank stands behind a balance payment to dispute it",
         dispute_lost => "disputes: no card network or bank stands behind a balance payment to dispute it",
         refund_of_a_dispute_not_yet_heard_of_is_refused_by_the_provider => "disputes: no card network or bank stands behind a balance payment to dispute it",
+        dispute_without_a_webhook => "disputes: no card network or bank stands behind a balance payment to dispute it",
         takes_a_duplicate_event_once => "provider events: the balance sends no webhooks (its transfer and the answer commit in oncepay's database)",
         ignores_an_event_out_of_order => "provider events: the balance sends no webhooks (its transfer and the answer commit in oncepay's database)",
         refuses_an_event_the_provider_does_not_confirm => "provider events: the balance sends no webhooks (its transfer and the answer commit in oncepay's database)",

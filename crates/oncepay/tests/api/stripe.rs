@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::helpers::*;
-use crate::provider_contract::{app_with, payment, post_stripe_event, stripe_list};
+use crate::provider_contract::{app_with, payment, post_stripe_event, report_of, stripe_list};
 use oncepay_testkit::ready;
 use oncepay_testkit::stripe_layer::{Call, StripeFault, StripeLayer};
 
@@ -1310,4 +1310,270 @@ async fn a_confirm_slower_than_the_lease_is_cut_within_it_and_never_resumed_whil
     assert_eq!(app.charges_at_provider(&order).await, (1, 1));
     let again = app.post("/payments", &key, &body).await;
     assert_eq!(again.status(), StatusCode::ACCEPTED, "the stored answer");
+}
+
+/// A Stripe service with no `ONCEPAY_STRIPE_WEBHOOK_SECRET`: every Stripe
+/// webhook is refused, so only reading back learns what only webhooks
+/// carry.
+async fn stripe_app_without_webhooks() -> Option<TestApp> {
+    if !localstripe_or_skip() {
+        return None;
+    }
+    let options = Options::default()
+        .provider(Provider::Stripe)
+        .serve("ONCEPAY_RECONCILE_AFTER", "0s")
+        // Set empty, it is unset (and the helper's secret comes after it).
+        .serve("ONCEPAY_STRIPE_WEBHOOK_SECRET", "");
+    let app = spawn_app_with(options).await;
+    let event = json!({
+        "id": format!("evt_{}", Uuid::new_v4().simple()),
+        "object": "event",
+        "type": "refund.failed",
+        "created": chrono::Utc::now().timestamp(),
+        "data": {"object": {"id": "re_x", "object": "refund", "status": "failed"}},
+    });
+    let refused = post_stripe_event(&app, &event).await;
+    assert_eq!(
+        refused.status(),
+        StatusCode::UNAUTHORIZED,
+        "webhooks refused"
+    );
+    Some(app)
+}
+
+/// An order paid with a card and refunded in full (Stripe says
+/// `succeeded`): the order and the refund.
+async fn refunded_in_full(app: &TestApp) -> (String, Value) {
+    let (order, status, paid) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    let path = format!("/payments/{}/refunds", paid["id"].as_str().expect("id"));
+    let refund = json_of(
+        app.post(&path, &Uuid::new_v4().to_string(), &json!({}))
+            .await,
+    )
+    .await;
+    assert_eq!(refund["status"], "succeeded", "{refund}");
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
+    (order, refund)
+}
+
+/// Stripe fails `refund` after it succeeded (the card was closed), as its
+/// reads show from then on, and sends no event.
+async fn fails_at_stripe(app: &TestApp, refund: &Value) {
+    let id: String =
+        sqlx::query_scalar("SELECT provider_refund_id FROM refund WHERE id = $1::uuid")
+            .bind(refund["id"].as_str().expect("id"))
+            .fetch_one(&app.db)
+            .await
+            .expect("the refund's Stripe id");
+    app.layer().fail_refund(&id, "expired_or_canceled_card");
+}
+
+/// Moves `refund`'s creation and success `days` into the past.
+async fn aged(app: &TestApp, refund: &Value, days: i32) {
+    sqlx::query(
+        "UPDATE refund SET created_at = created_at - make_interval(days => $2),
+                           updated_at = updated_at - make_interval(days => $2)
+          WHERE id = $1::uuid",
+    )
+    .bind(refund["id"].as_str().expect("id"))
+    .bind(days)
+    .execute(&app.db)
+    .await
+    .expect("aged");
+}
+
+/// `refund` failed after it succeeded and oncepay applied it as the
+/// webhook would have: failed with Stripe's `failure_reason`, its amount
+/// refundable again, the order paid again, a `refund.failed` caused by the
+/// reconciler; `incidents` `refund_failed_after_success` in all.
+async fn applied_as_failed(app: &TestApp, order: &str, refund: &Value, incidents: i64) {
+    let id = refund["id"].as_str().expect("id");
+    let now = json_of(app.get(&format!("/refunds/{id}")).await).await;
+    assert_eq!(now["status"], "failed", "{now}");
+    assert_eq!(now["failure_code"], "expired_or_canceled_card");
+    assert_eq!(
+        payment(app, &refund["payment_id"]).await["refunded_amount"],
+        0
+    );
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "paid");
+    assert_eq!(
+        app.count("SELECT count(*) FROM incident WHERE kind = 'refund_failed_after_success'")
+            .await,
+        incidents
+    );
+    assert_eq!(
+        app.count(&format!(
+            "SELECT count(*) FROM event WHERE type = 'refund.failed' AND object_id = '{id}' AND cause = 'reconciler'"
+        ))
+        .await,
+        1
+    );
+}
+
+/// Issue 55, item 3 (the second reading's N2). With no webhook secret, a
+/// refund Stripe fails after it succeeded (Refunds API: `status` `failed`
+/// with a `failure_reason` such as `expired_or_canceled_card`; the layer's
+/// `fail_refund`) is applied by the books, never recorded as a mismatch:
+/// by `oncepay reconcile` an hour later (its `--dry-run` only says so), by
+/// the scheduled pass 29 days after it succeeded, when no window holds it
+/// any more (our succeeded refunds are read again); past 30 days it is
+/// not read again.
+#[tokio::test]
+async fn with_no_webhook_secret_a_refund_stripe_fails_later_is_applied_by_the_books() {
+    let Some(app) = stripe_app_without_webhooks().await else {
+        return;
+    };
+    let (order, refund) = refunded_in_full(&app).await;
+    fails_at_stripe(&app, &refund).await;
+    let (ok, dry) = crate::books::reconcile(&app, &["--since", "26h", "--dry-run"]).await;
+    assert!(ok, "{dry}");
+    assert_eq!(crate::books::read_back_counts(&dry, "stripe").0, 1, "{dry}");
+    let id = refund["id"].as_str().expect("id");
+    assert_eq!(app.status_of(&format!("/refunds/{id}")).await, "succeeded");
+    let (ok, report) = crate::books::reconcile(&app, &["--since", "26h"]).await;
+    assert!(ok, "{report}");
+    assert_eq!(
+        crate::books::counts(&report, "stripe")[4],
+        0,
+        "no mismatch: {report}"
+    );
+    assert_eq!(
+        crate::books::read_back_counts(&report, "stripe").0,
+        1,
+        "{report}"
+    );
+    applied_as_failed(&app, &order, &refund, 1).await;
+
+    // 29 days after its success: no books window lists it any more.
+    let (order, refund) = refunded_in_full(&app).await;
+    aged(&app, &refund, 29).await;
+    fails_at_stripe(&app, &refund).await;
+    let runs = app.books_later().await;
+    assert_eq!(report_of(&runs, "stripe").reversed, 1, "{runs:?}");
+    applied_as_failed(&app, &order, &refund, 2).await;
+
+    // 31 days: past the watch, it is not read again.
+    let (order, refund) = refunded_in_full(&app).await;
+    aged(&app, &refund, 31).await;
+    fails_at_stripe(&app, &refund).await;
+    let runs = app.books_later().await;
+    assert_eq!(report_of(&runs, "stripe").reversed, 0, "{runs:?}");
+    let id = refund["id"].as_str().expect("id");
+    assert_eq!(app.status_of(&format!("/refunds/{id}")).await, "succeeded");
+    assert_eq!(app.status_of(&format!("/orders/{order}")).await, "refunded");
+}
+
+/// Issue 55, item 3. With no webhook secret, a dispute opened at Stripe
+/// (an inquiry), escalated to a chargeback, then won, each without an
+/// event, is applied by the books as its events would have been (the
+/// Disputes API's list, `created` filtered, and each Dispute read by id:
+/// the layer answers both as Stripe does): `oncepay reconcile` lists it
+/// (a dispute of a charge made elsewhere on the account is left alone),
+/// later passes read it again by id while it is open;
+/// `dispute.created|updated|closed` once each, caused by the reconciler,
+/// counted in `oncepay_disputes_total`, its evidence deadline kept (what
+/// the evidence alert reads).
+#[tokio::test]
+async fn with_no_webhook_secret_a_dispute_opened_and_moved_at_stripe_is_applied_by_the_books() {
+    let Some(app) = stripe_app_without_webhooks().await else {
+        return;
+    };
+    let (_, status, paid) = app.pay_visa().await;
+    assert_eq!(status, StatusCode::CREATED, "{paid}");
+    let pid = paid["id"].as_str().expect("id").to_string();
+    let intent = paid["provider_charge_id"]
+        .as_str()
+        .expect("intent")
+        .to_string();
+    let amount = paid["amount"].as_i64().expect("amount");
+    let opened = app.layer().open_dispute(
+        (intent.as_str(), "ch_disputed"),
+        (amount, "eur"),
+        "fraudulent",
+        "warning_needs_response",
+    );
+    app.layer().open_dispute(
+        ("pi_made_elsewhere", "ch_made_elsewhere"),
+        (500, "eur"),
+        "fraudulent",
+        "needs_response",
+    );
+    let id = opened["id"].as_str().expect("id").to_string();
+    let shown = |pid: String| {
+        let app = &app;
+        async move { json_of(app.get(&format!("/payments/{pid}")).await).await["dispute"].clone() }
+    };
+
+    let (ok, report) = crate::books::reconcile(&app, &["--since", "1h"]).await;
+    assert!(ok, "{report}");
+    assert_eq!(
+        crate::books::read_back_counts(&report, "stripe"),
+        (0, 1),
+        "{report}"
+    );
+    let dispute = shown(pid.clone()).await;
+    assert_eq!(
+        (
+            dispute["status"].as_str(),
+            dispute["provider_status"].as_str()
+        ),
+        (Some("needs_response"), Some("warning_needs_response")),
+        "{dispute}"
+    );
+    assert!(dispute["evidence_due_by"].is_string(), "{dispute}");
+    assert_eq!(
+        app.count("SELECT count(*) FROM dispute").await,
+        1,
+        "another charge's dispute is not stored"
+    );
+
+    // The inquiry becomes a chargeback at Stripe: read again by id.
+    app.layer()
+        .set_dispute_status(&id, "needs_response")
+        .expect("the dispute");
+    let runs = app.books_later().await;
+    assert_eq!(report_of(&runs, "stripe").disputes, 1, "{runs:?}");
+    assert_eq!(
+        shown(pid.clone()).await["provider_status"],
+        "needs_response"
+    );
+    let r = app
+        .post(
+            &format!("/payments/{pid}/refunds"),
+            "during-chargeback",
+            &json!({"amount": 100}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(json_of(r).await["code"], "payment_disputed");
+
+    // Won.
+    app.layer().close_dispute(&id, "won").expect("the dispute");
+    let runs = app.books_later().await;
+    assert_eq!(report_of(&runs, "stripe").disputes, 1, "{runs:?}");
+    assert_eq!(shown(pid.clone()).await["status"], "won");
+    // Nothing moves any more.
+    let runs = app.books_later().await;
+    assert_eq!(report_of(&runs, "stripe").disputes, 0, "{runs:?}");
+    let events: Vec<(String, String)> = sqlx::query_as(
+        "SELECT type, cause FROM event WHERE object_type = 'dispute' ORDER BY sequence",
+    )
+    .fetch_all(&app.db)
+    .await
+    .expect("events");
+    let reconciler = |t: &str| (t.to_string(), "reconciler".to_string());
+    assert_eq!(
+        events,
+        vec![
+            reconciler("dispute.created"),
+            reconciler("dispute.updated"),
+            reconciler("dispute.closed"),
+        ]
+    );
+    let rendered = app.ctx.metrics.render();
+    for status in ["needs_response", "won"] {
+        let line = format!("oncepay_disputes_total{{provider=\"stripe\",status=\"{status}\"}} 1");
+        assert!(rendered.contains(&line), "{line} in:\n{rendered}");
+    }
 }

@@ -25,8 +25,9 @@ use uuid::Uuid;
 
 use super::card_form::CardForm;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
-    Health, Opened, PaymentProvider, ProviderObject, RefundRequest, Sent, SubjectKind,
+    BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, DisputesPage,
+    Event, Headers, Health, Opened, PaymentProvider, ProviderObject, RefundRequest, Sent,
+    SubjectKind,
 };
 use crate::balances::{self as ledger_ops, Paid};
 use crate::domain::payment::PaymentStatus;
@@ -239,5 +240,14 @@ impl PaymentProvider for Balance {
         // Its books are this database's ledger: a restore takes both back
         // together, so there is nothing of it to adopt from elsewhere.
         Box::pin(async { Ok(BooksPage::default()) })
+    }
+    fn list_disputes<'a>(
+        &'a self,
+        _: (i64, i64),
+        _: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<DisputesPage, String>> {
+        // No card network or bank stands behind a balance payment to
+        // dispute it.
+        Box::pin(async { Ok(DisputesPage::default()) })
     }
 }

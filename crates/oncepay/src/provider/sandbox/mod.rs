@@ -22,8 +22,8 @@ use super::classify::CallKind;
 use super::trace::Trace;
 use super::{
     BookEntry, BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead,
-    Envelope, Event, Headers, Health, Opened, PaymentProvider, RefundRequest, Sent, Subject,
-    SubjectKind,
+    DisputesPage, Envelope, Event, Headers, Health, Opened, PaymentProvider, RefundRequest, Sent,
+    Subject, SubjectKind,
 };
 use crate::metrics::Metrics;
 use crate::standard_webhooks::WebhookSecret;
@@ -398,6 +398,31 @@ impl PaymentProvider for Sandbox {
             books_page(kind, &body)
         })
     }
+
+    fn list_disputes<'a>(
+        &'a self,
+        (from, until): (i64, i64),
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<DisputesPage, String>> {
+        let mut url = format!(
+            "{}/v1/disputes?created[gte]={from}&created[lt]={until}&limit=100",
+            self.base_url
+        );
+        if let Some(after) = after {
+            url.push_str(&format!("&starting_after={after}"));
+        }
+        Box::pin(async move {
+            let body = self
+                .caller
+                .read_body(
+                    "list_disputes",
+                    |c| c.get(&url),
+                    |s, _, b| classify(CallKind::Read, s, b),
+                )
+                .await?;
+            disputes_page(&body)
+        })
+    }
 }
 
 /// A listed charge or refund.
@@ -449,4 +474,28 @@ fn books_page(kind: SubjectKind, body: &[u8]) -> Result<BooksPage, String> {
         })
         .collect();
     Ok(BooksPage { entries, next })
+}
+
+/// A page of the sandbox's disputes.
+#[derive(Deserialize)]
+struct DisputeList {
+    data: Vec<Value>,
+    has_more: bool,
+}
+
+/// A page of the sandbox's disputes in our terms; one it cannot read is
+/// left out.
+fn disputes_page(body: &[u8]) -> Result<DisputesPage, String> {
+    let list: DisputeList =
+        serde_json::from_slice(body).map_err(|e| format!("unreadable sandbox list: {e}"))?;
+    let next = list
+        .has_more
+        .then(|| list.data.last()?.get("id")?.as_str().map(str::to_string))
+        .flatten();
+    let disputes = list
+        .data
+        .iter()
+        .filter_map(|d| classify::dispute(d.to_string().as_bytes()))
+        .collect();
+    Ok(DisputesPage { disputes, next })
 }

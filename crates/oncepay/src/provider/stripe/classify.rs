@@ -654,17 +654,48 @@ impl ListPage {
                 })
             })
             .collect();
+        BooksPage {
+            entries,
+            next: self.next_from(from),
+        }
+    }
+
+    /// This page as a page of disputes: the Disputes on it created in
+    /// `[from, until)`, each in our terms ([`dispute`]; one it cannot read
+    /// is left out), and the cursor of the next page, as for the books.
+    pub fn disputes(&self, (from, until): (i64, i64)) -> crate::provider::DisputesPage {
+        let disputes = self
+            .data
+            .iter()
+            .filter(|o| created_of(o).is_some_and(|c| c >= from && c < until))
+            .filter_map(|o| dispute(o.to_string().as_bytes()))
+            .collect();
+        crate::provider::DisputesPage {
+            disputes,
+            next: self.next_from(from),
+        }
+    }
+
+    /// The cursor of the page after this one, for a window starting at
+    /// `from`. Stripe lists newest first: a page that reaches below `from`
+    /// is the last one needed (a list in the other order, as localstripe's,
+    /// is read to its end).
+    fn next_from(&self, from: i64) -> Option<String> {
         let (first, last) = (
-            self.data.first().and_then(created),
-            self.data.last().and_then(created),
+            self.data.first().and_then(created_of),
+            self.data.last().and_then(created_of),
         );
         let newest_first_and_done =
             matches!((first, last), (Some(f), Some(l)) if f > l && l < from);
-        let next = (self.has_more && !newest_first_and_done)
+        (self.has_more && !newest_first_and_done)
             .then(|| self.data.last()?.get("id")?.as_str().map(str::to_string))
-            .flatten();
-        BooksPage { entries, next }
+            .flatten()
     }
+}
+
+/// A listed object's creation time, Unix seconds.
+fn created_of(o: &serde_json::Value) -> Option<i64> {
+    o.get("created").and_then(serde_json::Value::as_i64)
 }
 
 /// The events the adapter reads: the ones to enable on the Stripe
@@ -1099,6 +1130,48 @@ mod tests {
         }));
         assert_eq!(event.dispute.as_deref(), Some("dp_1"));
         assert_eq!(event.subject, None);
+    }
+
+    #[test]
+    fn a_page_of_disputes_is_read_in_our_terms_within_its_window() {
+        let dispute = |id: &str, created: i64, status: &str| {
+            serde_json::json!({
+                "id": id, "object": "dispute", "amount": 1000, "currency": "eur",
+                "charge": "ch_1", "payment_intent": "pi_1", "status": status,
+                "reason": "fraudulent", "evidence_details": {"due_by": 1_700_000_000},
+                "created": created,
+            })
+        };
+        // Newest first, as Stripe lists: one past the window's end, one
+        // unreadable (no amount), one below its start ends the paging.
+        let mut unreadable = dispute("dp_2", 150, "needs_response");
+        unreadable["amount"] = serde_json::Value::Null;
+        let page: ListPage = serde_json::from_value(serde_json::json!({
+            "object": "list",
+            "data": [
+                dispute("dp_4", 300, "needs_response"),
+                dispute("dp_3", 200, "warning_under_review"),
+                unreadable,
+                dispute("dp_1", 50, "lost"),
+            ],
+            "has_more": true,
+        }))
+        .expect("a list");
+        let read = page.disputes((100, 300));
+        let ids: Vec<&str> = read.disputes.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["dp_3"]);
+        assert_eq!(read.disputes[0].charge, "pi_1");
+        assert!(read.disputes[0].inquiry);
+        assert_eq!(read.next, None, "below the window's start: no more pages");
+        // A page wholly inside the window, with more: the cursor is its last.
+        let page: ListPage = serde_json::from_value(serde_json::json!({
+            "data": [dispute("dp_4", 250, "under_review"), dispute("dp_3", 200, "won")],
+            "has_more": true,
+        }))
+        .expect("a list");
+        let read = page.disputes((100, 300));
+        assert_eq!(read.disputes.len(), 2);
+        assert_eq!(read.next.as_deref(), Some("dp_3"));
     }
 
     #[test]

@@ -42,8 +42,8 @@ use super::call::{BuildError, Caller};
 use super::card_form::CardForm;
 use super::trace::Trace;
 use super::{
-    BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, Event, Headers,
-    Health, Opened, PaymentProvider, RefundRequest, Sent, SubjectKind,
+    BooksPage, BoxFuture, CallOutcome, CaptureRequest, ChargeRequest, DisputeRead, DisputesPage,
+    Event, Headers, Health, Opened, PaymentProvider, RefundRequest, Sent, SubjectKind,
 };
 use crate::domain::money::Currency;
 use crate::metrics::Metrics;
@@ -750,6 +750,39 @@ impl PaymentProvider for Stripe {
             let page: ListPage = serde_json::from_slice(&body)
                 .map_err(|e| format!("unreadable Stripe list: {e}"))?;
             Ok(page.books(kind, window))
+        })
+    }
+
+    fn list_disputes<'a>(
+        &'a self,
+        window: (i64, i64),
+        after: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<DisputesPage, String>> {
+        // `GET /v1/disputes` filters by creation as the books' lists do
+        // (Disputes API, list parameters: `created`, "disputes that were
+        // created during the given date interval"); a dispute that moved
+        // later is read again by id (`find_dispute`) while it is open.
+        let (from, until) = window;
+        let mut url = self.url(&format!(
+            "/v1/disputes?limit=100&created[gte]={from}&created[lt]={until}"
+        ));
+        if let Some(after) = after {
+            url.push_str(&format!("&starting_after={after}"));
+        }
+        Box::pin(async move {
+            let body = self
+                .caller
+                .read_body(
+                    "list_disputes",
+                    |client| self.authed(client.get(&url)),
+                    |status, headers, body| {
+                        classify::classify(CallKind::Read, status, should_retry(headers), body)
+                    },
+                )
+                .await?;
+            let page: ListPage = serde_json::from_slice(&body)
+                .map_err(|e| format!("unreadable Stripe list: {e}"))?;
+            Ok(page.disputes(window))
         })
     }
 }

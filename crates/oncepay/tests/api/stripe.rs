@@ -1571,9 +1571,10 @@ async fn with_no_webhook_secret_a_dispute_opened_and_moved_at_stripe_is_applied_
             reconciler("dispute.closed"),
         ]
     );
+    // The dispute was opened by `oncepay reconcile` (another process,
+    // whose metrics are its own) and closed by this process's pass: its
+    // metric counts the close, as a webhook's would.
     let rendered = app.ctx.metrics.render();
-    for status in ["needs_response", "won"] {
-        let line = format!("oncepay_disputes_total{{provider=\"stripe\",status=\"{status}\"}} 1");
-        assert!(rendered.contains(&line), "{line} in:\n{rendered}");
-    }
+    let line = "oncepay_disputes_total{provider=\"stripe\",status=\"won\"} 1";
+    assert!(rendered.contains(line), "{line} in:\n{rendered}");
 }

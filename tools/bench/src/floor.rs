@@ -472,7 +472,7 @@ pub fn capture_script(f: &Fixture) -> String {
     );
     s += &inline(
         captures::SETTLE_OF_PAYMENT,
-        &[payment, "'succeeded'", "NULL"],
+        &[payment, "'succeeded'", "NULL", "NULL::bigint"],
     );
     let params = event_arrays(
         order,

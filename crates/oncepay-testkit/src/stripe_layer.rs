@@ -236,6 +236,9 @@ struct State {
     /// Captures localstripe made (answered `2xx`), by PaymentIntent: a
     /// second one of an intent would be a double capture.
     captures_made: HashMap<String, u32>,
+    /// The `Idempotency-Key` of each capture localstripe made, with its
+    /// PaymentIntent: which key took the money.
+    capture_keys: HashMap<String, String>,
     /// The `cancellation_reason` each cancel asked for, by PaymentIntent
     /// (the first: an intent is cancelled once).
     cancellation_reasons: HashMap<String, String>,
@@ -252,6 +255,9 @@ pub struct HoldBooks {
     pub expired: std::collections::HashSet<String>,
     /// Each hold's deadline (Unix seconds), by PaymentIntent.
     pub deadlines: HashMap<String, i64>,
+    /// The `Idempotency-Key` each capture made was sent with, and its
+    /// PaymentIntent (a capture sent without a key is in `captures` only).
+    pub capture_keys: HashMap<String, String>,
 }
 
 struct Shared {
@@ -736,6 +742,9 @@ async fn handle(shared: web::Data<Shared>, req: HttpRequest, body: Bytes) -> Htt
         Ok((status, bytes)) => {
             if call == Call::Capture && (200..300).contains(&status) {
                 if let Some(intent) = intent_of(&req) {
+                    if let Some(key) = &key {
+                        state.capture_keys.insert(key.clone(), intent.clone());
+                    }
                     *state.captures_made.entry(intent).or_insert(0) += 1;
                 }
             }
@@ -1401,8 +1410,8 @@ impl StripeLayer {
     /// The holds as Stripe's books would show them: by PaymentIntent, the
     /// captures made (answered `2xx` by localstripe, the effect made even
     /// where the layer then lost or replaced the answer), the amount each
-    /// capture took, the intents cancelled at their deadline, and each
-    /// hold's deadline.
+    /// capture took, the intents cancelled at their deadline, each hold's
+    /// deadline, and the key each capture made was sent with.
     pub fn holds(&self) -> HoldBooks {
         let state = self.shared.state();
         HoldBooks {
@@ -1410,7 +1419,14 @@ impl StripeLayer {
             captured: state.captured.clone(),
             expired: state.expired.clone(),
             deadlines: state.holds.clone(),
+            capture_keys: state.capture_keys.clone(),
         }
+    }
+
+    /// Every dispute the layer holds, as `GET /v1/disputes/{id}` shows it
+    /// now (in no order).
+    pub fn disputes(&self) -> Vec<Value> {
+        self.shared.state().disputes.values().cloned().collect()
     }
 
     /// Opens a dispute of PaymentIntent `payment_intent` (its charge

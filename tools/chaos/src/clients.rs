@@ -38,6 +38,13 @@ pub struct Intent {
     pub gave_up: Option<String>,
     /// What its customer did at the bank (3-D Secure), if it went there.
     pub bank: Option<&'static str>,
+    /// Its customer pressed approve at the bank and the bank's page took
+    /// it (answered `2xx` or sent them back with a redirect): the
+    /// provider's word on whether the approval came in time is its books'
+    /// (the sandbox answers a late press as it answers any), or the
+    /// refusal of the press itself (Stripe's `_authenticate` refuses an
+    /// intent no longer waiting for its customer).
+    pub approved: bool,
     /// A manual payment (authorize now, capture later): what was done with
     /// its authorization (one of [`HOLD_PLANS`]).
     pub hold: Option<&'static str>,
@@ -136,7 +143,7 @@ pub const BANK: [&str; 4] = [
     "approved at once",
     "declined",
     "abandoned (expires, ONCEPAY_ACTION_TIMEOUT)",
-    "approved after its deadline (cancelled at the provider first: moves nothing, or paid if the cancel had not come yet)",
+    "approved around its deadline, 3.5-6.5 s (cancelled at the provider first: moves nothing; else paid, or a hold released as abandoned)",
 ];
 
 /// What the clients share.
@@ -153,6 +160,9 @@ pub struct Clients {
     /// one it settles later, one it charges at once.
     pub methods: PaymentMethods,
     http: reqwest::Client,
+    /// The customer's browser at the bank: it does not follow the bank's
+    /// redirect back to the shop (nothing listens there).
+    browser: reqwest::Client,
 }
 
 /// The payment methods of one provider.
@@ -167,6 +177,10 @@ pub struct PaymentMethods {
     /// A card that waits for its customer at the bank (3-D Secure), if
     /// the provider has one the harness can drive.
     pub authenticated: Option<&'static str>,
+    /// Where the bank sends the customer back (`return_url` of a payment
+    /// with `authenticated`), where the provider redirects only with one
+    /// (Stripe: without it the action is Stripe.js's, not a redirect).
+    pub return_url: Option<&'static str>,
 }
 
 impl PaymentMethods {
@@ -176,13 +190,17 @@ impl PaymentMethods {
         later: "tok_async",
         charged: "tok_visa",
         authenticated: Some("tok_3ds"),
+        return_url: None,
     };
-    /// localstripe's test cards (it has no asynchronous card).
+    /// localstripe's test cards (it has no asynchronous card). Its 3-D
+    /// Secure card is a PaymentMethod made at start
+    /// (`crate::stripe::Stack::card`), set in `authenticated` then.
     pub const STRIPE: PaymentMethods = PaymentMethods {
         declined: "pm_card_chargeCustomerFail",
         later: "pm_card_visa",
         charged: "pm_card_visa",
         authenticated: None,
+        return_url: Some("http://127.0.0.1:9/chaos/returned"),
     };
 }
 
@@ -206,6 +224,11 @@ impl Clients {
             http: reqwest::Client::builder()
                 .timeout(timeout)
                 .pool_max_idle_per_host(0)
+                .build()
+                .unwrap_or_default(),
+            browser: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .unwrap_or_default(),
         }
@@ -373,6 +396,12 @@ impl Clients {
         if manual {
             pay["capture_method"] = json!("manual");
         }
+        // A customer sent to the bank comes back to the shop.
+        if let (Some(card), Some(back)) = (self.methods.authenticated, self.methods.return_url) {
+            if pay["payment_method"] == card {
+                pay["return_url"] = json!(back);
+            }
+        }
         let pay_key = format!("pay-{run}-{i}");
         intent
             .sent
@@ -401,7 +430,9 @@ impl Clients {
         };
         intent.originals.insert(pay_key.clone(), payment_id.clone());
         if let Some(url) = intent.payment_answers[0]["next_action"]["url"].as_str() {
-            intent.bank = Some(self.at_the_bank(url, i).await);
+            let (done, approved) = self.at_the_bank(url, i).await;
+            intent.bank = Some(done);
+            intent.approved = approved;
         }
         // Poll a pending payment for a while, as a checkout page would.
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -563,6 +594,7 @@ impl Clients {
                 intent.absorb(b);
             }
         }
+        self.after_a_refusal(run, i, intent, payment_id, plan).await;
         // What the payment is now: a capture's answer says, unless its
         // provider's answer was lost (`202`, still requires_capture), then
         // it settles as a charge does: follow it a while.
@@ -587,6 +619,62 @@ impl Clients {
                     .payment_statuses
                     .push(p["status"].as_str().unwrap_or("?").to_string());
             }
+        }
+    }
+
+    /// A capture the provider refused (`402 capture_refused`: the card's
+    /// issuer declined it, or Stripe would not take its amount) left the
+    /// hold standing, its key spent on that answer: as a merchant would,
+    /// the intent captures again under a new key, a little later, up to
+    /// three times (its part again where it captured a part), then voids
+    /// the hold; one intent in four voids it at once. Nothing to do when
+    /// a capture or void of it was taken (`200`, `202`) or its last answer
+    /// was another refusal (`409`: voided, expired).
+    async fn after_a_refusal(
+        &self,
+        run: &str,
+        i: usize,
+        intent: &mut Intent,
+        payment_id: &str,
+        plan: usize,
+    ) {
+        let refused = |intent: &Intent| {
+            let taken = intent
+                .hold_answers
+                .iter()
+                .any(|(_, _, status, _)| matches!(*status, 200 | 202));
+            let last_refused = intent
+                .hold_answers
+                .last()
+                .is_some_and(|(what, _, status, body)| {
+                    *what == "capture" && *status == 402 && body["code"] == "capture_refused"
+                });
+            !taken && last_refused
+        };
+        let capture = format!("/payments/{payment_id}/capture");
+        let body = match plan {
+            1 => json!({"amount": (intent.amount.unwrap_or(2) / 2).max(1)}),
+            _ => json!({}),
+        };
+        let voids_at_once = (i / 21) % 4 == 3;
+        for n in 1..=3 {
+            if !refused(&*intent) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(fastrand::u64(200..800))).await;
+            if voids_at_once {
+                break;
+            }
+            let key = format!("recapture-{n}-{run}-{i}");
+            self.hold_step(intent, "capture", (capture.clone(), key), body.clone())
+                .await;
+        }
+        if refused(&*intent) {
+            let void = (
+                format!("/payments/{payment_id}/void"),
+                format!("void-refused-{run}-{i}"),
+            );
+            self.hold_step(intent, "void", void, json!({})).await;
         }
     }
 
@@ -730,34 +818,41 @@ impl Clients {
     }
 
     /// The customer at their bank (3-D Secure), in turn: approves at once,
-    /// declines, never comes (the payment expires, ONCEPAY_ACTION_TIMEOUT),
-    /// or approves after its deadline (the charge was cancelled at the
-    /// provider first, so the approval moves nothing; if the cancel had not
-    /// come yet, the payment succeeds).
-    async fn at_the_bank(&self, url: &str, i: usize) -> &'static str {
+    /// declines, never comes (the payment expires, ONCEPAY_ACTION_TIMEOUT,
+    /// 4 s), or approves around its deadline, 3.5 to 6.5 s later: after
+    /// the charge was cancelled at the provider, the approval moves
+    /// nothing; before, the payment succeeds, or a hold stands (or is
+    /// released by oncepay's give-up, `void_reason: abandoned`). Returns
+    /// what they did, and whether an approval was taken by the bank's
+    /// page (see [`Intent::approved`]).
+    async fn at_the_bank(&self, url: &str, i: usize) -> (&'static str, bool) {
         let (done, choice) = match (i / 10) % 4 {
             0 => (BANK[0], Some(("approve", Duration::ZERO))),
             1 => (BANK[1], Some(("decline", Duration::ZERO))),
             2 => (BANK[2], None),
-            _ => (BANK[3], Some(("approve", Duration::from_secs(6)))),
+            _ => (
+                BANK[3],
+                Some(("approve", Duration::from_millis(fastrand::u64(3500..6500)))),
+            ),
         };
         let Some((button, after)) = choice else {
-            return done;
+            return (done, false);
         };
         tokio::time::sleep(after).await;
         for _ in 0..5 {
-            let pressed = self
-                .http
-                .post(format!("{url}/{button}"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().is_success() || r.status().is_redirection());
-            if pressed {
-                return done;
+            let answer = self.browser.post(format!("{url}/{button}")).send().await;
+            match answer {
+                Ok(r) if r.status().is_success() || r.status().is_redirection() => {
+                    return (done, button == "approve");
+                }
+                // The bank refused the press (Stripe: the intent no longer
+                // waits for its customer): nothing was approved.
+                Ok(r) if r.status().is_client_error() => return (done, false),
+                _ => {}
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        done
+        (done, false)
     }
 
     /// A partial refund and a cancel of the same paid order sent at once.

@@ -631,6 +631,11 @@ pub struct Soak<'a> {
     /// Stock reserved against open reservations when the faults stopped:
     /// (SKUs, breaches).
     pub reserved_at_the_end: (u64, u64),
+    /// What the provider holds of what only webhooks carry (refunds failed
+    /// after they succeeded, disputes), read at the end.
+    pub at_provider: &'a crate::answers::AtProvider,
+    /// With Stripe: what the books pass at the end did.
+    pub books_pass: Option<&'a crate::answers::BooksPass>,
 }
 
 /// Checks every invariant against the provider's books (`ledger`, in the
@@ -646,6 +651,8 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
         webhooks,
         ledger_check,
         reserved_at_the_end,
+        at_provider,
+        books_pass,
     } = *soak;
     let f = facts(db, ledger).await?;
     let scalar = |sql: &'static str| async move {
@@ -706,6 +713,11 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     for (name, checked, breaches) in crate::holds::check(db, ledger, intents).await? {
         rows.push(row(name, checked, breaches));
     }
+    let (answered, answers_table) =
+        crate::answers::check(db, ledger, intents, bank, at_provider, books_pass).await?;
+    for (name, checked, breaches) in answered {
+        rows.push(row(name, checked, breaches));
+    }
     for (name, checked, breaches) in crate::balances::check(db, intents, ledger_check).await? {
         rows.push(row(name, checked, breaches));
     }
@@ -728,6 +740,7 @@ pub async fn check(db: &PgPool, ledger: &Value, soak: &Soak<'_>) -> Result<Repor
     }
     out += &fault_table(db, &f, faults, intents).await;
     out += &crate::bank::table(bank);
+    out += &answers_table;
     out += &crate::holds::table(db, intents).await;
     out += &crate::balances::table(db, intents).await;
     out += &crate::stock::table(db, intents).await;
@@ -819,6 +832,10 @@ async fn fault_table(db: &PgPool, f: &Facts, faults: &Faults, intents: &[Intent]
             (
                 "Stripe repeats answered from the saved answer (idempotency key)".into(),
                 layer.replayed as i64,
+            ),
+            (
+                "Stripe captures refused (a spell's refusal, or no longer capturable)".into(),
+                layer.captures_refused as i64,
             ),
             (
                 "PaymentIntents left unconfirmed (no money moved)".into(),

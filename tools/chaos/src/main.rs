@@ -7,8 +7,13 @@
 //! fifth of its deliveries. With `--provider stripe` new payments go to
 //! localstripe behind the testkit's Stripe layer instead, which answers
 //! `429`, `500` (with `Stripe-Should-Retry` either way), `401`, `409 key in
-//! use`, drops answers after the effect and saves a `500` after it, in
-//! spells. When the faults stop and the reconciler has
+//! use`, drops answers after the effect and saves a `500` after it, saves
+//! a `500` before any effect and replays it, and refuses captures (`402
+//! card_declined`, `400 amount_too_small`), in spells; a tenth of the
+//! customers go to the 3-D Secure bank, and a third of the bank's refund
+//! failures and dispute changes come without their webhook, so the books
+//! pass (`oncepay reconcile`, run once the faults stop) must apply them.
+//! When the faults stop and the reconciler has
 //! settled everything, it checks the invariants by counting, prints them
 //! with the faults and retries, and exits non-zero on any breach.
 
@@ -30,6 +35,7 @@ macro_rules! was_authorized {
     };
 }
 
+mod answers;
 mod balances;
 mod bank;
 mod clients;
@@ -246,6 +252,9 @@ pub struct LayerCounts {
     forwarded: u64,
     /// Repeats answered from a saved answer.
     replayed: u64,
+    /// Captures Stripe refused (a spell's refusal, or an intent no longer
+    /// capturable).
+    captures_refused: u64,
 }
 
 async fn run(args: &Args, root: &std::path::Path) -> Result<bool, String> {
@@ -330,57 +339,67 @@ async fn soak(
             Some(stack)
         }
     };
+    // Its 3-D Secure customers pay with one card, made at start.
+    let three_d_secure = match &stripe {
+        Some(stack) => Some(stack.card(stripe::THREE_D_SECURE_CARD).await?),
+        None => None,
+    };
     let stripe_env = stripe.as_ref().map(stripe::Stack::serve_env);
+    // Every serve process's environment but its address (and `oncepay
+    // reconcile`'s, at the end).
+    let serve_env: Vec<(String, String)> = env(&[
+        ("DATABASE_URL", db_url.clone()),
+        ("ONCEPAY_PROVIDER_URL", proxy.url().to_string()),
+        ("ONCEPAY_PROVIDER_TIMEOUT", "1s".into()),
+        ("ONCEPAY_STRIPE_TIMEOUT", "1s".into()),
+        ("ONCEPAY_IDEMPOTENCY_LEASE", "3s".into()),
+        ("ONCEPAY_RECONCILE_INTERVAL", "500ms".into()),
+        ("ONCEPAY_RECONCILE_AFTER", "2s".into()),
+        // A customer who never comes back from the bank: the
+        // payment is given up after this (cancelled at the provider
+        // first: a later approval moves nothing; one just before it
+        // stands, or its hold is released as abandoned).
+        ("ONCEPAY_ACTION_TIMEOUT", "4s".into()),
+        ("ONCEPAY_SWEEP_INTERVAL", "1s".into()),
+        // Some authorizations are reminded of their deadline
+        // before they are captured, some not.
+        ("ONCEPAY_CAPTURE_REMINDER", "5s".into()),
+        (
+            "ONCEPAY_STOCK_RESERVATION_TTL",
+            format!("{}s", clients::STOCK_TTL.as_secs()),
+        ),
+        ("ONCEPAY_HTTP_WORKERS", "2".into()),
+        ("ONCEPAY_LOG", "warn".into()),
+        // The soak measures correctness, not the limiter.
+        ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
+        // The merchant's receiver is on loopback; retries come
+        // fast (12 waits, ~16 s in all) so the soak settles.
+        ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
+        ("ONCEPAY_WEBHOOK_TIMEOUT", "1s".into()),
+        ("ONCEPAY_WEBHOOK_INTERVAL", "100ms".into()),
+        (
+            "ONCEPAY_WEBHOOK_SCHEDULE",
+            "200ms,400ms,800ms,1s,1s,1s,2s,2s,2s,2s,2s,2s".into(),
+        ),
+    ])
+    .into_iter()
+    .chain(
+        stripe_env
+            .iter()
+            .flatten()
+            .map(|(k, v)| (k.to_string(), v.clone())),
+    )
+    .collect();
     let mut services: Vec<Service> = ports
         .iter()
         .enumerate()
         .map(|(i, port)| {
+            let mut vars = vec![("ONCEPAY_BIND".to_string(), format!("127.0.0.1:{port}"))];
+            vars.extend(serve_env.iter().cloned());
             Service::new(
                 bin,
                 &["serve"],
-                env(&[
-                    ("DATABASE_URL", db_url.clone()),
-                    ("ONCEPAY_BIND", format!("127.0.0.1:{port}")),
-                    ("ONCEPAY_PROVIDER_URL", proxy.url().to_string()),
-                    ("ONCEPAY_PROVIDER_TIMEOUT", "1s".into()),
-                    ("ONCEPAY_STRIPE_TIMEOUT", "1s".into()),
-                    ("ONCEPAY_IDEMPOTENCY_LEASE", "3s".into()),
-                    ("ONCEPAY_RECONCILE_INTERVAL", "500ms".into()),
-                    ("ONCEPAY_RECONCILE_AFTER", "2s".into()),
-                    // A customer who never comes back from the bank: the
-                    // payment fails after this, and a late approval is
-                    // refunded as an incident.
-                    ("ONCEPAY_ACTION_TIMEOUT", "4s".into()),
-                    ("ONCEPAY_SWEEP_INTERVAL", "1s".into()),
-                    // Some authorizations are reminded of their deadline
-                    // before they are captured, some not.
-                    ("ONCEPAY_CAPTURE_REMINDER", "5s".into()),
-                    (
-                        "ONCEPAY_STOCK_RESERVATION_TTL",
-                        format!("{}s", clients::STOCK_TTL.as_secs()),
-                    ),
-                    ("ONCEPAY_HTTP_WORKERS", "2".into()),
-                    ("ONCEPAY_LOG", "warn".into()),
-                    // The soak measures correctness, not the limiter.
-                    ("ONCEPAY_RATE_LIMIT_PER_SECOND", "0".into()),
-                    // The merchant's receiver is on loopback; retries come
-                    // fast (12 waits, ~16 s in all) so the soak settles.
-                    ("ONCEPAY_WEBHOOK_ALLOW_PRIVATE", "true".into()),
-                    ("ONCEPAY_WEBHOOK_TIMEOUT", "1s".into()),
-                    ("ONCEPAY_WEBHOOK_INTERVAL", "100ms".into()),
-                    (
-                        "ONCEPAY_WEBHOOK_SCHEDULE",
-                        "200ms,400ms,800ms,1s,1s,1s,2s,2s,2s,2s,2s,2s".into(),
-                    ),
-                ])
-                .into_iter()
-                .chain(
-                    stripe_env
-                        .iter()
-                        .flatten()
-                        .map(|(k, v)| (k.to_string(), v.clone())),
-                )
-                .collect(),
+                vars,
                 bases[i].clone(),
                 root.join(format!("serve-{i}.log")),
             )
@@ -418,7 +437,10 @@ async fn soak(
         Duration::from_secs(90),
         match args.provider {
             Provider::Sandbox => PaymentMethods::SANDBOX,
-            Provider::Stripe => PaymentMethods::STRIPE,
+            Provider::Stripe => PaymentMethods {
+                authenticated: three_d_secure.map(leak),
+                ..PaymentMethods::STRIPE
+            },
         },
     ));
     // The merchant's receiver, failing a fifth of its deliveries.
@@ -460,6 +482,7 @@ async fn soak(
     let mut bank = bank::Bank::new(side, db.clone(), clients.clone());
     stock::count_in(&clients, &run_id).await?;
     let started = Instant::now();
+    let started_at = chrono::Utc::now();
     match args.duration {
         Some(d) => eprintln!(
             "intents for {d:?} through {} serve processes, with faults ...",
@@ -522,6 +545,20 @@ async fn soak(
         None => Books::Sandbox(&sandbox_base),
     };
     let settled = settle(&db, &books, Duration::from_secs(400)).await?;
+    // With Stripe some changes came without their webhook: the books pass
+    // over the soak, as an operator runs it, reads them back.
+    let books_pass = match &stripe {
+        Some(_) => {
+            eprintln!(
+                "settled in {settled:.1?}; the books pass (oncepay reconcile) over the soak ..."
+            );
+            let since = started_at - chrono::Duration::seconds(120);
+            let pass = answers::books_pass(bin, &serve_env, &db, since).await?;
+            settle(&db, &books, Duration::from_secs(400)).await?;
+            Some(pass)
+        }
+        None => None,
+    };
     eprintln!("settled in {settled:.1?}; expiring every key and sending every intent again ...");
     let expiry = invariants::after_expiry(&db, &clients, &intents).await?;
     settle(&db, &books, Duration::from_secs(400)).await?;
@@ -531,6 +568,7 @@ async fn soak(
             faulted: stack.faulted(),
             forwarded,
             replayed,
+            captures_refused: stack.captures_refused(),
         });
     }
     let webhooks = outbox::Receipts {
@@ -539,6 +577,12 @@ async fn soak(
     };
     let ledger_check = balances::ledger_check(bin, &db_url).await?;
     let record = bank.record.lock().await;
+    // What the provider holds of what only webhooks carry, read from it
+    // (the sandbox's: what the bank made it do).
+    let at_provider = match &stripe {
+        Some(stack) => answers::AtProvider::stripe(stack),
+        None => answers::AtProvider::sandbox(&record),
+    };
     let soak = invariants::Soak {
         bank: &record,
         intents: &intents,
@@ -549,6 +593,8 @@ async fn soak(
         webhooks: &webhooks,
         ledger_check: &ledger_check,
         reserved_at_the_end,
+        at_provider: &at_provider,
+        books_pass: books_pass.as_ref(),
     };
     let ledger = books.read().await?;
     let report = invariants::check(&db, &ledger, &soak).await?;
@@ -560,6 +606,11 @@ async fn soak(
     drop(stripe);
     db.close().await;
     Ok(report.ok)
+}
+
+/// `text` for the rest of the run (one PaymentMethod id, made at start).
+fn leak(text: String) -> &'static str {
+    Box::leak(text.into_boxed_str())
 }
 
 /// Pairs as a child's environment.

@@ -27,6 +27,20 @@ const EVERY_CALL: [Call; 6] = [
     Call::Other,
 ];
 
+/// Every kind of call, as counted: a credential outage's, and captures.
+const COUNTED: [Call; 7] = [
+    Call::CreateIntent,
+    Call::Confirm,
+    Call::Cancel,
+    Call::Capture,
+    Call::Refund,
+    Call::Read,
+    Call::Other,
+];
+
+/// The card localstripe sends to its customer's bank (3-D Secure).
+pub const THREE_D_SECURE_CARD: &str = "4000002760003184";
+
 /// localstripe and the layer in front of it, stopped when dropped.
 pub struct Stack {
     localstripe: LocalStripe,
@@ -172,6 +186,49 @@ impl Stack {
         Ok(ledger(&intents, &refunds, events, &self.layer.holds()))
     }
 
+    /// A PaymentMethod of the card `number` made at localstripe (never
+    /// through the layer), to pay with as a customer would after
+    /// Stripe.js tokenized the card; localstripe lets one be used for any
+    /// number of PaymentIntents.
+    pub async fn card(&self, number: &str) -> Result<String, String> {
+        let answer = self
+            .http
+            .post(format!("{}/v1/payment_methods", self.localstripe.url()))
+            .bearer_auth(SECRET_KEY)
+            .form(&[
+                ("type", "card"),
+                ("card[number]", number),
+                ("card[exp_month]", "12"),
+                ("card[exp_year]", "2034"),
+                ("card[cvc]", "123"),
+            ])
+            .send()
+            .await
+            .map_err(|e| format!("making a PaymentMethod at localstripe: {e}"))?;
+        let status = answer.status();
+        let pm: Value = answer
+            .json()
+            .await
+            .map_err(|e| format!("making a PaymentMethod at localstripe: {e}"))?;
+        match pm["id"].as_str() {
+            Some(id) if status.is_success() => Ok(id.to_string()),
+            _ => Err(format!(
+                "making a PaymentMethod at localstripe: {status} {pm}"
+            )),
+        }
+    }
+
+    /// Every dispute Stripe holds (the layer's), as Stripe shows it now.
+    pub fn disputes(&self) -> Vec<Value> {
+        self.layer.disputes()
+    }
+
+    /// The refunds Stripe shows failed after they succeeded (the layer's),
+    /// by Stripe's refund id.
+    pub fn reversed_refunds(&self) -> Vec<String> {
+        self.layer.failed_refunds().into_keys().collect()
+    }
+
     /// The id of PaymentIntent `intent`'s latest charge (what a dispute
     /// names), read from localstripe itself.
     pub async fn latest_charge(&self, intent: &str) -> Result<String, String> {
@@ -205,12 +262,49 @@ impl Stack {
 
     /// Casts one random spell of the layer's faults (never a stall: it
     /// holds calls until released) and returns its name, as counted and
-    /// printed.
+    /// printed. Besides the faults of a provider that fails, Stripe as it
+    /// answers (issue 55): captures refused (`402 card_error
+    /// card_declined`, `400 amount_too_small`), and confirms and refunds
+    /// answered a `500` Stripe saves under the key before any effect and
+    /// replays to every repeat of it (only a new key gets through).
     pub fn spell(&self) -> &'static str {
         let ms = |lo, hi| Duration::from_millis(fastrand::u64(lo..hi));
         let retry = |should_retry| StripeFault::ServerError { should_retry };
+        let saved = |should_retry| StripeFault::ErrorSaved { should_retry };
         let (name, calls, fault, lasting): (&'static str, &[Call], StripeFault, Duration) =
-            match fastrand::u8(0..12) {
+            match fastrand::u8(0..16) {
+                12 => (
+                    "captures refused 402 card_declined (saved under the key)",
+                    &[Call::Capture],
+                    StripeFault::Refuse {
+                        status: 402,
+                        kind: "card_error",
+                        code: "card_declined",
+                    },
+                    ms(500, 2000),
+                ),
+                13 => (
+                    "captures refused 400 amount_too_small (saved under the key)",
+                    &[Call::Capture],
+                    StripeFault::Refuse {
+                        status: 400,
+                        kind: "invalid_request_error",
+                        code: "amount_too_small",
+                    },
+                    ms(500, 2000),
+                ),
+                14 => (
+                    "confirms and refunds 500 saved before any effect, replayed (Stripe-Should-Retry: false)",
+                    &[Call::Confirm, Call::Refund],
+                    saved(Some(false)),
+                    ms(300, 1500),
+                ),
+                15 => (
+                    "confirms and refunds 500 saved before any effect, replayed (no Stripe-Should-Retry)",
+                    &[Call::Confirm, Call::Refund],
+                    saved(None),
+                    ms(300, 1500),
+                ),
                 0 => (
                     "confirms refused 429 lock_timeout",
                     &[Call::Confirm],
@@ -290,14 +384,20 @@ impl Stack {
 
     /// How many calls met a layer fault, in all.
     pub fn faulted(&self) -> u64 {
-        EVERY_CALL.iter().map(|c| self.layer.faulted(*c)).sum()
+        COUNTED.iter().map(|c| self.layer.faulted(*c)).sum()
     }
 
     /// How many calls reached localstripe through the layer, and how many
     /// repeats the layer answered from a saved answer.
     pub fn traffic(&self) -> (u64, u64) {
-        let forwarded = EVERY_CALL.iter().map(|c| self.layer.forwarded(*c)).sum();
+        let forwarded = COUNTED.iter().map(|c| self.layer.forwarded(*c)).sum();
         (forwarded, self.layer.replayed())
+    }
+
+    /// Captures Stripe refused: a spell's refusal, or a capture of an
+    /// intent no longer `requires_capture` (captured, cancelled, expired).
+    pub fn captures_refused(&self) -> u64 {
+        self.layer.refused(Call::Capture)
     }
 }
 
@@ -421,16 +521,29 @@ pub fn ledger(intents: &[Value], refunds: &[Value], events: u64, holds: &HoldBoo
             "refunds": succeeded,
         }));
     }
-    // One entry per capture localstripe made, as the sandbox lists them.
+    // One entry per capture localstripe made, as the sandbox lists them,
+    // with the key it was sent under where the layer saw one.
+    let mut keys_by_intent: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (key, pi) in &holds.capture_keys {
+        keys_by_intent
+            .entry(pi.as_str())
+            .or_default()
+            .push(key.as_str());
+    }
+    for keys in keys_by_intent.values_mut() {
+        keys.sort_unstable();
+    }
     let captures: Vec<Value> = holds
         .captures
         .iter()
         .flat_map(|(pi, n)| {
+            let keys = keys_by_intent.get(pi.as_str()).cloned().unwrap_or_default();
             (0..*n).map(move |k| {
                 json!({
                     "id": format!("{pi}/capture/{k}"),
                     "charge_id": pi,
                     "amount": holds.captured.get(pi),
+                    "idempotency_key": keys.get(k as usize),
                 })
             })
         })
@@ -542,6 +655,9 @@ mod tests {
         holds.captured.insert("pi_2".into(), 400);
         holds.captures.insert("pi_2".into(), 1);
         holds.captures.insert("pi_5".into(), 2);
+        holds
+            .capture_keys
+            .insert("oncepay_c2_capture".into(), "pi_2".into());
         holds.expired.insert("pi_4".into());
         let l = ledger(&intents, &[], 0, &holds);
         let charge = |k: &str| {
@@ -567,5 +683,14 @@ mod tests {
             captures.iter().filter(|c| c["charge_id"] == "pi_5").count(),
             2
         );
+        // The key each capture was sent under, where the layer saw one.
+        let of = |pi: &str| {
+            captures
+                .iter()
+                .find(|c| c["charge_id"] == pi)
+                .map(|c| c["idempotency_key"].clone())
+        };
+        assert_eq!(of("pi_2"), Some(json!("oncepay_c2_capture")));
+        assert_eq!(of("pi_5"), Some(Value::Null));
     }
 }
